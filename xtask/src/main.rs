@@ -1,0 +1,76 @@
+//! Developer tasks for the tcpx workspace, reached through `cargo xtask` (see `.cargo/config.toml`).
+//!
+//! ```text
+//! cargo xtask test              install missing system packages (root) and run every test
+//! cargo xtask bench [ARGS]      local loopback benchmark (socket plugin vs raw TCP)
+//! cargo xtask bindgen [--check] regenerate tcpx-sys bindings, or fail when they drifted
+//! cargo xtask sysdeps           install (or print how to install) the system packages
+//! ```
+//!
+//! The xtask stays light on purpose: std, anyhow and bindgen (libclang is loaded at run time).
+
+mod bench;
+mod bindgen_task;
+mod sysdeps;
+mod test_task;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+const HELP: &str = "\
+cargo xtask <task> [options]
+
+Tasks:
+  test [-- CARGO_TEST_ARGS]   Install missing system packages (as root on Debian/Ubuntu), then run
+                              the whole test suite with the socket plugin pinned to `lo`.
+  bench [BENCH_ARGS]          Build in release and run the local loopback benchmark: the socket
+                              plugin through the safe layer against raw TCP, same run.
+  bindgen [--check]           Regenerate crates/tcpx-sys/src/bindings.rs from include/tcpx_net.h;
+                              with --check, fail (exit 1) when the checked-in file has drifted.
+  sysdeps                     Install the system packages the workspace needs, or print the
+                              one command that does when not root.
+";
+
+fn main() {
+    if let Err(err) = run() {
+        eprintln!("xtask: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let task = args.next();
+    let rest: Vec<String> = args.collect();
+    match task.as_deref() {
+        Some("test") => test_task::run(&rest),
+        Some("bench") => bench::run(&rest),
+        Some("bindgen") => bindgen_task::run(&rest),
+        Some("sysdeps") => sysdeps::ensure(sysdeps::ALL),
+        Some("-h" | "--help" | "help") | None => {
+            print!("{HELP}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown task `{other}`\n\n{HELP}"),
+    }
+}
+
+/// The workspace root (the parent of this crate's manifest directory).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// Runs a command to completion, failing with the command line when it exits non-zero.
+fn run_command(cmd: &mut std::process::Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot start {cmd:?}: {e}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}

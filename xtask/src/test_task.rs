@@ -1,0 +1,21 @@
+//! `cargo xtask test`: the README's test command. Installs missing system packages (as root),
+//! then runs the workspace tests with every plugin and control connection pinned to loopback.
+
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::{run_command, sysdeps, workspace_root};
+
+pub fn run(args: &[String]) -> Result<()> {
+    sysdeps::ensure(sysdeps::ALL)?;
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root())
+        .args(["test", "--workspace", "--exclude", "xtask"])
+        .args(args)
+        // Tests pin themselves to `lo`; the environment is a second lock on the same door, so
+        // no test traffic can ever leave loopback (see README, "Network rule").
+        .env("TCPX_SOCKET_IFNAME", "lo")
+        .env("NCCL_SOCKET_IFNAME", "lo");
+    run_command(&mut cmd)
+}
