@@ -1,0 +1,92 @@
+//! One error type for everything the safe layer does: it names the plugin API that failed, the
+//! code the plugin returned (when there is one) and the context (device, comm, sizes, peer).
+
+use std::time::Duration;
+
+use tcpx_sys::{AbiError, LoadError, ResultCode};
+
+/// What went wrong, without the where (that is [`Error::api`] and [`Error::context`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ErrorKind {
+    /// The plugin returned a code other than success.
+    #[error("plugin returned {0}")]
+    Plugin(ResultCode),
+    /// The call cannot be expressed by the plugin's table (NULL entry, v7 int size, v6 table).
+    #[error(transparent)]
+    Abi(#[from] AbiError),
+    /// The plugin library could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A wait ran past its deadline.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The caller passed something the layer refuses before reaching the plugin.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The memory is in use by operations in flight (or by CPU access) and cannot be used now.
+    #[error("memory busy: {0}")]
+    Busy(String),
+    /// The plugin answered in a way the ABI does not allow (e.g. success with a NULL comm after
+    /// claiming completion, a negative size).
+    #[error("plugin broke the ABI contract: {0}")]
+    Contract(String),
+}
+
+/// An error from the safe layer: `"<api>: <what> (<context>)"`.
+#[derive(Debug, thiserror::Error)]
+#[error("{api}: {kind}{}", fmt_context(.context))]
+pub struct Error {
+    api: &'static str,
+    kind: ErrorKind,
+    context: String,
+}
+
+fn fmt_context(context: &str) -> String {
+    if context.is_empty() {
+        String::new()
+    } else {
+        format!(" ({context})")
+    }
+}
+
+impl Error {
+    /// Builds an error for `api` with a context string.
+    pub fn new(api: &'static str, kind: ErrorKind, context: impl Into<String>) -> Self {
+        Self { api, kind, context: context.into() }
+    }
+
+    /// The API that failed (`"isend"`, `"connect"`, `"dlopen"`, …).
+    pub fn api(&self) -> &'static str {
+        self.api
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    /// Where it went wrong (device, comm, sizes, peer).
+    pub fn context(&self) -> &str {
+        &self.context
+    }
+
+    /// The plugin's result code, when the plugin returned one.
+    pub fn code(&self) -> Option<ResultCode> {
+        match self.kind {
+            ErrorKind::Plugin(code) => Some(code),
+            _ => None,
+        }
+    }
+
+    /// True when the error is a wait that ran out of time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.kind, ErrorKind::Timeout(_))
+    }
+
+    pub(crate) fn invalid(api: &'static str, what: impl Into<String>) -> Self {
+        Self::new(api, ErrorKind::InvalidArgument(what.into()), String::new())
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,306 @@
+//! Memory that plugins read and write: [`HostBuffer`] (4 KiB-aligned host allocation), the
+//! [`Memory`] trait other kinds (CUDA buffers) implement, and [`SharedMemory`], the shared,
+//! access-checked handle that registrations and requests keep alive.
+//!
+//! Soundness model: while any send or receive is in flight on a memory, the plugin (or the
+//! kernel, or a DMA engine) may read or write it at any moment, so Rust code must not hold a
+//! reference into it. [`SharedMemory`] keeps one atomic state: `n >= 0` operations in flight, or
+//! `CPU_ACCESS` while the CPU holds a slice. Posting fails with `Busy` during CPU access and CPU
+//! access fails with `Busy` while operations are in flight. One atomic per post and completion.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+
+use tcpx_sys::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Alignment of every buffer this crate allocates (devmem-TCP requires 4 KiB for CUDA memory).
+pub const BUFFER_ALIGN: usize = 4096;
+
+/// Where memory lives, as the plugin's `regMr` type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum MemoryKind {
+    /// Host memory (`NCCL_PTR_HOST`).
+    Host,
+    /// CUDA device memory (`NCCL_PTR_CUDA`).
+    Cuda,
+}
+
+impl MemoryKind {
+    /// The `type` argument of `regMr`.
+    pub fn ptr_type(self) -> i32 {
+        match self {
+            MemoryKind::Host => NCCL_PTR_HOST,
+            MemoryKind::Cuda => NCCL_PTR_CUDA,
+        }
+    }
+}
+
+/// Memory that can be registered with a plugin.
+///
+/// # Safety
+/// `as_ptr()..as_ptr()+len()` must be memory of kind `kind()`, valid and not moved or freed for
+/// as long as the implementor is alive, and not accessed through Rust references by the
+/// implementor while it is shared (only [`SharedMemory`] hands out slices, under its state check).
+pub unsafe trait Memory: Send + Sync + 'static {
+    /// Start address (a device pointer for CUDA memory).
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Where it lives.
+    fn kind(&self) -> MemoryKind;
+    /// True when `len()` is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A zeroed, 4 KiB-aligned host allocation.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HostBuffer uniquely owns its allocation; it is plain bytes.
+unsafe impl Send for HostBuffer {}
+// SAFETY: shared access only reads through `&self` methods; writes need `&mut self`.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`].
+    pub fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::invalid("HostBuffer::new", "a buffer must hold at least one byte"));
+        }
+        let layout = Self::layout(len)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::new("HostBuffer::new", ErrorKind::InvalidArgument(format!("out of memory allocating {len} bytes")), ""))?;
+        Ok(Self { ptr, len })
+    }
+
+    fn layout(len: usize) -> Result<Layout> {
+        Layout::from_size_align(len, BUFFER_ALIGN)
+            .map_err(|_| Error::invalid("HostBuffer::new", format!("{len} bytes is too large to allocate")))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` owns `len` initialized (zeroed at allocation) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if let Ok(layout) = Self::layout(self.len) {
+            // SAFETY: allocated in `new` with this very layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+        }
+    }
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+// SAFETY: the allocation is owned, stable and host memory; once shared inside SharedMemory, the
+// only slices handed out go through SharedMemory's state check.
+unsafe impl Memory for HostBuffer {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+}
+
+const CPU_ACCESS: isize = -1;
+
+struct Shared {
+    memory: Box<dyn Memory>,
+    /// `n >= 0`: operations in flight; `CPU_ACCESS`: a slice is out.
+    state: AtomicIsize,
+}
+
+/// Shared, access-checked memory: what registrations and requests hold. Cheap to clone.
+#[derive(Clone)]
+pub struct SharedMemory {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("ptr", &self.as_ptr())
+            .field("len", &self.len())
+            .field("kind", &self.kind())
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl SharedMemory {
+    /// Shares `memory`.
+    pub fn new(memory: impl Memory) -> Self {
+        Self { shared: Arc::new(Shared { memory: Box::new(memory), state: AtomicIsize::new(0) }) }
+    }
+
+    /// Allocates a shared [`HostBuffer`] of `len` bytes.
+    pub fn host(len: usize) -> Result<Self> {
+        Ok(Self::new(HostBuffer::new(len)?))
+    }
+
+    /// Start address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.shared.memory.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.shared.memory.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where it lives.
+    pub fn kind(&self) -> MemoryKind {
+        self.shared.memory.kind()
+    }
+
+    /// Operations in flight (0 while the CPU holds a slice).
+    pub fn in_flight(&self) -> usize {
+        self.shared.state.load(Ordering::Acquire).max(0) as usize
+    }
+
+    /// True when both handles share one allocation.
+    pub fn same_as(&self, other: &SharedMemory) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Checks that `offset..offset+len` lies inside the memory.
+    pub fn check_range(&self, api: &'static str, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::invalid(api, format!("range {offset}+{len} outside memory of {} bytes", self.len()))),
+        }
+    }
+
+    /// Reads the host bytes; fails with `Busy` while operations are in flight.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        let _guard = self.cpu_access("SharedMemory::with_bytes")?;
+        // SAFETY: host memory (checked), no operation in flight and none can start while the
+        // guard holds CPU_ACCESS; the memory outlives `self`.
+        let bytes = unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) };
+        Ok(f(bytes))
+    }
+
+    /// Writes the host bytes; fails with `Busy` while operations are in flight.
+    pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+        let _guard = self.cpu_access("SharedMemory::with_bytes_mut")?;
+        // SAFETY: as in `with_bytes`; CPU_ACCESS is exclusive, so no other slice exists.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) };
+        Ok(f(bytes))
+    }
+
+    fn cpu_access(&self, api: &'static str) -> Result<CpuGuard<'_>> {
+        if self.kind() != MemoryKind::Host {
+            return Err(Error::invalid(api, format!("{:?} memory is not CPU-accessible", self.kind())));
+        }
+        self.shared
+            .state
+            .compare_exchange(0, CPU_ACCESS, Ordering::Acquire, Ordering::Relaxed)
+            .map_err(|n| {
+                let what = if n == CPU_ACCESS { "already being accessed by the CPU".to_string() } else { format!("{n} operations in flight") };
+                Error::new(api, ErrorKind::Busy(what), "")
+            })?;
+        Ok(CpuGuard { state: &self.shared.state })
+    }
+
+    /// Marks one operation in flight; the returned token ends it when dropped.
+    pub(crate) fn begin_operation(&self, api: &'static str) -> Result<InFlight> {
+        let state = &self.shared.state;
+        let mut current = state.load(Ordering::Relaxed);
+        loop {
+            if current == CPU_ACCESS {
+                return Err(Error::new(api, ErrorKind::Busy("the CPU is accessing the memory".into()), ""));
+            }
+            match state.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(InFlight { memory: self.clone() }),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+struct CpuGuard<'a> {
+    state: &'a AtomicIsize,
+}
+
+impl Drop for CpuGuard<'_> {
+    fn drop(&mut self) {
+        self.state.store(0, Ordering::Release);
+    }
+}
+
+/// One operation in flight on a memory: keeps it alive and counted until dropped.
+pub(crate) struct InFlight {
+    memory: SharedMemory,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.memory.shared.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffers_are_page_aligned_and_zeroed() {
+        let b = HostBuffer::new(10_000).unwrap();
+        assert_eq!(b.as_slice().as_ptr() as usize % BUFFER_ALIGN, 0);
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        assert!(HostBuffer::new(0).is_err());
+        assert!(HostBuffer::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn cpu_access_and_operations_exclude_each_other() {
+        let m = SharedMemory::host(64).unwrap();
+        m.with_bytes_mut(|b| b[0] = 7).unwrap();
+        let op = m.begin_operation("test").unwrap();
+        assert!(matches!(m.with_bytes(|_| ()).unwrap_err().kind(), ErrorKind::Busy(_)));
+        drop(op);
+        assert_eq!(m.with_bytes(|b| b[0]).unwrap(), 7);
+        m.with_bytes(|_| assert!(m.begin_operation("test").is_err())).unwrap();
+    }
+
+    #[test]
+    fn ranges_outside_the_memory_are_refused() {
+        let m = SharedMemory::host(100).unwrap();
+        assert!(m.check_range("t", 0, 100).is_ok());
+        assert!(m.check_range("t", 1, 100).is_err());
+        assert!(m.check_range("t", usize::MAX, 2).is_err());
+    }
+}
