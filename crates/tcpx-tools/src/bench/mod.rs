@@ -1,0 +1,7 @@
+//! Benchmark building blocks.
+
+pub mod baseline;
+pub mod report;
+pub mod safe_layer;
+pub mod sizes;
+pub mod stats;
