@@ -1,1 +1,28 @@
-//! placeholder
+//! The transfer runtime of tcpx: what turns a loaded ncclNet plugin into GPU-to-GPU transfers.
+//!
+//! This crate holds the pieces above the safe plugin layer (`tcpx`):
+//!
+//! - [`window`]: per-comm sliding windows that enforce the plugin's request rules (at most 16
+//!   in flight, `test` only on the oldest, receives consumed in FIFO order after done);
+//! - [`schedule`]: how a transfer (contiguous or vectored) is cut into chunks and spread over
+//!   channels, derived identically by both peers;
+//! - [`control`]: the control plane — a versioned, framed protocol over one TCP connection per
+//!   peer pair that exchanges endpoint info and connect handles, plus the out-of-band endpoint
+//!   metadata blob.
+//!
+//! The window, schedule and codec are sans-IO state machines (no sockets, no clock of their
+//! own), so they are tested exhaustively without a network; only [`control::ControlConn`]
+//! touches a socket.
+//!
+//! ```
+//! use tcpx_runtime::schedule::Schedule;
+//!
+//! // 1.5 MiB in 512 KiB chunks over 2 channels: chunk i goes to channel i mod 2.
+//! let schedule = Schedule::contiguous(3 << 19, 512 << 10, 2).unwrap();
+//! let channels: Vec<u16> = schedule.iter().map(|c| c.channel).collect();
+//! assert_eq!(channels, [0, 1, 0]);
+//! ```
+
+pub mod control;
+pub mod schedule;
+pub mod window;

@@ -1,0 +1,436 @@
+//! The control messages and their payload encoding.
+//!
+//! Payloads are hand-written little-endian with explicit lengths (no serde on the wire):
+//!
+//! | type | code | payload |
+//! |---|---|---|
+//! | `Hello` | 0x0001 | protocol_version u16, [`EndpointInfo`] |
+//! | `ConnectHandles` | 0x0002 | count u16, count × 128 bytes |
+//! | `Ready` | 0x0003 | empty |
+//! | `Close` | 0x0004 | reason str16 |
+//! | `Error` | 0x0005 | code u32, message str16 |
+//! | `Segments` | 0x0006 | transfer_id u64, count u32, count × u64 |
+//! | reserved | 0x0100–0x01FF | one-sided operations (write/read requests with descriptor lists, notifications) |
+//! | reserved | 0xF000–0xFFFF | experimental extensions |
+//!
+//! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
+//! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32.
+//! A `str16` is a u16 byte length then UTF-8 bytes.
+//!
+//! Decoding checks every length against the bytes present before allocating, rejects
+//! trailing bytes, and never panics.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use super::codec::{encode_frame, EncodeError, Frame, MAX_PAYLOAD, PROTOCOL_VERSION};
+use super::wire::{Reader, TooLong, WireError, Writer};
+
+/// Bytes in an ncclNet connect handle (`NCCL_NET_HANDLE_MAXSIZE`).
+pub const HANDLE_BYTES: usize = 128;
+
+/// One 128-byte listen handle, opaque to everyone but the plugin.
+pub type ConnectHandle = [u8; HANDLE_BYTES];
+
+/// The message type codes of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum MessageType {
+    /// [`Message::Hello`].
+    Hello = 0x0001,
+    /// [`Message::ConnectHandles`].
+    ConnectHandles = 0x0002,
+    /// [`Message::Ready`].
+    Ready = 0x0003,
+    /// [`Message::Close`].
+    Close = 0x0004,
+    /// [`Message::Error`].
+    Error = 0x0005,
+    /// [`Message::Segments`].
+    Segments = 0x0006,
+}
+
+impl MessageType {
+    /// Every type this version defines.
+    pub const ALL: [MessageType; 6] = [
+        Self::Hello,
+        Self::ConnectHandles,
+        Self::Ready,
+        Self::Close,
+        Self::Error,
+        Self::Segments,
+    ];
+
+    /// The wire code.
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+
+    /// The type with wire code `code`, if this version defines it.
+    pub fn from_code(code: u16) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.code() == code)
+    }
+
+    /// What a code reserved for later versions is set aside for (`None` if not reserved).
+    pub fn reserved_name(code: u16) -> Option<&'static str> {
+        match code {
+            0x0100 => Some("one-sided write request"),
+            0x0101 => Some("one-sided read request"),
+            0x0102 => Some("notification"),
+            0x0103..=0x01FF => Some("one-sided operation"),
+            0xF000..=0xFFFF => Some("experimental extension"),
+            _ => None,
+        }
+    }
+}
+
+/// An error code carried by [`Message::Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ErrorCode(pub u32);
+
+impl ErrorCode {
+    /// The peer sent something that breaks the protocol.
+    pub const PROTOCOL: Self = Self(1);
+    /// The two endpoints cannot work together (versions, channel counts, chunk sizes…).
+    pub const INCOMPATIBLE: Self = Self(2);
+    /// The plugin failed on this side (listen, connect, accept).
+    pub const PLUGIN: Self = Self(3);
+    /// Anything else that went wrong on this side.
+    pub const INTERNAL: Self = Self(4);
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match *self {
+            Self::PROTOCOL => "protocol",
+            Self::INCOMPATIBLE => "incompatible",
+            Self::PLUGIN => "plugin",
+            Self::INTERNAL => "internal",
+            _ => "unknown",
+        };
+        write!(f, "{name} ({})", self.0)
+    }
+}
+
+/// What one endpoint tells its peer (and what the out-of-band metadata carries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// An address of this endpoint that the peer can reach. Loopback only when both ends are
+    /// on one host; the caller chooses it.
+    pub ip: IpAddr,
+    /// PCI bus id of the GPU this endpoint serves (e.g. `0000:04:00.0`), if any.
+    pub gpu_pci: Option<String>,
+    /// Channels this endpoint opens to the peer.
+    pub channels: u16,
+    /// The plugin's name string (e.g. `GPUDirectTCPX_v7`).
+    pub plugin_name: String,
+    /// The ncclNet ABI version in use (6, 7 or 8).
+    pub abi_version: u8,
+    /// Chunk size this endpoint schedules with.
+    pub chunk_bytes: u32,
+}
+
+impl EndpointInfo {
+    pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), TooLong> {
+        w.ip(self.ip);
+        match &self.gpu_pci {
+            None => w.u8(0),
+            Some(pci) => {
+                w.u8(1);
+                w.str16("gpu_pci", pci)?;
+            }
+        }
+        w.u16(self.channels);
+        w.str16("plugin_name", &self.plugin_name)?;
+        w.u8(self.abi_version);
+        w.u32(self.chunk_bytes);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let ip = r.ip("ip")?;
+        let gpu_pci = match r.u8("gpu_pci")? {
+            0 => None,
+            1 => Some(r.str16("gpu_pci")?),
+            _ => {
+                return Err(WireError::Invalid {
+                    field: "gpu_pci",
+                    why: "presence flag is neither 0 nor 1",
+                })
+            }
+        };
+        Ok(Self {
+            ip,
+            gpu_pci,
+            channels: r.u16("channels")?,
+            plugin_name: r.str16("plugin_name")?,
+            abi_version: r.u8("abi_version")?,
+            chunk_bytes: r.u32("chunk_bytes")?,
+        })
+    }
+}
+
+/// A control-plane message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// First message in each direction: who this endpoint is.
+    Hello {
+        /// Highest protocol version the sender speaks.
+        protocol_version: u16,
+        /// The sender's endpoint description.
+        endpoint: EndpointInfo,
+    },
+    /// The receiving side's listen handles, one per channel, in channel order.
+    ConnectHandles {
+        /// One 128-byte handle per channel.
+        handles: Vec<ConnectHandle>,
+    },
+    /// The sender finished its part of the setup (its comms are connected / accepted).
+    Ready,
+    /// Orderly shutdown.
+    Close {
+        /// Why, for the peer's logs.
+        reason: String,
+    },
+    /// The sender hit an error and will close.
+    Error {
+        /// What kind of error.
+        code: ErrorCode,
+        /// Human-readable detail.
+        message: String,
+    },
+    /// The sender's segment lengths for a vectored transfer (see [`crate::schedule`]).
+    Segments {
+        /// Which transfer these segments describe.
+        transfer_id: u64,
+        /// Segment lengths in stream order.
+        lens: Vec<u64>,
+    },
+}
+
+/// A frame whose payload does not decode as its message type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed {kind:?} message: {source}")]
+pub struct MessageError {
+    /// The type the frame announced.
+    pub kind: MessageType,
+    /// What was wrong with its payload.
+    #[source]
+    pub source: WireError,
+}
+
+impl Message {
+    /// A `Hello` at this crate's protocol version.
+    pub fn hello(endpoint: EndpointInfo) -> Self {
+        Self::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            endpoint,
+        }
+    }
+
+    /// The message's type code.
+    pub fn kind(&self) -> MessageType {
+        match self {
+            Self::Hello { .. } => MessageType::Hello,
+            Self::ConnectHandles { .. } => MessageType::ConnectHandles,
+            Self::Ready => MessageType::Ready,
+            Self::Close { .. } => MessageType::Close,
+            Self::Error { .. } => MessageType::Error,
+            Self::Segments { .. } => MessageType::Segments,
+        }
+    }
+
+    /// Appends the message as one frame to `out` (unchanged on error).
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        encode_frame(out, self.kind(), MAX_PAYLOAD, |buf| self.write_payload(buf))
+    }
+
+    fn write_payload(&self, buf: &mut Vec<u8>) -> Result<(), TooLong> {
+        let mut w = Writer(buf);
+        match self {
+            Self::Hello {
+                protocol_version,
+                endpoint,
+            } => {
+                w.u16(*protocol_version);
+                endpoint.write(&mut w)?;
+            }
+            Self::ConnectHandles { handles } => {
+                let count = u16::try_from(handles.len()).map_err(|_| TooLong {
+                    field: "handles",
+                    len: handles.len(),
+                    max: usize::from(u16::MAX),
+                })?;
+                w.u16(count);
+                for h in handles {
+                    w.bytes(h);
+                }
+            }
+            Self::Ready => {}
+            Self::Close { reason } => w.str16("reason", reason)?,
+            Self::Error { code, message } => {
+                w.u32(code.0);
+                w.str16("message", message)?;
+            }
+            Self::Segments { transfer_id, lens } => {
+                let count = u32::try_from(lens.len()).map_err(|_| TooLong {
+                    field: "lens",
+                    len: lens.len(),
+                    max: u32::MAX as usize,
+                })?;
+                w.u64(*transfer_id);
+                w.u32(count);
+                for &len in lens {
+                    w.u64(len);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes a frame's payload as the message its type announces.
+    pub fn decode(frame: &Frame) -> Result<Self, MessageError> {
+        Self::read_payload(frame.kind, &frame.payload).map_err(|source| MessageError {
+            kind: frame.kind,
+            source,
+        })
+    }
+
+    fn read_payload(kind: MessageType, payload: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(payload);
+        let msg = match kind {
+            MessageType::Hello => Self::Hello {
+                protocol_version: r.u16("protocol_version")?,
+                endpoint: EndpointInfo::read(&mut r)?,
+            },
+            MessageType::ConnectHandles => {
+                let count = usize::from(r.u16("handles")?);
+                // Check the bytes are there before reserving room for them.
+                if count * HANDLE_BYTES != r.remaining() {
+                    return Err(WireError::Invalid {
+                        field: "handles",
+                        why: "count does not match the payload length",
+                    });
+                }
+                let mut handles = Vec::with_capacity(count);
+                for _ in 0..count {
+                    handles.push(r.array::<HANDLE_BYTES>("handles")?);
+                }
+                Self::ConnectHandles { handles }
+            }
+            MessageType::Ready => Self::Ready,
+            MessageType::Close => Self::Close {
+                reason: r.str16("reason")?,
+            },
+            MessageType::Error => Self::Error {
+                code: ErrorCode(r.u32("code")?),
+                message: r.str16("message")?,
+            },
+            MessageType::Segments => {
+                let transfer_id = r.u64("transfer_id")?;
+                let count = r.u32("lens")? as usize;
+                if count.checked_mul(8) != Some(r.remaining()) {
+                    return Err(WireError::Invalid {
+                        field: "lens",
+                        why: "count does not match the payload length",
+                    });
+                }
+                let mut lens = Vec::with_capacity(count);
+                for _ in 0..count {
+                    lens.push(r.u64("lens")?);
+                }
+                Self::Segments { transfer_id, lens }
+            }
+        };
+        r.finish()?;
+        Ok(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::codec::Decoder;
+    use std::net::Ipv4Addr;
+
+    fn roundtrip(msg: &Message) -> Message {
+        let mut wire = Vec::new();
+        msg.encode(&mut wire).unwrap();
+        let mut input = &wire[..];
+        let frame = Decoder::new().decode(&mut input).unwrap().unwrap();
+        assert!(input.is_empty());
+        Message::decode(&frame).unwrap()
+    }
+
+    fn info() -> EndpointInfo {
+        EndpointInfo {
+            ip: IpAddr::V4(Ipv4Addr::new(10, 0, 1, 2)),
+            gpu_pci: Some("0000:04:00.0".into()),
+            channels: 8,
+            plugin_name: "GPUDirectTCPX_v7".into(),
+            abi_version: 7,
+            chunk_bytes: 512 << 10,
+        }
+    }
+
+    #[test]
+    fn hello_round_trips() {
+        let msg = Message::hello(info());
+        assert_eq!(roundtrip(&msg), msg);
+    }
+
+    #[test]
+    fn connect_handles_round_trip() {
+        let msg = Message::ConnectHandles {
+            handles: vec![[7; HANDLE_BYTES], [9; HANDLE_BYTES]],
+        };
+        assert_eq!(roundtrip(&msg), msg);
+    }
+
+    #[test]
+    fn handle_count_must_match_payload() {
+        let frame = Frame {
+            version: PROTOCOL_VERSION,
+            kind: MessageType::ConnectHandles,
+            payload: vec![2, 0, 1, 2, 3],
+        };
+        let err = Message::decode(&frame).unwrap_err();
+        assert_eq!(err.kind, MessageType::ConnectHandles);
+        assert!(err.to_string().contains("handles"));
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let frame = Frame {
+            version: PROTOCOL_VERSION,
+            kind: MessageType::Ready,
+            payload: vec![0],
+        };
+        assert_eq!(
+            Message::decode(&frame).unwrap_err().source,
+            WireError::TrailingBytes(1)
+        );
+    }
+
+    #[test]
+    fn oversized_message_is_not_encoded() {
+        let msg = Message::Segments {
+            transfer_id: 1,
+            lens: vec![1; (MAX_PAYLOAD as usize) / 8],
+        };
+        let mut wire = vec![0xAA];
+        assert!(matches!(
+            msg.encode(&mut wire),
+            Err(EncodeError::PayloadTooLong { .. })
+        ));
+        assert_eq!(wire, [0xAA]);
+    }
+
+    #[test]
+    fn every_type_code_is_distinct_and_not_reserved() {
+        for t in MessageType::ALL {
+            assert_eq!(MessageType::from_code(t.code()), Some(t));
+            assert_eq!(MessageType::reserved_name(t.code()), None);
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! The control plane: one plain TCP connection per peer pair, separate from the data comms.
+//!
+//! - [`codec`]: sans-IO framing (magic, version, type, capped length) and its [`Decoder`];
+//! - [`message`]: the messages ([`Message`], [`EndpointInfo`]) and their payload encoding;
+//! - [`conn`]: [`ControlConn`], the blocking socket shell with a timeout on every operation;
+//! - [`metadata`]: [`EndpointMetadata`], the blob passed out of band to find a peer.
+//!
+//! A typical bootstrap: the receiving side sends `Hello`, then `ConnectHandles` with one
+//! listen handle per channel; the sending side answers `Hello`, connects its comms and sends
+//! `Ready`; either side ends with `Close` (or `Error`).
+
+pub mod codec;
+pub mod conn;
+pub mod message;
+pub mod metadata;
+mod wire;
+
+pub use codec::{CodecError, Decoder, EncodeError, Frame, FrameHeader, PROTOCOL_VERSION};
+pub use conn::{ControlConn, ControlError};
+pub use message::{ConnectHandle, EndpointInfo, ErrorCode, Message, MessageError, MessageType};
+pub use metadata::{EndpointMetadata, MetadataError};
+pub use wire::{TooLong, WireError};

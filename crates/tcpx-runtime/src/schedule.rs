@@ -1,0 +1,428 @@
+//! How a transfer is cut into chunks and spread over channels (sans-IO).
+//!
+//! The plugin matches sends and receives on a comm in posting order, and each plugin request
+//! is one contiguous buffer. So both peers must post, on every channel, the same sequence of
+//! chunk sizes, and no chunk may span two buffers (segments) on either side.
+//!
+//! # The rule
+//!
+//! A transfer is a logical byte stream `[0, L)`. Each side describes its memory as a list of
+//! segment lengths (regions, in stream order) summing to `L`; the two lists may differ.
+//!
+//! 1. Cut the stream at every segment boundary of **both** sides (the union of the two sets
+//!    of boundaries). This gives *extents*: stretches that are contiguous on both sides.
+//! 2. Cut each extent into chunks of `chunk_bytes`, starting at the extent's beginning (the
+//!    last chunk of an extent may be shorter).
+//! 3. Number the chunks in stream order; chunk `i` goes to channel `i mod N`.
+//!
+//! The union of boundaries is symmetric, so the sender (local = its list, remote = the
+//! receiver's) and the receiver (the other way round) compute the same chunks in the same
+//! order, and each chunk maps to one contiguous piece of one segment on each side. The remote
+//! list travels over the control plane ([`crate::control::Message::Segments`]). A contiguous
+//! transfer is the case of one segment per side: chunks are then cut at multiples of
+//! `chunk_bytes`.
+//!
+//! Cutting each extent from its own start (rather than at global multiples of the chunk size)
+//! keeps chunk starts at `segment start + k · chunk_bytes` when the two lists agree, which
+//! preserves the 4 KiB alignment TCPX wants and avoids a sliver chunk per segment.
+//!
+//! A schedule stores O(segments) data; chunks are computed on the fly by [`Schedule::iter`]
+//! and [`Schedule::chunk`] without allocating.
+//!
+//! ```
+//! use tcpx_runtime::schedule::Schedule;
+//!
+//! // The sender has one 1 MiB buffer; the receiver two of 256 KiB and 768 KiB.
+//! let sender = Schedule::vectored(&[1 << 20], &[256 << 10, 768 << 10], 512 << 10, 2).unwrap();
+//! let receiver = Schedule::vectored(&[256 << 10, 768 << 10], &[1 << 20], 512 << 10, 2).unwrap();
+//! let sizes = |s: &Schedule| s.iter().map(|c| (c.channel, c.len)).collect::<Vec<_>>();
+//! assert_eq!(sizes(&sender), [(0, 256 << 10), (1, 512 << 10), (0, 256 << 10)]);
+//! assert_eq!(sizes(&sender), sizes(&receiver));
+//! ```
+
+/// Chunk size Google's TCPX configurations use (`NCCL_DYNAMIC_CHUNK_SIZE=524288`).
+pub const DEFAULT_CHUNK_BYTES: u32 = 512 * 1024;
+
+/// Largest chunk a plugin request can carry: ncclNet v7 sizes are C `int`.
+pub const MAX_CHUNK_BYTES: u32 = i32::MAX as u32;
+
+/// A schedule could not be built from the given parameters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// `chunk_bytes` was 0.
+    #[error("chunk size must be at least 1 byte")]
+    ZeroChunk,
+    /// `chunk_bytes` exceeds what one plugin request can carry.
+    #[error("chunk size {0} exceeds the plugin's limit of {MAX_CHUNK_BYTES} bytes")]
+    ChunkTooLarge(u32),
+    /// No channels to spread chunks over.
+    #[error("a schedule needs at least one channel")]
+    ZeroChannels,
+    /// The two sides describe streams of different lengths.
+    #[error("local segments total {local} bytes but the peer's total {remote}; both sides must describe the same number of bytes")]
+    LengthMismatch {
+        /// Sum of the local segment lengths.
+        local: u64,
+        /// Sum of the remote segment lengths.
+        remote: u64,
+    },
+    /// The segment lengths of one side add up to more than `u64::MAX`.
+    #[error("segment lengths overflow a 64-bit total")]
+    Overflow,
+}
+
+/// One chunk of a transfer: one plugin request on each side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Position in the schedule (posting order across all channels).
+    pub index: u64,
+    /// Channel that carries it: `index mod channels`.
+    pub channel: u16,
+    /// Offset in the logical stream.
+    pub offset: u64,
+    /// Bytes in the chunk (at most the schedule's chunk size, never 0).
+    pub len: u32,
+    /// Index of the local segment holding it (into the local list given to the schedule).
+    pub segment: usize,
+    /// Offset of the chunk inside that segment.
+    pub segment_offset: u64,
+}
+
+/// A stretch of the stream contiguous on both sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Extent {
+    /// Offset in the stream.
+    offset: u64,
+    len: u64,
+    /// Local segment index and offset inside it.
+    segment: usize,
+    segment_offset: u64,
+    /// Index of the extent's first chunk.
+    first_chunk: u64,
+}
+
+/// The chunks of one transfer and the channel of each, as both peers derive them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    extents: Vec<Extent>,
+    total_len: u64,
+    chunk_bytes: u32,
+    channels: u16,
+    chunk_count: u64,
+}
+
+impl Schedule {
+    /// A contiguous transfer of `len` bytes on both sides.
+    pub fn contiguous(len: u64, chunk_bytes: u32, channels: u16) -> Result<Self, ScheduleError> {
+        Self::vectored(&[len], &[len], chunk_bytes, channels)
+    }
+
+    /// A vectored transfer: `local_lens` are this side's segment lengths, `remote_lens` the
+    /// peer's, both in stream order. Zero-length segments are allowed and carry no chunk.
+    pub fn vectored(
+        local_lens: &[u64],
+        remote_lens: &[u64],
+        chunk_bytes: u32,
+        channels: u16,
+    ) -> Result<Self, ScheduleError> {
+        if chunk_bytes == 0 {
+            return Err(ScheduleError::ZeroChunk);
+        }
+        if chunk_bytes > MAX_CHUNK_BYTES {
+            return Err(ScheduleError::ChunkTooLarge(chunk_bytes));
+        }
+        if channels == 0 {
+            return Err(ScheduleError::ZeroChannels);
+        }
+        let local = checked_sum(local_lens)?;
+        let remote = checked_sum(remote_lens)?;
+        if local != remote {
+            return Err(ScheduleError::LengthMismatch { local, remote });
+        }
+
+        let mut extents = Vec::with_capacity(local_lens.len() + remote_lens.len());
+        // End (in the stream) of the remote segment containing the current position.
+        let mut remote_iter = remote_lens.iter();
+        let mut remote_end = 0u64;
+        let mut seg_start = 0u64;
+        let mut next_chunk = 0u64;
+        for (segment, &seg_len) in local_lens.iter().enumerate() {
+            let seg_end = seg_start + seg_len; // no overflow: bounded by the checked total
+            let mut pos = seg_start;
+            while pos < seg_end {
+                // Skip remote segments that end at or before `pos` (zero-length ones too).
+                while remote_end <= pos {
+                    match remote_iter.next() {
+                        Some(&len) => remote_end += len,
+                        // Totals are equal, so a remote segment always covers `pos`.
+                        None => break,
+                    }
+                }
+                let cut = seg_end.min(remote_end.max(pos + 1));
+                let len = cut - pos;
+                extents.push(Extent {
+                    offset: pos,
+                    len,
+                    segment,
+                    segment_offset: pos - seg_start,
+                    first_chunk: next_chunk,
+                });
+                next_chunk += len.div_ceil(u64::from(chunk_bytes));
+                pos = cut;
+            }
+            seg_start = seg_end;
+        }
+
+        Ok(Self {
+            extents,
+            total_len: local,
+            chunk_bytes,
+            channels,
+            chunk_count: next_chunk,
+        })
+    }
+
+    /// Bytes in the transfer.
+    pub fn total_len(&self) -> u64 {
+        self.total_len
+    }
+
+    /// The transfer has no bytes (and so no chunks).
+    pub fn is_empty(&self) -> bool {
+        self.total_len == 0
+    }
+
+    /// Maximum chunk size.
+    pub fn chunk_bytes(&self) -> u32 {
+        self.chunk_bytes
+    }
+
+    /// Channels the chunks are spread over.
+    pub fn channels(&self) -> u16 {
+        self.channels
+    }
+
+    /// Number of chunks (plugin requests per side).
+    pub fn chunk_count(&self) -> u64 {
+        self.chunk_count
+    }
+
+    /// Number of chunks carried by `channel` (0 for a channel out of range).
+    pub fn chunk_count_on(&self, channel: u16) -> u64 {
+        if channel >= self.channels {
+            return 0;
+        }
+        let n = u64::from(self.channels);
+        let c = u64::from(channel);
+        if self.chunk_count > c {
+            (self.chunk_count - c).div_ceil(n)
+        } else {
+            0
+        }
+    }
+
+    /// Chunk number `index`, or `None` past the end. O(log segments).
+    pub fn chunk(&self, index: u64) -> Option<Chunk> {
+        if index >= self.chunk_count {
+            return None;
+        }
+        let pos = self.extents.partition_point(|e| e.first_chunk <= index);
+        let extent = self.extents.get(pos.checked_sub(1)?)?;
+        let within = (index - extent.first_chunk) * u64::from(self.chunk_bytes);
+        Some(self.make_chunk(index, extent, within))
+    }
+
+    /// All chunks in posting order.
+    pub fn iter(&self) -> Chunks<'_> {
+        Chunks {
+            schedule: self,
+            extent: 0,
+            within: 0,
+            index: 0,
+        }
+    }
+
+    /// The chunks carried by `channel`, in that channel's posting order.
+    pub fn on_channel(&self, channel: u16) -> ChannelChunks<'_> {
+        ChannelChunks {
+            schedule: self,
+            next: u64::from(channel),
+            // An out-of-range channel yields nothing.
+            end: if channel < self.channels {
+                self.chunk_count
+            } else {
+                0
+            },
+        }
+    }
+
+    fn make_chunk(&self, index: u64, extent: &Extent, within: u64) -> Chunk {
+        let len = (extent.len - within).min(u64::from(self.chunk_bytes));
+        Chunk {
+            index,
+            // `index mod channels` is below `channels`, a u16.
+            channel: (index % u64::from(self.channels)) as u16,
+            offset: extent.offset + within,
+            // At most `chunk_bytes`, a u32.
+            len: len as u32,
+            segment: extent.segment,
+            segment_offset: extent.segment_offset + within,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Schedule {
+    type Item = Chunk;
+    type IntoIter = Chunks<'a>;
+
+    fn into_iter(self) -> Chunks<'a> {
+        self.iter()
+    }
+}
+
+fn checked_sum(lens: &[u64]) -> Result<u64, ScheduleError> {
+    lens.iter()
+        .try_fold(0u64, |acc, &l| acc.checked_add(l))
+        .ok_or(ScheduleError::Overflow)
+}
+
+/// Iterator over a schedule's chunks in posting order; see [`Schedule::iter`].
+#[derive(Debug, Clone)]
+pub struct Chunks<'a> {
+    schedule: &'a Schedule,
+    extent: usize,
+    /// Offset of the next chunk inside the current extent.
+    within: u64,
+    index: u64,
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        let extent = loop {
+            let extent = self.schedule.extents.get(self.extent)?;
+            if self.within < extent.len {
+                break extent;
+            }
+            self.extent += 1;
+            self.within = 0;
+        };
+        let chunk = self.schedule.make_chunk(self.index, extent, self.within);
+        self.within += u64::from(chunk.len);
+        self.index += 1;
+        Some(chunk)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.schedule.chunk_count - self.index;
+        match usize::try_from(left) {
+            Ok(n) => (n, Some(n)),
+            Err(_) => (usize::MAX, None),
+        }
+    }
+}
+
+/// Iterator over the chunks of one channel; see [`Schedule::on_channel`].
+#[derive(Debug, Clone)]
+pub struct ChannelChunks<'a> {
+    schedule: &'a Schedule,
+    next: u64,
+    end: u64,
+}
+
+impl Iterator for ChannelChunks<'_> {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        if self.next >= self.end {
+            return None;
+        }
+        let chunk = self.schedule.chunk(self.next)?;
+        self.next += u64::from(self.schedule.channels);
+        Some(chunk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lens(s: &Schedule) -> Vec<u32> {
+        s.iter().map(|c| c.len).collect()
+    }
+
+    #[test]
+    fn contiguous_transfer_is_cut_at_chunk_multiples() {
+        let s = Schedule::contiguous(1300, 500, 2).unwrap();
+        assert_eq!(lens(&s), [500, 500, 300]);
+        let offsets: Vec<_> = s.iter().map(|c| c.offset).collect();
+        assert_eq!(offsets, [0, 500, 1000]);
+        let channels: Vec<_> = s.iter().map(|c| c.channel).collect();
+        assert_eq!(channels, [0, 1, 0]);
+    }
+
+    #[test]
+    fn empty_transfer_has_no_chunks() {
+        let s = Schedule::contiguous(0, 500, 4).unwrap();
+        assert!(s.is_empty());
+        assert_eq!(s.chunk_count(), 0);
+        assert_eq!(s.iter().next(), None);
+        assert_eq!(s.chunk(0), None);
+    }
+
+    #[test]
+    fn chunks_never_span_either_sides_segments() {
+        // Local boundaries at 300, remote at 200 and 700.
+        let s = Schedule::vectored(&[300, 700], &[200, 500, 300], 1000, 3).unwrap();
+        assert_eq!(lens(&s), [200, 100, 400, 300]);
+        let segs: Vec<_> = s.iter().map(|c| (c.segment, c.segment_offset)).collect();
+        assert_eq!(segs, [(0, 0), (0, 200), (1, 0), (1, 400)]);
+    }
+
+    #[test]
+    fn zero_length_segments_carry_no_chunk() {
+        let s = Schedule::vectored(&[0, 10, 0, 10, 0], &[20], 8, 1).unwrap();
+        let segs: Vec<_> = s.iter().map(|c| (c.segment, c.len)).collect();
+        assert_eq!(segs, [(1, 8), (1, 2), (3, 8), (3, 2)]);
+    }
+
+    #[test]
+    fn mismatched_totals_are_refused() {
+        assert_eq!(
+            Schedule::vectored(&[10], &[4, 5], 8, 1),
+            Err(ScheduleError::LengthMismatch {
+                local: 10,
+                remote: 9
+            })
+        );
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        assert_eq!(Schedule::contiguous(1, 0, 1), Err(ScheduleError::ZeroChunk));
+        assert_eq!(
+            Schedule::contiguous(1, 1, 0),
+            Err(ScheduleError::ZeroChannels)
+        );
+        assert_eq!(
+            Schedule::contiguous(1, u32::MAX, 1),
+            Err(ScheduleError::ChunkTooLarge(u32::MAX))
+        );
+        assert_eq!(
+            Schedule::vectored(&[u64::MAX, 1], &[1], 1, 1),
+            Err(ScheduleError::Overflow)
+        );
+    }
+
+    #[test]
+    fn per_channel_iterator_yields_every_nth_chunk() {
+        let s = Schedule::contiguous(10, 1, 3).unwrap();
+        let idx: Vec<_> = s.on_channel(1).map(|c| c.index).collect();
+        assert_eq!(idx, [1, 4, 7]);
+        assert_eq!(s.chunk_count_on(0), 4);
+        assert_eq!(s.chunk_count_on(1), 3);
+        assert_eq!(s.chunk_count_on(3), 0);
+        assert_eq!(s.on_channel(3).next(), None);
+    }
+}
