@@ -23,6 +23,12 @@
 //! assert_eq!(channels, [0, 1, 0]);
 //! ```
 
-pub mod control;
+// Sans-IO cores: deterministic state machines, no sockets, no clock of their own.
 pub mod schedule;
 pub mod window;
+
+// Control plane: sans-IO codec and messages, plus the blocking socket shell.
+pub mod control;
+
+// The progress engines, channels, CUDA staging and the `Endpoint` API build on the modules
+// above and are declared here as they land.
