@@ -1,1 +1,68 @@
-//! placeholder
+//! `tcpx-socket`: an NCCL net plugin (the ncclNet v8 and v7 tables) over kernel TCP sockets,
+//! for host memory.
+//!
+//! It is the embedded default backend of the tcpx stack, the test peer of every layer above the
+//! ABI, and a plugin real NCCL can load (`NCCL_NET_PLUGIN=/path/to/libtcpx_socket.so`). Its
+//! semantics follow GPUDirect-TCPX so the layers above meet real behaviour:
+//!
+//! * `listen`/`connect`/`accept` never block: they return Success with a NULL comm until the
+//!   connection is ready, and `connect` keeps its progress in the caller's handle buffer.
+//! * Sends and receives match in posting order; at most 16 requests per comm (the 17th post
+//!   answers Success with a NULL request: busy); `irecv` takes exactly one buffer.
+//! * Progress happens only inside `test`, and `test` is legal only on the oldest outstanding
+//!   request of a comm (anything else is ncclInvalidUsage).
+//! * `irecvConsumed` releases receive slots in FIFO order when the accept caller asked for a
+//!   device handle (TCPX-style callers); otherwise `test` releases them (real NCCL).
+//! * Truncated, malformed or hostile peer traffic yields an error code and a log line, never a
+//!   crash; a peer that goes away fails the comm with ncclRemoteError.
+//!
+//! Environment (read once, at the first `init`):
+//! * `TCPX_SOCKET_IFNAME`, else `NCCL_SOCKET_IFNAME`: interfaces to expose, NCCL syntax
+//!   (`eth,ib` prefixes, `^lo` excludes, `=eth1` exact). Default: every non-loopback interface
+//!   that is up, else `lo`.
+//! * `TCPX_SOCKET_NSOCKS`, else `NCCL_NSOCKS_PERTHREAD × NCCL_SOCKET_NTHREADS`: data sockets per
+//!   comm, 1..=8, default 1. The listener's value wins (it travels in the handle).
+//!
+//! Wire formats are documented in the `handle` and `wire` modules' sources.
+//!
+//! ```
+//! use tcpx_sys::{AbiVersion, NetPlugin};
+//! // SAFETY: the table is this crate's own, complete and valid for the whole process.
+//! let plugin = unsafe { NetPlugin::from_static_v8(tcpx_socket::table_v8()) }?;
+//! assert_eq!(plugin.name(), tcpx_socket::PLUGIN_NAME);
+//! assert_eq!(plugin.version(), AbiVersion::V8);
+//! # Ok::<(), tcpx_sys::LoadError>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod log;
+
+mod connect;
+mod device;
+mod handle;
+mod listen;
+mod mr;
+mod object;
+mod recv;
+mod send;
+mod sock;
+mod table;
+pub mod wire;
+
+pub use device::{DEFAULT_SPEED_MBPS, MAX_NSOCKS};
+pub use table::{ncclNetPlugin_v7, ncclNetPlugin_v8, pending_connects, PluginTable};
+
+/// The plugin's name, as reported in its tables.
+pub const PLUGIN_NAME: &str = "tcpx-socket";
+
+const PLUGIN_NAME_C: &std::ffi::CStr = c"tcpx-socket";
+
+/// The ncclNet v8 table, for use without `dlopen` (`tcpx_sys::NetPlugin::from_static_v8`).
+pub fn table_v8() -> &'static tcpx_sys::ncclNet_v8_t {
+    &ncclNetPlugin_v8.0
+}
+
+/// The ncclNet v7 table (TCPX's version), for use without `dlopen`.
+pub fn table_v7() -> &'static tcpx_sys::ncclNet_v7_t {
+    &ncclNetPlugin_v7.0
+}

@@ -1,0 +1,549 @@
+//! The receive side of a connection: a fixed ring of 16 request slots, per-socket receive
+//! cursors, and the consumption rule.
+//!
+//! Receives match sends in posting order: the k-th `irecv` gets message k. Each socket carries
+//! the parts of the messages the striping rule assigns to it, in order; a part's payload is read
+//! straight into the posted buffer (the bytes that follow it, the next frame header, are read in
+//! the same call). A header is checked against the rule before anything is written anywhere, so
+//! a confused or hostile peer yields an error code, never a write outside the posted buffer.
+//!
+//! Request lifetime: posted → done (reported by `test`) → released. When the accept caller asked
+//! for a device handle (TCPX-style callers preset an UNPACK handle), a slot is released only by
+//! `irecvConsumed`, in FIFO order, like TCPX. Otherwise (real NCCL passes no handle for HOST
+//! devices and never calls `irecvConsumed`) `test` releases the slot as it reports done and
+//! `irecvConsumed` is an accepted no-op.
+//!
+//! Threading: one thread at a time per comm (NCCL's contract); no lock on the data path.
+
+use std::ffi::c_void;
+use std::io::{self, IoSliceMut};
+use std::net::TcpStream;
+
+use tcpx_sys::{ResultCode, MAX_REQUESTS};
+
+use crate::log::log_warn;
+use crate::object::{DEAD_TAG, RECV_REQ_TAG, RECV_TAG};
+use crate::send::SYSCALL_BUDGET;
+use crate::sock::{self, Io};
+use crate::wire::{FrameHeader, Stripe, FRAME_LEN};
+
+const RING: u64 = MAX_REQUESTS as u64;
+
+/// One request slot; a pointer to it is the `request` handed to the caller.
+#[repr(C)]
+pub(crate) struct RecvSlot {
+    tag: u64,
+    comm: *mut RecvComm,
+    index: usize,
+    seq: u64,
+    data: *mut u8,
+    cap: usize,
+    /// Message size, known from the first header of the message.
+    total: Option<u32>,
+    nparts: u8,
+    /// Bit p set once part p is fully received.
+    parts_mask: u8,
+}
+
+impl RecvSlot {
+    fn complete(&self) -> bool {
+        self.total.is_some() && u32::from(self.parts_mask) == (1u32 << self.nparts) - 1
+    }
+}
+
+#[derive(Clone, Copy)]
+enum RxState {
+    /// Reading (or holding a partial) frame header.
+    Header,
+    /// A header for message `seq`, which is not posted yet.
+    Parked { seq: u64, hdr: FrameHeader },
+    /// Reading the payload of part `part` of message `seq` into `[off, end)` of its buffer.
+    Payload {
+        seq: u64,
+        part: u8,
+        off: usize,
+        end: usize,
+    },
+}
+
+struct RxCursor {
+    /// Lower bound of the next message this socket carries a part of.
+    seq: u64,
+    state: RxState,
+    hdr: [u8; FRAME_LEN],
+    hdr_have: usize,
+    /// The peer closed this socket at a frame boundary.
+    eof: bool,
+}
+
+/// A failure found while driving the sockets: code and log line.
+struct Failure {
+    code: ResultCode,
+    msg: String,
+}
+
+fn remote(msg: String) -> Failure {
+    Failure {
+        code: ResultCode::REMOTE_ERROR,
+        msg,
+    }
+}
+
+/// A receive comm (the `recvComm` handed to callers).
+#[repr(C)]
+pub(crate) struct RecvComm {
+    tag: u64,
+    slots: [RecvSlot; MAX_REQUESTS],
+    socks: Vec<TcpStream>,
+    rx: Vec<RxCursor>,
+    stripe: Stripe,
+    /// Sequence number of the next irecv.
+    posted: u64,
+    /// Oldest request not yet reported done.
+    head: u64,
+    /// Oldest request whose slot is not yet released (== head unless consumption is required).
+    released: u64,
+    consume_required: bool,
+    failed: Option<ResultCode>,
+    name: String,
+}
+
+impl RecvComm {
+    /// A comm over accepted data sockets (index order = socket index of the striping rule).
+    pub(crate) fn new(socks: Vec<TcpStream>, consume_required: bool, name: String) -> Box<Self> {
+        let n = socks.len();
+        let mut comm = Box::new(Self {
+            tag: RECV_TAG,
+            slots: std::array::from_fn(|i| RecvSlot {
+                tag: RECV_REQ_TAG,
+                comm: std::ptr::null_mut(),
+                index: i,
+                seq: 0,
+                data: std::ptr::null_mut(),
+                cap: 0,
+                total: None,
+                nparts: 0,
+                parts_mask: 0,
+            }),
+            socks,
+            rx: (0..n)
+                .map(|_| RxCursor {
+                    seq: 0,
+                    state: RxState::Header,
+                    hdr: [0; FRAME_LEN],
+                    hdr_have: 0,
+                    eof: false,
+                })
+                .collect(),
+            stripe: Stripe { nsocks: n },
+            posted: 0,
+            head: 0,
+            released: 0,
+            consume_required,
+            failed: None,
+            name,
+        });
+        let me: *mut RecvComm = &mut *comm;
+        for s in comm.slots.iter_mut() {
+            s.comm = me;
+        }
+        comm
+    }
+
+    /// Name for log lines.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `irecv` with one buffer: records the request, or `None` when 16 slots are held (busy).
+    pub(crate) fn post(
+        &mut self,
+        data: *mut u8,
+        cap: usize,
+    ) -> Result<Option<*mut c_void>, ResultCode> {
+        if let Some(code) = self.failed {
+            return Err(code);
+        }
+        if self.posted - self.released >= RING {
+            return Ok(None);
+        }
+        let seq = self.posted;
+        let slot = &mut self.slots[(seq % RING) as usize];
+        slot.seq = seq;
+        slot.data = data;
+        slot.cap = cap;
+        slot.total = None;
+        slot.nparts = 0;
+        slot.parts_mask = 0;
+        self.posted += 1;
+        Ok(Some((slot as *mut RecvSlot).cast()))
+    }
+
+    /// `test` on the request in slot `index` with sequence number `seq`.
+    pub(crate) fn test(&mut self, index: usize, seq: u64) -> Result<Option<u32>, ResultCode> {
+        if let Some(code) = self.failed {
+            return Err(code);
+        }
+        if self.head == self.posted || seq != self.head || index != (self.head % RING) as usize {
+            log_warn!(
+                "tcpx-socket: {}: test on receive request #{seq} but the oldest outstanding is \
+                 {} (requests must be tested in posting order)",
+                self.name,
+                if self.head == self.posted {
+                    "none".to_string()
+                } else {
+                    format!("#{}", self.head)
+                }
+            );
+            return Err(ResultCode::INVALID_USAGE);
+        }
+        let outcome = self.progress().and_then(|()| self.check_head_reachable());
+        if let Err(f) = outcome {
+            log_warn!("tcpx-socket: {}: {}; the comm is failed", self.name, f.msg);
+            self.failed = Some(f.code);
+            return Err(f.code);
+        }
+        let slot = &self.slots[index];
+        if slot.complete() {
+            self.head += 1;
+            if !self.consume_required {
+                self.released = self.head;
+            }
+            Ok(slot.total)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// `irecvConsumed` for the request with sequence number `seq`.
+    pub(crate) fn consumed(&mut self, seq: u64) -> Result<(), ResultCode> {
+        if !self.consume_required {
+            return Ok(());
+        }
+        if let Some(code) = self.failed {
+            return Err(code);
+        }
+        if self.released == self.head {
+            log_warn!(
+                "tcpx-socket: {}: irecvConsumed on receive request #{seq}, but no completed \
+                 receive awaits consumption (test must report done first)",
+                self.name
+            );
+            return Err(ResultCode::INVALID_USAGE);
+        }
+        if seq != self.released {
+            log_warn!(
+                "tcpx-socket: {}: irecvConsumed on receive request #{seq} out of order: the \
+                 oldest unconsumed receive is #{}",
+                self.name,
+                self.released
+            );
+            return Err(ResultCode::INVALID_USAGE);
+        }
+        self.released += 1;
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<(), Failure> {
+        for j in 0..self.socks.len() {
+            self.progress_socket(j)?;
+        }
+        Ok(())
+    }
+
+    /// Fails the comm when the oldest outstanding message can no longer arrive: a socket that
+    /// must still deliver one of its parts has been closed by the peer.
+    fn check_head_reachable(&self) -> Result<(), Failure> {
+        let h = self.head;
+        if h == self.posted {
+            return Ok(());
+        }
+        let slot = &self.slots[(h % RING) as usize];
+        if slot.complete() {
+            return Ok(());
+        }
+        let dead_part = match slot.total {
+            None => self.rx[self.stripe.socket_of(h, 0)].eof.then_some(0),
+            Some(_) => (0..usize::from(slot.nparts)).find(|&p| {
+                slot.parts_mask & (1 << p) == 0 && self.rx[self.stripe.socket_of(h, p)].eof
+            }),
+        };
+        match dead_part {
+            None => Ok(()),
+            Some(p) => Err(remote(format!(
+                "peer closed the connection: message #{h} is missing {} (part {p} on socket {} \
+                 never arrived)",
+                self.missing(h),
+                self.stripe.socket_of(h, p)
+            ))),
+        }
+    }
+
+    /// "N of T bytes" for message `seq`, for error messages.
+    fn missing(&self, seq: u64) -> String {
+        let slot = &self.slots[(seq % RING) as usize];
+        let Some(total) = slot.total else {
+            return format!("all bytes (size unknown, {} bytes posted)", slot.cap);
+        };
+        let mut got = 0usize;
+        for p in 0..usize::from(slot.nparts) {
+            let (a, b) = self.stripe.range(total, p);
+            if slot.parts_mask & (1 << p) != 0 {
+                got += b - a;
+            }
+        }
+        for cur in &self.rx {
+            if let RxState::Payload {
+                seq: s, off, part, ..
+            } = cur.state
+            {
+                if s == seq {
+                    got += off - self.stripe.range(total, usize::from(part)).0;
+                }
+            }
+        }
+        format!("{} of {total} bytes", total as usize - got)
+    }
+
+    fn progress_socket(&mut self, j: usize) -> Result<(), Failure> {
+        for _ in 0..SYSCALL_BUDGET {
+            match self.rx[j].state {
+                RxState::Header => {
+                    if self.rx[j].hdr_have == FRAME_LEN {
+                        self.rx[j].hdr_have = 0;
+                        self.on_header(j)?;
+                        continue;
+                    }
+                    // Read only when a posted message may need this socket: a socket's next
+                    // frame can belong to a message that is not posted yet.
+                    if self.rx[j].seq.max(self.head) >= self.posted {
+                        return Ok(());
+                    }
+                    let io = {
+                        let cur = &mut self.rx[j];
+                        let mut bufs = [IoSliceMut::new(&mut cur.hdr[cur.hdr_have..])];
+                        sock::recv_vectored(&self.socks[j], &mut bufs)
+                    };
+                    let io = io.map_err(|e| self.io(j, e))?;
+                    let cur = &mut self.rx[j];
+                    match io {
+                        Io::WouldBlock => return Ok(()),
+                        Io::Moved(n) => cur.hdr_have += n,
+                        Io::Eof if cur.hdr_have == 0 => {
+                            cur.eof = true;
+                            return Ok(());
+                        }
+                        Io::Eof => {
+                            return Err(remote(format!(
+                                "peer closed socket {j} in the middle of a frame header ({} of \
+                                 {FRAME_LEN} bytes received)",
+                                cur.hdr_have
+                            )))
+                        }
+                    }
+                }
+                RxState::Parked { seq, hdr } => {
+                    if seq >= self.posted {
+                        return Ok(());
+                    }
+                    self.begin_part(j, seq, hdr)?;
+                }
+                RxState::Payload {
+                    seq,
+                    part,
+                    off,
+                    end,
+                } => {
+                    let io = {
+                        let slot = &self.slots[(seq % RING) as usize];
+                        let cur = &mut self.rx[j];
+                        // SAFETY: irecv's contract keeps the posted buffer valid and untouched
+                        // by the caller until the request completes; [off, end) ⊆ [0, total)
+                        // and total ≤ cap was checked when the part began.
+                        let payload = unsafe {
+                            std::slice::from_raw_parts_mut(slot.data.add(off), end - off)
+                        };
+                        let mut bufs = [IoSliceMut::new(payload), IoSliceMut::new(&mut cur.hdr)];
+                        sock::recv_vectored(&self.socks[j], &mut bufs)
+                    };
+                    let n = match io.map_err(|e| self.io(j, e))? {
+                        Io::WouldBlock => return Ok(()),
+                        Io::Moved(n) => n,
+                        Io::Eof => {
+                            return Err(remote(format!(
+                                "peer closed socket {j} in the middle of message #{seq}: {} \
+                                 missing",
+                                self.missing(seq)
+                            )))
+                        }
+                    };
+                    let cur = &mut self.rx[j];
+                    let into_payload = n.min(end - off);
+                    let off = off + into_payload;
+                    if off < end {
+                        cur.state = RxState::Payload {
+                            seq,
+                            part,
+                            off,
+                            end,
+                        };
+                    } else {
+                        cur.hdr_have = n - into_payload;
+                        self.finish_part(j, seq, part);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn io(&self, j: usize, e: io::Error) -> Failure {
+        let code = match e.kind() {
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => ResultCode::REMOTE_ERROR,
+            _ => ResultCode::SYSTEM_ERROR,
+        };
+        let what = if self.head < self.posted {
+            format!(
+                ", message #{} is missing {}",
+                self.head,
+                self.missing(self.head)
+            )
+        } else {
+            String::new()
+        };
+        Failure {
+            code,
+            msg: format!("receive failed on socket {j}: {e}{what}"),
+        }
+    }
+
+    fn finish_part(&mut self, j: usize, seq: u64, part: u8) {
+        let slot = &mut self.slots[(seq % RING) as usize];
+        slot.parts_mask |= 1 << part;
+        let cur = &mut self.rx[j];
+        cur.seq = seq + 1;
+        cur.state = RxState::Header;
+    }
+
+    /// A complete header arrived on socket `j`: place it in the message sequence and check it.
+    fn on_header(&mut self, j: usize) -> Result<(), Failure> {
+        let hdr = match FrameHeader::decode(&self.rx[j].hdr) {
+            Ok(h) => h,
+            Err(e) => return Err(remote(format!("malformed frame header on socket {j}: {e}"))),
+        };
+        let base = self.rx[j].seq.max(self.head);
+        let ahead = u64::from(hdr.seq.wrapping_sub(base as u32));
+        // Part 0 of message m always travels on socket m mod nsocks, so no socket can skip
+        // nsocks messages or more; anything further ahead is a corrupt stream.
+        if ahead >= self.stripe.nsocks as u64 {
+            return Err(remote(format!(
+                "frame for message #{} on socket {j}, which expected message #{base} or one of \
+                 the next {}",
+                hdr.seq,
+                self.stripe.nsocks - 1
+            )));
+        }
+        let seq = base + ahead;
+        for m in base..seq {
+            let skipped = self.stripe.socket_of(m, 0) == j
+                || (m < self.posted
+                    && self.slots[(m % RING) as usize]
+                        .total
+                        .is_some_and(|t| self.stripe.part_on(m, t, j).is_some()));
+            if skipped {
+                return Err(remote(format!(
+                    "socket {j} skipped its part of message #{m} (next frame is for #{seq})"
+                )));
+            }
+        }
+        self.stripe
+            .check(&hdr, seq, j)
+            .map_err(|e| remote(format!("socket {j}: {e}")))?;
+        self.rx[j].seq = seq;
+        if seq < self.posted {
+            self.begin_part(j, seq, hdr)
+        } else {
+            self.rx[j].state = RxState::Parked { seq, hdr };
+            Ok(())
+        }
+    }
+
+    /// Starts reading part `hdr.part` of posted message `seq` on socket `j`.
+    fn begin_part(&mut self, j: usize, seq: u64, hdr: FrameHeader) -> Result<(), Failure> {
+        let nsocks = self.stripe.nsocks;
+        let slot = &mut self.slots[(seq % RING) as usize];
+        match slot.total {
+            Some(t) if t != hdr.total => {
+                return Err(remote(format!(
+                    "message #{seq}: socket {j} says {} bytes, an earlier part said {t}",
+                    hdr.total
+                )))
+            }
+            Some(_) => {}
+            None => {
+                if hdr.total as usize > slot.cap {
+                    return Err(Failure {
+                        code: ResultCode::INVALID_USAGE,
+                        msg: format!(
+                            "message #{seq} is {} bytes but the posted receive holds only {} \
+                             bytes (sizes of matching isend/irecv disagree)",
+                            hdr.total, slot.cap
+                        ),
+                    });
+                }
+                slot.total = Some(hdr.total);
+                slot.nparts = hdr.nparts;
+                // A socket already past this message must not owe a part of it.
+                for k in 0..nsocks {
+                    if k != j
+                        && self.rx[k].seq > seq
+                        && self.stripe.part_on(seq, hdr.total, k).is_some()
+                    {
+                        return Err(remote(format!(
+                            "socket {k} skipped its part of message #{seq} ({} bytes)",
+                            hdr.total
+                        )));
+                    }
+                }
+            }
+        }
+        let (start, end) = self.stripe.range(hdr.total, usize::from(hdr.part));
+        if start == end {
+            self.finish_part(j, seq, hdr.part);
+        } else {
+            self.rx[j].state = RxState::Payload {
+                seq,
+                part: hdr.part,
+                off: start,
+                end,
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Reads the comm and position of a receive request.
+///
+/// # Safety
+/// `req` points at a live [`RecvSlot`] (its tag was checked by the caller).
+pub(crate) unsafe fn slot_info(req: *const RecvSlot) -> (*mut RecvComm, usize, u64) {
+    // SAFETY: forwarded contract; plain field reads, no reference kept.
+    unsafe { ((*req).comm, (*req).index, (*req).seq) }
+}
+
+/// Frees a receive comm; requests in flight are abandoned.
+///
+/// # Safety
+/// `comm` came from `Box::into_raw` of a [`RecvComm`] and is not used afterwards.
+pub(crate) unsafe fn destroy(comm: *mut RecvComm) {
+    // SAFETY: forwarded contract; tags overwritten as in `send::destroy`.
+    unsafe {
+        (*comm).tag = DEAD_TAG;
+        for s in (*comm).slots.iter_mut() {
+            s.tag = DEAD_TAG;
+        }
+        drop(Box::from_raw(comm));
+    }
+}

@@ -1,0 +1,369 @@
+//! Shared driver for the integration tests: plugin instances (linked and dlopened), a connected
+//! send/recv pair over loopback, registered buffers, and a single-threaded transfer loop with a
+//! deadline (progress only happens inside `test`, so one thread can drive both ends).
+#![allow(dead_code)]
+
+use std::ffi::{c_char, c_int, c_ulong, c_void, CStr};
+use std::path::PathBuf;
+use std::ptr::null_mut;
+use std::sync::{Mutex, Once, OnceLock};
+use std::time::{Duration, Instant};
+
+use tcpx_sys::{
+    logger, ncclNetDeviceHandle_v8_t, AbiVersion, NetPlugin, ResultCode, HANDLE_SIZE,
+    NCCL_NET_DEVICE_UNPACK, NCCL_NET_DEVICE_UNPACK_VERSION, NCCL_PTR_HOST,
+};
+
+/// Every wait in these tests gives up after this long.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Pins the plugin to `lo` (the house network rule) and installs the log capture. Must be the
+/// first line of every test, before any plugin call.
+pub fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("TCPX_SOCKET_IFNAME", "lo");
+        logger::set_sink(Some(capture));
+    });
+}
+
+fn logs() -> &'static Mutex<Vec<String>> {
+    static LOGS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    LOGS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+unsafe extern "C" fn capture(
+    _level: c_int,
+    _flags: c_ulong,
+    _file: *const c_char,
+    _line: c_int,
+    msg: *const c_char,
+) {
+    if msg.is_null() {
+        return;
+    }
+    // SAFETY: the shim passes a NUL-terminated message.
+    let s = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+    if std::env::var_os("TCPX_TEST_PRINT_LOGS").is_some() {
+        eprintln!("[plugin] {s}");
+    }
+    logs().lock().unwrap().push(s);
+}
+
+/// True if some captured log line contains every one of `parts`.
+pub fn logged(parts: &[&str]) -> bool {
+    logs()
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| parts.iter().all(|p| l.contains(p)))
+}
+
+/// The linked v8 table, initialized.
+pub fn linked() -> &'static NetPlugin {
+    setup();
+    static P: OnceLock<NetPlugin> = OnceLock::new();
+    P.get_or_init(|| {
+        // SAFETY: the crate's own table.
+        let p = unsafe { NetPlugin::from_static_v8(tcpx_socket::table_v8()) }.unwrap();
+        init(&p);
+        p
+    })
+}
+
+/// Path of the built cdylib: cargo puts it next to the test executable (target/<profile>/deps).
+pub fn dylib_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let p = deps.join("libtcpx_socket.so");
+    assert!(p.exists(), "cdylib not found at {}", p.display());
+    p
+}
+
+/// The cdylib loaded through dlopen with its newest table (v8).
+pub fn loaded_v8() -> &'static NetPlugin {
+    setup();
+    static P: OnceLock<NetPlugin> = OnceLock::new();
+    P.get_or_init(|| {
+        let p = NetPlugin::load(dylib_path()).unwrap();
+        init(&p);
+        p
+    })
+}
+
+/// The cdylib loaded through dlopen, forced to its v7 table.
+pub fn loaded_v7() -> &'static NetPlugin {
+    setup();
+    static P: OnceLock<NetPlugin> = OnceLock::new();
+    P.get_or_init(|| {
+        let p = NetPlugin::load_versions(dylib_path(), &[AbiVersion::V7]).unwrap();
+        init(&p);
+        p
+    })
+}
+
+fn init(p: &NetPlugin) {
+    // SAFETY: the shim logger is callable from any thread for the process lifetime.
+    let rc = unsafe { p.init(logger::shim_logger()) }.unwrap();
+    assert_eq!(rc, ResultCode::SUCCESS);
+}
+
+/// Asserts a plugin call succeeded.
+#[track_caller]
+pub fn ok(r: Result<ResultCode, tcpx_sys::AbiError>) {
+    assert_eq!(r.unwrap(), ResultCode::SUCCESS);
+}
+
+/// A connected send/receive pair on device 0 and its listen comm.
+pub struct Pair {
+    pub p: &'static NetPlugin,
+    pub listen: *mut c_void,
+    pub send: *mut c_void,
+    pub recv: *mut c_void,
+    /// The device handle handed to accept (consume-required mode), if any.
+    pub dev_handle: Option<Box<ncclNetDeviceHandle_v8_t>>,
+}
+
+/// How the accept caller treats the device handle.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DevHandle {
+    /// Pass NULL (what real NCCL does for HOST devices).
+    Null,
+    /// Pass a pointer to a NULL handle pointer.
+    PtrToNull,
+    /// Pass a preset UNPACK v7 handle (what TCPX-style callers do): consumption required.
+    Preset,
+}
+
+/// Listens, then drives connect and accept until both comms exist.
+pub fn pair(p: &'static NetPlugin, dh: DevHandle) -> Pair {
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut listen = null_mut();
+    // SAFETY: a 128-byte handle buffer and a valid out pointer.
+    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
+    assert!(!listen.is_null());
+    let (send, recv, dev_handle) = connect_accept(p, listen, &mut handle, dh);
+    Pair {
+        p,
+        listen,
+        send,
+        recv,
+        dev_handle,
+    }
+}
+
+/// Drives connect (re-passing the same handle buffer) and accept until both are ready.
+pub fn connect_accept(
+    p: &'static NetPlugin,
+    listen: *mut c_void,
+    handle: &mut [u8; HANDLE_SIZE],
+    dh: DevHandle,
+) -> (*mut c_void, *mut c_void, Option<Box<ncclNetDeviceHandle_v8_t>>) {
+    let mut send: *mut c_void = null_mut();
+    let mut recv: *mut c_void = null_mut();
+    let mut preset = (dh == DevHandle::Preset).then(|| {
+        Box::new(ncclNetDeviceHandle_v8_t {
+            netDeviceType: NCCL_NET_DEVICE_UNPACK,
+            netDeviceVersion: NCCL_NET_DEVICE_UNPACK_VERSION,
+            handle: null_mut(),
+            size: 0,
+            needsProxyProgress: 1,
+        })
+    });
+    let mut slot: *mut ncclNetDeviceHandle_v8_t = match preset.as_mut() {
+        Some(b) => &mut **b,
+        None => null_mut(),
+    };
+    let slot_ptr: *mut *mut ncclNetDeviceHandle_v8_t = match dh {
+        DevHandle::Null => null_mut(),
+        DevHandle::PtrToNull | DevHandle::Preset => &mut slot,
+    };
+    let start = Instant::now();
+    while send.is_null() || recv.is_null() {
+        assert!(start.elapsed() < DEADLINE, "connect/accept did not finish");
+        if send.is_null() {
+            // SAFETY: the same handle buffer on every retry, as the ABI requires.
+            ok(unsafe { p.connect(0, handle.as_mut_ptr().cast(), &mut send, null_mut()) });
+        }
+        if recv.is_null() {
+            // SAFETY: a live listen comm; `slot_ptr` is NULL or points at a valid slot.
+            ok(unsafe { p.accept(listen, &mut recv, slot_ptr) });
+        }
+    }
+    (send, recv, preset)
+}
+
+impl Pair {
+    /// Closes both comms and the listener.
+    pub fn close(self) {
+        // SAFETY: live comms of this plugin, closed once.
+        unsafe {
+            ok(self.p.close_send(self.send));
+            ok(self.p.close_recv(self.recv));
+            ok(self.p.close_listen(self.listen));
+        }
+    }
+}
+
+/// A registered host buffer.
+pub struct Buf {
+    pub data: Vec<u8>,
+    pub mh: *mut c_void,
+}
+
+/// Registers `data` on `comm`.
+pub fn register(p: &NetPlugin, comm: *mut c_void, data: Vec<u8>) -> Buf {
+    let mut data = data;
+    let mut mh = null_mut();
+    // SAFETY: `data` outlives the registration (deregistered by `deregister`).
+    ok(unsafe {
+        p.reg_mr(
+            comm,
+            data.as_mut_ptr().cast(),
+            data.len(),
+            NCCL_PTR_HOST,
+            &mut mh,
+        )
+    });
+    assert!(!mh.is_null());
+    Buf { data, mh }
+}
+
+/// Deregisters a buffer and returns its bytes.
+pub fn deregister(p: &NetPlugin, comm: *mut c_void, b: Buf) -> Vec<u8> {
+    // SAFETY: a live registration of `comm`.
+    ok(unsafe { p.dereg_mr(comm, b.mh) });
+    b.data
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), different per seed.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Posts an isend, retrying while busy; returns the request.
+pub fn isend(p: &NetPlugin, comm: *mut c_void, b: &mut Buf, off: usize, len: usize) -> *mut c_void {
+    let mut req = null_mut();
+    // SAFETY: [off, off+len) lies inside the registered buffer, which outlives the request.
+    ok(unsafe {
+        p.isend(
+            comm,
+            b.data.as_mut_ptr().add(off).cast(),
+            len as c_int,
+            0,
+            b.mh,
+            &mut req,
+        )
+    });
+    req
+}
+
+/// Posts an irecv of one buffer; returns the request (NULL = busy).
+pub fn irecv(p: &NetPlugin, comm: *mut c_void, b: &mut Buf, off: usize, len: usize) -> *mut c_void {
+    let mut req = null_mut();
+    let mut data = [b.data[off..].as_mut_ptr().cast::<c_void>()];
+    let mut sizes = [len as c_int];
+    let mut tags = [0 as c_int];
+    let mut mhs = [b.mh];
+    // SAFETY: one-entry arrays; the buffer outlives the request.
+    ok(unsafe {
+        p.irecv(
+            comm,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            tags.as_mut_ptr(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        )
+    });
+    req
+}
+
+/// One `test`: Ok(Some(size)) when done.
+pub fn test(p: &NetPlugin, req: *mut c_void) -> Result<Option<usize>, ResultCode> {
+    let mut done = 0;
+    let mut size = -1;
+    // SAFETY: `req` is a live request of this plugin.
+    let rc = unsafe { p.test(req, &mut done, &mut size) }.unwrap();
+    if rc != ResultCode::SUCCESS {
+        return Err(rc);
+    }
+    Ok((done == 1).then_some(size as usize))
+}
+
+/// Sends every message of `sizes` (laid out back to back in one registered buffer each side)
+/// through the pair with up to 16 in flight per direction, and checks the received bytes.
+pub fn transfer(pair: &Pair, sizes: &[usize], seed: u64) {
+    let p = pair.p;
+    let total: usize = sizes.iter().sum();
+    let mut src = register(p, pair.send, pattern(seed, total.max(1)));
+    let mut dst = register(p, pair.recv, vec![0u8; total.max(1)]);
+    let offs: Vec<usize> = sizes
+        .iter()
+        .scan(0, |acc, &s| {
+            let o = *acc;
+            *acc += s;
+            Some(o)
+        })
+        .collect();
+    let mut sreqs = std::collections::VecDeque::new();
+    let mut rreqs = std::collections::VecDeque::new();
+    let (mut sn, mut rn, mut sdone, mut rdone) = (0, 0, 0, 0);
+    let start = Instant::now();
+    while sdone < sizes.len() || rdone < sizes.len() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "transfer stalled: sent {sdone}/{} received {rdone}/{}",
+            sizes.len(),
+            sizes.len()
+        );
+        while rn < sizes.len() && rreqs.len() < 16 {
+            let r = irecv(p, pair.recv, &mut dst, offs[rn], sizes[rn]);
+            assert!(!r.is_null(), "irecv busy with only {} outstanding", rreqs.len());
+            rreqs.push_back((r, rn));
+            rn += 1;
+        }
+        while sn < sizes.len() && sreqs.len() < 16 {
+            let r = isend(p, pair.send, &mut src, offs[sn], sizes[sn]);
+            assert!(!r.is_null(), "isend busy with only {} outstanding", sreqs.len());
+            sreqs.push_back((r, sn));
+            sn += 1;
+        }
+        if let Some(&(r, i)) = sreqs.front() {
+            if let Some(n) = test(p, r).expect("send test") {
+                assert_eq!(n, sizes[i]);
+                sreqs.pop_front();
+                sdone += 1;
+            }
+        }
+        if let Some(&(r, i)) = rreqs.front() {
+            if let Some(n) = test(p, r).expect("recv test") {
+                assert_eq!(n, sizes[i], "received size of message {i}");
+                if pair.dev_handle.is_some() {
+                    // SAFETY: live comm and completed, oldest unconsumed request.
+                    ok(unsafe { p.irecv_consumed(pair.recv, 1, r) });
+                }
+                rreqs.pop_front();
+                rdone += 1;
+            }
+        }
+    }
+    let src = deregister(p, pair.send, src);
+    let dst = deregister(p, pair.recv, dst);
+    for (i, (&o, &s)) in offs.iter().zip(sizes).enumerate() {
+        assert!(
+            src[o..o + s] == dst[o..o + s],
+            "message {i} ({s} bytes at offset {o}) differs"
+        );
+    }
+}
