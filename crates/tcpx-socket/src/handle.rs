@@ -45,6 +45,7 @@ pub struct ListenInfo {
 }
 
 /// Why a handle was refused.
+#[allow(clippy::enum_variant_names)] // "Bad…" reads naturally in log lines
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HandleError {
     /// Not a tcpx-socket handle (or another plugin's).

@@ -133,11 +133,21 @@ fn seventeenth_post_is_busy_until_a_request_completes() {
     let pair = pair(p, DevHandle::Null);
     let mut src = register(p, pair.send, pattern(9, 17 * 100));
     let mut dst = register(p, pair.recv, vec![0; 17 * 100]);
-    let sreqs: Vec<_> = (0..16).map(|i| isend(p, pair.send, &mut src, i * 100, 100)).collect();
-    let rreqs: Vec<_> = (0..16).map(|i| irecv(p, pair.recv, &mut dst, i * 100, 100)).collect();
+    let sreqs: Vec<_> = (0..16)
+        .map(|i| isend(p, pair.send, &mut src, i * 100, 100))
+        .collect();
+    let rreqs: Vec<_> = (0..16)
+        .map(|i| irecv(p, pair.recv, &mut dst, i * 100, 100))
+        .collect();
     assert!(sreqs.iter().chain(&rreqs).all(|r| !r.is_null()));
-    assert!(isend(p, pair.send, &mut src, 1600, 100).is_null(), "17th isend must be busy");
-    assert!(irecv(p, pair.recv, &mut dst, 1600, 100).is_null(), "17th irecv must be busy");
+    assert!(
+        isend(p, pair.send, &mut src, 1600, 100).is_null(),
+        "17th isend must be busy"
+    );
+    assert!(
+        irecv(p, pair.recv, &mut dst, 1600, 100).is_null(),
+        "17th irecv must be busy"
+    );
     let start = Instant::now();
     let (mut s0, mut r0) = (false, false);
     while !(s0 && r0) {
@@ -147,7 +157,10 @@ fn seventeenth_post_is_busy_until_a_request_completes() {
     }
     let s17 = isend(p, pair.send, &mut src, 1600, 100);
     let r17 = irecv(p, pair.recv, &mut dst, 1600, 100);
-    assert!(!s17.is_null() && !r17.is_null(), "a slot frees once the oldest completes");
+    assert!(
+        !s17.is_null() && !r17.is_null(),
+        "a slot frees once the oldest completes"
+    );
     let mut sq: Vec<_> = sreqs[1..].to_vec();
     sq.push(s17);
     let mut rq: Vec<_> = rreqs[1..].to_vec();
@@ -184,7 +197,10 @@ fn test_is_legal_only_on_the_oldest_request() {
     let r1 = irecv(p, pair.recv, &mut dst, 100, 100);
     assert_eq!(test(p, s1), Err(ResultCode::INVALID_USAGE));
     assert_eq!(test(p, r1), Err(ResultCode::INVALID_USAGE));
-    assert!(logged(&["test on send request #1", "oldest outstanding is #0"]));
+    assert!(logged(&[
+        "test on send request #1",
+        "oldest outstanding is #0"
+    ]));
     // The comm is still usable: the misuse did not fail it.
     let start = Instant::now();
     for r in [s0, r0, s1, r1] {
@@ -208,12 +224,16 @@ fn consumption_is_required_with_a_preset_device_handle() {
 
     let mut src = register(p, pair.send, pattern(11, 17 * 64));
     let mut dst = register(p, pair.recv, vec![0; 17 * 64]);
-    let rreqs: Vec<_> = (0..16).map(|i| irecv(p, pair.recv, &mut dst, i * 64, 64)).collect();
+    let rreqs: Vec<_> = (0..16)
+        .map(|i| irecv(p, pair.recv, &mut dst, i * 64, 64))
+        .collect();
     // Consuming before done is refused.
     // SAFETY: live comm and request.
     let rc = unsafe { p.irecv_consumed(pair.recv, 1, rreqs[0]) }.unwrap();
     assert_eq!(rc, ResultCode::INVALID_USAGE);
-    let sreqs: Vec<_> = (0..16).map(|i| isend(p, pair.send, &mut src, i * 64, 64)).collect();
+    let sreqs: Vec<_> = (0..16)
+        .map(|i| isend(p, pair.send, &mut src, i * 64, 64))
+        .collect();
     let start = Instant::now();
     let (mut si, mut ri) = (0, 0);
     while si < 16 || ri < 16 {
@@ -303,7 +323,10 @@ fn a_message_larger_than_the_posted_receive_is_an_error() {
     };
     assert_eq!(err, ResultCode::INVALID_USAGE);
     assert!(logged(&["5000 bytes", "only 4000 bytes"]));
-    assert!(dst.data.iter().all(|&b| b == 0), "nothing written past a refused header");
+    assert!(
+        dst.data.iter().all(|&b| b == 0),
+        "nothing written past a refused header"
+    );
     // Every later call on the failed comm fails promptly.
     assert_eq!(test(p, r), Err(ResultCode::INVALID_USAGE));
     let mut req = null_mut();
@@ -338,10 +361,10 @@ fn peer_closing_mid_transfer_fails_the_receiver_promptly() {
     let mut dst = register(p, pair.recv, vec![0; len]);
     let s = isend(p, pair.send, &mut src, 0, len);
     let r = irecv(p, pair.recv, &mut dst, 0, len);
-    // Move some bytes, then close the sender with the message half sent.
+    // Only the sender makes progress: it fills the socket buffers (a few MiB per socket) and
+    // can never finish 64 MiB while nobody reads.
     for _ in 0..4 {
         assert_eq!(test(p, s), Ok(None));
-        assert_eq!(test(p, r), Ok(None));
     }
     // SAFETY: live comm and registration; the request in flight is abandoned.
     unsafe {
@@ -350,7 +373,10 @@ fn peer_closing_mid_transfer_fails_the_receiver_promptly() {
     }
     let start = Instant::now();
     let err = loop {
-        assert!(start.elapsed() < Duration::from_secs(10), "receiver did not notice the close");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "receiver did not notice the close"
+        );
         match test(p, r) {
             Ok(None) => continue,
             Ok(Some(n)) => panic!("a half-sent message completed with {n} bytes"),
@@ -382,7 +408,10 @@ fn receiver_closing_fails_the_sender() {
     }
     let start = Instant::now();
     let err = loop {
-        assert!(start.elapsed() < Duration::from_secs(10), "sender did not notice the close");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "sender did not notice the close"
+        );
         match test(p, s) {
             Ok(None) => continue,
             Ok(Some(_)) => panic!("64 MiB cannot all fit in the socket buffers of a closed peer"),
@@ -403,7 +432,11 @@ fn garbage_on_the_listen_port_is_refused_and_the_listener_survives() {
     // SAFETY: valid handle buffer and out pointer.
     ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
     let port = u16::from_le_bytes([handle[8], handle[9]]);
-    for garbage in [pattern(16, 24), pattern(17, 5000), b"GET / HTTP/1.0\r\n\r\n".to_vec()] {
+    for garbage in [
+        pattern(16, 24),
+        pattern(17, 5000),
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+    ] {
         let mut junk = TcpStream::connect(("127.0.0.1", port)).unwrap();
         junk.write_all(&garbage).unwrap();
         let start = Instant::now();
@@ -502,8 +535,16 @@ fn bad_buffers_and_arguments_are_refused() {
     let mut mh = null_mut();
     // CUDA memory is not ours to move.
     // SAFETY: refused by type before any use of the pointer.
-    let rc = unsafe { p.reg_mr(pair.send, buf.as_mut_ptr().cast(), 4096, NCCL_PTR_CUDA, &mut mh) }
-        .unwrap();
+    let rc = unsafe {
+        p.reg_mr(
+            pair.send,
+            buf.as_mut_ptr().cast(),
+            4096,
+            NCCL_PTR_CUDA,
+            &mut mh,
+        )
+    }
+    .unwrap();
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     assert!(mh.is_null());
     assert!(logged(&["CUDA memory needs a CUDA-capable plugin"]));
@@ -511,32 +552,64 @@ fn bad_buffers_and_arguments_are_refused() {
     // A buffer outside the registration.
     let mut req = null_mut();
     // SAFETY: refused by the range check.
-    let rc = unsafe { p.isend(pair.send, other.as_mut_ptr().cast(), 100, 0, reg.mh, &mut req) }
-        .unwrap();
+    let rc = unsafe {
+        p.isend(
+            pair.send,
+            other.as_mut_ptr().cast(),
+            100,
+            0,
+            reg.mh,
+            &mut req,
+        )
+    }
+    .unwrap();
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     assert!(req.is_null());
     // Overlapping the end of the registration.
     // SAFETY: refused by the range check.
     let rc = unsafe {
-        p.isend(pair.send, reg.data.as_mut_ptr().add(4000).cast(), 200, 0, reg.mh, &mut req)
+        p.isend(
+            pair.send,
+            reg.data.as_mut_ptr().add(4000).cast(),
+            200,
+            0,
+            reg.mh,
+            &mut req,
+        )
     }
     .unwrap();
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     assert!(logged(&["outside its registration"]));
     // A registration of another comm.
-    // SAFETY: refused: the registration belongs to the send comm.
     let mut data = [reg.data.as_mut_ptr().cast::<c_void>()];
     let mut sizes = [100];
     let mut mhs = [reg.mh];
+    // SAFETY: refused: the registration belongs to the send comm.
     let rc = unsafe {
-        p.irecv(pair.recv, 1, data.as_mut_ptr(), sizes.as_mut_ptr(), null_mut(), mhs.as_mut_ptr(), &mut req)
+        p.irecv(
+            pair.recv,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            null_mut(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        )
     }
     .unwrap();
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     // n != 1.
     // SAFETY: refused before reading the arrays beyond index 0.
     let rc = unsafe {
-        p.irecv(pair.recv, 2, data.as_mut_ptr(), sizes.as_mut_ptr(), null_mut(), mhs.as_mut_ptr(), &mut req)
+        p.irecv(
+            pair.recv,
+            2,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            null_mut(),
+            mhs.as_mut_ptr(),
+            &mut req,
+        )
     }
     .unwrap();
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
@@ -544,28 +617,70 @@ fn bad_buffers_and_arguments_are_refused() {
     // SAFETY: each must be refused.
     unsafe {
         let mut done = 0;
-        assert_eq!(p.test(null_mut(), &mut done, null_mut()).unwrap(), ResultCode::INVALID_ARGUMENT);
-        assert_eq!(p.test(pair.send, &mut done, null_mut()).unwrap(), ResultCode::INVALID_ARGUMENT);
         assert_eq!(
-            p.isend(pair.recv, reg.data.as_mut_ptr().cast(), 1, 0, reg.mh, &mut req).unwrap(),
+            p.test(null_mut(), &mut done, null_mut()).unwrap(),
             ResultCode::INVALID_ARGUMENT
         );
         assert_eq!(
-            p.isend(pair.send, reg.data.as_mut_ptr().cast(), -1, 0, reg.mh, &mut req).unwrap(),
+            p.test(pair.send, &mut done, null_mut()).unwrap(),
             ResultCode::INVALID_ARGUMENT
         );
         assert_eq!(
-            p.isend(pair.send, reg.data.as_mut_ptr().cast(), 1, 0, null_mut(), &mut req).unwrap(),
+            p.isend(
+                pair.recv,
+                reg.data.as_mut_ptr().cast(),
+                1,
+                0,
+                reg.mh,
+                &mut req
+            )
+            .unwrap(),
             ResultCode::INVALID_ARGUMENT
         );
-        assert_eq!(p.close_send(null_mut()).unwrap(), ResultCode::INVALID_ARGUMENT);
-        assert_eq!(p.close_recv(pair.send).unwrap(), ResultCode::INVALID_ARGUMENT);
-        assert_eq!(p.dereg_mr(pair.recv, reg.mh).unwrap(), ResultCode::INVALID_ARGUMENT);
-        assert_eq!(p.irecv_consumed(pair.recv, 1, null_mut()).unwrap(), ResultCode::INVALID_ARGUMENT);
-        let mut dmh = 1usize as *mut c_void;
+        assert_eq!(
+            p.isend(
+                pair.send,
+                reg.data.as_mut_ptr().cast(),
+                -1,
+                0,
+                reg.mh,
+                &mut req
+            )
+            .unwrap(),
+            ResultCode::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            p.isend(
+                pair.send,
+                reg.data.as_mut_ptr().cast(),
+                1,
+                0,
+                null_mut(),
+                &mut req
+            )
+            .unwrap(),
+            ResultCode::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            p.close_send(null_mut()).unwrap(),
+            ResultCode::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            p.close_recv(pair.send).unwrap(),
+            ResultCode::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            p.dereg_mr(pair.recv, reg.mh).unwrap(),
+            ResultCode::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            p.irecv_consumed(pair.recv, 1, null_mut()).unwrap(),
+            ResultCode::INVALID_ARGUMENT
+        );
+        let mut dmh = std::ptr::dangling_mut::<c_void>();
         ok(p.get_device_mr(pair.send, reg.mh, &mut dmh));
         assert!(dmh.is_null());
-        let mut freq = 1usize as *mut c_void;
+        let mut freq = std::ptr::dangling_mut::<c_void>();
         ok(p.iflush(pair.recv, 1, null_mut(), null_mut(), null_mut(), &mut freq));
         assert!(freq.is_null());
     }

@@ -43,7 +43,9 @@ unsafe extern "C" fn capture(
         return;
     }
     // SAFETY: the shim passes a NUL-terminated message.
-    let s = unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned();
+    let s = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
     if std::env::var_os("TCPX_TEST_PRINT_LOGS").is_some() {
         eprintln!("[plugin] {s}");
     }
@@ -158,7 +160,11 @@ pub fn connect_accept(
     listen: *mut c_void,
     handle: &mut [u8; HANDLE_SIZE],
     dh: DevHandle,
-) -> (*mut c_void, *mut c_void, Option<Box<ncclNetDeviceHandle_v8_t>>) {
+) -> (
+    *mut c_void,
+    *mut c_void,
+    Option<Box<ncclNetDeviceHandle_v8_t>>,
+) {
     let mut send: *mut c_void = null_mut();
     let mut recv: *mut c_void = null_mut();
     let mut preset = (dh == DevHandle::Preset).then(|| {
@@ -329,13 +335,21 @@ pub fn transfer(pair: &Pair, sizes: &[usize], seed: u64) {
         );
         while rn < sizes.len() && rreqs.len() < 16 {
             let r = irecv(p, pair.recv, &mut dst, offs[rn], sizes[rn]);
-            assert!(!r.is_null(), "irecv busy with only {} outstanding", rreqs.len());
+            assert!(
+                !r.is_null(),
+                "irecv busy with only {} outstanding",
+                rreqs.len()
+            );
             rreqs.push_back((r, rn));
             rn += 1;
         }
         while sn < sizes.len() && sreqs.len() < 16 {
             let r = isend(p, pair.send, &mut src, offs[sn], sizes[sn]);
-            assert!(!r.is_null(), "isend busy with only {} outstanding", sreqs.len());
+            assert!(
+                !r.is_null(),
+                "isend busy with only {} outstanding",
+                sreqs.len()
+            );
             sreqs.push_back((r, sn));
             sn += 1;
         }
