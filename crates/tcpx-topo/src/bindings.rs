@@ -9,7 +9,7 @@ use crate::TopoError;
 /// Parsed bindings: NIC name → the cores the plugin binds for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Bindings {
-    /// Cores per NIC name, in the order they were given.
+    /// Cores per NIC name.
     pub per_nic: BTreeMap<String, BTreeSet<usize>>,
 }
 
@@ -29,11 +29,17 @@ impl Bindings {
                 continue;
             }
             let (nic, list) = entry.split_once(':').ok_or_else(|| {
-                malformed(format!("entry {} ({entry:?}) has no ':' between NIC and cores", n + 1))
+                malformed(format!(
+                    "entry {} ({entry:?}) has no ':' between NIC and cores",
+                    n + 1
+                ))
             })?;
             let nic = nic.trim();
             if nic.is_empty() {
-                return Err(malformed(format!("entry {} ({entry:?}) has an empty NIC name", n + 1)));
+                return Err(malformed(format!(
+                    "entry {} ({entry:?}) has an empty NIC name",
+                    n + 1
+                )));
             }
             let cores = parse_cpu_list(list)
                 .map_err(|e| malformed(format!("entry {} ({entry:?}): {e}", n + 1)))?;
@@ -104,7 +110,15 @@ mod tests {
 
     #[test]
     fn malformed_bindings_name_the_variable_and_entry() {
-        for bad in ["eth1", "eth1:", ":1-2", "eth1:5-2", "eth1:a", "eth1:1,,2", "eth1:1-99999999"] {
+        for bad in [
+            "eth1",
+            "eth1:",
+            ":1-2",
+            "eth1:5-2",
+            "eth1:a",
+            "eth1:1,,2",
+            "eth1:1-99999999",
+        ] {
             let err = Bindings::parse("NCCL_GPUDIRECTTCPX_TX_BINDINGS", bad)
                 .unwrap_err()
                 .to_string();

@@ -172,13 +172,9 @@ fn locality(obj: &TopologyObject) -> Locality {
 
 fn pci_id(obj: &TopologyObject) -> Option<PciBusId> {
     match obj.attributes() {
-        Some(ObjectAttributes::PCIDevice(p)) => PciBusId::new(
-            p.domain().into(),
-            p.bus_id(),
-            p.bus_device(),
-            p.function(),
-        )
-        .ok(),
+        Some(ObjectAttributes::PCIDevice(p)) => {
+            PciBusId::new(p.domain().into(), p.bus_id(), p.bus_device(), p.function()).ok()
+        }
         _ => None,
     }
 }
@@ -348,9 +344,18 @@ mod tests {
 
     #[test]
     fn cpu_side_relation_orders_numa_socket_other() {
-        assert_eq!(cpu_side_relation(Some(0), Some(0), Some(0), Some(0)), Relation::SameNuma);
-        assert_eq!(cpu_side_relation(Some(0), Some(0), Some(1), Some(0)), Relation::SameSocket);
-        assert_eq!(cpu_side_relation(Some(0), Some(0), Some(1), Some(1)), Relation::OtherSocket);
+        assert_eq!(
+            cpu_side_relation(Some(0), Some(0), Some(0), Some(0)),
+            Relation::SameNuma
+        );
+        assert_eq!(
+            cpu_side_relation(Some(0), Some(0), Some(1), Some(0)),
+            Relation::SameSocket
+        );
+        assert_eq!(
+            cpu_side_relation(Some(0), Some(0), Some(1), Some(1)),
+            Relation::OtherSocket
+        );
         assert_eq!(cpu_side_relation(None, None, None, None), Relation::Unknown);
     }
 }

@@ -53,7 +53,9 @@ pub enum TopoError {
     },
 
     /// A GPU the caller asked for (by PCI bus id) is not in the hwloc topology.
-    #[error("GPU {pci} (CUDA device {index}) is not in the hwloc topology; GPUs hwloc sees: {seen}")]
+    #[error(
+        "GPU {pci} (CUDA device {index}) is not in the hwloc topology; GPUs hwloc sees: {seen}"
+    )]
     GpuNotFound {
         /// The GPU's position in the caller's list (CUDA order).
         index: usize,

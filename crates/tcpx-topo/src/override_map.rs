@@ -84,9 +84,7 @@ fn parse_gpu_list(list: &str) -> Result<Vec<usize>, String> {
     for item in list.split(',').map(str::trim) {
         let index = |s: &str| -> Result<usize, String> {
             let s = s.trim();
-            let v: usize = s
-                .parse()
-                .map_err(|_| format!("{s:?} is not a GPU index"))?;
+            let v: usize = s.parse().map_err(|_| format!("{s:?} is not a GPU index"))?;
             if v > MAX_GPU_INDEX {
                 return Err(format!("GPU index {v} is beyond {MAX_GPU_INDEX}"));
             }
@@ -132,7 +130,9 @@ mod tests {
             ("0:eth 1", "not an interface name"),
         ];
         for (input, want) in cases {
-            let err = GpuNicMap::parse(GPU_NIC_MAP_VAR, input).unwrap_err().to_string();
+            let err = GpuNicMap::parse(GPU_NIC_MAP_VAR, input)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{input:?}: {err}");
             assert!(err.contains(GPU_NIC_MAP_VAR), "{input:?}: {err}");
         }

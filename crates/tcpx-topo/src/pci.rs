@@ -106,12 +106,8 @@ impl FromStr for PciBusId {
         let function = hex_field(input, function, "function", 1, |f| {
             u8::from_str_radix(f, 16)
         })?;
-        Self::new(domain, bus, device, function).map_err(|_| {
-            invalid(
-                input,
-                "device must be at most 0x1f and function at most 7",
-            )
-        })
+        Self::new(domain, bus, device, function)
+            .map_err(|_| invalid(input, "device must be at most 0x1f and function at most 7"))
     }
 }
 
@@ -138,7 +134,12 @@ mod tests {
     #[test]
     fn parses_cuda_hwloc_and_lspci_forms() {
         let want = PciBusId::new(0, 0x8a, 0, 0).unwrap();
-        for s in ["00000000:8a:00.0", "0000:8A:00.0", "8a:00.0", " 0000:8a:00.0\n"] {
+        for s in [
+            "00000000:8a:00.0",
+            "0000:8A:00.0",
+            "8a:00.0",
+            " 0000:8a:00.0\n",
+        ] {
             assert_eq!(s.parse::<PciBusId>().unwrap(), want, "{s}");
         }
         assert_eq!(want.to_string(), "0000:8a:00.0");
@@ -146,7 +147,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed_ids_with_the_input_in_the_message() {
-        for s in ["", "04:00", "zz:00.0", "0000:04:20.0", "0000:04:00.8", "1:2:3:4.0", "0000:100:00.0"] {
+        for s in [
+            "",
+            "04:00",
+            "zz:00.0",
+            "0000:04:20.0",
+            "0000:04:00.8",
+            "1:2:3:4.0",
+            "0000:100:00.0",
+        ] {
             let err = s.parse::<PciBusId>().unwrap_err().to_string();
             assert!(err.contains(&format!("{s:?}")), "{err}");
         }
@@ -155,10 +164,19 @@ mod tests {
     #[test]
     fn sysfs_path_yields_the_last_full_bus_id() {
         let p = "/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.0/0000:03:02.0/0000:06:00.0";
-        assert_eq!(PciBusId::from_sysfs_path(p), Some("0000:06:00.0".parse().unwrap()));
+        assert_eq!(
+            PciBusId::from_sysfs_path(p),
+            Some("0000:06:00.0".parse().unwrap())
+        );
         let virtio = "/sys/devices/pci0000:00/0000:00:03.0/virtio1";
-        assert_eq!(PciBusId::from_sysfs_path(virtio), Some("0000:00:03.0".parse().unwrap()));
-        assert_eq!(PciBusId::from_sysfs_path("/sys/devices/virtual/net/lo"), None);
+        assert_eq!(
+            PciBusId::from_sysfs_path(virtio),
+            Some("0000:00:03.0".parse().unwrap())
+        );
+        assert_eq!(
+            PciBusId::from_sysfs_path("/sys/devices/virtual/net/lo"),
+            None
+        );
     }
 
     #[test]

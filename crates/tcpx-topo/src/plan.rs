@@ -1,7 +1,7 @@
 //! The plan the runtime follows: per GPU, its NIC(s), the cores for its progress threads,
 //! its channel count, and why.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde::Serialize;
 
@@ -115,7 +115,10 @@ impl Plan {
             .map(|(g, (((gpu, a), cores), channels))| GpuPlan {
                 gpu: g,
                 pci: gpu.pci.to_string(),
-                numa: gpu.topo.and_then(|i| topo.gpus().get(i)).and_then(|t| t.numa),
+                numa: gpu
+                    .topo
+                    .and_then(|i| topo.gpus().get(i))
+                    .and_then(|t| t.numa),
                 nics: a.nics.iter().map(|&n| nics[n].name.clone()).collect(),
                 cores,
                 reason: a.reason,
@@ -201,7 +204,9 @@ fn local_cpus(
         ));
         return (gpu_local, who);
     }
-    notes.push(format!("{who}: no locality known; cores from the whole machine"));
+    notes.push(format!(
+        "{who}: no locality known; cores from the whole machine"
+    ));
     (topo.pus().to_vec(), who)
 }
 
@@ -232,19 +237,19 @@ fn channels(explicit: usize, assignments: &[assign::Assignment], nic_count: usiz
 /// Says which candidate NICs no GPU got (eth0 on A3-high, when every interface is a
 /// candidate): they are not data NICs for this plan.
 fn note_unplanned(nics: &[PlanNic], assignments: &[assign::Assignment], notes: &mut Vec<String>) {
-    let used: BTreeMap<usize, ()> = assignments
+    let used: BTreeSet<usize> = assignments
         .iter()
-        .flat_map(|a| a.nics.iter().map(|&n| (n, ())))
+        .flat_map(|a| a.nics.iter().copied())
         .collect();
     let unused: Vec<&str> = nics
         .iter()
         .enumerate()
-        .filter(|(i, _)| !used.contains_key(i))
+        .filter(|(i, _)| !used.contains(i))
         .map(|(_, n)| n.name.as_str())
         .collect();
     if !unused.is_empty() {
         notes.push(format!(
-            "not planned (no GPU has them as its closest NIC): {}",
+            "NICs no GPU uses (none is closest to any GPU, nor named by an override): {}",
             unused.join(", ")
         ));
     }

@@ -161,6 +161,6 @@ impl Topology {
         self.core_of_pu
             .get(&pu)
             .copied()
-            .unwrap_or(usize::MAX / 2 + pu)
+            .unwrap_or((usize::MAX / 2).saturating_add(pu))
     }
 }

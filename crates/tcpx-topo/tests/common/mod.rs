@@ -30,4 +30,5 @@ pub const FIXTURES: [&str; 5] = [
 /// Google's published TX/RX bindings for a3-highgpu-8g.
 pub const A3_TX: &str = "eth1:8-21,112-125;eth2:8-21,112-125;eth3:60-73,164-177;eth4:60-73,164-177";
 /// See [`A3_TX`].
-pub const A3_RX: &str = "eth1:22-35,126-139;eth2:22-35,126-139;eth3:74-87,178-191;eth4:74-87,178-191";
+pub const A3_RX: &str =
+    "eth1:22-35,126-139;eth2:22-35,126-139;eth3:74-87,178-191;eth4:74-87,178-191";
