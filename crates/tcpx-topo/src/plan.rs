@@ -70,6 +70,16 @@ impl Plan {
                 "no GPU to plan; NICs seen: {}",
                 names(nics.iter().map(|n| n.name.as_str()))
             ));
+            if !topo.has_pci_info() {
+                notes.push(
+                    "hwloc shows no PCI devices: pass the GPUs' bus ids from CUDA \
+                     (PlanRequest::gpus) to get the static fallback plan"
+                        .to_owned(),
+                );
+            }
+            if map.is_some() {
+                notes.push(format!("{GPU_NIC_MAP_VAR} ignored: there is no GPU to map"));
+            }
             return Ok(Self {
                 entries: Vec::new(),
                 notes,
@@ -133,6 +143,19 @@ impl Plan {
     /// The entry of GPU `gpu` (its plan index).
     pub fn entry(&self, gpu: usize) -> Option<&GpuPlan> {
         self.entries.iter().find(|e| e.gpu == gpu)
+    }
+
+    /// The cores planned for the GPUs that use NIC `name` (sorted, deduplicated): where a
+    /// process that runs one progress thread per NIC pins that NIC's thread. Empty when no
+    /// GPU uses the NIC.
+    pub fn cores_for_nic(&self, name: &str) -> Vec<usize> {
+        let cores: BTreeSet<usize> = self
+            .entries
+            .iter()
+            .filter(|e| e.nics.iter().any(|n| n == name))
+            .flat_map(|e| e.cores.iter().copied())
+            .collect();
+        cores.into_iter().collect()
     }
 
     /// `{"plan":[{"gpu":0,"pci":"0000:04:00.0","numa":0,"nics":["eth1"],"cores":[…],

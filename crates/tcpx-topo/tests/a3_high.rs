@@ -125,6 +125,24 @@ fn default_plan_pairs_gpus_with_their_switch_nic() {
 }
 
 #[test]
+fn cores_for_nic_are_the_union_of_its_gpus_cores() {
+    let topo = a3();
+    let plan = Plan::build(&topo, &PlanRequest::default()).unwrap();
+    let eth3 = plan.cores_for_nic("eth3");
+    let mut want: Vec<usize> = plan.entries[4]
+        .cores
+        .iter()
+        .chain(&plan.entries[5].cores)
+        .copied()
+        .collect();
+    want.sort_unstable();
+    assert_eq!(eth3, want);
+    let local = topo.nic_local_cores("eth3").unwrap();
+    assert!(eth3.iter().all(|c| local.contains(c)));
+    assert!(plan.cores_for_nic("eth0").is_empty());
+}
+
+#[test]
 fn hyperthread_siblings_stay_with_one_gpu() {
     let plan = Plan::build(&a3(), &PlanRequest::default()).unwrap();
     for e in &plan.entries {

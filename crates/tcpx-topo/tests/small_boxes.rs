@@ -100,8 +100,24 @@ fn no_pci_data_falls_back_to_the_static_layout_and_says_so() {
 #[test]
 fn no_pci_data_and_no_gpu_list_plans_nothing() {
     let topo = load("a3-highgpu-8g-no-pci.xml");
-    let plan = Plan::build(&topo, &PlanRequest::default()).unwrap();
+    let req = PlanRequest {
+        gpu_nic_map: Some("0:eth1".to_owned()),
+        ..PlanRequest::default()
+    };
+    let plan = Plan::build(&topo, &req).unwrap();
     assert!(plan.entries.is_empty());
+    assert!(
+        plan.notes.iter().any(|n| n.contains("PlanRequest::gpus")),
+        "{:?}",
+        plan.notes
+    );
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("TCPX_GPU_NIC_MAP ignored")),
+        "{:?}",
+        plan.notes
+    );
 }
 
 #[test]
