@@ -688,3 +688,174 @@ fn bad_buffers_and_arguments_are_refused() {
     deregister(p, pair.send, reg);
     pair.close();
 }
+
+#[test]
+fn different_comms_progress_concurrently_on_different_threads() {
+    let p = linked();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let pair = pair(p, DevHandle::Preset);
+                transfer(&pair, &[3 * MIB, 1, 70_000, 4 * MIB + 3], 30 + t);
+                pair.close();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn zero_byte_messages_need_no_registration() {
+    let p = linked();
+    let pair = pair(p, DevHandle::Null);
+    let (mut s, mut r) = (null_mut(), null_mut());
+    // SAFETY: zero-byte operations touch no memory.
+    unsafe {
+        ok(p.isend(pair.send, null_mut(), 0, 0, null_mut(), &mut s));
+        let mut data = [null_mut::<c_void>()];
+        let mut sizes = [0];
+        let mut mhs = [null_mut::<c_void>()];
+        ok(p.irecv(
+            pair.recv,
+            1,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            null_mut(),
+            mhs.as_mut_ptr(),
+            &mut r,
+        ));
+    }
+    let start = Instant::now();
+    while test(p, s).unwrap().is_none() {
+        assert!(start.elapsed() < DEADLINE);
+    }
+    loop {
+        assert!(start.elapsed() < DEADLINE);
+        if let Some(n) = test(p, r).unwrap() {
+            assert_eq!(n, 0);
+            break;
+        }
+    }
+    pair.close();
+}
+
+/// A hand-made connector: a raw socket that sends a valid hello, then whatever `traffic` is.
+fn fake_peer_then_receive(traffic: &[u8], close: bool) -> Result<Option<usize>, ResultCode> {
+    use tcpx_socket::wire::Hello;
+    let p = linked();
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut listen = null_mut();
+    // SAFETY: valid handle buffer and out pointer.
+    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
+    let port = u16::from_le_bytes([handle[8], handle[9]]);
+    let nonce = u64::from_le_bytes(handle[32..40].try_into().unwrap());
+    let mut raw = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let hello = Hello {
+        nsocks: 1,
+        index: 0,
+        nonce,
+        conn_id: 42,
+    }
+    .encode();
+    raw.write_all(&hello).unwrap();
+    let mut recv: *mut c_void = null_mut();
+    let start = Instant::now();
+    while recv.is_null() {
+        assert!(start.elapsed() < DEADLINE);
+        // SAFETY: live listen comm.
+        ok(unsafe { p.accept(listen, &mut recv, null_mut()) });
+    }
+    raw.write_all(traffic).unwrap();
+    if close {
+        drop(raw);
+    }
+    let mut dst = register(p, recv, vec![0u8; 1 << 16]);
+    let r = irecv(p, recv, &mut dst, 0, 1 << 16);
+    let start = Instant::now();
+    let outcome = loop {
+        if start.elapsed() > Duration::from_millis(500) {
+            break Ok(None);
+        }
+        match test(p, r) {
+            Ok(None) => continue,
+            other => break other,
+        }
+    };
+    deregister(p, recv, dst);
+    // SAFETY: live comms, closed once.
+    unsafe {
+        ok(p.close_recv(recv));
+        ok(p.close_listen(listen));
+    }
+    outcome
+}
+
+#[test]
+fn malformed_or_truncated_frames_fail_the_comm_without_crashing() {
+    setup();
+    use tcpx_socket::wire::FrameHeader;
+    let good = |total: u32| {
+        FrameHeader {
+            seq: 0,
+            total,
+            part: 0,
+            nparts: 1,
+        }
+        .encode()
+    };
+    // Sanity: a well-formed frame is received.
+    let mut ok_frame = good(5).to_vec();
+    ok_frame.extend_from_slice(b"hello");
+    assert_eq!(fake_peer_then_receive(&ok_frame, false), Ok(Some(5)));
+    // Random bytes instead of a header.
+    for seed in 0..20 {
+        let rc = fake_peer_then_receive(&pattern(200 + seed, 64), false);
+        assert_eq!(rc, Err(ResultCode::REMOTE_ERROR), "seed {seed}");
+    }
+    // Wrong sequence number, wrong part count, non-zero reserved bytes.
+    for hdr in [
+        FrameHeader {
+            seq: 3,
+            total: 5,
+            part: 0,
+            nparts: 1,
+        }
+        .encode(),
+        FrameHeader {
+            seq: 0,
+            total: 5,
+            part: 1,
+            nparts: 2,
+        }
+        .encode(),
+        {
+            let mut h = good(5);
+            h[15] = 1;
+            h
+        },
+    ] {
+        assert_eq!(
+            fake_peer_then_receive(&hdr, false),
+            Err(ResultCode::REMOTE_ERROR)
+        );
+    }
+    // Truncated header, truncated payload.
+    assert_eq!(
+        fake_peer_then_receive(&good(5)[..9], true),
+        Err(ResultCode::REMOTE_ERROR)
+    );
+    let mut short = good(1000).to_vec();
+    short.extend_from_slice(&[7; 10]);
+    assert_eq!(
+        fake_peer_then_receive(&short, true),
+        Err(ResultCode::REMOTE_ERROR)
+    );
+    assert!(logged(&["990 of 1000 bytes missing"]));
+    // Larger than posted.
+    assert_eq!(
+        fake_peer_then_receive(&good(1 << 20), false),
+        Err(ResultCode::INVALID_USAGE)
+    );
+}
