@@ -8,11 +8,16 @@
 //!   channels, derived identically by both peers;
 //! - [`control`]: the control plane — a versioned, framed protocol over one TCP connection per
 //!   peer pair that exchanges endpoint info and connect handles, plus the out-of-band endpoint
-//!   metadata blob.
+//!   metadata blob;
+//! - progress engines (private): one pinned thread per NIC owning its channels' comms,
+//!   posting chunks into the windows and testing every head on every pass;
+//! - [`Endpoint`], [`Connection`], [`Region`], [`Transfer`]: the API — connect, register,
+//!   send / receive (contiguous and vectored), poll / wait, close on drop — configured by
+//!   [`Config`] (builder, environment, CLI flags in the tools).
 //!
 //! The window, schedule and codec are sans-IO state machines (no sockets, no clock of their
-//! own), so they are tested exhaustively without a network; only [`control::ControlConn`]
-//! touches a socket.
+//! own), so they are tested exhaustively without a network; [`control::ControlConn`] and
+//! the engines are the thin I/O shells around them.
 //!
 //! ```
 //! use tcpx_runtime::schedule::Schedule;
@@ -30,5 +35,23 @@ pub mod window;
 // Control plane: sans-IO codec and messages, plus the blocking socket shell.
 pub mod control;
 
-// The progress engines, channels, CUDA staging and the `Endpoint` API build on the modules
-// above and are declared here as they land.
+// Configuration, errors and the application-facing types.
+pub mod config;
+pub mod error;
+mod registry;
+mod transfer;
+
+// The progress engines and the state they share with connections.
+mod engine;
+mod link;
+
+// The Endpoint API.
+pub mod endpoint;
+
+pub use config::{Backend, Backoff, Config, ConfigBuilder};
+pub use endpoint::backend::{BackendInfo, BackendOrigin};
+pub use endpoint::{Connection, Endpoint, Segment};
+pub use engine::stats::ChannelStats;
+pub use error::{Direction, Error, Result};
+pub use registry::Region;
+pub use transfer::Transfer;

@@ -10,7 +10,7 @@
 //!
 //! [`SendWindow`] and [`RecvWindow`] encode those rules in their API instead of in comments:
 //! the only way to test is [`SendWindow::test_head`], which hands the closure the head's token
-//! and nothing else; a receive can be consumed only through [`RecvWindow::consume_head`],
+//! (mutably: the safe layer's `test` updates the request it is given) and nothing else; a receive can be consumed only through [`RecvWindow::consume_head`],
 //! which refuses unless the oldest receive is done; and a failed test fails the whole window,
 //! handing back every request that can no longer complete, so no slot stays occupied by a
 //! request nobody will ever test.
@@ -28,7 +28,7 @@
 //! assert!(win.try_post(9, "chunk 2").is_err()); // full
 //!
 //! // Only the head (token 7) is ever handed to the test closure.
-//! let step = win.test_head(|token: &u32| {
+//! let step = win.test_head(|token: &mut u32| {
 //!     assert_eq!(*token, 7);
 //!     TestOutcome::<()>::Done { size: 4096 }
 //! });
@@ -226,13 +226,16 @@ impl<T, D> Slots<T, D> {
         self.slots.get(self.done).map(|s| &s.entry)
     }
 
-    fn test_head<E>(&mut self, test: impl FnOnce(&T) -> TestOutcome<E>) -> Option<Step<T, D, E>> {
+    fn test_head<E>(
+        &mut self,
+        test: impl FnOnce(&mut T) -> TestOutcome<E>,
+    ) -> Option<Step<T, D, E>> {
         if self.failed {
             return None;
         }
         let index = self.done;
         let slot = self.slots.get_mut(index)?;
-        Some(match test(&slot.entry.token) {
+        Some(match test(&mut slot.entry.token) {
             TestOutcome::Pending => Step::Pending,
             TestOutcome::Done { size } => {
                 slot.done = Some(size);
@@ -358,7 +361,7 @@ impl<T, D> SendWindow<T, D> {
     /// to test or the window failed.
     pub fn test_head<E>(
         &mut self,
-        test: impl FnOnce(&T) -> TestOutcome<E>,
+        test: impl FnOnce(&mut T) -> TestOutcome<E>,
     ) -> Option<Release<Completion<T, D>, T, D, E>> {
         Some(match self.inner.test_head(test)? {
             Step::Pending => Release::NotReady,
@@ -409,7 +412,7 @@ impl<T, D> RecvWindow<T, D> {
     /// still be unpacked and consumed.
     pub fn test_head<E>(
         &mut self,
-        test: impl FnOnce(&T) -> TestOutcome<E>,
+        test: impl FnOnce(&mut T) -> TestOutcome<E>,
     ) -> Option<Release<Received<'_, D>, T, D, E>> {
         Some(match self.inner.test_head(test)? {
             Step::Pending => Release::NotReady,
@@ -450,7 +453,7 @@ impl<T, D> RecvWindow<T, D> {
 mod tests {
     use super::*;
 
-    fn done(size: usize) -> impl FnOnce(&u32) -> TestOutcome<&'static str> {
+    fn done(size: usize) -> impl FnOnce(&mut u32) -> TestOutcome<&'static str> {
         move |_| TestOutcome::Done { size }
     }
 
@@ -506,7 +509,7 @@ mod tests {
         }
         let mut seen = Vec::new();
         for _ in 0..3 {
-            let release = win.test_head(|t: &u32| {
+            let release = win.test_head(|t: &mut u32| {
                 seen.push(*t);
                 TestOutcome::<()>::Done { size: 0 }
             });

@@ -247,6 +247,35 @@ impl ControlConn {
         Ok(conn)
     }
 
+    /// A second handle on the same connection, with its own receive buffer and decoder, so
+    /// that one thread can receive while another sends. Use one handle for receiving and the
+    /// other for sending: two receivers would split frames between them.
+    pub fn try_clone(&self) -> Result<Self, ControlError> {
+        let stream = self.stream.try_clone().map_err(|source| ControlError::Io {
+            peer: self.peer,
+            op: "cloning the socket",
+            source,
+        })?;
+        Ok(Self {
+            stream,
+            peer: self.peer,
+            decoder: Decoder::new(),
+            rx: vec![0; READ_CHUNK].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            tx: Vec::new(),
+            write_timeout: self.write_timeout,
+            broken: self.broken,
+        })
+    }
+
+    /// Shuts both directions of the socket down (for every handle on it): a thread blocked in
+    /// [`Self::recv`] on another handle returns at once with [`ControlError::Closed`]. Bytes
+    /// already sent are still delivered.
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer

@@ -1,0 +1,419 @@
+//! [`Config`]: every knob of an [`Endpoint`](crate::Endpoint), from a builder, from the
+//! environment ([`Config::from_env`]) or from the tools' command-line flags (which map onto the
+//! builder).
+//!
+//! Environment variables (empty counts as unset; UCCL's names are accepted as aliases):
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `TCPX_PLUGIN_PATH` / `UCCL_TCPX_PLUGIN_PATH` | plugin `.so` to load | search, then built-in |
+//! | `TCPX_BACKEND` | `auto`, `builtin`, or a path | `auto` |
+//! | `TCPX_NUM_CHANNELS` / `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 4 |
+//! | `TCPX_CHUNK_BYTES` / `UCCL_TCPX_CHUNK_BYTES` | chunk size (`524288`, `512K`, `1M`) | 512 KiB |
+//! | `TCPX_WINDOW` | requests in flight per comm (1..=16) | 16 |
+//! | `TCPX_TIMEOUT_MS` | set-up and per-transfer timeout | 30000 |
+//! | `TCPX_CONTROL_ADDR` | control listener (`ip:port`) | `0.0.0.0:0` |
+//! | `TCPX_DEVICES` | plugin devices to use (`0,1`) | all |
+//! | `TCPX_GPU_PCI` | PCI bus id of this endpoint's GPU | none |
+//! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
+//! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
+//!
+//! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
+//! here: they pass through to the plugin untouched.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::schedule::{DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
+use crate::window::DEFAULT_CAPACITY;
+
+/// Where the TCPX plugin is installed on Google's images, searched in this order.
+pub const TCPX_INSTALL_PATHS: [&str; 2] = [
+    "/usr/local/tcpx/lib64/libnccl-net-tcpx.so",
+    "/usr/local/tcpx/lib64/libnccl-net.so",
+];
+
+/// Which plugin an endpoint loads.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The TCPX install paths ([`TCPX_INSTALL_PATHS`]) if one exists, else the built-in socket
+    /// plugin.
+    #[default]
+    Auto,
+    /// The built-in kernel-TCP plugin (`tcpx-socket`), linked in.
+    Builtin,
+    /// This plugin library, and nothing else (a load failure is an error).
+    Path(PathBuf),
+}
+
+/// What an engine thread does when a pass over its channels moved nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backoff {
+    /// Spin forever: lowest latency, one core per engine.
+    Spin,
+    /// Spin briefly, then `sched_yield` between passes.
+    Yield,
+    /// Spin, then yield, then sleep for short, growing periods; block while nothing is in
+    /// flight. The polite default.
+    #[default]
+    Park,
+}
+
+impl std::str::FromStr for Backoff {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "spin" => Ok(Self::Spin),
+            "yield" => Ok(Self::Yield),
+            "park" => Ok(Self::Park),
+            other => Err(Error::Config(format!(
+                "backoff policy {other:?}: expected spin, yield or park"
+            ))),
+        }
+    }
+}
+
+/// The configuration of an endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Which plugin to load.
+    pub backend: Backend,
+    /// Channels (comm pairs) per connection; both peers must agree.
+    pub channels: u16,
+    /// Chunk size: one plugin request carries at most this many bytes; both peers must agree.
+    pub chunk_bytes: u32,
+    /// Requests in flight per comm (TCPX allows 16).
+    pub window: usize,
+    /// Limit for connection set-up and for each transfer, from submission to completion.
+    pub timeout: Duration,
+    /// Where the control listener binds. Port 0 picks a free port. An unspecified IP listens
+    /// everywhere and advertises the IP of the first data device's interface.
+    pub control_addr: SocketAddr,
+    /// Plugin devices (NICs) to spread channels over; `None`: every device the plugin reports.
+    pub devices: Option<Vec<usize>>,
+    /// PCI bus id of the GPU this endpoint serves, if any (advertised, and used for pinning).
+    pub gpu_pci: Option<String>,
+    /// Engine idle policy.
+    pub backoff: Backoff,
+    /// Pin each engine thread to a core local to its NIC (when the topology says which).
+    pub pin_engines: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Auto,
+            channels: 4,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            window: DEFAULT_CAPACITY,
+            timeout: Duration::from_secs(30),
+            control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            devices: None,
+            gpu_pci: None,
+            backoff: Backoff::Park,
+            pin_engines: true,
+        }
+    }
+}
+
+impl Config {
+    /// A builder starting from the defaults.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            config: Self::default(),
+        }
+    }
+
+    /// The defaults overridden by the process environment (see the module docs).
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::from_env`] with a custom lookup (tests, or callers merging sources).
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let get = |names: &[&'static str]| {
+            names.iter().find_map(|&name| {
+                lookup(name)
+                    .filter(|v| !v.trim().is_empty())
+                    .map(|v| (name, v.trim().to_owned()))
+            })
+        };
+        let mut b = Self::builder();
+        if let Some((_, v)) = get(&["TCPX_BACKEND"]) {
+            b = b.backend(match v.as_str() {
+                "auto" => Backend::Auto,
+                "builtin" => Backend::Builtin,
+                path => Backend::Path(PathBuf::from(path)),
+            });
+        }
+        if let Some((_, v)) = get(&["TCPX_PLUGIN_PATH", "UCCL_TCPX_PLUGIN_PATH"]) {
+            b = b.backend(Backend::Path(PathBuf::from(v)));
+        }
+        if let Some((name, v)) = get(&["TCPX_NUM_CHANNELS", "UCCL_TCPX_NUM_CHANNELS"]) {
+            b = b.channels(parse_num(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_CHUNK_BYTES", "UCCL_TCPX_CHUNK_BYTES"]) {
+            b = b.chunk_bytes(parse_size(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_WINDOW"]) {
+            b = b.window(parse_num(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_TIMEOUT_MS"]) {
+            b = b.timeout(Duration::from_millis(parse_num(name, &v)?));
+        }
+        if let Some((name, v)) = get(&["TCPX_CONTROL_ADDR"]) {
+            let addr = v.parse().map_err(|_| {
+                Error::Config(format!(
+                    "{name}={v:?}: expected ip:port (e.g. 10.0.0.2:7400)"
+                ))
+            })?;
+            b = b.control_addr(addr);
+        }
+        if let Some((name, v)) = get(&["TCPX_DEVICES"]) {
+            let devices = v
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(|d| parse_num(name, d))
+                .collect::<Result<Vec<usize>>>()?;
+            b = b.devices(devices);
+        }
+        if let Some((_, v)) = get(&["TCPX_GPU_PCI"]) {
+            b = b.gpu_pci(v);
+        }
+        if let Some((name, v)) = get(&["TCPX_BACKOFF"]) {
+            b = b.backoff(
+                v.parse()
+                    .map_err(|e: Error| Error::Config(format!("{name}: {e}")))?,
+            );
+        }
+        if let Some((name, v)) = get(&["TCPX_PIN"]) {
+            b = b.pin_engines(match v.as_str() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => return Err(Error::Config(format!("{name}={v:?}: expected 0 or 1"))),
+            });
+        }
+        b.build()
+    }
+
+    /// Checks every value is in range; [`ConfigBuilder::build`] and
+    /// [`crate::Endpoint::new`] call it.
+    pub fn validate(&self) -> Result<()> {
+        if self.channels == 0 {
+            return Err(Error::Config("channels must be at least 1".into()));
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes > MAX_CHUNK_BYTES {
+            return Err(Error::Config(format!(
+                "chunk_bytes {} must be between 1 and {MAX_CHUNK_BYTES}",
+                self.chunk_bytes
+            )));
+        }
+        if self.window == 0 || self.window > DEFAULT_CAPACITY {
+            return Err(Error::Config(format!(
+                "window {} must be between 1 and {DEFAULT_CAPACITY} (the TCPX per-comm limit)",
+                self.window
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::Config("timeout must be longer than zero".into()));
+        }
+        if matches!(&self.devices, Some(d) if d.is_empty()) {
+            return Err(Error::Config("the device list is empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`Config`]; every setter overrides one default.
+#[derive(Debug, Clone)]
+#[must_use = "call build() to get the Config"]
+pub struct ConfigBuilder {
+    config: Config,
+}
+
+impl ConfigBuilder {
+    /// Which plugin to load.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.config.backend = backend;
+        self
+    }
+
+    /// Channels per connection.
+    pub fn channels(mut self, channels: u16) -> Self {
+        self.config.channels = channels;
+        self
+    }
+
+    /// Chunk size in bytes.
+    pub fn chunk_bytes(mut self, chunk_bytes: u32) -> Self {
+        self.config.chunk_bytes = chunk_bytes;
+        self
+    }
+
+    /// Requests in flight per comm (1..=16).
+    pub fn window(mut self, window: usize) -> Self {
+        self.config.window = window;
+        self
+    }
+
+    /// Set-up and per-transfer timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = timeout;
+        self
+    }
+
+    /// Control listener address.
+    pub fn control_addr(mut self, addr: SocketAddr) -> Self {
+        self.config.control_addr = addr;
+        self
+    }
+
+    /// Plugin devices to use.
+    pub fn devices(mut self, devices: Vec<usize>) -> Self {
+        self.config.devices = Some(devices);
+        self
+    }
+
+    /// PCI bus id of this endpoint's GPU.
+    pub fn gpu_pci(mut self, pci: impl Into<String>) -> Self {
+        self.config.gpu_pci = Some(pci.into());
+        self
+    }
+
+    /// Engine idle policy.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// Pin engine threads.
+    pub fn pin_engines(mut self, pin: bool) -> Self {
+        self.config.pin_engines = pin;
+        self
+    }
+
+    /// The configuration, validated.
+    pub fn build(self) -> Result<Config> {
+        self.config.validate()?;
+        Ok(self.config)
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
+    v.trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("{name}={v:?}: expected a whole number")))
+}
+
+/// Parses `524288`, `512K`, `512KiB`, `1M`, `1MiB` (binary multiples).
+fn parse_size(name: &str, v: &str) -> Result<u32> {
+    let t = v.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(split);
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => {
+            return Err(Error::Config(format!(
+                "{name}={v:?}: expected bytes, optionally with K, M or G"
+            )))
+        }
+    };
+    let n: u64 = parse_num(name, digits)?;
+    n.checked_shl(shift)
+        .filter(|&b| b >> shift == n)
+        .and_then(|b| u32::try_from(b).ok())
+        .ok_or_else(|| Error::Config(format!("{name}={v:?}: too large")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Config> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_vars(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn empty_environment_gives_the_defaults() {
+        assert_eq!(from(&[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn uccl_aliases_are_accepted_and_ours_win() {
+        let c = from(&[
+            ("UCCL_TCPX_NUM_CHANNELS", "8"),
+            ("UCCL_TCPX_CHUNK_BYTES", "1M"),
+            ("UCCL_TCPX_PLUGIN_PATH", "/opt/x.so"),
+        ])
+        .unwrap();
+        assert_eq!(c.channels, 8);
+        assert_eq!(c.chunk_bytes, 1 << 20);
+        assert_eq!(c.backend, Backend::Path("/opt/x.so".into()));
+        let c = from(&[("UCCL_TCPX_NUM_CHANNELS", "8"), ("TCPX_NUM_CHANNELS", "2")]).unwrap();
+        assert_eq!(c.channels, 2);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = from(&[
+            ("TCPX_BACKEND", "builtin"),
+            ("TCPX_CHUNK_BYTES", "262144"),
+            ("TCPX_WINDOW", "8"),
+            ("TCPX_TIMEOUT_MS", "1500"),
+            ("TCPX_CONTROL_ADDR", "127.0.0.1:7400"),
+            ("TCPX_DEVICES", "0, 2"),
+            ("TCPX_GPU_PCI", "0000:04:00.0"),
+            ("TCPX_BACKOFF", "spin"),
+            ("TCPX_PIN", "0"),
+        ])
+        .unwrap();
+        assert_eq!(c.backend, Backend::Builtin);
+        assert_eq!(c.chunk_bytes, 256 << 10);
+        assert_eq!(c.window, 8);
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(c.control_addr, "127.0.0.1:7400".parse().unwrap());
+        assert_eq!(c.devices, Some(vec![0, 2]));
+        assert_eq!(c.gpu_pci.as_deref(), Some("0000:04:00.0"));
+        assert_eq!(c.backoff, Backoff::Spin);
+        assert!(!c.pin_engines);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("TCPX_NUM_CHANNELS", "many"),
+            ("TCPX_NUM_CHANNELS", "0"),
+            ("TCPX_CHUNK_BYTES", "4T"),
+            ("TCPX_CHUNK_BYTES", "8G"),
+            ("TCPX_WINDOW", "17"),
+            ("TCPX_BACKOFF", "nap"),
+            ("TCPX_CONTROL_ADDR", "localhost"),
+        ] {
+            let err = from(&[(var, value)]).unwrap_err().to_string();
+            assert!(
+                err.contains(var) || err.contains("must be"),
+                "{var}={value}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn sizes_accept_binary_suffixes() {
+        assert_eq!(parse_size("X", "512K").unwrap(), 512 << 10);
+        assert_eq!(parse_size("X", "512 KiB").unwrap(), 512 << 10);
+        assert_eq!(parse_size("X", "1g").unwrap(), 1 << 30);
+        assert!(parse_size("X", "").is_err());
+    }
+}

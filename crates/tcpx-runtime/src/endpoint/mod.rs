@@ -1,0 +1,307 @@
+//! [`Endpoint`]: one process's presence on the network — a loaded plugin, its progress
+//! engines, a control listener — and the door to [`Connection`]s.
+//!
+//! - [`backend`]: which plugin (explicit path, TCPX install paths, built-in socket plugin);
+//! - [`setup`]: the connection handshake over the control plane;
+//! - [`connection`]: a connected peer: transfers, registrations, close;
+//! - [`watch`]: the thread that keeps reading a connection's control stream.
+
+pub mod backend;
+pub mod connection;
+mod ifaddr;
+mod setup;
+mod watch;
+
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tcpx::{MemoryKind, Net, SharedMemory};
+
+use crate::config::Config;
+use crate::control::{ControlConn, EndpointInfo, EndpointMetadata};
+use crate::engine::pin::plan_cores;
+use crate::engine::EngineHandle;
+use crate::error::{Error, Result};
+use crate::registry::{Region, RegistrationCounter};
+use backend::{BackendInfo, BackendOrigin};
+pub use connection::{Connection, Segment};
+
+/// What an endpoint's connections share: the plugin, the engines and the configuration.
+pub(crate) struct EndpointShared {
+    pub(crate) net: Net,
+    pub(crate) config: Config,
+    pub(crate) backend: BackendInfo,
+    /// Plugin devices in use; channel `c` lives on `devices[c % devices.len()]`.
+    pub(crate) devices: Vec<usize>,
+    /// One engine per entry of `devices`, same order.
+    pub(crate) engines: Vec<EngineHandle>,
+    pub(crate) registrations: RegistrationCounter,
+    /// What this endpoint tells peers in `Hello`.
+    pub(crate) info: EndpointInfo,
+}
+
+impl EndpointShared {
+    /// Index (into `devices` and `engines`) serving channel `channel`.
+    pub(crate) fn slot_of(&self, channel: u16) -> usize {
+        usize::from(channel) % self.devices.len()
+    }
+}
+
+/// A transfer endpoint: create one per GPU (or per process for host memory), hand its
+/// [`metadata`](Self::metadata) to peers out of band, then [`accept`](Self::accept) or
+/// [`connect`](Self::connect).
+///
+/// ```
+/// use std::time::Duration;
+/// use tcpx_runtime::{Backend, Config, Endpoint};
+/// # std::env::set_var("TCPX_SOCKET_IFNAME", "lo"); // keep doc-test traffic on loopback
+/// let config = Config::builder()
+///     .backend(Backend::Builtin)
+///     .control_addr("127.0.0.1:0".parse().unwrap())
+///     .channels(2)
+///     .timeout(Duration::from_secs(20))
+///     .build()?;
+/// let server = Endpoint::new(config.clone())?;
+/// let client = Endpoint::new(config)?;
+/// let meta = server.metadata().clone();
+/// let accepted = std::thread::spawn(move || server.accept().map(|c| (server, c)));
+/// let conn = client.connect(&meta)?;
+/// let (server, peer) = accepted.join().unwrap()?;
+///
+/// let src = client.register(tcpx::SharedMemory::host(1 << 20).unwrap())?;
+/// let dst = server.register(tcpx::SharedMemory::host(1 << 20).unwrap())?;
+/// src.memory().with_bytes_mut(|b| b.fill(7)).unwrap();
+/// let rx = peer.recv(&dst, 0, 1 << 20)?;
+/// let tx = conn.send(&src, 0, 1 << 20)?;
+/// assert_eq!(tx.wait(Duration::from_secs(20))?, 1 << 20);
+/// assert_eq!(rx.wait(Duration::from_secs(20))?, 1 << 20);
+/// assert!(dst.memory().with_bytes(|b| b.iter().all(|&x| x == 7)).unwrap());
+/// # Ok::<(), tcpx_runtime::Error>(())
+/// ```
+pub struct Endpoint {
+    shared: Arc<EndpointShared>,
+    listener: TcpListener,
+    metadata: EndpointMetadata,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("backend", &self.shared.backend)
+            .field("devices", &self.shared.devices)
+            .field("engines", &self.shared.engines)
+            .field("metadata", &self.metadata)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// Loads the configured backend, starts one engine per device and binds the control
+    /// listener.
+    pub fn new(config: Config) -> Result<Self> {
+        config.validate()?;
+        let (net, backend) = backend::open(&config.backend)?;
+        Self::start(config, net, backend)
+    }
+
+    /// As [`Endpoint::new`], on a plugin the caller already loaded (tests, benchmarks, or an
+    /// application sharing one `Net` between endpoints). `config.backend` is ignored.
+    pub fn with_net(config: Config, net: Net) -> Result<Self> {
+        config.validate()?;
+        let backend = BackendInfo::of(
+            &net,
+            BackendOrigin::Provided,
+            "plugin provided by the caller",
+        );
+        Self::start(config, net, backend)
+    }
+
+    fn start(config: Config, net: Net, backend: BackendInfo) -> Result<Self> {
+        let backend_err = |what: &str| {
+            let what = what.to_owned();
+            move |e| Error::Backend {
+                what,
+                source: Arc::new(e),
+            }
+        };
+        let count = net.device_count().map_err(backend_err("listing devices"))?;
+        let devices = match &config.devices {
+            Some(d) => d.clone(),
+            None => (0..count).collect(),
+        };
+        if devices.is_empty() {
+            return Err(Error::Config(format!(
+                "plugin {} reports no devices",
+                backend.name
+            )));
+        }
+        let mut names = Vec::with_capacity(devices.len());
+        for &d in &devices {
+            if d >= count {
+                return Err(Error::Config(format!(
+                    "device {d} does not exist: plugin {} reports {count}",
+                    backend.name
+                )));
+            }
+            let device = net
+                .device(d)
+                .map_err(backend_err("reading device properties"))?;
+            if !device.properties.ptr_support.host() {
+                tracing::info!(target: "tcpx_runtime", device = d, "device does not take host memory");
+            }
+            names.push(device.properties.name);
+        }
+
+        let listener = TcpListener::bind(config.control_addr).map_err(|e| {
+            Error::Config(format!(
+                "cannot bind the control listener to {}: {e}",
+                config.control_addr
+            ))
+        })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Internal(format!("control listener address: {e}")))?;
+        let ip = advertised_ip(config.control_addr.ip(), &names[0])?;
+        let info = EndpointInfo {
+            ip,
+            gpu_pci: config.gpu_pci.clone(),
+            channels: config.channels,
+            plugin_name: backend.name.clone(),
+            abi_version: backend.abi_version,
+            chunk_bytes: config.chunk_bytes,
+        };
+        let metadata = EndpointMetadata {
+            info: info.clone(),
+            control_addr: SocketAddr::new(ip, local.port()),
+        };
+
+        let leases = if config.pin_engines {
+            plan_cores(&names, config.gpu_pci.as_deref())
+        } else {
+            names.iter().map(|_| None).collect()
+        };
+        let engines = devices
+            .iter()
+            .zip(leases)
+            .map(|(&d, lease)| EngineHandle::spawn(d, config.backoff, config.window, lease))
+            .collect::<Result<Vec<_>>>()?;
+        tracing::info!(
+            target: "tcpx_runtime",
+            control = %metadata.control_addr,
+            devices = ?devices,
+            nics = ?names,
+            cores = ?engines.iter().map(|e| e.core).collect::<Vec<_>>(),
+            "endpoint ready"
+        );
+        Ok(Self {
+            shared: Arc::new(EndpointShared {
+                net,
+                config,
+                backend,
+                devices,
+                engines,
+                registrations: RegistrationCounter::default(),
+                info,
+            }),
+            listener,
+            metadata,
+        })
+    }
+
+    /// What a peer needs to connect: pass it out of band (`to_hex()` / `parse()`).
+    pub fn metadata(&self) -> &EndpointMetadata {
+        &self.metadata
+    }
+
+    /// The plugin in use and why it was chosen.
+    pub fn backend(&self) -> &BackendInfo {
+        &self.shared.backend
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// The loaded plugin.
+    pub fn net(&self) -> &Net {
+        &self.shared.net
+    }
+
+    /// Per engine: the plugin device it serves and the core it is pinned to.
+    pub fn engines(&self) -> Vec<(usize, Option<usize>)> {
+        self.shared
+            .engines
+            .iter()
+            .map(|e| (e.device, e.core))
+            .collect()
+    }
+
+    /// Plugin registrations alive on this endpoint's connections (for leak checks).
+    pub fn live_registrations(&self) -> usize {
+        self.shared.registrations.get()
+    }
+
+    /// Waits (up to the configured timeout) for one peer to connect, then sets the
+    /// connection up.
+    pub fn accept(&self) -> Result<Connection> {
+        self.accept_timeout(self.shared.config.timeout)
+    }
+
+    /// [`Endpoint::accept`], waiting at most `wait` for the peer to arrive (set-up then has
+    /// the configured timeout).
+    pub fn accept_timeout(&self, wait: Duration) -> Result<Connection> {
+        let ctl = ControlConn::accept(&self.listener, wait)?;
+        setup::establish(&self.shared, ctl)
+    }
+
+    /// Connects to the endpoint `peer` describes.
+    pub fn connect(&self, peer: &EndpointMetadata) -> Result<Connection> {
+        let ctl = ControlConn::connect(peer.control_addr, self.shared.config.timeout)?;
+        setup::establish(&self.shared, ctl)
+    }
+
+    /// Makes `memory` usable for transfers on this endpoint's connections. Plugin
+    /// registration happens per connection, at first use (or [`Connection::register`]).
+    pub fn register(&self, memory: SharedMemory) -> Result<Region> {
+        if memory.kind() == MemoryKind::Cuda {
+            let cuda = self
+                .shared
+                .devices
+                .iter()
+                .all(|&d| matches!(self.shared.net.device(d), Ok(dev) if dev.properties.ptr_support.cuda()));
+            if !cuda {
+                return Err(Error::InvalidArgument(format!(
+                    "plugin {} cannot send from or receive into CUDA memory directly",
+                    self.shared.backend.name
+                )));
+            }
+        }
+        if memory.is_empty() {
+            return Err(Error::InvalidArgument(
+                "cannot register empty memory".into(),
+            ));
+        }
+        Ok(Region::new(memory))
+    }
+
+    /// Allocates `len` bytes of 4 KiB-aligned host memory and registers it.
+    pub fn alloc_host(&self, len: usize) -> Result<Region> {
+        let memory = SharedMemory::host(len).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        self.register(memory)
+    }
+}
+
+/// The address peers should use: the bind address, else the first data NIC's.
+fn advertised_ip(bind: IpAddr, nic: &str) -> Result<IpAddr> {
+    if !bind.is_unspecified() {
+        return Ok(bind);
+    }
+    ifaddr::interface_ip(nic).ok_or_else(|| {
+        Error::Config(format!(
+            "the control listener binds to {bind} and interface {nic} has no usable address \
+             to advertise; set control_addr to this host's reachable IP"
+        ))
+    })
+}

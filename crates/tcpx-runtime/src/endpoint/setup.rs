@@ -1,0 +1,224 @@
+//! The connection handshake, symmetric on both sides:
+//!
+//! 1. `Hello` both ways; channel count, chunk size, plugin and protocol version must agree,
+//!    or the set-up fails with `INCOMPATIBLE` naming both values;
+//! 2. each side listens once per channel (channel `c` on device `c mod devices`) and sends
+//!    `ConnectHandles`;
+//! 3. each side connects channel `c` to the peer's handle `c` while accepting on its own
+//!    listen `c`, polling every pending connect and accept in one loop so neither side
+//!    waits on the other;
+//! 4. `Ready` both ways.
+//!
+//! So this side's send comm `c` pairs with the peer's receive comm `c` and vice versa. The
+//! whole set-up has the configured timeout; any failure is reported to the peer with an
+//! `Error` message (best effort) before returning.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tcpx::{ConnectHandle, ErrorKind, ListenComm, RecvComm, SendComm};
+
+use super::connection::Connection;
+use super::EndpointShared;
+use crate::control::{ControlConn, EndpointInfo, Message, MessageType, PROTOCOL_VERSION};
+use crate::error::{Error, Result};
+
+/// The comms of a set-up connection, indexed by channel.
+pub(crate) struct Established {
+    pub(crate) peer_info: EndpointInfo,
+    pub(crate) sends: Vec<SendComm>,
+    pub(crate) recvs: Vec<RecvComm>,
+}
+
+/// Runs the handshake on `ctl` and starts the connection.
+pub(crate) fn establish(shared: &Arc<EndpointShared>, mut ctl: ControlConn) -> Result<Connection> {
+    let deadline = Instant::now() + shared.config.timeout;
+    let peer = ctl.peer_addr();
+    match handshake(shared, &mut ctl, deadline) {
+        Ok(established) => {
+            tracing::info!(target: "tcpx_runtime", %peer, channels = established.sends.len(), "connection established");
+            Connection::start(shared.clone(), ctl, established)
+        }
+        Err(e) => {
+            // Tell the peer why, unless it is the one who told us.
+            if !matches!(&e, Error::Control(c) if matches!(**c, crate::control::ControlError::Remote { .. }))
+            {
+                let _ = ctl.send(&Message::Error {
+                    code: e.wire_code(),
+                    message: e.to_string(),
+                });
+            }
+            tracing::warn!(target: "tcpx_runtime", %peer, error = %e, "connection set-up failed");
+            Err(e)
+        }
+    }
+}
+
+fn handshake(
+    shared: &EndpointShared,
+    ctl: &mut ControlConn,
+    deadline: Instant,
+) -> Result<Established> {
+    let peer = ctl.peer_addr();
+    let left = || deadline.saturating_duration_since(Instant::now());
+
+    ctl.send(&Message::hello(shared.info.clone()))?;
+    let Message::Hello {
+        protocol_version,
+        endpoint: peer_info,
+    } = ctl.recv_expecting(MessageType::Hello, left())?
+    else {
+        return Err(Error::Internal(
+            "recv_expecting returned another type".into(),
+        ));
+    };
+    check_compatible(&shared.info, protocol_version, &peer_info)
+        .map_err(|what| Error::Incompatible { peer, what })?;
+
+    let channels = shared.config.channels;
+    let setup_err = |source: tcpx::Error| Error::Setup {
+        peer,
+        source: Arc::new(source),
+    };
+    let mut listens: Vec<ListenComm> = (0..channels)
+        .map(|c| shared.net.listen(shared.devices[shared.slot_of(c)]))
+        .collect::<tcpx::Result<_>>()
+        .map_err(setup_err)?;
+    ctl.send(&Message::ConnectHandles {
+        handles: listens.iter().map(|l| l.handle().0).collect(),
+    })?;
+    let Message::ConnectHandles { handles } =
+        ctl.recv_expecting(MessageType::ConnectHandles, left())?
+    else {
+        return Err(Error::Internal(
+            "recv_expecting returned another type".into(),
+        ));
+    };
+    if handles.len() != usize::from(channels) {
+        return Err(Error::Incompatible {
+            peer,
+            what: format!(
+                "the peer sent {} connect handles for {channels} channels",
+                handles.len()
+            ),
+        });
+    }
+
+    let mut connects = handles
+        .iter()
+        .enumerate()
+        .map(|(c, h)| {
+            // `c` < channels, a u16.
+            let device = shared.devices[shared.slot_of(c as u16)];
+            shared.net.begin_connect(device, &ConnectHandle(*h))
+        })
+        .collect::<tcpx::Result<Vec<_>>>()
+        .map_err(setup_err)?;
+    let mut accepts: Vec<_> = listens.iter_mut().map(|l| l.begin_accept()).collect();
+    let mut sends: Vec<Option<SendComm>> = (0..channels).map(|_| None).collect();
+    let mut recvs: Vec<Option<RecvComm>> = (0..channels).map(|_| None).collect();
+    let mut idle = 0u32;
+    loop {
+        let mut moved = false;
+        for (slot, pending) in sends.iter_mut().zip(&mut connects) {
+            if slot.is_none() {
+                *slot = pending.poll().map_err(setup_err)?;
+                moved |= slot.is_some();
+            }
+        }
+        for (slot, pending) in recvs.iter_mut().zip(&mut accepts) {
+            if slot.is_none() {
+                *slot = pending.poll().map_err(setup_err)?;
+                moved |= slot.is_some();
+            }
+        }
+        let connected = sends.iter().filter(|s| s.is_some()).count();
+        let accepted = recvs.iter().filter(|r| r.is_some()).count();
+        if connected + accepted == 2 * usize::from(channels) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(setup_err(tcpx::Error::new(
+                "connect/accept",
+                ErrorKind::Timeout(shared.config.timeout),
+                format!("{connected} of {channels} channels connected, {accepted} accepted"),
+            )));
+        }
+        idle = if moved { 0 } else { idle + 1 };
+        if idle > 64 {
+            std::thread::sleep(Duration::from_micros(100));
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    drop(accepts);
+    drop(listens);
+
+    ctl.send(&Message::Ready)?;
+    ctl.recv_expecting(MessageType::Ready, left())?;
+    Ok(Established {
+        peer_info,
+        sends: sends.into_iter().flatten().collect(),
+        recvs: recvs.into_iter().flatten().collect(),
+    })
+}
+
+/// `Err` names the setting that differs, with both values.
+fn check_compatible(
+    local: &EndpointInfo,
+    peer_version: u16,
+    peer: &EndpointInfo,
+) -> std::result::Result<(), String> {
+    if peer_version != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version: this side {PROTOCOL_VERSION}, peer {peer_version}"
+        ));
+    }
+    if local.channels != peer.channels {
+        return Err(format!(
+            "channel count: this side {}, peer {}",
+            local.channels, peer.channels
+        ));
+    }
+    if local.chunk_bytes != peer.chunk_bytes {
+        return Err(format!(
+            "chunk size: this side {} bytes, peer {} bytes",
+            local.chunk_bytes, peer.chunk_bytes
+        ));
+    }
+    if local.plugin_name != peer.plugin_name {
+        return Err(format!(
+            "plugin: this side {:?}, peer {:?}",
+            local.plugin_name, peer.plugin_name
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn info(channels: u16, chunk_bytes: u32) -> EndpointInfo {
+        EndpointInfo {
+            ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            gpu_pci: None,
+            channels,
+            plugin_name: "tcpx-socket".into(),
+            abi_version: 8,
+            chunk_bytes,
+        }
+    }
+
+    #[test]
+    fn differences_name_both_values() {
+        assert!(check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 1024)).is_ok());
+        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(2, 1024)).unwrap_err();
+        assert!(e.contains("this side 4") && e.contains("peer 2"), "{e}");
+        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 4096)).unwrap_err();
+        assert!(e.contains("1024") && e.contains("4096"), "{e}");
+        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION + 1, &info(4, 1024)).unwrap_err();
+        assert!(e.contains("protocol"), "{e}");
+    }
+}

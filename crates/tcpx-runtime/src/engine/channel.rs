@@ -1,0 +1,444 @@
+//! One channel inside its engine: a send lane and a receive lane, each a comm, its request
+//! window and the queue of transfers with chunks still to post on it.
+//!
+//! The three rules whose violation stalled earlier attempts are structural here:
+//! - a lane tests its head after every post and on every pass, never only when its window is
+//!   full (the engine calls [`Channel::test`] each pass whatever the window holds);
+//! - the only request a lane can test is the window's head ([`SendWindow::test_head`]);
+//! - a receive is consumed only through [`RecvWindow::consume_head`], which refuses before
+//!   `test` said done, and it is consumed right after (host memory needs no unpack), so no
+//!   done receive keeps its slot.
+//!
+//! Nothing here allocates or locks per chunk: windows and queues are preallocated, the chunk
+//! is computed from the schedule, and the per-chunk cost is the plugin calls plus a few
+//! atomics (request bookkeeping, the job's countdown, an `Arc` count for the window's tag).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest};
+
+use crate::engine::job::Job;
+use crate::engine::stats::ChannelCounters;
+use crate::error::{Direction, Error};
+use crate::link::Link;
+use crate::schedule::Chunk;
+use crate::window::{Entry, RecvWindow, Release, SendWindow, TestOutcome};
+
+/// Transfers queued per lane before the queue grows (it grows only if the application
+/// submits more than this many transfers ahead of the network).
+const QUEUE_CAPACITY: usize = 256;
+
+/// What a window slot remembers about its request.
+#[derive(Debug)]
+pub(crate) struct Tag {
+    job: Arc<Job>,
+    /// Bytes posted.
+    len: u32,
+    /// Chunk index in the transfer's schedule (for error messages).
+    index: u64,
+}
+
+/// What one post attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Post {
+    /// A request went out.
+    Posted,
+    /// Nothing to post: no transfer, or the front one waits for the peer's segment list.
+    Idle,
+    /// The window is full.
+    Full,
+    /// The plugin answered busy.
+    Busy,
+}
+
+/// The link failed on this channel; the lane already failed the link and the transfers it
+/// held. The engine must abandon the link's other channels.
+#[derive(Debug)]
+pub(crate) struct LinkFailed;
+
+/// A channel as its engine owns it.
+pub(crate) struct Channel {
+    pub(crate) link: Arc<Link>,
+    pub(crate) index: u16,
+    counters: Arc<ChannelCounters>,
+    send: Lane<SendComm, SendWindow<SendRequest, Tag>>,
+    recv: Lane<RecvComm, RecvWindow<RecvRequest, Tag>>,
+    /// Completed requests at the last health check, and when that count last changed
+    /// (progress detection once the peer has left).
+    pub(crate) completed_at_check: u64,
+    pub(crate) progress_at: std::time::Instant,
+}
+
+struct Lane<C, W> {
+    comm: C,
+    window: W,
+    queue: VecDeque<Arc<Job>>,
+    /// Next chunk index of the front job on this channel.
+    next: u64,
+}
+
+impl Channel {
+    pub(crate) fn new(
+        link: Arc<Link>,
+        index: u16,
+        send: SendComm,
+        recv: RecvComm,
+        window: usize,
+    ) -> Result<Self, Error> {
+        let bad_window = |e| Error::Config(format!("window: {e}"));
+        let counters = link
+            .counters
+            .get(usize::from(index))
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("channel {index} has no counters")))?;
+        Ok(Self {
+            counters,
+            send: Lane {
+                comm: send,
+                window: SendWindow::new(window).map_err(bad_window)?,
+                queue: VecDeque::with_capacity(QUEUE_CAPACITY),
+                next: u64::from(index),
+            },
+            recv: Lane {
+                comm: recv,
+                window: RecvWindow::new(window).map_err(bad_window)?,
+                queue: VecDeque::with_capacity(QUEUE_CAPACITY),
+                next: u64::from(index),
+            },
+            link,
+            index,
+            completed_at_check: 0,
+            progress_at: std::time::Instant::now(),
+        })
+    }
+
+    /// Queues a transfer on the lane of its direction.
+    pub(crate) fn enqueue(&mut self, job: Arc<Job>) {
+        match job.direction {
+            Direction::Send => self.send.queue.push_back(job),
+            Direction::Recv => self.recv.queue.push_back(job),
+        }
+    }
+
+    /// Registers `memory` on this channel's comm of `direction`.
+    pub(crate) fn register(
+        &self,
+        direction: Direction,
+        memory: &tcpx::SharedMemory,
+    ) -> tcpx::Result<MemoryRegion> {
+        match direction {
+            Direction::Send => self.send.comm.register(memory),
+            Direction::Recv => self.recv.comm.register(memory),
+        }
+    }
+
+    /// Requests in flight on either lane.
+    pub(crate) fn in_flight(&self) -> bool {
+        !self.send.window.is_empty() || !self.recv.window.is_empty()
+    }
+
+    /// Anything in flight or queued.
+    pub(crate) fn has_work(&self) -> bool {
+        self.in_flight() || !self.send.queue.is_empty() || !self.recv.queue.is_empty()
+    }
+
+    pub(crate) fn counters(&self) -> &ChannelCounters {
+        &self.counters
+    }
+
+    /// Posts on the send lane until the window is full or there is nothing to post, testing
+    /// the head after every post. Returns whether anything moved.
+    pub(crate) fn pump_send(&mut self) -> Result<bool, LinkFailed> {
+        let mut moved = false;
+        loop {
+            match self.post_send()? {
+                Post::Posted => {
+                    moved = true;
+                    self.test_send()?;
+                }
+                Post::Idle | Post::Full => return Ok(moved),
+                Post::Busy => {
+                    self.counters.busy();
+                    return Ok(moved);
+                }
+            }
+        }
+    }
+
+    /// As [`Self::pump_send`], for the receive lane.
+    pub(crate) fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
+        let mut moved = false;
+        loop {
+            match self.post_recv()? {
+                Post::Posted => {
+                    moved = true;
+                    self.test_recv()?;
+                }
+                Post::Idle | Post::Full => return Ok(moved),
+                Post::Busy => {
+                    self.counters.busy();
+                    return Ok(moved);
+                }
+            }
+        }
+    }
+
+    /// Tests both heads, retiring every request that is done. Returns whether any was.
+    pub(crate) fn test(&mut self) -> Result<bool, LinkFailed> {
+        let sent = self.test_send()?;
+        let received = self.test_recv()?;
+        Ok(sent + received > 0)
+    }
+
+    fn post_send(&mut self) -> Result<Post, LinkFailed> {
+        let channels = self.link.channels;
+        let index = self.index;
+        let lane = &mut self.send;
+        if lane.window.is_full() {
+            return Ok(Post::Full);
+        }
+        let Some((job, chunk)) = next_chunk(&mut lane.queue, &mut lane.next, index, channels)
+        else {
+            return Ok(Post::Idle);
+        };
+        let Some((region, offset)) = locate(&job, index, &chunk) else {
+            return Err(self.fail_internal("send", "registration missing for a chunk"));
+        };
+        match lane.comm.isend(region, offset, chunk.len as usize, 0) {
+            Ok(Some(request)) => {
+                lane.next += u64::from(channels);
+                let tag = Tag {
+                    job,
+                    len: chunk.len,
+                    index: chunk.index,
+                };
+                if lane.window.try_post(request, tag).is_err() {
+                    return Err(self.fail_internal("send", "window refused a post"));
+                }
+                Ok(Post::Posted)
+            }
+            Ok(None) => Ok(Post::Busy),
+            Err(e) => Err(self.fail_plugin(Direction::Send, e, Vec::new())),
+        }
+    }
+
+    fn post_recv(&mut self) -> Result<Post, LinkFailed> {
+        let channels = self.link.channels;
+        let index = self.index;
+        let lane = &mut self.recv;
+        if lane.window.is_full() {
+            return Ok(Post::Full);
+        }
+        let Some((job, chunk)) = next_chunk(&mut lane.queue, &mut lane.next, index, channels)
+        else {
+            return Ok(Post::Idle);
+        };
+        let Some((region, offset)) = locate(&job, index, &chunk) else {
+            return Err(self.fail_internal("recv", "registration missing for a chunk"));
+        };
+        match lane.comm.irecv(region, offset, chunk.len as usize, 0) {
+            Ok(Some(request)) => {
+                lane.next += u64::from(channels);
+                let tag = Tag {
+                    job,
+                    len: chunk.len,
+                    index: chunk.index,
+                };
+                if lane.window.try_post(request, tag).is_err() {
+                    return Err(self.fail_internal("recv", "window refused a post"));
+                }
+                Ok(Post::Posted)
+            }
+            Ok(None) => Ok(Post::Busy),
+            Err(e) => Err(self.fail_plugin(Direction::Recv, e, Vec::new())),
+        }
+    }
+
+    /// Retires done sends from the head; returns how many.
+    fn test_send(&mut self) -> Result<u32, LinkFailed> {
+        let mut retired = 0;
+        loop {
+            let comm = &mut self.send.comm;
+            match self.send.window.test_head(|req| outcome(comm.test(req))) {
+                None | Some(Release::NotReady) => return Ok(retired),
+                Some(Release::Released(done)) => {
+                    if done.size != done.data.len as usize {
+                        let what = format!(
+                            "send chunk {} completed with {} bytes, {} were posted",
+                            done.data.index, done.size, done.data.len
+                        );
+                        return Err(self.fail_mismatch(what));
+                    }
+                    self.counters.sent(done.size as u64);
+                    done.data.job.chunk_done();
+                    retired += 1;
+                }
+                Some(Release::Error(failure)) => {
+                    let lost = jobs_of(failure.failed, failure.abandoned);
+                    return Err(self.fail_plugin(Direction::Send, failure.error, lost));
+                }
+            }
+        }
+    }
+
+    /// Retires done receives from the head, consuming each right away; returns how many.
+    fn test_recv(&mut self) -> Result<u32, LinkFailed> {
+        let mut retired = 0;
+        loop {
+            let comm = &mut self.recv.comm;
+            let (size, expected, index) =
+                match self.recv.window.test_head(|req| outcome(comm.test(req))) {
+                    None | Some(Release::NotReady) => return Ok(retired),
+                    Some(Release::Released(received)) => {
+                        (received.size, received.data.len, received.data.index)
+                    }
+                    Some(Release::Error(failure)) => {
+                        let lost = jobs_of(failure.failed, failure.abandoned);
+                        return Err(self.fail_plugin(Direction::Recv, failure.error, lost));
+                    }
+                };
+            if size != expected as usize {
+                let what = format!(
+                    "received {size} bytes in chunk {index} where {expected} were expected \
+                     (the sender's transfer has a different length or layout)"
+                );
+                return Err(self.fail_mismatch(what));
+            }
+            // Host memory: the data is in place once done, so hand the slot back at once.
+            let Ok(done) = self.recv.window.consume_head() else {
+                return Err(self.fail_internal("recv", "a done receive was not consumable"));
+            };
+            if let Err(e) = self.recv.comm.consumed(done.token) {
+                return Err(self.fail_plugin(Direction::Recv, e, Vec::new()));
+            }
+            self.counters.received(size as u64);
+            done.data.job.chunk_done();
+            retired += 1;
+        }
+    }
+
+    /// The oldest transfer this channel still holds, for the timeout check.
+    pub(crate) fn oldest_jobs(&self) -> [Option<&Arc<Job>>; 2] {
+        [
+            self.send
+                .window
+                .next_to_test()
+                .map(|e| &e.data.job)
+                .or(self.send.queue.front()),
+            self.recv
+                .window
+                .next_to_test()
+                .map(|e| &e.data.job)
+                .or(self.recv.queue.front()),
+        ]
+    }
+
+    /// Drops every request and queued transfer, failing their transfers with the link's
+    /// error. Requests still pending are dropped without being tested: the safe layer keeps
+    /// their memory until the comm closes and refuses further use of the comm.
+    pub(crate) fn abandon(&mut self) {
+        for entry in self.send.window.abandon() {
+            entry.data.job.fail_with_link();
+        }
+        for entry in self.recv.window.abandon() {
+            entry.data.job.fail_with_link();
+        }
+        for job in self.send.queue.drain(..).chain(self.recv.queue.drain(..)) {
+            job.fail_with_link();
+        }
+        self.send.next = u64::from(self.index);
+        self.recv.next = u64::from(self.index);
+    }
+
+    fn fail_plugin(
+        &mut self,
+        direction: Direction,
+        source: tcpx::Error,
+        lost: Vec<Arc<Job>>,
+    ) -> LinkFailed {
+        self.link.fail(Error::Plugin {
+            channel: self.index,
+            direction,
+            peer: self.link.peer,
+            source: Arc::new(source),
+        });
+        for job in lost {
+            job.fail_with_link();
+        }
+        LinkFailed
+    }
+
+    fn fail_mismatch(&mut self, what: String) -> LinkFailed {
+        self.link.fail(Error::Mismatch {
+            channel: self.index,
+            peer: self.link.peer,
+            what,
+        });
+        LinkFailed
+    }
+
+    fn fail_internal(&mut self, lane: &str, what: &str) -> LinkFailed {
+        self.link.fail(Error::Internal(format!(
+            "channel {} ({lane}) to peer {}: {what}",
+            self.index, self.link.peer
+        )));
+        LinkFailed
+    }
+}
+
+/// The next chunk to post on a lane, skipping finished transfers and transfers with no
+/// chunk left on this channel. `None` when the queue is empty or its front waits for a
+/// schedule (transfers behind it wait too: posting order must follow submission order).
+fn next_chunk(
+    queue: &mut VecDeque<Arc<Job>>,
+    next: &mut u64,
+    channel: u16,
+    channels: u16,
+) -> Option<(Arc<Job>, Chunk)> {
+    loop {
+        let job = queue.front()?;
+        if !job.is_finished() {
+            let schedule = job.schedule()?;
+            if let Some(chunk) = schedule.chunk(*next) {
+                if chunk.channel == channel {
+                    // One Arc clone per chunk: the window's tag keeps the job alive.
+                    return Some((job.clone(), chunk));
+                }
+            }
+        }
+        // Finished (failed) or no chunk left here: move to the next transfer.
+        queue.pop_front();
+        *next = u64::from(channel % channels.max(1));
+    }
+}
+
+/// The registered region and offset holding `chunk` on `channel`.
+fn locate<'j>(job: &'j Job, channel: u16, chunk: &Chunk) -> Option<(&'j MemoryRegion, usize)> {
+    let piece = job.pieces.get(chunk.segment)?;
+    let region = &piece
+        .registration
+        .by_channel
+        .get(usize::from(channel))?
+        .region;
+    let offset = piece
+        .offset
+        .checked_add(usize::try_from(chunk.segment_offset).ok()?)?;
+    Some((region, offset))
+}
+
+/// The transfers of requests a failed test took down (their requests are dropped here).
+fn jobs_of<T>(failed: Entry<T, Tag>, abandoned: Vec<Entry<T, Tag>>) -> Vec<Arc<Job>> {
+    std::iter::once(failed)
+        .chain(abandoned)
+        .map(|e| e.data.job)
+        .collect()
+}
+
+fn outcome(result: tcpx::Result<Option<usize>>) -> TestOutcome<tcpx::Error> {
+    match result {
+        Ok(Some(size)) => TestOutcome::Done { size },
+        Ok(None) => TestOutcome::Pending,
+        Err(e) => TestOutcome::Failed(e),
+    }
+}

@@ -1,0 +1,125 @@
+//! [`Job`]: the engine-side descriptor of one transfer, shared by every engine that owns one
+//! of its channels.
+//!
+//! One `Job` travels to each engine once (one message per transfer per engine, never one per
+//! chunk). Engines compute its chunks from the schedule on the fly and count them down with
+//! one atomic per chunk; the transfer's [`Completion`] is touched once, at the end.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use crate::error::{Direction, Error, Result};
+use crate::link::Link;
+use crate::registry::Registration;
+use crate::schedule::Schedule;
+use crate::transfer::Completion;
+
+/// One local segment of a transfer: where its bytes are, registered on the link's comms.
+#[derive(Debug)]
+pub(crate) struct Piece {
+    pub(crate) registration: Arc<Registration>,
+    /// Offset of the segment in its region.
+    pub(crate) offset: usize,
+    /// Length of the segment.
+    pub(crate) len: u64,
+}
+
+/// One transfer as the engines see it.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) direction: Direction,
+    pub(crate) link: Arc<Link>,
+    /// Position among the link's transfers in this direction (pairs it with the peer's).
+    pub(crate) seq: u64,
+    pub(crate) len: u64,
+    pub(crate) pieces: Vec<Piece>,
+    /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
+    /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
+    /// before it is set.
+    schedule: OnceLock<Schedule>,
+    /// Chunks not yet completed; set before the schedule is published.
+    remaining: AtomicU64,
+    pub(crate) deadline: Instant,
+    pub(crate) completion: Arc<Completion>,
+}
+
+impl Job {
+    pub(crate) fn new(
+        direction: Direction,
+        link: Arc<Link>,
+        seq: u64,
+        pieces: Vec<Piece>,
+        submitted: Instant,
+    ) -> Self {
+        let len = pieces.iter().map(|p| p.len).sum();
+        Self {
+            direction,
+            deadline: submitted + link.timeout,
+            link,
+            seq,
+            len,
+            pieces,
+            schedule: OnceLock::new(),
+            remaining: AtomicU64::new(0),
+            completion: Arc::new(Completion::default()),
+        }
+    }
+
+    /// The local segment lengths, in stream order.
+    pub(crate) fn local_lens(&self) -> Vec<u64> {
+        self.pieces.iter().map(|p| p.len).collect()
+    }
+
+    /// The schedule, once known.
+    pub(crate) fn schedule(&self) -> Option<&Schedule> {
+        self.schedule.get()
+    }
+
+    /// Publishes the schedule; a transfer without chunks finishes here. Later calls are
+    /// ignored (the first schedule stays).
+    pub(crate) fn set_schedule(&self, schedule: Schedule) {
+        let chunks = schedule.chunk_count();
+        // Ordered before the publication: an engine that sees the schedule sees the count.
+        self.remaining.store(chunks, Ordering::Relaxed);
+        if self.schedule.set(schedule).is_ok() && chunks == 0 {
+            self.finish(Ok(0));
+        }
+    }
+
+    /// Counts one chunk done; the last one completes the transfer.
+    #[inline]
+    pub(crate) fn chunk_done(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.finish(Ok(self.len));
+        }
+    }
+
+    /// Completes the transfer (first outcome wins) and updates the link's in-flight count.
+    pub(crate) fn finish(&self, outcome: Result<u64>) {
+        if self.completion.finish(outcome) {
+            self.link
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+
+    /// Fails the transfer with the link's error.
+    pub(crate) fn fail_with_link(&self) {
+        self.finish(Err(self.link.failure_or_closed()));
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.completion.is_finished()
+    }
+
+    /// `send #3 of 1048576 bytes`, for timeout errors.
+    pub(crate) fn describe(&self) -> String {
+        format!("{} #{} of {} bytes", self.direction, self.seq, self.len)
+    }
+
+    /// Fails the transfer with `error` (used when it never reached an engine).
+    pub(crate) fn fail(&self, error: Error) {
+        self.finish(Err(error));
+    }
+}

@@ -1,0 +1,403 @@
+//! Progress engines: one thread per NIC (by default), pinned near it, owning that NIC's
+//! channels and driving every plugin call on them.
+//!
+//! The loop, each pass:
+//! 1. take commands without blocking (new channels, transfers — one message per transfer per
+//!    engine —, registrations, removals, failure signals);
+//! 2. for each channel, post while its windows have room, testing that lane's head after
+//!    every post; when a channel posted, test every other channel's heads too;
+//! 3. test every channel's heads, retiring completions (receives consumed right away);
+//! 4. when nothing moved, back off by policy ([`backoff`]); check deadlines and departed peers.
+//!
+//! Progress happens only inside plugin calls, so testing is never conditional on a full
+//! window: that is what stalled a receive window of 16 forever in an earlier design.
+//! Failures are contained per connection: the first error fails the connection's link, and
+//! every engine abandons that link's requests, failing its transfers with that error.
+
+pub(crate) mod backoff;
+pub(crate) mod channel;
+pub(crate) mod job;
+pub(crate) mod pin;
+pub(crate) mod stats;
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use tcpx::{RecvComm, SendComm, SharedMemory};
+
+use crate::config::Backoff;
+use crate::error::{Direction, Error, Result};
+use crate::link::Link;
+use crate::registry::{CountedRegion, RegistrationCounter};
+use backoff::{Idle, Pause};
+use channel::Channel;
+use job::Job;
+use pin::CoreLease;
+
+/// Commands queued per engine before a submitter waits (the queue is preallocated).
+const COMMAND_QUEUE: usize = 4096;
+
+/// After the peer said goodbye, a channel that still has work but completes nothing for this
+/// long (capped by the link's timeout) fails: what was sent before the goodbye has arrived.
+const PEER_GONE_LINGER: Duration = Duration::from_millis(250);
+
+/// Passes between health checks while busy (deadlines, departed peers).
+const CHECK_EVERY_PASSES: u64 = 256;
+
+/// A signal that wakes an engine (cheap to copy; sent best-effort).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// The link with this id failed: abandon its requests.
+    Fail(u64),
+    /// Something changed (a schedule was published, a peer left): run a pass.
+    Wake,
+}
+
+/// A channel handed to an engine.
+pub(crate) struct NewChannel {
+    pub(crate) link: Arc<Link>,
+    pub(crate) index: u16,
+    pub(crate) send: SendComm,
+    pub(crate) recv: RecvComm,
+}
+
+/// Registrations of one region on one engine's channels of a link, by channel.
+pub(crate) type RegisterReply = Vec<(u16, tcpx::Result<CountedRegion>)>;
+
+/// What an engine can be asked to do.
+pub(crate) enum Command {
+    /// Take ownership of a channel.
+    AddChannel(Box<NewChannel>, Sender<Result<()>>),
+    /// Carry a transfer's chunks on this engine's channels of its link.
+    Submit(Arc<Job>),
+    /// Register memory on this engine's channels of a link (comms are driven by their engine,
+    /// so registration happens here too).
+    Register {
+        link: u64,
+        direction: Direction,
+        memory: SharedMemory,
+        counter: RegistrationCounter,
+        reply: Sender<RegisterReply>,
+    },
+    /// Abandon and close a link's channels; reply once the comms are closed.
+    Remove { link: u64, reply: Sender<()> },
+    /// A wake-up.
+    Signal(Signal),
+    /// Stop the thread.
+    Shutdown,
+}
+
+/// The application side of an engine thread.
+pub(crate) struct EngineHandle {
+    tx: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+    /// The plugin device this engine serves.
+    pub(crate) device: usize,
+    /// The core it is pinned to, if any.
+    pub(crate) core: Option<usize>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("device", &self.device)
+            .field("core", &self.core)
+            .finish()
+    }
+}
+
+impl EngineHandle {
+    /// Starts an engine thread for `device`, pinned to `lease`'s core if given.
+    pub(crate) fn spawn(
+        device: usize,
+        backoff: Backoff,
+        window: usize,
+        lease: Option<CoreLease>,
+    ) -> Result<Self> {
+        let (tx, rx) = crossbeam_channel::bounded(COMMAND_QUEUE);
+        let core = lease.as_ref().map(|l| l.core);
+        let thread = std::thread::Builder::new()
+            .name(format!("tcpx-engine-{device}"))
+            .spawn(move || {
+                if let Some(lease) = &lease {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id: lease.core }) {
+                        tracing::warn!(target: "tcpx_runtime", device, core = lease.core, "could not pin the engine thread");
+                    }
+                }
+                Engine {
+                    rx,
+                    channels: Vec::new(),
+                    idle: Idle::new(backoff),
+                    window,
+                    passes: 0,
+                }
+                .run();
+                drop(lease);
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            tx,
+            thread: Some(thread),
+            device,
+            core,
+        })
+    }
+
+    /// Where to send commands.
+    pub(crate) fn sender(&self) -> &Sender<Command> {
+        &self.tx
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!(target: "tcpx_runtime", device = self.device, "engine thread panicked");
+            }
+        }
+    }
+}
+
+/// The engine thread's state.
+struct Engine {
+    rx: Receiver<Command>,
+    channels: Vec<Channel>,
+    idle: Idle,
+    window: usize,
+    passes: u64,
+}
+
+/// Whether the loop goes on.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Engine {
+    fn run(mut self) {
+        loop {
+            loop {
+                match self.rx.try_recv() {
+                    Ok(command) => {
+                        if let Flow::Stop = self.handle(command) {
+                            return self.stop();
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return self.stop(),
+                }
+            }
+            let moved = self.pass();
+            self.passes = self.passes.wrapping_add(1);
+            if moved {
+                self.idle.moved();
+                if self.passes % CHECK_EVERY_PASSES == 0 {
+                    self.health_check(Instant::now());
+                }
+                continue;
+            }
+            let mut busy = false;
+            for channel in &self.channels {
+                if channel.has_work() {
+                    busy = true;
+                    channel.counters().idle();
+                }
+            }
+            self.health_check(Instant::now());
+            let flow = match self.idle.empty_pass(busy) {
+                Pause::Spin => {
+                    std::hint::spin_loop();
+                    Flow::Continue
+                }
+                Pause::Yield => {
+                    std::thread::yield_now();
+                    Flow::Continue
+                }
+                Pause::Sleep(d) => match self.rx.recv_timeout(d) {
+                    Ok(command) => self.handle(command),
+                    Err(RecvTimeoutError::Timeout) => Flow::Continue,
+                    Err(RecvTimeoutError::Disconnected) => Flow::Stop,
+                },
+                Pause::Block => match self.rx.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => Flow::Stop,
+                },
+            };
+            if let Flow::Stop = flow {
+                return self.stop();
+            }
+        }
+    }
+
+    /// One pass over the channels; returns whether anything moved.
+    fn pass(&mut self) -> bool {
+        let mut moved = false;
+        let n = self.channels.len();
+        for i in 0..n {
+            let posted = {
+                let channel = &mut self.channels[i];
+                channel
+                    .pump_send()
+                    .and_then(|sent| Ok(channel.pump_recv()? | sent))
+            };
+            match posted {
+                Ok(false) => {}
+                Ok(true) => {
+                    moved = true;
+                    // Opportunistically test every other channel's heads.
+                    for j in (0..n).filter(|&j| j != i) {
+                        moved |= self.test_channel(j);
+                    }
+                }
+                Err(channel::LinkFailed) => {
+                    moved = true;
+                    self.abandon_link(self.channels[i].link.id);
+                }
+            }
+        }
+        for i in 0..n {
+            moved |= self.test_channel(i);
+        }
+        moved
+    }
+
+    fn test_channel(&mut self, i: usize) -> bool {
+        match self.channels[i].test() {
+            Ok(retired) => retired,
+            Err(channel::LinkFailed) => {
+                self.abandon_link(self.channels[i].link.id);
+                true
+            }
+        }
+    }
+
+    fn abandon_link(&mut self, link: u64) {
+        for channel in self.channels.iter_mut().filter(|c| c.link.id == link) {
+            channel.abandon();
+        }
+    }
+
+    fn handle(&mut self, command: Command) -> Flow {
+        match command {
+            Command::AddChannel(new, reply) => {
+                let NewChannel {
+                    link,
+                    index,
+                    send,
+                    recv,
+                } = *new;
+                let result = Channel::new(link, index, send, recv, self.window).map(|c| {
+                    self.channels.push(c);
+                });
+                let _ = reply.send(result);
+            }
+            Command::Submit(job) => {
+                if job.link.is_failed() {
+                    job.fail_with_link();
+                } else {
+                    for channel in self
+                        .channels
+                        .iter_mut()
+                        .filter(|c| c.link.id == job.link.id)
+                    {
+                        channel.enqueue(job.clone());
+                    }
+                }
+            }
+            Command::Register {
+                link,
+                direction,
+                memory,
+                counter,
+                reply,
+            } => {
+                let regs = self
+                    .channels
+                    .iter()
+                    .filter(|c| c.link.id == link)
+                    .map(|c| {
+                        let region = c
+                            .register(direction, &memory)
+                            .map(|r| CountedRegion::new(r, &counter));
+                        (c.index, region)
+                    })
+                    .collect();
+                let _ = reply.send(regs);
+            }
+            Command::Remove { link, reply } => {
+                self.abandon_link(link);
+                // Dropping the channels closes their comms (once registrations are gone too).
+                self.channels.retain(|c| c.link.id != link);
+                let _ = reply.send(());
+            }
+            Command::Signal(Signal::Fail(link)) => self.abandon_link(link),
+            Command::Signal(Signal::Wake) => {}
+            Command::Shutdown => return Flow::Stop,
+        }
+        Flow::Continue
+    }
+
+    /// Fails links whose oldest transfer is past its deadline, or whose peer left and whose
+    /// channels stopped progressing; abandons links that failed elsewhere.
+    fn health_check(&mut self, now: Instant) {
+        let mut failed: Option<u64> = None;
+        for channel in &mut self.channels {
+            let link = &channel.link;
+            if !channel.has_work() {
+                continue;
+            }
+            if link.is_failed() {
+                failed = Some(link.id);
+                break;
+            }
+            let late = channel
+                .oldest_jobs()
+                .into_iter()
+                .flatten()
+                .find(|job| now >= job.deadline && !job.is_finished());
+            if let Some(job) = late {
+                link.fail(Error::Timeout {
+                    channel: channel.index,
+                    peer: link.peer,
+                    waited: link.timeout,
+                    what: job.describe(),
+                });
+                failed = Some(link.id);
+                break;
+            }
+            if let Some((gone_at, reason)) = link.peer_gone() {
+                let completed = channel.counters().completed();
+                if completed != channel.completed_at_check {
+                    channel.completed_at_check = completed;
+                    channel.progress_at = now;
+                }
+                let quiet_since = channel.progress_at.max(*gone_at);
+                if now.duration_since(quiet_since) >= PEER_GONE_LINGER.min(link.timeout) {
+                    link.fail(Error::PeerClosed {
+                        peer: link.peer,
+                        reason: reason.clone(),
+                    });
+                    failed = Some(link.id);
+                    break;
+                }
+            }
+        }
+        if let Some(link) = failed {
+            self.abandon_link(link);
+        }
+    }
+
+    fn stop(mut self) {
+        for channel in &mut self.channels {
+            channel.link.fail(Error::Closed {
+                peer: channel.link.peer,
+            });
+            channel.abandon();
+        }
+        self.channels.clear();
+    }
+}

@@ -1,0 +1,205 @@
+//! The runtime's one error type.
+//!
+//! Every error says what failed and where: the channel and the peer for anything on the data
+//! path, the plugin API and its code for plugin failures, the variable for configuration.
+//! Errors are `Clone` because one failure completes many transfers (every transfer pending on
+//! a failed connection gets the same cause); sources that are not `Clone` sit behind an `Arc`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::control::{ControlError, ErrorCode};
+
+/// Which way data flows on a channel, from this endpoint's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// This endpoint sends.
+    Send,
+    /// This endpoint receives.
+    Recv,
+}
+
+impl std::fmt::Display for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Send => "send",
+            Self::Recv => "recv",
+        })
+    }
+}
+
+/// An error of the transfer runtime.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is missing, malformed or out of range.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The caller passed something unusable (a range outside a region, a zero-length list…).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No usable plugin could be loaded or initialized.
+    #[error("backend: {what}: {source}")]
+    Backend {
+        /// What was being done (`loading /usr/local/tcpx/lib64/libnccl-net-tcpx.so`).
+        what: String,
+        /// The safe layer's error.
+        source: Arc<tcpx::Error>,
+    },
+    /// A plugin call failed on a channel's comm (isend, irecv, test, irecvConsumed, regMr…).
+    #[error("channel {channel} ({direction}) to peer {peer}: {source}")]
+    Plugin {
+        /// The channel index within its connection.
+        channel: u16,
+        /// The comm's direction.
+        direction: Direction,
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// The safe layer's error: API, plugin code and comm.
+        source: Arc<tcpx::Error>,
+    },
+    /// A plugin call failed while setting a connection up (listen, connect, accept).
+    #[error("connection set-up with peer {peer}: {source}")]
+    Setup {
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// The safe layer's error.
+        source: Arc<tcpx::Error>,
+    },
+    /// The control plane failed (connect, framing, unexpected message, peer error).
+    #[error(transparent)]
+    Control(Arc<ControlError>),
+    /// The two endpoints cannot work together.
+    #[error("peer {peer} is incompatible: {what}")]
+    Incompatible {
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// Which setting differs, with both values.
+        what: String,
+    },
+    /// A transfer did not complete within the configured timeout; its connection is failed.
+    #[error("{what} on channel {channel} to peer {peer} did not complete within {waited:?}")]
+    Timeout {
+        /// The channel where the oldest unfinished request sat.
+        channel: u16,
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// How long it was given.
+        waited: Duration,
+        /// Which transfer (`send #3 of 1048576 bytes`).
+        what: String,
+    },
+    /// [`crate::Transfer::wait`] ran out of time; the transfer itself is still in progress.
+    #[error("transfer not complete after waiting {0:?} (it is still in progress)")]
+    WaitTimedOut(Duration),
+    /// The peer closed the connection or went away (control connection closed or reset).
+    #[error("peer {peer} closed the connection: {reason}")]
+    PeerClosed {
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// The peer's reason, or what this side observed.
+        reason: String,
+    },
+    /// The data the peer sent does not match what this side expected.
+    #[error("channel {channel} from peer {peer}: {what}")]
+    Mismatch {
+        /// The channel index.
+        channel: u16,
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// What differed.
+        what: String,
+    },
+    /// This side closed the connection (or the endpoint) while the transfer was pending.
+    #[error("connection to peer {peer} was closed by this side")]
+    Closed {
+        /// The peer's control address.
+        peer: SocketAddr,
+    },
+    /// A runtime thread could not be started or stopped, or an internal channel broke.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The peer reported by the error, when it concerns one.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Plugin { peer, .. }
+            | Self::Setup { peer, .. }
+            | Self::Incompatible { peer, .. }
+            | Self::Timeout { peer, .. }
+            | Self::PeerClosed { peer, .. }
+            | Self::Mismatch { peer, .. }
+            | Self::Closed { peer } => Some(*peer),
+            Self::Control(e) => control_peer(e),
+            _ => None,
+        }
+    }
+
+    /// The channel named by the error, for data-path errors.
+    pub fn channel(&self) -> Option<u16> {
+        match self {
+            Self::Plugin { channel, .. }
+            | Self::Timeout { channel, .. }
+            | Self::Mismatch { channel, .. } => Some(*channel),
+            _ => None,
+        }
+    }
+
+    /// The plugin's result code, for plugin failures.
+    pub fn plugin_code(&self) -> Option<tcpx::ResultCode> {
+        match self {
+            Self::Plugin { source, .. }
+            | Self::Setup { source, .. }
+            | Self::Backend { source, .. } => source.code(),
+            _ => None,
+        }
+    }
+
+    /// True for a transfer timeout or a wait that ran out of time.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Self::Timeout { .. } | Self::WaitTimedOut(_) => true,
+            Self::Control(e) => e.is_timeout(),
+            Self::Setup { source, .. } => source.is_timeout(),
+            _ => false,
+        }
+    }
+
+    /// The control-plane error code to send to the peer when this error ends a set-up.
+    pub(crate) fn wire_code(&self) -> ErrorCode {
+        match self {
+            Self::Incompatible { .. } => ErrorCode::INCOMPATIBLE,
+            Self::Setup { .. } | Self::Plugin { .. } | Self::Backend { .. } => ErrorCode::PLUGIN,
+            Self::Control(_) => ErrorCode::PROTOCOL,
+            _ => ErrorCode::INTERNAL,
+        }
+    }
+}
+
+fn control_peer(e: &ControlError) -> Option<SocketAddr> {
+    match e {
+        ControlError::Connect { peer, .. }
+        | ControlError::Timeout { peer, .. }
+        | ControlError::Io { peer, .. }
+        | ControlError::Closed { peer }
+        | ControlError::Protocol { peer, .. }
+        | ControlError::Malformed { peer, .. }
+        | ControlError::Encode { peer, .. }
+        | ControlError::Unexpected { peer, .. }
+        | ControlError::Remote { peer, .. }
+        | ControlError::ClosedByPeer { peer, .. }
+        | ControlError::Broken { peer } => Some(*peer),
+        ControlError::AcceptTimeout { .. } | ControlError::Accept { .. } => None,
+    }
+}
+
+impl From<ControlError> for Error {
+    fn from(e: ControlError) -> Self {
+        Self::Control(Arc::new(e))
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
