@@ -2,4 +2,5 @@
 //! the measured paths and the report (table for people, JSON lines for machines).
 
 pub mod bench;
+pub mod cores;
 pub mod logging;

@@ -66,7 +66,9 @@ impl CommInner {
         if self.poisoned.load(Ordering::Relaxed) {
             return Err(Error::new(
                 api,
-                ErrorKind::InvalidArgument("a request was dropped before completion; close this comm".into()),
+                ErrorKind::InvalidArgument(
+                    "a request was dropped before completion; close this comm".into(),
+                ),
                 self.label(),
             ));
         }
@@ -86,7 +88,9 @@ impl Drop for CommInner {
         match result {
             Ok(code) if code.is_success() => {}
             Ok(code) => tracing::warn!(target: "tcpx", comm = %self.label(), %code, "close failed"),
-            Err(e) => tracing::warn!(target: "tcpx", comm = %self.label(), error = %e, "close failed"),
+            Err(e) => {
+                tracing::warn!(target: "tcpx", comm = %self.label(), error = %e, "close failed")
+            }
         }
         // `abandoned` drops after close: only now may that memory be freed.
     }
@@ -105,29 +109,49 @@ unsafe impl Send for ListenComm {}
 
 impl std::fmt::Debug for ListenComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListenComm").field("device", &self.device).field("handle", &self.handle).finish()
+        f.debug_struct("ListenComm")
+            .field("device", &self.device)
+            .field("handle", &self.handle)
+            .finish()
     }
 }
 
 impl Net {
     /// Starts listening on `device`; the handle goes to the peer out of band.
     pub fn listen(&self, device: usize) -> Result<ListenComm> {
-        let dev = c_int::try_from(device).map_err(|_| Error::invalid("listen", format!("device index {device}")))?;
+        let dev = c_int::try_from(device)
+            .map_err(|_| Error::invalid("listen", format!("device index {device}")))?;
         let mut handle = ConnectHandle([0; ConnectHandle::SIZE]);
         let mut raw = ptr::null_mut();
         // SAFETY: `handle` has HANDLE_SIZE writable bytes; `raw` is a valid out pointer.
-        call("listen", || format!("device {device}"), || unsafe {
-            self.inner.plugin.listen(dev, handle.0.as_mut_ptr().cast(), &mut raw)
-        })?;
+        call(
+            "listen",
+            || format!("device {device}"),
+            || unsafe {
+                self.inner
+                    .plugin
+                    .listen(dev, handle.0.as_mut_ptr().cast(), &mut raw)
+            },
+        )?;
         if raw.is_null() {
-            return Err(Error::new("listen", ErrorKind::Contract("success with a NULL listen comm".into()), format!("device {device}")));
+            return Err(Error::new(
+                "listen",
+                ErrorKind::Contract("success with a NULL listen comm".into()),
+                format!("device {device}"),
+            ));
         }
-        Ok(ListenComm { net: self.clone(), raw, device, handle })
+        Ok(ListenComm {
+            net: self.clone(),
+            raw,
+            device,
+            handle,
+        })
     }
 
     /// Starts connecting to the peer whose listen handle is `handle`, from `device`.
     pub fn begin_connect(&self, device: usize, handle: &ConnectHandle) -> Result<PendingConnect> {
-        let dev = c_int::try_from(device).map_err(|_| Error::invalid("connect", format!("device index {device}")))?;
+        let dev = c_int::try_from(device)
+            .map_err(|_| Error::invalid("connect", format!("device index {device}")))?;
         Ok(PendingConnect {
             net: self.clone(),
             device,
@@ -141,9 +165,19 @@ impl Net {
     }
 
     /// Connects to `handle` from `device`, retrying until ready or `timeout`.
-    pub fn connect(&self, device: usize, handle: &ConnectHandle, timeout: Duration) -> Result<SendComm> {
+    pub fn connect(
+        &self,
+        device: usize,
+        handle: &ConnectHandle,
+        timeout: Duration,
+    ) -> Result<SendComm> {
         let mut pending = self.begin_connect(device, handle)?;
-        drive(timeout, "connect", || format!("device {device}"), || pending.poll())
+        drive(
+            timeout,
+            "connect",
+            || format!("device {device}"),
+            || pending.poll(),
+        )
     }
 
     fn new_comm(&self, raw: *mut c_void, side: Side, device: usize) -> Arc<CommInner> {
@@ -210,14 +244,23 @@ impl ListenComm {
 
     /// Starts accepting one connection (non-blocking; poll the result).
     pub fn begin_accept(&mut self) -> PendingAccept<'_> {
-        PendingAccept { listen: self, dev_handle: Box::new(preset_device_handle()), dev_handle_ptr: ptr::null_mut() }
+        PendingAccept {
+            listen: self,
+            dev_handle: Box::new(preset_device_handle()),
+            dev_handle_ptr: ptr::null_mut(),
+        }
     }
 
     /// Accepts one connection, retrying until ready or `timeout`.
     pub fn accept(&mut self, timeout: Duration) -> Result<RecvComm> {
         let device = self.device;
         let mut pending = self.begin_accept();
-        drive(timeout, "accept", || format!("device {device}"), || pending.poll())
+        drive(
+            timeout,
+            "accept",
+            || format!("device {device}"),
+            || pending.poll(),
+        )
     }
 }
 
@@ -226,7 +269,9 @@ impl Drop for ListenComm {
         // SAFETY: live listen comm, closed exactly once.
         match unsafe { self.net.inner.plugin.close_listen(self.raw) } {
             Ok(code) if code.is_success() => {}
-            other => tracing::warn!(target: "tcpx", device = self.device, result = ?other, "closeListen failed"),
+            other => {
+                tracing::warn!(target: "tcpx", device = self.device, result = ?other, "closeListen failed")
+            }
         }
     }
 }
@@ -252,13 +297,24 @@ impl PendingConnect {
         let plugin = &self.net.inner.plugin;
         // SAFETY: the handle buffer and the device-handle slot are boxed, so their addresses are
         // the same on every retry, and live as long as `self`.
-        call("connect", || format!("device {}", self.device), || unsafe {
-            plugin.connect(self.dev, self.handle.as_mut_ptr().cast(), &mut raw, &mut self.dev_handle_ptr)
-        })?;
+        call(
+            "connect",
+            || format!("device {}", self.device),
+            || unsafe {
+                plugin.connect(
+                    self.dev,
+                    self.handle.as_mut_ptr().cast(),
+                    &mut raw,
+                    &mut self.dev_handle_ptr,
+                )
+            },
+        )?;
         if raw.is_null() {
             return Ok(None);
         }
-        Ok(Some(SendComm { inner: self.net.new_comm(raw, Side::Send, self.device) }))
+        Ok(Some(SendComm {
+            inner: self.net.new_comm(raw, Side::Send, self.device),
+        }))
     }
 }
 
@@ -280,9 +336,21 @@ impl PendingAccept<'_> {
         let plugin = &listen.net.inner.plugin;
         let has_handles = plugin.has_device_handles();
         // SAFETY: live listen comm; the device-handle slot is boxed and stable across retries.
-        call("accept", || format!("device {}", listen.device), || unsafe {
-            plugin.accept(listen.raw, &mut raw, if has_handles { &mut self.dev_handle_ptr } else { ptr::null_mut() })
-        })?;
+        call(
+            "accept",
+            || format!("device {}", listen.device),
+            || unsafe {
+                plugin.accept(
+                    listen.raw,
+                    &mut raw,
+                    if has_handles {
+                        &mut self.dev_handle_ptr
+                    } else {
+                        ptr::null_mut()
+                    },
+                )
+            },
+        )?;
         if raw.is_null() {
             return Ok(None);
         }
@@ -321,7 +389,10 @@ unsafe impl Sync for MemoryRegion {}
 
 impl std::fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryRegion").field("comm", &self.comm.label()).field("memory", &self.memory).finish()
+        f.debug_struct("MemoryRegion")
+            .field("comm", &self.comm.label())
+            .field("memory", &self.memory)
+            .finish()
     }
 }
 
@@ -343,7 +414,9 @@ impl Drop for MemoryRegion {
         // SAFETY: registered on this comm, deregistered once; the comm is alive (we hold it).
         match unsafe { plugin.dereg_mr(self.comm.raw, self.mhandle) } {
             Ok(code) if code.is_success() => {}
-            other => tracing::warn!(target: "tcpx", comm = %self.comm.label(), result = ?other, "deregMr failed"),
+            other => {
+                tracing::warn!(target: "tcpx", comm = %self.comm.label(), result = ?other, "deregMr failed")
+            }
         }
     }
 }
@@ -353,18 +426,47 @@ fn register(comm: &Arc<CommInner>, memory: &SharedMemory) -> Result<MemoryRegion
     let mut mhandle = ptr::null_mut();
     let (ptr, len, kind) = (memory.as_ptr(), memory.len(), memory.kind());
     // SAFETY: `memory` is `len` bytes of `kind`, kept alive by the region we return.
-    call("regMr", || format!("{}, {len} bytes of {kind:?} memory at {ptr:p}", comm.label()), || unsafe {
-        plugin.reg_mr(comm.raw, ptr.cast(), len, kind.ptr_type(), &mut mhandle)
-    })?;
-    Ok(MemoryRegion { comm: comm.clone(), mhandle, memory: memory.clone() })
+    call(
+        "regMr",
+        || {
+            format!(
+                "{}, {len} bytes of {kind:?} memory at {ptr:p}",
+                comm.label()
+            )
+        },
+        || unsafe { plugin.reg_mr(comm.raw, ptr.cast(), len, kind.ptr_type(), &mut mhandle) },
+    )?;
+    Ok(MemoryRegion {
+        comm: comm.clone(),
+        mhandle,
+        memory: memory.clone(),
+    })
 }
 
-fn check_region(api: &'static str, comm: &Arc<CommInner>, region: &MemoryRegion, offset: usize, len: usize) -> Result<c_int> {
+fn check_region(
+    api: &'static str,
+    comm: &Arc<CommInner>,
+    region: &MemoryRegion,
+    offset: usize,
+    len: usize,
+) -> Result<c_int> {
     if !Arc::ptr_eq(comm, &region.comm) {
-        return Err(Error::invalid(api, format!("region registered on {} used on {}", region.comm.label(), comm.label())));
+        return Err(Error::invalid(
+            api,
+            format!(
+                "region registered on {} used on {}",
+                region.comm.label(),
+                comm.label()
+            ),
+        ));
     }
     region.memory.check_range(api, offset, len)?;
-    c_int::try_from(len).map_err(|_| Error::invalid(api, format!("{len} bytes exceeds the plugin's int message size")))
+    c_int::try_from(len).map_err(|_| {
+        Error::invalid(
+            api,
+            format!("{len} bytes exceeds the plugin's int message size"),
+        )
+    })
 }
 
 /// The sending end of a connection.
@@ -386,7 +488,13 @@ impl SendComm {
 
     /// Posts a send of `region[offset..offset+len]`. `Ok(None)` means the plugin is busy (its
     /// window is full): test the oldest request and retry.
-    pub fn isend(&mut self, region: &MemoryRegion, offset: usize, len: usize, tag: i32) -> Result<Option<SendRequest>> {
+    pub fn isend(
+        &mut self,
+        region: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        tag: i32,
+    ) -> Result<Option<SendRequest>> {
         self.inner.check_usable("isend")?;
         let size = check_region("isend", &self.inner, region, offset, len)?;
         let op = region.memory.begin_operation("isend")?;
@@ -394,9 +502,20 @@ impl SendComm {
         let plugin = &self.inner.net.inner.plugin;
         // SAFETY: range checked; the memory stays alive and counted in flight (`op`) until the
         // request completes or the comm closes.
-        call("isend", || format!("{}, {len} bytes at offset {offset}", self.inner.label()), || unsafe {
-            plugin.isend(self.inner.raw, region.memory.as_ptr().add(offset).cast(), size, tag, region.mhandle, &mut req)
-        })?;
+        call(
+            "isend",
+            || format!("{}, {len} bytes at offset {offset}", self.inner.label()),
+            || unsafe {
+                plugin.isend(
+                    self.inner.raw,
+                    region.memory.as_ptr().add(offset).cast(),
+                    size,
+                    tag,
+                    region.mhandle,
+                    &mut req,
+                )
+            },
+        )?;
         if req.is_null() {
             return Ok(None);
         }
@@ -448,7 +567,13 @@ impl RecvComm {
     }
 
     /// Posts a receive of at most `len` bytes into `region[offset..]`. `Ok(None)`: busy.
-    pub fn irecv(&mut self, region: &MemoryRegion, offset: usize, len: usize, tag: i32) -> Result<Option<RecvRequest>> {
+    pub fn irecv(
+        &mut self,
+        region: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        tag: i32,
+    ) -> Result<Option<RecvRequest>> {
         self.inner.check_usable("irecv")?;
         let size = check_region("irecv", &self.inner, region, offset, len)?;
         self.flush_dropped()?;
@@ -461,15 +586,34 @@ impl RecvComm {
         let mut mh = region.mhandle;
         // SAFETY: one-element arrays live across the call; the range is checked and the memory
         // stays alive and counted in flight (`op`) until completion or close.
-        call("irecv", || format!("{}, {len} bytes at offset {offset}", self.inner.label()), || unsafe {
-            plugin.irecv(self.inner.raw, 1, &mut data, &mut sizes, &mut tags, &mut mh, &mut req)
-        })?;
+        call(
+            "irecv",
+            || format!("{}, {len} bytes at offset {offset}", self.inner.label()),
+            || unsafe {
+                plugin.irecv(
+                    self.inner.raw,
+                    1,
+                    &mut data,
+                    &mut sizes,
+                    &mut tags,
+                    &mut mh,
+                    &mut req,
+                )
+            },
+        )?;
         if req.is_null() {
             return Ok(None);
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        Ok(Some(RecvRequest::new(req, self.inner.clone(), op, len, seq, self.dropped_done.clone())))
+        Ok(Some(RecvRequest::new(
+            req,
+            self.inner.clone(),
+            op,
+            len,
+            seq,
+            self.dropped_done.clone(),
+        )))
     }
 
     /// Tests `request` (which must be this comm's oldest): `Some(size)` once received. The
@@ -484,13 +628,21 @@ impl RecvComm {
         if !Arc::ptr_eq(&request.state.comm, &self.inner) {
             return Err(Error::invalid(
                 "irecvConsumed",
-                format!("request of {} consumed on {}", request.state.comm.label(), self.inner.label()),
+                format!(
+                    "request of {} consumed on {}",
+                    request.state.comm.label(),
+                    self.inner.label()
+                ),
             ));
         }
         if !matches!(request.state.state, RequestState::Done(_)) {
             return Err(Error::invalid(
                 "irecvConsumed",
-                format!("request {} is not done yet ({})", request.seq, self.inner.label()),
+                format!(
+                    "request {} is not done yet ({})",
+                    request.seq,
+                    self.inner.label()
+                ),
             ));
         }
         self.flush_dropped()?;
@@ -516,7 +668,11 @@ impl RecvComm {
         }
         let plugin = &self.inner.net.inner.plugin;
         // SAFETY: `raw` completed on this comm and is the oldest unconsumed (checked by callers).
-        call("irecvConsumed", || self.inner.label(), || unsafe { plugin.irecv_consumed(self.inner.raw, 1, raw) })
+        call(
+            "irecvConsumed",
+            || self.inner.label(),
+            || unsafe { plugin.irecv_consumed(self.inner.raw, 1, raw) },
+        )
     }
 
     /// Consumes requests that were dropped after completion, when their turn has come.
@@ -525,7 +681,9 @@ impl RecvComm {
             let next = {
                 let mut dropped = self.dropped_done.lock().unwrap_or_else(|p| p.into_inner());
                 match dropped.first_key_value() {
-                    Some((&seq, _)) if seq == self.next_consume => dropped.pop_first().map(|(_, raw)| raw),
+                    Some((&seq, _)) if seq == self.next_consume => {
+                        dropped.pop_first().map(|(_, raw)| raw)
+                    }
                     _ => None,
                 }
             };
@@ -551,27 +709,50 @@ pub(crate) struct RequestCore {
     pub(crate) state: RequestState,
 }
 
-fn test_request(comm: &Arc<CommInner>, core: &mut RequestCore, api: &'static str) -> Result<Option<usize>> {
+fn test_request(
+    comm: &Arc<CommInner>,
+    core: &mut RequestCore,
+    api: &'static str,
+) -> Result<Option<usize>> {
     match core.state {
         RequestState::Done(size) => return Ok(Some(size)),
         RequestState::Consumed => return Err(Error::invalid(api, "request already consumed")),
-        RequestState::Failed => return Err(Error::invalid(api, format!("request already failed ({})", comm.label()))),
+        RequestState::Failed => {
+            return Err(Error::invalid(
+                api,
+                format!("request already failed ({})", comm.label()),
+            ))
+        }
         RequestState::Pending => {}
     }
     if !Arc::ptr_eq(comm, &core.comm) {
-        return Err(Error::invalid(api, format!("request of {} tested on {}", core.comm.label(), comm.label())));
+        return Err(Error::invalid(
+            api,
+            format!(
+                "request of {} tested on {}",
+                core.comm.label(),
+                comm.label()
+            ),
+        ));
     }
     comm.check_usable(api)?;
     let mut done: c_int = 0;
     let mut size: c_int = 0;
     let plugin = &comm.net.inner.plugin;
     // SAFETY: a live request of this comm; the plugin enforces the FIFO rule itself.
-    let result = call(api, || comm.label(), || unsafe { plugin.test(core.raw, &mut done, &mut size) });
+    let result = call(
+        api,
+        || comm.label(),
+        || unsafe { plugin.test(core.raw, &mut done, &mut size) },
+    );
     if let Err(e) = result {
         // The plugin owns a failed request; the memory stays counted until the comm closes.
         core.state = RequestState::Failed;
         if let Some(op) = core.op.take() {
-            comm.abandoned.lock().unwrap_or_else(|p| p.into_inner()).push(op);
+            comm.abandoned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(op);
         }
         return Err(e);
     }
@@ -581,7 +762,16 @@ fn test_request(comm: &Arc<CommInner>, core: &mut RequestCore, api: &'static str
     let size = usize::try_from(size)
         .ok()
         .filter(|&s| s <= core.len)
-        .ok_or_else(|| Error::new(api, ErrorKind::Contract(format!("completed with size {size} for a {}-byte request", core.len)), comm.label()))?;
+        .ok_or_else(|| {
+            Error::new(
+                api,
+                ErrorKind::Contract(format!(
+                    "completed with size {size} for a {}-byte request",
+                    core.len
+                )),
+                comm.label(),
+            )
+        })?;
     core.state = RequestState::Done(size);
     // Done: the plugin no longer touches the memory.
     core.op = None;

@@ -3,7 +3,10 @@
 use std::ffi::CStr;
 use std::path::PathBuf;
 
-use tcpx_sys::{ncclNetProperties_v8_t, NCCL_NET_DEVICE_HOST, NCCL_NET_DEVICE_UNPACK, NCCL_PTR_CUDA, NCCL_PTR_DMABUF, NCCL_PTR_HOST};
+use tcpx_sys::{
+    ncclNetProperties_v8_t, NCCL_NET_DEVICE_HOST, NCCL_NET_DEVICE_UNPACK, NCCL_PTR_CUDA,
+    NCCL_PTR_DMABUF, NCCL_PTR_HOST,
+};
 
 /// One plugin device (a NIC, for TCPX and for our socket plugin).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -82,7 +85,9 @@ impl Properties {
         // SAFETY: forwarded from the caller.
         let name = unsafe { opt_string(raw.name) }.unwrap_or_default();
         // SAFETY: forwarded from the caller.
-        let pci_path = unsafe { opt_string(raw.pciPath) }.filter(|s| !s.is_empty()).map(PathBuf::from);
+        let pci_path = unsafe { opt_string(raw.pciPath) }
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
         Self {
             name,
             pci_path,

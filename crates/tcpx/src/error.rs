@@ -52,7 +52,11 @@ fn fmt_context(context: &str) -> String {
 impl Error {
     /// Builds an error for `api` with a context string.
     pub fn new(api: &'static str, kind: ErrorKind, context: impl Into<String>) -> Self {
-        Self { api, kind, context: context.into() }
+        Self {
+            api,
+            kind,
+            context: context.into(),
+        }
     }
 
     /// The API that failed (`"isend"`, `"connect"`, `"dlopen"`, …).

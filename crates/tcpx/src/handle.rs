@@ -21,7 +21,10 @@ impl ConnectHandle {
     /// Builds a handle from exactly 128 bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let array: [u8; HANDLE_SIZE] = bytes.try_into().map_err(|_| {
-            Error::invalid("ConnectHandle::from_bytes", format!("expected {HANDLE_SIZE} bytes, got {}", bytes.len()))
+            Error::invalid(
+                "ConnectHandle::from_bytes",
+                format!("expected {HANDLE_SIZE} bytes, got {}", bytes.len()),
+            )
         })?;
         Ok(Self(array))
     }
@@ -29,10 +32,12 @@ impl ConnectHandle {
     /// Lowercase hex (256 characters).
     pub fn to_hex(&self) -> String {
         use std::fmt::Write;
-        self.0.iter().fold(String::with_capacity(2 * HANDLE_SIZE), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+        self.0
+            .iter()
+            .fold(String::with_capacity(2 * HANDLE_SIZE), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            })
     }
 
     /// Parses the hex produced by [`ConnectHandle::to_hex`].
@@ -41,13 +46,20 @@ impl ConnectHandle {
         if hex.len() != 2 * HANDLE_SIZE || !hex.is_ascii() {
             return Err(Error::invalid(
                 "ConnectHandle::from_hex",
-                format!("expected {} hex digits, got {} characters", 2 * HANDLE_SIZE, hex.len()),
+                format!(
+                    "expected {} hex digits, got {} characters",
+                    2 * HANDLE_SIZE,
+                    hex.len()
+                ),
             ));
         }
         let mut out = [0u8; HANDLE_SIZE];
         for (i, byte) in out.iter_mut().enumerate() {
             *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| {
-                Error::invalid("ConnectHandle::from_hex", format!("not a hex digit pair at offset {}", 2 * i))
+                Error::invalid(
+                    "ConnectHandle::from_hex",
+                    format!("not a hex digit pair at offset {}", 2 * i),
+                )
             })?;
         }
         Ok(Self(out))

@@ -44,6 +44,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod backend;
 mod call;
 mod comm;
 mod device;
@@ -54,6 +55,7 @@ mod memory;
 mod net;
 mod request;
 
+pub use backend::{Backend, TCPX_INSTALL_PATHS};
 pub use comm::{ListenComm, MemoryRegion, PendingAccept, PendingConnect, RecvComm, SendComm};
 pub use device::{Device, DeviceType, Properties, PtrSupport};
 pub use error::{Error, ErrorKind, Result};

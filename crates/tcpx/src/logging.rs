@@ -10,7 +10,13 @@ pub(crate) fn install() {
     ONCE.call_once(|| tcpx_sys::logger::set_sink(Some(sink)));
 }
 
-unsafe extern "C" fn sink(level: c_int, flags: c_ulong, file: *const c_char, line: c_int, msg: *const c_char) {
+unsafe extern "C" fn sink(
+    level: c_int,
+    flags: c_ulong,
+    file: *const c_char,
+    line: c_int,
+    msg: *const c_char,
+) {
     // A panic must never unwind into the plugin's C frames.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: the shim passes a NUL-terminated buffer that lives for this call.
@@ -18,8 +24,12 @@ unsafe extern "C" fn sink(level: c_int, flags: c_ulong, file: *const c_char, lin
         // SAFETY: NULL or a NUL-terminated string from the plugin (`__FILE__`).
         let file = unsafe { cstr(file) };
         match level {
-            NCCL_LOG_WARN | NCCL_LOG_ABORT => tracing::warn!(target: "tcpx::plugin", flags, %file, line, "{msg}"),
-            NCCL_LOG_INFO | NCCL_LOG_VERSION => tracing::info!(target: "tcpx::plugin", flags, %file, line, "{msg}"),
+            NCCL_LOG_WARN | NCCL_LOG_ABORT => {
+                tracing::warn!(target: "tcpx::plugin", flags, %file, line, "{msg}")
+            }
+            NCCL_LOG_INFO | NCCL_LOG_VERSION => {
+                tracing::info!(target: "tcpx::plugin", flags, %file, line, "{msg}")
+            }
             NCCL_LOG_TRACE => tracing::trace!(target: "tcpx::plugin", flags, %file, line, "{msg}"),
             _ => tracing::debug!(target: "tcpx::plugin", level, flags, %file, line, "{msg}"),
         }

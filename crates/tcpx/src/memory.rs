@@ -73,19 +73,31 @@ impl HostBuffer {
     /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`].
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid("HostBuffer::new", "a buffer must hold at least one byte"));
+            return Err(Error::invalid(
+                "HostBuffer::new",
+                "a buffer must hold at least one byte",
+            ));
         }
         let layout = Self::layout(len)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| Error::new("HostBuffer::new", ErrorKind::InvalidArgument(format!("out of memory allocating {len} bytes")), ""))?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::new(
+                "HostBuffer::new",
+                ErrorKind::InvalidArgument(format!("out of memory allocating {len} bytes")),
+                "",
+            )
+        })?;
         Ok(Self { ptr, len })
     }
 
     fn layout(len: usize) -> Result<Layout> {
-        Layout::from_size_align(len, BUFFER_ALIGN)
-            .map_err(|_| Error::invalid("HostBuffer::new", format!("{len} bytes is too large to allocate")))
+        Layout::from_size_align(len, BUFFER_ALIGN).map_err(|_| {
+            Error::invalid(
+                "HostBuffer::new",
+                format!("{len} bytes is too large to allocate"),
+            )
+        })
     }
 
     /// The bytes.
@@ -112,7 +124,10 @@ impl Drop for HostBuffer {
 
 impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
+        f.debug_struct("HostBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -158,7 +173,12 @@ impl std::fmt::Debug for SharedMemory {
 impl SharedMemory {
     /// Shares `memory`.
     pub fn new(memory: impl Memory) -> Self {
-        Self { shared: Arc::new(Shared { memory: Box::new(memory), state: AtomicIsize::new(0) }) }
+        Self {
+            shared: Arc::new(Shared {
+                memory: Box::new(memory),
+                state: AtomicIsize::new(0),
+            }),
+        }
     }
 
     /// Allocates a shared [`HostBuffer`] of `len` bytes.
@@ -200,7 +220,13 @@ impl SharedMemory {
     pub fn check_range(&self, api: &'static str, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::invalid(api, format!("range {offset}+{len} outside memory of {} bytes", self.len()))),
+            _ => Err(Error::invalid(
+                api,
+                format!(
+                    "range {offset}+{len} outside memory of {} bytes",
+                    self.len()
+                ),
+            )),
         }
     }
 
@@ -223,16 +249,25 @@ impl SharedMemory {
 
     fn cpu_access(&self, api: &'static str) -> Result<CpuGuard<'_>> {
         if self.kind() != MemoryKind::Host {
-            return Err(Error::invalid(api, format!("{:?} memory is not CPU-accessible", self.kind())));
+            return Err(Error::invalid(
+                api,
+                format!("{:?} memory is not CPU-accessible", self.kind()),
+            ));
         }
         self.shared
             .state
             .compare_exchange(0, CPU_ACCESS, Ordering::Acquire, Ordering::Relaxed)
             .map_err(|n| {
-                let what = if n == CPU_ACCESS { "already being accessed by the CPU".to_string() } else { format!("{n} operations in flight") };
+                let what = if n == CPU_ACCESS {
+                    "already being accessed by the CPU".to_string()
+                } else {
+                    format!("{n} operations in flight")
+                };
                 Error::new(api, ErrorKind::Busy(what), "")
             })?;
-        Ok(CpuGuard { state: &self.shared.state })
+        Ok(CpuGuard {
+            state: &self.shared.state,
+        })
     }
 
     /// Marks one operation in flight; the returned token ends it when dropped.
@@ -241,10 +276,23 @@ impl SharedMemory {
         let mut current = state.load(Ordering::Relaxed);
         loop {
             if current == CPU_ACCESS {
-                return Err(Error::new(api, ErrorKind::Busy("the CPU is accessing the memory".into()), ""));
+                return Err(Error::new(
+                    api,
+                    ErrorKind::Busy("the CPU is accessing the memory".into()),
+                    "",
+                ));
             }
-            match state.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Ok(InFlight { memory: self.clone() }),
+            match state.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Ok(InFlight {
+                        memory: self.clone(),
+                    })
+                }
                 Err(actual) => current = actual,
             }
         }
@@ -290,10 +338,14 @@ mod tests {
         let m = SharedMemory::host(64).unwrap();
         m.with_bytes_mut(|b| b[0] = 7).unwrap();
         let op = m.begin_operation("test").unwrap();
-        assert!(matches!(m.with_bytes(|_| ()).unwrap_err().kind(), ErrorKind::Busy(_)));
+        assert!(matches!(
+            m.with_bytes(|_| ()).unwrap_err().kind(),
+            ErrorKind::Busy(_)
+        ));
         drop(op);
         assert_eq!(m.with_bytes(|b| b[0]).unwrap(), 7);
-        m.with_bytes(|_| assert!(m.begin_operation("test").is_err())).unwrap();
+        m.with_bytes(|_| assert!(m.begin_operation("test").is_err()))
+            .unwrap();
     }
 
     #[test]

@@ -23,14 +23,17 @@ pub(crate) struct NetInner {
 
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Net").field("plugin", &self.inner.plugin).finish()
+        f.debug_struct("Net")
+            .field("plugin", &self.inner.plugin)
+            .finish()
     }
 }
 
 /// `init` results per table address: a table is initialized once per process, whatever the
 /// number of `Net`s made from it (dlopen of the same path returns the same table).
 fn init_registry() -> &'static Mutex<HashMap<usize, ResultCode>> {
-    static REGISTRY: std::sync::OnceLock<Mutex<HashMap<usize, ResultCode>>> = std::sync::OnceLock::new();
+    static REGISTRY: std::sync::OnceLock<Mutex<HashMap<usize, ResultCode>>> =
+        std::sync::OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -38,7 +41,8 @@ impl Net {
     /// Loads the plugin at `path` (newest table first: v8, v7, v6) and initializes it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let plugin = NetPlugin::load(path).map_err(|e| Error::new("dlopen", ErrorKind::Load(e), String::new()))?;
+        let plugin = NetPlugin::load(path)
+            .map_err(|e| Error::new("dlopen", ErrorKind::Load(e), String::new()))?;
         Self::from_plugin(plugin)
     }
 
@@ -62,7 +66,10 @@ impl Net {
             // SAFETY: as above.
             AbiVersion::V7 => unsafe { NetPlugin::from_static_v7(tcpx_socket::table_v7()) },
             AbiVersion::V6 => {
-                return Err(Error::invalid("builtin", "the built-in plugin exports v8 and v7 tables only"));
+                return Err(Error::invalid(
+                    "builtin",
+                    "the built-in plugin exports v8 and v7 tables only",
+                ));
             }
         }
         .map_err(|e| Error::new("load", ErrorKind::Load(e), String::new()))?;
@@ -79,8 +86,14 @@ impl Net {
             None => {
                 // SAFETY: first init of this table in this process; the shim logger is a static
                 // function valid forever and callable from any thread.
-                let code = unsafe { plugin.init(tcpx_sys::logger::shim_logger()) }
-                    .map_err(|e| Error::new("init", ErrorKind::Abi(e), plugin.origin().display().to_string()))?;
+                let code =
+                    unsafe { plugin.init(tcpx_sys::logger::shim_logger()) }.map_err(|e| {
+                        Error::new(
+                            "init",
+                            ErrorKind::Abi(e),
+                            plugin.origin().display().to_string(),
+                        )
+                    })?;
                 registry.insert(key, code);
                 code
             }
@@ -90,7 +103,11 @@ impl Net {
             return Err(Error::new(
                 "init",
                 ErrorKind::Plugin(code),
-                format!("plugin {} from {}", plugin.name(), plugin.origin().display()),
+                format!(
+                    "plugin {} from {}",
+                    plugin.name(),
+                    plugin.origin().display()
+                ),
             ));
         }
         tracing::info!(
@@ -100,7 +117,9 @@ impl Net {
             origin = %plugin.origin().display(),
             "net plugin ready"
         );
-        Ok(Self { inner: Arc::new(NetInner { plugin }) })
+        Ok(Self {
+            inner: Arc::new(NetInner { plugin }),
+        })
     }
 
     /// The plugin's own name.
@@ -122,8 +141,16 @@ impl Net {
     pub fn device_count(&self) -> Result<usize> {
         let mut n: c_int = 0;
         // SAFETY: the plugin is initialized; `n` is a valid out pointer.
-        call("devices", String::new, || unsafe { self.inner.plugin.devices(&mut n) })?;
-        usize::try_from(n).map_err(|_| Error::new("devices", ErrorKind::Contract(format!("negative device count {n}")), ""))
+        call("devices", String::new, || unsafe {
+            self.inner.plugin.devices(&mut n)
+        })?;
+        usize::try_from(n).map_err(|_| {
+            Error::new(
+                "devices",
+                ErrorKind::Contract(format!("negative device count {n}")),
+                "",
+            )
+        })
     }
 
     /// Every device with its properties.
@@ -133,12 +160,15 @@ impl Net {
 
     /// One device by index.
     pub fn device(&self, index: usize) -> Result<Device> {
-        let dev = c_int::try_from(index).map_err(|_| Error::invalid("getProperties", format!("device index {index}")))?;
+        let dev = c_int::try_from(index)
+            .map_err(|_| Error::invalid("getProperties", format!("device index {index}")))?;
         let mut raw = tcpx_sys::ncclNetProperties_v8_t::default();
         // SAFETY: initialized plugin; `raw` is a valid out pointer of the normalized layout.
-        call("getProperties", || format!("device {index}"), || unsafe {
-            self.inner.plugin.get_properties(dev, &mut raw)
-        })?;
+        call(
+            "getProperties",
+            || format!("device {index}"),
+            || unsafe { self.inner.plugin.get_properties(dev, &mut raw) },
+        )?;
         // SAFETY: the plugin filled `raw` and owns its strings for the process lifetime.
         let properties = unsafe { Properties::from_raw(&raw) };
         Ok(Device { index, properties })

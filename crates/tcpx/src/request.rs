@@ -30,7 +30,11 @@ impl RequestCore {
             tracing::warn!(target: "tcpx", comm = %self.comm.label(), "request dropped before completion; comm poisoned");
         }
         if let Some(op) = self.op.take() {
-            self.comm.abandoned.lock().unwrap_or_else(|p| p.into_inner()).push(op);
+            self.comm
+                .abandoned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(op);
         }
     }
 }
@@ -45,7 +49,15 @@ unsafe impl Send for SendRequest {}
 
 impl SendRequest {
     pub(crate) fn new(raw: *mut c_void, comm: Arc<CommInner>, op: InFlight, len: usize) -> Self {
-        Self { state: RequestCore { raw, comm, op: Some(op), len, state: RequestState::Pending } }
+        Self {
+            state: RequestCore {
+                raw,
+                comm,
+                op: Some(op),
+                len,
+                state: RequestState::Pending,
+            },
+        }
     }
 
     /// Bytes posted.
@@ -72,7 +84,10 @@ impl Drop for SendRequest {
 
 impl std::fmt::Debug for SendRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendRequest").field("len", &self.state.len).field("state", &self.state.state).finish()
+        f.debug_struct("SendRequest")
+            .field("len", &self.state.len)
+            .field("state", &self.state.state)
+            .finish()
     }
 }
 
@@ -95,7 +110,17 @@ impl RecvRequest {
         seq: u64,
         dropped_done: Arc<Mutex<BTreeMap<u64, usize>>>,
     ) -> Self {
-        Self { state: RequestCore { raw, comm, op: Some(op), len, state: RequestState::Pending }, seq, dropped_done }
+        Self {
+            state: RequestCore {
+                raw,
+                comm,
+                op: Some(op),
+                len,
+                state: RequestState::Pending,
+            },
+            seq,
+            dropped_done,
+        }
     }
 
     /// Capacity posted.
@@ -126,7 +151,10 @@ impl Drop for RecvRequest {
     fn drop(&mut self) {
         if let RequestState::Done(_) = self.state.state {
             // Completed but never consumed: consume it when its turn comes.
-            self.dropped_done.lock().unwrap_or_else(|p| p.into_inner()).insert(self.seq, self.state.raw as usize);
+            self.dropped_done
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(self.seq, self.state.raw as usize);
         }
         self.state.abandon_if_pending();
     }

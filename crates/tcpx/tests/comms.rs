@@ -14,7 +14,9 @@ fn transfer_and_verify(net: &Net, len: usize, seed: u64) {
     let expected = payload.clone();
     let sender = std::thread::spawn(move || {
         let memory = SharedMemory::host(len).unwrap();
-        memory.with_bytes_mut(|b| b.copy_from_slice(&payload)).unwrap();
+        memory
+            .with_bytes_mut(|b| b.copy_from_slice(&payload))
+            .unwrap();
         let region = send.register(&memory).unwrap();
         let mut req = post_send(&mut send, &region, 0, len);
         assert_eq!(wait_send(&mut send, &mut req), len);
@@ -38,7 +40,10 @@ fn transfer_and_verify(net: &Net, len: usize, seed: u64) {
 fn builtin_plugin_moves_verified_bytes_of_every_size() {
     loopback();
     let net = Net::builtin().unwrap();
-    for (i, len) in [1, 4096, 4097, 1 << 20, 1_000_003, 64 << 20].into_iter().enumerate() {
+    for (i, len) in [1, 4096, 4097, 1 << 20, 1_000_003, 64 << 20]
+        .into_iter()
+        .enumerate()
+    {
         transfer_and_verify(&net, len, i as u64);
     }
 }
@@ -94,10 +99,32 @@ fn seventeenth_send_and_receive_answer_busy() {
     let recv_memory = SharedMemory::host(17 * 4096).unwrap();
     let recv_region = recv.register(&recv_memory).unwrap();
 
-    let mut sends: Vec<_> = (0..16).map(|i| send.isend(&send_region, i * 4096, 4096, 0).unwrap().expect("slot")).collect();
-    assert!(send.isend(&send_region, 16 * 4096, 4096, 0).unwrap().is_none(), "17th isend must be busy");
-    let mut recvs: Vec<_> = (0..16).map(|i| recv.irecv(&recv_region, i * 4096, 4096, 0).unwrap().expect("slot")).collect();
-    assert!(recv.irecv(&recv_region, 16 * 4096, 4096, 0).unwrap().is_none(), "17th irecv must be busy");
+    let mut sends: Vec<_> = (0..16)
+        .map(|i| {
+            send.isend(&send_region, i * 4096, 4096, 0)
+                .unwrap()
+                .expect("slot")
+        })
+        .collect();
+    assert!(
+        send.isend(&send_region, 16 * 4096, 4096, 0)
+            .unwrap()
+            .is_none(),
+        "17th isend must be busy"
+    );
+    let mut recvs: Vec<_> = (0..16)
+        .map(|i| {
+            recv.irecv(&recv_region, i * 4096, 4096, 0)
+                .unwrap()
+                .expect("slot")
+        })
+        .collect();
+    assert!(
+        recv.irecv(&recv_region, 16 * 4096, 4096, 0)
+            .unwrap()
+            .is_none(),
+        "17th irecv must be busy"
+    );
 
     // Drain in FIFO order on two threads; the window opens again afterwards.
     let sender = std::thread::spawn(move || {
@@ -142,21 +169,32 @@ fn receives_are_consumed_in_posting_order() {
     let rregion = recv.register(&rmemory).unwrap();
     let mut a = post_recv(&mut recv, &rregion, 0, 4096);
     let mut b = post_recv(&mut recv, &rregion, 4096, 4096);
+    let (finished, keep_open) = std::sync::mpsc::channel::<()>();
     let sender = std::thread::spawn(move || {
         let mut x = post_send(&mut send, &sregion, 0, 4096);
         let mut y = post_send(&mut send, &sregion, 4096, 4096);
         wait_send(&mut send, &mut x);
         wait_send(&mut send, &mut y);
+        // Keep the comm open until the receiver is done checking.
+        let _ = keep_open.recv_timeout(DEADLINE);
     });
     wait_recv(&mut recv, &mut a);
     wait_recv(&mut recv, &mut b);
     let err = recv.consumed(b).unwrap_err();
     assert!(err.to_string().contains("out of order"), "{err}");
-    // `b` was dropped by the failed call and is consumed on its turn, right after `a`.
+    // `b` was dropped by the failed call and is consumed on its turn, right after `a`: then all
+    // 16 slots are free again (an unconsumed receive would still hold one).
     recv.consumed(a).unwrap();
-    let mut c = post_recv(&mut recv, &rregion, 0, 4096);
+    let held: Vec<_> = (0..16)
+        .map(|i| recv.irecv(&rregion, (i % 2) * 4096, 4096, 0).unwrap())
+        .collect();
+    assert!(
+        held.iter().all(Option::is_some),
+        "a slot is still held by an unconsumed receive"
+    );
+    assert!(recv.irecv(&rregion, 0, 4096, 0).unwrap().is_none());
+    finished.send(()).unwrap();
     sender.join().unwrap();
-    assert!(recv.test(&mut c).unwrap().is_none());
 }
 
 #[test]
@@ -167,10 +205,16 @@ fn memory_is_not_cpu_accessible_while_a_receive_is_in_flight() {
     let memory = SharedMemory::host(4096).unwrap();
     let region = recv.register(&memory).unwrap();
     let req = recv.irecv(&region, 0, 4096, 0).unwrap().unwrap();
-    assert!(matches!(memory.with_bytes(|_| ()).unwrap_err().kind(), ErrorKind::Busy(_)));
+    assert!(matches!(
+        memory.with_bytes(|_| ()).unwrap_err().kind(),
+        ErrorKind::Busy(_)
+    ));
     assert_eq!(memory.in_flight(), 1);
     drop(req); // abandoned: the comm keeps the memory counted until it closes
-    assert!(recv.irecv(&region, 0, 4096, 0).is_err(), "a comm with an abandoned request is poisoned");
+    assert!(
+        recv.irecv(&region, 0, 4096, 0).is_err(),
+        "a comm with an abandoned request is poisoned"
+    );
     drop(region);
     drop(recv);
     assert_eq!(memory.in_flight(), 0);
@@ -195,7 +239,11 @@ fn out_of_range_and_foreign_regions_are_refused() {
 fn a_missing_library_names_its_path() {
     let err = Net::load("/nonexistent/libnccl-net-nothing.so").unwrap_err();
     assert_eq!(err.api(), "dlopen");
-    assert!(err.to_string().contains("/nonexistent/libnccl-net-nothing.so"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("/nonexistent/libnccl-net-nothing.so"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -217,7 +265,10 @@ fn corrupted_handles_fail_without_crashing() {
         let bytes = pattern(seed, tcpx::ConnectHandle::SIZE);
         let handle = tcpx::ConnectHandle::from_bytes(&bytes).unwrap();
         let result = net.connect(0, &handle, Duration::from_secs(2));
-        assert!(result.is_err(), "a random handle must not connect (seed {seed})");
+        assert!(
+            result.is_err(),
+            "a random handle must not connect (seed {seed})"
+        );
     }
     // A real listener still works afterwards.
     transfer_and_verify(&net, 333, 3);
@@ -236,7 +287,10 @@ fn a_peer_closing_mid_transfer_fails_the_receive_promptly() {
         let region = send.register(&memory).unwrap();
         let mut req = post_send(&mut send, &region, 0, len);
         for _ in 0..3 {
-            assert!(send.test(&mut req).unwrap().is_none(), "64 MiB cannot fit the socket buffers");
+            assert!(
+                send.test(&mut req).unwrap().is_none(),
+                "64 MiB cannot fit the socket buffers"
+            );
         }
         drop(req);
         drop(region);
@@ -249,12 +303,19 @@ fn a_peer_closing_mid_transfer_fails_the_receive_promptly() {
     let start = Instant::now();
     let err = loop {
         match recv.test(&mut req) {
-            Ok(None) => assert!(start.elapsed() < DEADLINE, "no error {DEADLINE:?} after the peer closed"),
+            Ok(None) => assert!(
+                start.elapsed() < DEADLINE,
+                "no error {DEADLINE:?} after the peer closed"
+            ),
             Ok(Some(n)) => panic!("received {n} bytes of a message the peer never finished"),
             Err(e) => break e,
         }
     };
     assert!(err.code().is_some(), "{err}");
     assert!(err.context().contains("recv comm"), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(10), "the error took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "the error took {:?}",
+        start.elapsed()
+    );
 }

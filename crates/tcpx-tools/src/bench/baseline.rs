@@ -12,7 +12,8 @@ use anyhow::{Context, Result};
 /// message split evenly across the streams) and returns the elapsed time at the receiver.
 pub fn raw_tcp(size: usize, iters: usize, streams: usize) -> Result<Duration> {
     let streams = streams.max(1);
-    let listener = TcpListener::bind("127.0.0.1:0").context("bind baseline listener on 127.0.0.1")?;
+    let listener =
+        TcpListener::bind("127.0.0.1:0").context("bind baseline listener on 127.0.0.1")?;
     let addr = listener.local_addr()?;
     let share = size.div_ceil(streams);
     let start = Arc::new(Barrier::new(2 * streams));
@@ -46,11 +47,15 @@ pub fn raw_tcp(size: usize, iters: usize, streams: usize) -> Result<Duration> {
         }));
     }
     for s in senders {
-        s.join().map_err(|_| anyhow::anyhow!("baseline sender panicked"))??;
+        s.join()
+            .map_err(|_| anyhow::anyhow!("baseline sender panicked"))??;
     }
     let mut slowest = Duration::ZERO;
     for r in receivers {
-        slowest = slowest.max(r.join().map_err(|_| anyhow::anyhow!("baseline receiver panicked"))??);
+        slowest = slowest.max(
+            r.join()
+                .map_err(|_| anyhow::anyhow!("baseline receiver panicked"))??,
+        );
     }
     Ok(slowest)
 }

@@ -28,7 +28,10 @@ pub struct Row {
 /// Prints the table header.
 pub fn print_header(path: &str, baseline: &str) {
     println!("# path: {path}; baseline: {baseline}; GB/s = 10^9 bytes/s, per comm pair");
-    println!("{:>10} {:>10} {:>10} {:>10} {:>12} {:>7}", "size", "GB/s", "p50 µs", "p99 µs", "baseline", "ratio");
+    println!(
+        "{:>10} {:>10} {:>10} {:>10} {:>12} {:>7}",
+        "size", "GB/s", "p50 µs", "p99 µs", "baseline", "ratio"
+    );
 }
 
 /// Prints one table row.

@@ -36,12 +36,20 @@ impl SafeLayerPair {
             std::thread::spawn(move || net.connect(0, &handle, Duration::from_secs(30)))
         };
         let recv = listener.accept(Duration::from_secs(30))?;
-        let send = connector.join().map_err(|_| anyhow!("connect thread panicked"))??;
+        let send = connector
+            .join()
+            .map_err(|_| anyhow!("connect thread panicked"))??;
         Ok(Self { send, recv })
     }
 
     /// Moves `warmup + iters` messages of `size` bytes with up to `window` in flight.
-    pub fn measure(&mut self, size: usize, warmup: usize, iters: usize, window: usize) -> Result<Measured> {
+    pub fn measure(
+        &mut self,
+        size: usize,
+        warmup: usize,
+        iters: usize,
+        window: usize,
+    ) -> Result<Measured> {
         let slots = (BUFFER_CAP / size).clamp(1, window.max(1));
         let bytes = size * slots;
         let smem = SharedMemory::host(bytes)?;
@@ -54,7 +62,16 @@ impl SafeLayerPair {
             let send = &mut self.send;
             let b = barrier.clone();
             let sender = s.spawn(move || send_loop(send, &sregion, size, slots, total, window, &b));
-            let measured = recv_loop(&mut self.recv, &rregion, size, slots, warmup, iters, window, &barrier);
+            let measured = recv_loop(
+                &mut self.recv,
+                &rregion,
+                size,
+                slots,
+                warmup,
+                iters,
+                window,
+                &barrier,
+            );
             sender.join().map_err(|_| anyhow!("sender panicked"))??;
             measured
         })
@@ -83,7 +100,10 @@ fn send_loop(
     let start = Instant::now();
     while done < total {
         if posted < total && inflight.len() < window {
-            if let Some(req) = comm.isend(region, (posted % slots) * size, size, 0).context("isend")? {
+            if let Some(req) = comm
+                .isend(region, (posted % slots) * size, size, 0)
+                .context("isend")?
+            {
                 inflight.push_back(req);
                 posted += 1;
             }
@@ -120,7 +140,10 @@ fn recv_loop(
     let start = Instant::now();
     while done < total {
         if posted < total && inflight.len() < window {
-            if let Some(req) = comm.irecv(region, (posted % slots) * size, size, 0).context("irecv")? {
+            if let Some(req) = comm
+                .irecv(region, (posted % slots) * size, size, 0)
+                .context("irecv")?
+            {
                 inflight.push_back((req, Instant::now()));
                 posted += 1;
             }
@@ -142,5 +165,8 @@ fn recv_loop(
     if warmup == 0 {
         t0 = start;
     }
-    Ok(Measured { elapsed: t0.elapsed(), latencies })
+    Ok(Measured {
+        elapsed: t0.elapsed(),
+        latencies,
+    })
 }

@@ -8,7 +8,9 @@ pub fn parse_size(text: &str) -> Result<usize> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: usize = digits.parse().with_context(|| format!("`{text}` is not a size (e.g. 4096, 4KiB, 1MiB)"))?;
+    let n: usize = digits
+        .parse()
+        .with_context(|| format!("`{text}` is not a size (e.g. 4096, 4KiB, 1MiB)"))?;
     let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -16,7 +18,8 @@ pub fn parse_size(text: &str) -> Result<usize> {
         "g" | "gb" | "gib" => 1 << 30,
         other => bail!("unknown unit `{other}` in `{text}` (use KiB, MiB or GiB)"),
     };
-    n.checked_mul(mult).with_context(|| format!("`{text}` overflows"))
+    n.checked_mul(mult)
+        .with_context(|| format!("`{text}` overflows"))
 }
 
 /// Parses `A..B` (A, 2A, 4A, … up to B) or a comma list of sizes.
@@ -57,7 +60,10 @@ mod tests {
 
     #[test]
     fn ranges_double() {
-        assert_eq!(parse_sizes("4KiB..32KiB").unwrap(), vec![4096, 8192, 16384, 32768]);
+        assert_eq!(
+            parse_sizes("4KiB..32KiB").unwrap(),
+            vec![4096, 8192, 16384, 32768]
+        );
         assert_eq!(parse_sizes("1,2k").unwrap(), vec![1, 2048]);
         assert!(parse_sizes("8KiB..4KiB").is_err());
         assert!(parse_size("12parsecs").is_err());

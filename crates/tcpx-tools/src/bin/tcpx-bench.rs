@@ -73,12 +73,18 @@ fn local(args: LocalArgs) -> Result<()> {
         Some(path) => tcpx::Net::load(path)?,
         None => tcpx::Net::builtin()?,
     };
-    let mut pair = safe_layer::SafeLayerPair::connect(&net).context("connect the benchmark comm pair")?;
+    let mut pair =
+        safe_layer::SafeLayerPair::connect(&net).context("connect the benchmark comm pair")?;
     let mut json = match &args.json {
-        Some(path) => Some(std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?),
+        Some(path) => Some(
+            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
+        ),
         None => None,
     };
-    report::print_header(&format!("{} (ncclNet {}), 1 comm", net.name(), net.abi_version()), "raw TCP, 1 stream");
+    report::print_header(
+        &format!("{} (ncclNet {}), 1 comm", net.name(), net.abi_version()),
+        "raw TCP, 1 stream",
+    );
     for size in sizes {
         let iters = args.iters.min(((1usize << 30) / size).max(8));
         let mut ours = Vec::new();
@@ -88,7 +94,10 @@ fn local(args: LocalArgs) -> Result<()> {
             let m = pair.measure(size, args.warmup, iters, args.window)?;
             ours.push(stats::gbps(size * iters, m.elapsed));
             latencies.extend(m.latencies);
-            base.push(stats::gbps(size * iters, baseline::raw_tcp(size, iters, 1)?));
+            base.push(stats::gbps(
+                size * iters,
+                baseline::raw_tcp(size, iters, 1)?,
+            ));
         }
         let gbps = stats::median(&mut ours);
         let baseline_gbps = stats::median(&mut base);
@@ -98,7 +107,11 @@ fn local(args: LocalArgs) -> Result<()> {
             p50_us: stats::percentile(&mut latencies, 50.0).as_secs_f64() * 1e6,
             p99_us: stats::percentile(&mut latencies, 99.0).as_secs_f64() * 1e6,
             baseline_gbps,
-            ratio: if baseline_gbps > 0.0 { gbps / baseline_gbps } else { 0.0 },
+            ratio: if baseline_gbps > 0.0 {
+                gbps / baseline_gbps
+            } else {
+                0.0
+            },
             channels: 1,
             memory: "host",
         };

@@ -45,24 +45,40 @@ pub fn pair(net: &Net) -> (SendComm, RecvComm) {
 }
 
 /// Posts a send, retrying while the plugin answers busy.
-pub fn post_send(comm: &mut SendComm, region: &MemoryRegion, offset: usize, len: usize) -> SendRequest {
+pub fn post_send(
+    comm: &mut SendComm,
+    region: &MemoryRegion,
+    offset: usize,
+    len: usize,
+) -> SendRequest {
     let start = Instant::now();
     loop {
         if let Some(r) = comm.isend(region, offset, len, 0).expect("isend") {
             return r;
         }
-        assert!(start.elapsed() < DEADLINE, "isend stayed busy for {DEADLINE:?}");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "isend stayed busy for {DEADLINE:?}"
+        );
     }
 }
 
 /// Posts a receive, retrying while the plugin answers busy.
-pub fn post_recv(comm: &mut RecvComm, region: &MemoryRegion, offset: usize, len: usize) -> RecvRequest {
+pub fn post_recv(
+    comm: &mut RecvComm,
+    region: &MemoryRegion,
+    offset: usize,
+    len: usize,
+) -> RecvRequest {
     let start = Instant::now();
     loop {
         if let Some(r) = comm.irecv(region, offset, len, 0).expect("irecv") {
             return r;
         }
-        assert!(start.elapsed() < DEADLINE, "irecv stayed busy for {DEADLINE:?}");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "irecv stayed busy for {DEADLINE:?}"
+        );
     }
 }
 
@@ -73,7 +89,10 @@ pub fn wait_send(comm: &mut SendComm, req: &mut SendRequest) -> usize {
         if let Some(n) = comm.test(req).expect("test send") {
             return n;
         }
-        assert!(start.elapsed() < DEADLINE, "send not done after {DEADLINE:?}");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "send not done after {DEADLINE:?}"
+        );
     }
 }
 
@@ -84,7 +103,10 @@ pub fn wait_recv(comm: &mut RecvComm, req: &mut RecvRequest) -> usize {
         if let Some(n) = comm.test(req).expect("test recv") {
             return n;
         }
-        assert!(start.elapsed() < DEADLINE, "recv not done after {DEADLINE:?}");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "recv not done after {DEADLINE:?}"
+        );
     }
 }
 

@@ -1,0 +1,155 @@
+//! `tcpx-info`: which plugin is in use, its devices, the machine's GPU/NIC topology and the
+//! GPU→NIC plan the runtime would follow, as tables or as JSON.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tcpx::Backend;
+use tcpx_tools::cores::format_ranges;
+use tcpx_topo::{NicCandidate, Plan, PlanRequest, Topology};
+
+/// Show the net plugin, its devices, the GPU/NIC topology and the GPU→NIC plan.
+///
+/// Without --topology, the live machine is examined (hwloc) and the plugin's devices are the
+/// NIC candidates. With --topology, the plan is made for the machine that XML describes
+/// (e.g. one saved with `lstopo-no-graphics --of xml --whole-io`), considering all its NICs.
+/// Overrides honoured: TCPX_GPU_NIC_MAP, NCCL_GPUDIRECTTCPX_TX_BINDINGS / RX_BINDINGS,
+/// TCPX_NUM_CHANNELS (or UCCL_TCPX_NUM_CHANNELS).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// Net plugin to load (default: UCCL_TCPX_PLUGIN_PATH, else a TCPX install, else built-in).
+    #[arg(long, env = "UCCL_TCPX_PLUGIN_PATH")]
+    plugin: Option<PathBuf>,
+    /// Plan for the machine described by this hwloc XML instead of this one.
+    #[arg(long, value_name = "FILE.xml")]
+    topology: Option<PathBuf>,
+    /// Print JSON: {"plan":[{"gpu":0,"pci":"…","numa":0,"nics":["eth1"],"cores":[…],"reason":"…"},…]}.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    tcpx_tools::logging::init("warn");
+    if let Err(err) = run(Cli::parse()) {
+        eprintln!("tcpx-info: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let mut request =
+        PlanRequest::from_env().context("reading the plan overrides from the environment")?;
+    let (topology, devices, backend) = match &cli.topology {
+        Some(path) => (Topology::from_xml_file(path)?, Vec::new(), None),
+        None => {
+            let backend = Backend::choose(cli.plugin.as_deref());
+            let net = backend
+                .open()
+                .with_context(|| format!("loading {backend}"))?;
+            let devices = net.devices()?;
+            if request.nics.is_none() && !devices.is_empty() {
+                request.nics = Some(
+                    devices
+                        .iter()
+                        .map(|d| {
+                            let c = NicCandidate::new(&d.properties.name);
+                            match &d.properties.pci_path {
+                                Some(p) => c.with_pci_path(p),
+                                None => c,
+                            }
+                        })
+                        .collect(),
+                );
+            }
+            (Topology::from_live()?, devices, Some((backend, net)))
+        }
+    };
+    let plan = Plan::build(&topology, &request)?;
+    if cli.json {
+        println!("{}", plan.to_json());
+        return Ok(());
+    }
+    if let Some((backend, net)) = &backend {
+        println!(
+            "plugin:   {} (ncclNet {}), {backend}",
+            net.name(),
+            net.abi_version()
+        );
+        println!(
+            "\n{:<4} {:<10} {:>10} {:<6} {:<8} pci path",
+            "dev", "name", "Mbps", "memory", "type"
+        );
+        for d in &devices {
+            let p = &d.properties;
+            let memory = match (p.ptr_support.host(), p.ptr_support.cuda()) {
+                (true, true) => "host+cuda",
+                (false, true) => "cuda",
+                _ => "host",
+            };
+            let kind = if p.device_type == tcpx::DeviceType::UNPACK {
+                "unpack"
+            } else {
+                "host"
+            };
+            let pci = p
+                .pci_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "{:<4} {:<10} {:>10} {:<6} {:<8} {pci}",
+                d.index, p.name, p.speed_mbps, memory, kind
+            );
+        }
+    } else {
+        println!("topology: {}", topology.origin());
+    }
+    println!(
+        "\n{:<6} {:<14} {:<5} {:<14} cores",
+        "nic", "pci", "numa", ""
+    );
+    for nic in topology.nics() {
+        let pci = nic.pci.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+        let numa = nic
+            .numa
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<6} {:<14} {:<5} {:<14} {}",
+            nic.name,
+            pci,
+            numa,
+            "",
+            format_ranges(&nic.local_cpus)
+        );
+    }
+    if topology.gpus().is_empty() {
+        println!(
+            "\nno GPU found: nothing to plan (the NICs above and their local cores still apply)"
+        );
+    } else {
+        println!(
+            "\n{:<4} {:<14} {:<5} {:<12} {:>4}  {:<24} reason",
+            "gpu", "pci", "numa", "nics", "chan", "cores"
+        );
+        for e in &plan.entries {
+            let numa = e.numa.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<4} {:<14} {:<5} {:<12} {:>4}  {:<24} {}",
+                e.gpu,
+                e.pci,
+                numa,
+                e.nics.join(","),
+                e.channels,
+                format_ranges(&e.cores),
+                e.reason
+            );
+        }
+    }
+    for note in &plan.notes {
+        println!("note: {note}");
+    }
+    Ok(())
+}
