@@ -209,7 +209,7 @@ impl NetPlugin {
             // SAFETY: the symbol is a data symbol (a table); we only take its address.
             let found = unsafe { lib.get::<*mut c_void>(symbol.as_bytes()) };
             let Ok(sym) = found else { continue };
-            let addr = *sym as *mut c_void;
+            let addr: *mut c_void = *sym;
             let Some(addr) = NonNull::new(addr) else {
                 continue;
             };

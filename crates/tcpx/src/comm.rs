@@ -123,10 +123,10 @@ impl Net {
             .map_err(|_| Error::invalid("listen", format!("device index {device}")))?;
         let mut handle = ConnectHandle([0; ConnectHandle::SIZE]);
         let mut raw = ptr::null_mut();
-        // SAFETY: `handle` has HANDLE_SIZE writable bytes; `raw` is a valid out pointer.
         call(
             "listen",
             || format!("device {device}"),
+            // SAFETY: `handle` has HANDLE_SIZE writable bytes; `raw` is a valid out pointer.
             || unsafe {
                 self.inner
                     .plugin
@@ -295,11 +295,11 @@ impl PendingConnect {
         let mut raw = ptr::null_mut();
         self.dev_handle_ptr = &mut *self.dev_handle;
         let plugin = &self.net.inner.plugin;
-        // SAFETY: the handle buffer and the device-handle slot are boxed, so their addresses are
-        // the same on every retry, and live as long as `self`.
         call(
             "connect",
             || format!("device {}", self.device),
+            // SAFETY: the handle buffer and the device-handle slot are boxed, so their addresses are
+            // the same on every retry, and live as long as `self`.
             || unsafe {
                 plugin.connect(
                     self.dev,
@@ -335,10 +335,10 @@ impl PendingAccept<'_> {
         let listen = &*self.listen;
         let plugin = &listen.net.inner.plugin;
         let has_handles = plugin.has_device_handles();
-        // SAFETY: live listen comm; the device-handle slot is boxed and stable across retries.
         call(
             "accept",
             || format!("device {}", listen.device),
+            // SAFETY: live listen comm; the device-handle slot is boxed and stable across retries.
             || unsafe {
                 plugin.accept(
                     listen.raw,
@@ -425,7 +425,6 @@ fn register(comm: &Arc<CommInner>, memory: &SharedMemory) -> Result<MemoryRegion
     let plugin = &comm.net.inner.plugin;
     let mut mhandle = ptr::null_mut();
     let (ptr, len, kind) = (memory.as_ptr(), memory.len(), memory.kind());
-    // SAFETY: `memory` is `len` bytes of `kind`, kept alive by the region we return.
     call(
         "regMr",
         || {
@@ -434,6 +433,7 @@ fn register(comm: &Arc<CommInner>, memory: &SharedMemory) -> Result<MemoryRegion
                 comm.label()
             )
         },
+        // SAFETY: `memory` is `len` bytes of `kind`, kept alive by the region we return.
         || unsafe { plugin.reg_mr(comm.raw, ptr.cast(), len, kind.ptr_type(), &mut mhandle) },
     )?;
     Ok(MemoryRegion {
@@ -500,11 +500,11 @@ impl SendComm {
         let op = region.memory.begin_operation("isend")?;
         let mut req = ptr::null_mut();
         let plugin = &self.inner.net.inner.plugin;
-        // SAFETY: range checked; the memory stays alive and counted in flight (`op`) until the
-        // request completes or the comm closes.
         call(
             "isend",
             || format!("{}, {len} bytes at offset {offset}", self.inner.label()),
+            // SAFETY: range checked; the memory stays alive and counted in flight (`op`) until the
+            // request completes or the comm closes.
             || unsafe {
                 plugin.isend(
                     self.inner.raw,
@@ -584,11 +584,11 @@ impl RecvComm {
         let mut sizes = size;
         let mut tags = tag;
         let mut mh = region.mhandle;
-        // SAFETY: one-element arrays live across the call; the range is checked and the memory
-        // stays alive and counted in flight (`op`) until completion or close.
         call(
             "irecv",
             || format!("{}, {len} bytes at offset {offset}", self.inner.label()),
+            // SAFETY: one-element arrays live across the call; the range is checked and the memory
+            // stays alive and counted in flight (`op`) until completion or close.
             || unsafe {
                 plugin.irecv(
                     self.inner.raw,
@@ -667,10 +667,10 @@ impl RecvComm {
             return Ok(());
         }
         let plugin = &self.inner.net.inner.plugin;
-        // SAFETY: `raw` completed on this comm and is the oldest unconsumed (checked by callers).
         call(
             "irecvConsumed",
             || self.inner.label(),
+            // SAFETY: `raw` completed on this comm and is the oldest unconsumed (checked by callers).
             || unsafe { plugin.irecv_consumed(self.inner.raw, 1, raw) },
         )
     }

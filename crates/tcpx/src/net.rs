@@ -163,10 +163,10 @@ impl Net {
         let dev = c_int::try_from(index)
             .map_err(|_| Error::invalid("getProperties", format!("device index {index}")))?;
         let mut raw = tcpx_sys::ncclNetProperties_v8_t::default();
-        // SAFETY: initialized plugin; `raw` is a valid out pointer of the normalized layout.
         call(
             "getProperties",
             || format!("device {index}"),
+            // SAFETY: initialized plugin; `raw` is a valid out pointer of the normalized layout.
             || unsafe { self.inner.plugin.get_properties(dev, &mut raw) },
         )?;
         // SAFETY: the plugin filled `raw` and owns its strings for the process lifetime.
