@@ -13,7 +13,8 @@
 //!   posting chunks into the windows and testing every head on every pass;
 //! - [`Endpoint`], [`Connection`], [`Region`], [`Transfer`]: the API — connect, register,
 //!   send / receive (contiguous and vectored), poll / wait, close on drop — configured by
-//!   [`Config`] (builder, environment, CLI flags in the tools).
+//!   [`Config`] (builder, environment, CLI flags in the tools);
+//! - [`bench`]: the figures the tools print (whole stack vs raw TCP, engine overhead).
 //!
 //! The window, schedule and codec are sans-IO state machines (no sockets, no clock of their
 //! own), so they are tested exhaustively without a network; [`control::ControlConn`] and
@@ -47,6 +48,9 @@ mod link;
 
 // The Endpoint API.
 pub mod endpoint;
+
+// Benchmarks the tools call (figures, not tests).
+pub mod bench;
 
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};

@@ -13,7 +13,10 @@
 //!    of boundaries). This gives *extents*: stretches that are contiguous on both sides.
 //! 2. Cut each extent into chunks of `chunk_bytes`, starting at the extent's beginning (the
 //!    last chunk of an extent may be shorter).
-//! 3. Number the chunks in stream order; chunk `i` goes to channel `i mod N`.
+//! 3. Number the chunks in stream order; chunk `i` goes to channel `(i + r) mod N`, where the
+//!    rotation `r` is 0 unless set with [`Schedule::rotated`] (the runtime rotates by the
+//!    transfer's sequence number, which both peers know, so that a stream of transfers
+//!    smaller than `N` chunks still spreads over every channel).
 //!
 //! The union of boundaries is symmetric, so the sender (local = its list, remote = the
 //! receiver's) and the receiver (the other way round) compute the same chunks in the same
@@ -76,7 +79,7 @@ pub enum ScheduleError {
 pub struct Chunk {
     /// Position in the schedule (posting order across all channels).
     pub index: u64,
-    /// Channel that carries it: `index mod channels`.
+    /// Channel that carries it: `(index + rotation) mod channels`.
     pub channel: u16,
     /// Offset in the logical stream.
     pub offset: u64,
@@ -108,6 +111,8 @@ pub struct Schedule {
     total_len: u64,
     chunk_bytes: u32,
     channels: u16,
+    /// Channel of chunk 0.
+    first_channel: u16,
     chunk_count: u64,
 }
 
@@ -178,8 +183,29 @@ impl Schedule {
             total_len: local,
             chunk_bytes,
             channels,
+            first_channel: 0,
             chunk_count: next_chunk,
         })
+    }
+
+    /// The same chunks, with chunk 0 on channel `first_channel mod channels` and the rest
+    /// following round-robin. Both peers must rotate by the same amount.
+    #[must_use]
+    pub fn rotated(mut self, first_channel: u64) -> Self {
+        // Below `channels`, a u16.
+        self.first_channel = (first_channel % u64::from(self.channels)) as u16;
+        self
+    }
+
+    /// Channel of chunk 0.
+    pub fn first_channel(&self) -> u16 {
+        self.first_channel
+    }
+
+    /// Index of the first chunk `channel` carries (it may be past the end).
+    pub fn first_index_on(&self, channel: u16) -> u64 {
+        let n = u64::from(self.channels);
+        (u64::from(channel) + n - u64::from(self.first_channel)) % n
     }
 
     /// Bytes in the transfer.
@@ -213,7 +239,7 @@ impl Schedule {
             return 0;
         }
         let n = u64::from(self.channels);
-        let c = u64::from(channel);
+        let c = self.first_index_on(channel);
         if self.chunk_count > c {
             (self.chunk_count - c).div_ceil(n)
         } else {
@@ -246,7 +272,11 @@ impl Schedule {
     pub fn on_channel(&self, channel: u16) -> ChannelChunks<'_> {
         ChannelChunks {
             schedule: self,
-            next: u64::from(channel),
+            next: if channel < self.channels {
+                self.first_index_on(channel)
+            } else {
+                0
+            },
             // An out-of-range channel yields nothing.
             end: if channel < self.channels {
                 self.chunk_count
@@ -260,8 +290,8 @@ impl Schedule {
         let len = (extent.len - within).min(u64::from(self.chunk_bytes));
         Chunk {
             index,
-            // `index mod channels` is below `channels`, a u16.
-            channel: (index % u64::from(self.channels)) as u16,
+            // Reduced mod `channels`, so below it: a u16.
+            channel: ((index + u64::from(self.first_channel)) % u64::from(self.channels)) as u16,
             offset: extent.offset + within,
             // At most `chunk_bytes`, a u32.
             len: len as u32,
@@ -413,6 +443,20 @@ mod tests {
             Schedule::vectored(&[u64::MAX, 1], &[1], 1, 1),
             Err(ScheduleError::Overflow)
         );
+    }
+
+    #[test]
+    fn rotation_moves_chunk_zero_and_keeps_round_robin() {
+        let s = Schedule::contiguous(10, 1, 3).unwrap().rotated(4);
+        let channels: Vec<_> = s.iter().map(|c| c.channel).collect();
+        assert_eq!(channels, [1, 2, 0, 1, 2, 0, 1, 2, 0, 1]);
+        for ch in 0..3 {
+            let via_iter: Vec<_> = s.iter().filter(|c| c.channel == ch).collect();
+            let via_channel: Vec<_> = s.on_channel(ch).collect();
+            assert_eq!(via_iter, via_channel, "channel {ch}");
+            assert_eq!(s.chunk_count_on(ch), via_iter.len() as u64);
+            assert_eq!(s.chunk(s.first_index_on(ch)).map(|c| c.channel), Some(ch));
+        }
     }
 
     #[test]

@@ -51,7 +51,10 @@ fn check_against_local(s: &Schedule, local: &[u64], remote: &[u64]) -> Result<()
         prop_assert_eq!(c.index, i as u64);
         prop_assert_eq!(c.offset, pos);
         prop_assert!(c.len >= 1 && c.len <= s.chunk_bytes());
-        prop_assert_eq!(c.channel as u64, c.index % u64::from(s.channels()));
+        prop_assert_eq!(
+            c.channel as u64,
+            (c.index + u64::from(s.first_channel())) % u64::from(s.channels())
+        );
         let end = c.offset + u64::from(c.len);
         // No boundary of either side falls strictly inside a chunk.
         prop_assert!(
@@ -69,6 +72,16 @@ fn check_against_local(s: &Schedule, local: &[u64], remote: &[u64]) -> Result<()
     prop_assert_eq!(s.chunk(s.chunk_count()), None);
     let total_on_channels: u64 = (0..s.channels()).map(|c| s.chunk_count_on(c)).sum();
     prop_assert_eq!(total_on_channels, s.chunk_count());
+    for ch in 0..s.channels() {
+        // The per-channel view is exactly the channel's chunks, in order.
+        let from_iter: Vec<Chunk> = chunks.iter().filter(|c| c.channel == ch).copied().collect();
+        let from_channel: Vec<Chunk> = s.on_channel(ch).collect();
+        prop_assert_eq!(&from_iter, &from_channel);
+        prop_assert_eq!(s.chunk_count_on(ch), from_iter.len() as u64);
+        if let Some(first) = from_iter.first() {
+            prop_assert_eq!(s.first_index_on(ch), first.index);
+        }
+    }
     Ok(())
 }
 
@@ -92,11 +105,12 @@ proptest! {
         cuts in proptest::collection::vec(any::<u64>(), 0..12),
         chunk in 1u32..3000,
         channels in 1u16..9,
+        rotation in any::<u64>(),
     ) {
         let total: u64 = local.iter().sum();
         let remote = split(total, cuts);
-        let mine = Schedule::vectored(&local, &remote, chunk, channels).unwrap();
-        let theirs = Schedule::vectored(&remote, &local, chunk, channels).unwrap();
+        let mine = Schedule::vectored(&local, &remote, chunk, channels).unwrap().rotated(rotation);
+        let theirs = Schedule::vectored(&remote, &local, chunk, channels).unwrap().rotated(rotation);
         check_against_local(&mine, &local, &remote)?;
         check_against_local(&theirs, &remote, &local)?;
         prop_assert_eq!(per_channel(&mine), per_channel(&theirs));

@@ -272,7 +272,9 @@ impl Connection {
         } else {
             match Schedule::contiguous(job.len, self.shared.config.chunk_bytes, self.link.channels)
             {
-                Ok(schedule) => job.set_schedule(schedule),
+                // Rotating by the sequence number spreads a stream of small transfers over
+                // every channel; the peer rotates its matching transfer the same way.
+                Ok(schedule) => job.set_schedule(schedule.rotated(seq)),
                 Err(e) => job.fail(Error::InvalidArgument(e.to_string())),
             }
         }
@@ -397,7 +399,7 @@ pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64], chunk_bytes: u32) {
     let link = &job.link;
     match Schedule::vectored(&job.local_lens(), remote, chunk_bytes, link.channels) {
         Ok(schedule) => {
-            job.set_schedule(schedule);
+            job.set_schedule(schedule.rotated(job.seq));
             link.wake_engines(Signal::Wake);
         }
         Err(e) => {

@@ -9,9 +9,11 @@
 //!   `test` said done, and it is consumed right after (host memory needs no unpack), so no
 //!   done receive keeps its slot.
 //!
-//! Nothing here allocates or locks per chunk: windows and queues are preallocated, the chunk
-//! is computed from the schedule, and the per-chunk cost is the plugin calls plus a few
-//! atomics (request bookkeeping, the job's countdown, an `Arc` count for the window's tag).
+//! Nothing here allocates, locks or touches a shared atomic per chunk: windows and queues are
+//! preallocated, the chunk is computed from the schedule, and a lane counts its own chunks of
+//! each transfer, reporting them to the transfer once, when its last one on this lane
+//! completes (completions are FIFO per comm, so the oldest transfer is always the one a
+//! completion belongs to).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,16 +25,15 @@ use crate::engine::stats::ChannelCounters;
 use crate::error::{Direction, Error};
 use crate::link::Link;
 use crate::schedule::Chunk;
-use crate::window::{Entry, RecvWindow, Release, SendWindow, TestOutcome};
+use crate::window::{RecvWindow, Release, SendWindow, TestOutcome};
 
 /// Transfers queued per lane before the queue grows (it grows only if the application
 /// submits more than this many transfers ahead of the network).
 const QUEUE_CAPACITY: usize = 256;
 
-/// What a window slot remembers about its request.
-#[derive(Debug)]
+/// What a window slot remembers about its request (its transfer is the lane's oldest).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Tag {
-    job: Arc<Job>,
     /// Bytes posted.
     len: u32,
     /// Chunk index in the transfer's schedule (for error messages).
@@ -73,9 +74,118 @@ pub(crate) struct Channel {
 struct Lane<C, W> {
     comm: C,
     window: W,
-    queue: VecDeque<Arc<Job>>,
-    /// Next chunk index of the front job on this channel.
-    next: u64,
+    track: Track,
+}
+
+/// The transfers a lane carries, oldest first: first those with chunks in flight (or with
+/// no chunk here, waiting for older ones to finish), then the one being posted, then those
+/// queued behind it.
+struct Track {
+    jobs: VecDeque<LaneJob>,
+    /// Index in `jobs` of the transfer being posted.
+    posting: usize,
+    /// Next chunk index of that transfer; `None` before its first (its schedule may not be
+    /// known yet).
+    next: Option<u64>,
+}
+
+struct LaneJob {
+    job: Arc<Job>,
+    /// Chunks of the transfer on this lane (known once posting starts).
+    here: u64,
+    /// Of those, not yet completed.
+    left: u64,
+}
+
+impl Track {
+    fn new() -> Self {
+        Self {
+            jobs: VecDeque::with_capacity(QUEUE_CAPACITY),
+            posting: 0,
+            next: None,
+        }
+    }
+
+    fn push(&mut self, job: Arc<Job>) {
+        self.jobs.push_back(LaneJob {
+            job,
+            here: 0,
+            left: u64::MAX,
+        });
+    }
+
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    fn oldest(&self) -> Option<&Arc<Job>> {
+        self.jobs.front().map(|j| &j.job)
+    }
+
+    /// The next chunk to post on `channel`, or `None` when nothing is ready: no transfer, or
+    /// the one being posted waits for its schedule (later ones wait too: posting order must
+    /// follow submission order).
+    fn next_chunk(&mut self, channel: u16) -> Option<(&Job, Chunk)> {
+        loop {
+            let lane_job = self.jobs.get_mut(self.posting)?;
+            let schedule = lane_job.job.schedule()?;
+            let index = match self.next {
+                Some(index) => index,
+                None => {
+                    lane_job.here = schedule.chunk_count_on(channel);
+                    lane_job.left = lane_job.here;
+                    *self.next.insert(schedule.first_index_on(channel))
+                }
+            };
+            if let Some(chunk) = schedule.chunk(index) {
+                return Some((&self.jobs[self.posting].job, chunk));
+            }
+            // Every chunk of this transfer on this lane is posted: on to the next one.
+            self.posting += 1;
+            self.next = None;
+            self.retire();
+        }
+    }
+
+    /// The chunk just returned by `next_chunk` was posted.
+    #[inline]
+    fn posted(&mut self, chunk: &Chunk, channels: u16) {
+        self.next = Some(chunk.index + u64::from(channels));
+    }
+
+    /// The oldest request completed: it belongs to the oldest transfer.
+    #[inline]
+    fn completed(&mut self) {
+        if let Some(front) = self.jobs.front_mut() {
+            front.left = front.left.saturating_sub(1);
+            if front.left == 0 {
+                self.retire();
+            }
+        }
+    }
+
+    /// Reports and drops fully posted transfers with nothing left in flight, oldest first.
+    fn retire(&mut self) {
+        while self.posting > 0 {
+            match self.jobs.front() {
+                Some(front) if front.left == 0 => {}
+                _ => return,
+            }
+            if let Some(done) = self.jobs.pop_front() {
+                self.posting -= 1;
+                done.job.chunks_done(done.here);
+            }
+        }
+    }
+
+    /// Fails every transfer it holds with the link's error and starts over.
+    fn abandon(&mut self) {
+        for lane_job in self.jobs.drain(..) {
+            lane_job.job.fail_with_link();
+        }
+        self.posting = 0;
+        self.next = None;
+    }
 }
 
 impl Channel {
@@ -97,14 +207,12 @@ impl Channel {
             send: Lane {
                 comm: send,
                 window: SendWindow::new(window).map_err(bad_window)?,
-                queue: VecDeque::with_capacity(QUEUE_CAPACITY),
-                next: u64::from(index),
+                track: Track::new(),
             },
             recv: Lane {
                 comm: recv,
                 window: RecvWindow::new(window).map_err(bad_window)?,
-                queue: VecDeque::with_capacity(QUEUE_CAPACITY),
-                next: u64::from(index),
+                track: Track::new(),
             },
             link,
             index,
@@ -116,8 +224,8 @@ impl Channel {
     /// Queues a transfer on the lane of its direction.
     pub(crate) fn enqueue(&mut self, job: Arc<Job>) {
         match job.direction {
-            Direction::Send => self.send.queue.push_back(job),
-            Direction::Recv => self.recv.queue.push_back(job),
+            Direction::Send => self.send.track.push(job),
+            Direction::Recv => self.recv.track.push(job),
         }
     }
 
@@ -140,7 +248,7 @@ impl Channel {
 
     /// Anything in flight or queued.
     pub(crate) fn has_work(&self) -> bool {
-        self.in_flight() || !self.send.queue.is_empty() || !self.recv.queue.is_empty()
+        self.in_flight() || !self.send.track.is_empty() || !self.recv.track.is_empty()
     }
 
     pub(crate) fn counters(&self) -> &ChannelCounters {
@@ -198,18 +306,16 @@ impl Channel {
         if lane.window.is_full() {
             return Ok(Post::Full);
         }
-        let Some((job, chunk)) = next_chunk(&mut lane.queue, &mut lane.next, index, channels)
-        else {
+        let Some((job, chunk)) = lane.track.next_chunk(index) else {
             return Ok(Post::Idle);
         };
-        let Some((region, offset)) = locate(&job, index, &chunk) else {
+        let Some((region, offset)) = locate(job, index, &chunk) else {
             return Err(self.fail_internal("send", "registration missing for a chunk"));
         };
         match lane.comm.isend(region, offset, chunk.len as usize, 0) {
             Ok(Some(request)) => {
-                lane.next += u64::from(channels);
+                lane.track.posted(&chunk, channels);
                 let tag = Tag {
-                    job,
                     len: chunk.len,
                     index: chunk.index,
                 };
@@ -219,7 +325,7 @@ impl Channel {
                 Ok(Post::Posted)
             }
             Ok(None) => Ok(Post::Busy),
-            Err(e) => Err(self.fail_plugin(Direction::Send, e, Vec::new())),
+            Err(e) => Err(self.fail_plugin(Direction::Send, e)),
         }
     }
 
@@ -230,18 +336,16 @@ impl Channel {
         if lane.window.is_full() {
             return Ok(Post::Full);
         }
-        let Some((job, chunk)) = next_chunk(&mut lane.queue, &mut lane.next, index, channels)
-        else {
+        let Some((job, chunk)) = lane.track.next_chunk(index) else {
             return Ok(Post::Idle);
         };
-        let Some((region, offset)) = locate(&job, index, &chunk) else {
+        let Some((region, offset)) = locate(job, index, &chunk) else {
             return Err(self.fail_internal("recv", "registration missing for a chunk"));
         };
         match lane.comm.irecv(region, offset, chunk.len as usize, 0) {
             Ok(Some(request)) => {
-                lane.next += u64::from(channels);
+                lane.track.posted(&chunk, channels);
                 let tag = Tag {
-                    job,
                     len: chunk.len,
                     index: chunk.index,
                 };
@@ -251,7 +355,7 @@ impl Channel {
                 Ok(Post::Posted)
             }
             Ok(None) => Ok(Post::Busy),
-            Err(e) => Err(self.fail_plugin(Direction::Recv, e, Vec::new())),
+            Err(e) => Err(self.fail_plugin(Direction::Recv, e)),
         }
     }
 
@@ -271,12 +375,13 @@ impl Channel {
                         return Err(self.fail_mismatch(what));
                     }
                     self.counters.sent(done.size as u64);
-                    done.data.job.chunk_done();
+                    self.send.track.completed();
                     retired += 1;
                 }
+                // The requests it took down drop here; the engine then abandons the link,
+                // failing every transfer its lanes hold.
                 Some(Release::Error(failure)) => {
-                    let lost = jobs_of(failure.failed, failure.abandoned);
-                    return Err(self.fail_plugin(Direction::Send, failure.error, lost));
+                    return Err(self.fail_plugin(Direction::Send, failure.error));
                 }
             }
         }
@@ -294,8 +399,7 @@ impl Channel {
                         (received.size, received.data.len, received.data.index)
                     }
                     Some(Release::Error(failure)) => {
-                        let lost = jobs_of(failure.failed, failure.abandoned);
-                        return Err(self.fail_plugin(Direction::Recv, failure.error, lost));
+                        return Err(self.fail_plugin(Direction::Recv, failure.error));
                     }
                 };
             if size != expected as usize {
@@ -310,62 +414,36 @@ impl Channel {
                 return Err(self.fail_internal("recv", "a done receive was not consumable"));
             };
             if let Err(e) = self.recv.comm.consumed(done.token) {
-                return Err(self.fail_plugin(Direction::Recv, e, Vec::new()));
+                return Err(self.fail_plugin(Direction::Recv, e));
             }
             self.counters.received(size as u64);
-            done.data.job.chunk_done();
+            self.recv.track.completed();
             retired += 1;
         }
     }
 
-    /// The oldest transfer this channel still holds, for the timeout check.
+    /// The oldest transfer each lane still holds, for the timeout check.
     pub(crate) fn oldest_jobs(&self) -> [Option<&Arc<Job>>; 2] {
-        [
-            self.send
-                .window
-                .next_to_test()
-                .map(|e| &e.data.job)
-                .or(self.send.queue.front()),
-            self.recv
-                .window
-                .next_to_test()
-                .map(|e| &e.data.job)
-                .or(self.recv.queue.front()),
-        ]
+        [self.send.track.oldest(), self.recv.track.oldest()]
     }
 
-    /// Drops every request and queued transfer, failing their transfers with the link's
-    /// error. Requests still pending are dropped without being tested: the safe layer keeps
-    /// their memory until the comm closes and refuses further use of the comm.
+    /// Drops every request and transfer, failing the transfers with the link's error.
+    /// Requests still pending are dropped without being tested: the safe layer keeps their
+    /// memory until the comm closes and refuses further use of the comm.
     pub(crate) fn abandon(&mut self) {
-        for entry in self.send.window.abandon() {
-            entry.data.job.fail_with_link();
-        }
-        for entry in self.recv.window.abandon() {
-            entry.data.job.fail_with_link();
-        }
-        for job in self.send.queue.drain(..).chain(self.recv.queue.drain(..)) {
-            job.fail_with_link();
-        }
-        self.send.next = u64::from(self.index);
-        self.recv.next = u64::from(self.index);
+        drop(self.send.window.abandon());
+        drop(self.recv.window.abandon());
+        self.send.track.abandon();
+        self.recv.track.abandon();
     }
 
-    fn fail_plugin(
-        &mut self,
-        direction: Direction,
-        source: tcpx::Error,
-        lost: Vec<Arc<Job>>,
-    ) -> LinkFailed {
+    fn fail_plugin(&mut self, direction: Direction, source: tcpx::Error) -> LinkFailed {
         self.link.fail(Error::Plugin {
             channel: self.index,
             direction,
             peer: self.link.peer,
             source: Arc::new(source),
         });
-        for job in lost {
-            job.fail_with_link();
-        }
         LinkFailed
     }
 
@@ -387,32 +465,6 @@ impl Channel {
     }
 }
 
-/// The next chunk to post on a lane, skipping finished transfers and transfers with no
-/// chunk left on this channel. `None` when the queue is empty or its front waits for a
-/// schedule (transfers behind it wait too: posting order must follow submission order).
-fn next_chunk(
-    queue: &mut VecDeque<Arc<Job>>,
-    next: &mut u64,
-    channel: u16,
-    channels: u16,
-) -> Option<(Arc<Job>, Chunk)> {
-    loop {
-        let job = queue.front()?;
-        if !job.is_finished() {
-            let schedule = job.schedule()?;
-            if let Some(chunk) = schedule.chunk(*next) {
-                if chunk.channel == channel {
-                    // One Arc clone per chunk: the window's tag keeps the job alive.
-                    return Some((job.clone(), chunk));
-                }
-            }
-        }
-        // Finished (failed) or no chunk left here: move to the next transfer.
-        queue.pop_front();
-        *next = u64::from(channel % channels.max(1));
-    }
-}
-
 /// The registered region and offset holding `chunk` on `channel`.
 fn locate<'j>(job: &'j Job, channel: u16, chunk: &Chunk) -> Option<(&'j MemoryRegion, usize)> {
     let piece = job.pieces.get(chunk.segment)?;
@@ -425,14 +477,6 @@ fn locate<'j>(job: &'j Job, channel: u16, chunk: &Chunk) -> Option<(&'j MemoryRe
         .offset
         .checked_add(usize::try_from(chunk.segment_offset).ok()?)?;
     Some((region, offset))
-}
-
-/// The transfers of requests a failed test took down (their requests are dropped here).
-fn jobs_of<T>(failed: Entry<T, Tag>, abandoned: Vec<Entry<T, Tag>>) -> Vec<Arc<Job>> {
-    std::iter::once(failed)
-        .chain(abandoned)
-        .map(|e| e.data.job)
-        .collect()
 }
 
 fn outcome(result: tcpx::Result<Option<usize>>) -> TestOutcome<tcpx::Error> {

@@ -2,8 +2,9 @@
 //! of its channels.
 //!
 //! One `Job` travels to each engine once (one message per transfer per engine, never one per
-//! chunk). Engines compute its chunks from the schedule on the fly and count them down with
-//! one atomic per chunk; the transfer's [`Completion`] is touched once, at the end.
+//! chunk). Engines compute its chunks from the schedule on the fly; each lane counts its own
+//! chunks and reports them with one atomic subtraction when its share is done; the
+//! transfer's [`Completion`] is touched once, at the end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -87,10 +88,11 @@ impl Job {
         }
     }
 
-    /// Counts one chunk done; the last one completes the transfer.
+    /// Counts `n` chunks done (a lane reports all of its chunks of this transfer at once);
+    /// the last ones complete the transfer.
     #[inline]
-    pub(crate) fn chunk_done(&self) {
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+    pub(crate) fn chunks_done(&self, n: u64) {
+        if n > 0 && self.remaining.fetch_sub(n, Ordering::AcqRel) == n {
             self.finish(Ok(self.len));
         }
     }

@@ -207,7 +207,10 @@ impl Engine {
                     channel.counters().idle();
                 }
             }
-            self.health_check(Instant::now());
+            if busy {
+                // Only work in progress can time out or wait on a departed peer.
+                self.health_check(Instant::now());
+            }
             let flow = match self.idle.empty_pass(busy) {
                 Pause::Spin => {
                     std::hint::spin_loop();

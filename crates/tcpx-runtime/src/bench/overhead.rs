@@ -1,0 +1,142 @@
+//! Engine overhead: requests retired per second per engine thread, on the instant plugin
+//! ([`super::fake`]). Two endpoints in one process; one engine posts only sends, the other
+//! only receives; each side is timed from its first submission to its last completion.
+
+use std::time::{Duration, Instant};
+
+use super::fake;
+use crate::config::{Backoff, Config};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct OverheadOptions {
+    /// Channels of the connection (all on the one fake device, so one engine per side).
+    pub channels: u16,
+    /// Chunk size: one request each.
+    pub chunk_bytes: u32,
+    /// Bytes per transfer (the memory is never touched).
+    pub transfer_bytes: usize,
+    /// Transfers per side per repetition.
+    pub transfers: usize,
+    /// Repetitions (after one warm-up); the median is reported.
+    pub reps: usize,
+    /// Engine idle policy.
+    pub backoff: Backoff,
+}
+
+impl Default for OverheadOptions {
+    fn default() -> Self {
+        Self {
+            channels: 4,
+            chunk_bytes: 4096,
+            transfer_bytes: 64 << 20,
+            transfers: 64,
+            reps: 5,
+            backoff: Backoff::Spin,
+        }
+    }
+}
+
+/// Median rates of the sending and receiving engines.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverheadReport {
+    /// Requests per side per repetition.
+    pub requests: u64,
+    /// Send requests retired per second by the sending engine.
+    pub send_per_sec: f64,
+    /// Receive requests retired (tested done and consumed) per second by the receiving
+    /// engine.
+    pub recv_per_sec: f64,
+}
+
+/// Runs the measurement.
+pub fn engine_overhead(opts: &OverheadOptions) -> Result<OverheadReport> {
+    let net = fake::net().map_err(|e| Error::Backend {
+        what: "loading the instant plugin".into(),
+        source: std::sync::Arc::new(e),
+    })?;
+    let config = Config::builder()
+        .control_addr(
+            "127.0.0.1:0"
+                .parse()
+                .map_err(|_| Error::Internal("addr".into()))?,
+        )
+        .channels(opts.channels)
+        .chunk_bytes(opts.chunk_bytes)
+        .backoff(opts.backoff)
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let a = Endpoint::with_net(config.clone(), net.clone())?;
+    let b = Endpoint::with_net(config, net)?;
+    let meta = a.metadata().clone();
+    let (ab, ba) = std::thread::scope(|s| {
+        let accepted = s.spawn(|| a.accept());
+        let ba = b.connect(&meta);
+        let ab = accepted
+            .join()
+            .map_err(|_| Error::Internal("accept thread panicked".into()))?;
+        Ok::<_, Error>((ab?, ba?))
+    })?;
+    let src = a.alloc_host(opts.transfer_bytes)?;
+    let dst = b.alloc_host(opts.transfer_bytes)?;
+    ab.register(&src)?;
+    ba.register(&dst)?;
+    let chunks = (opts.transfer_bytes as u64).div_ceil(u64::from(opts.chunk_bytes));
+    let requests = chunks * opts.transfers as u64;
+
+    let mut send_rates = Vec::with_capacity(opts.reps);
+    let mut recv_rates = Vec::with_capacity(opts.reps);
+    for rep in 0..=opts.reps {
+        let (t_send, t_recv) = std::thread::scope(|s| {
+            let receiver =
+                s.spawn(|| timed(opts.transfers, || ba.recv(&dst, 0, opts.transfer_bytes)));
+            let t_send = timed(opts.transfers, || ab.send(&src, 0, opts.transfer_bytes));
+            let t_recv = receiver
+                .join()
+                .map_err(|_| Error::Internal("receiver panicked".into()))?;
+            Ok::<_, Error>((t_send?, t_recv?))
+        })?;
+        if rep > 0 {
+            send_rates.push(requests as f64 / t_send.as_secs_f64());
+            recv_rates.push(requests as f64 / t_recv.as_secs_f64());
+        }
+    }
+    Ok(OverheadReport {
+        requests,
+        send_per_sec: super::median(&mut send_rates),
+        recv_per_sec: super::median(&mut recv_rates),
+    })
+}
+
+/// Submits `n` transfers and waits for all; returns the time from first submission to last
+/// completion.
+fn timed(n: usize, mut submit: impl FnMut() -> Result<crate::Transfer>) -> Result<Duration> {
+    let start = Instant::now();
+    let transfers = (0..n).map(|_| submit()).collect::<Result<Vec<_>>>()?;
+    for t in &transfers {
+        t.wait(Duration::from_secs(120))?;
+    }
+    Ok(start.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_plugin_runs_the_engines_end_to_end() {
+        let report = engine_overhead(&OverheadOptions {
+            channels: 2,
+            chunk_bytes: 4096,
+            transfer_bytes: 1 << 20,
+            transfers: 4,
+            reps: 1,
+            backoff: Backoff::Park,
+        })
+        .unwrap();
+        assert_eq!(report.requests, 4 * 256);
+        assert!(report.send_per_sec > 0.0 && report.recv_per_sec > 0.0);
+    }
+}
