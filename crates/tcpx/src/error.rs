@@ -30,6 +30,9 @@ pub enum ErrorKind {
     /// claiming completion, a negative size).
     #[error("plugin broke the ABI contract: {0}")]
     Contract(String),
+    /// A CUDA driver or NVRTC call failed, or no usable CUDA driver is present.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 /// An error from the safe layer: `"<api>: <what> (<context>)"`.

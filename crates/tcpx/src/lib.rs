@@ -47,6 +47,7 @@
 mod backend;
 mod call;
 mod comm;
+pub mod cuda;
 mod device;
 mod error;
 mod handle;

@@ -1,0 +1,237 @@
+//! Finding the CUDA driver without panicking, and turning `CUresult`s into [`Error`]s.
+
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::fmt;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use super::CudaError;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Environment variable that, set to anything but `0` or empty, makes this process behave as if
+/// no CUDA driver were installed (to exercise the skip paths on a GPU machine).
+pub const DISABLE_ENV: &str = "TCPX_CUDA_DISABLE";
+
+/// What this process found when it looked for the CUDA driver (probed once, then cached).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriverStatus {
+    /// `libcuda` loaded, `cuInit(0)` succeeded and at least one device is visible.
+    Available {
+        /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
+        version: i32,
+        /// `cuDeviceGetCount`.
+        devices: usize,
+        /// The library name that loaded (`libcuda.so.1`).
+        library: String,
+    },
+    /// No usable driver; the string says why.
+    Unavailable(String),
+}
+
+impl DriverStatus {
+    /// True when CUDA calls can be made.
+    pub fn is_available(&self) -> bool {
+        matches!(self, DriverStatus::Available { .. })
+    }
+}
+
+impl fmt::Display for DriverStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DriverStatus::Available {
+                version,
+                devices,
+                library,
+            } => write!(
+                f,
+                "CUDA driver {}.{} ({library}), {devices} device(s)",
+                version / 1000,
+                (version % 1000) / 10
+            ),
+            DriverStatus::Unavailable(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The driver's status, probed on first use and cached for the life of the process. Never
+/// panics: a missing library, a failing `cuInit` or zero devices all give `Unavailable`.
+pub fn driver_status() -> &'static DriverStatus {
+    static STATUS: OnceLock<DriverStatus> = OnceLock::new();
+    STATUS.get_or_init(probe)
+}
+
+/// True when a usable CUDA driver with at least one device is present (see [`driver_status`]).
+pub fn driver_available() -> bool {
+    driver_status().is_available()
+}
+
+/// `None` when CUDA is usable, else the line GPU tests print before skipping:
+/// `"skipped: no CUDA driver (<why>)"`.
+pub fn skip_reason() -> Option<String> {
+    match driver_status() {
+        DriverStatus::Available { .. } => None,
+        DriverStatus::Unavailable(why) => Some(format!("skipped: no CUDA driver ({why})")),
+    }
+}
+
+type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
+type CuGetInt = unsafe extern "C" fn(*mut c_int) -> c_int;
+
+fn probe() -> DriverStatus {
+    if std::env::var_os(DISABLE_ENV).is_some_and(|v| !v.is_empty() && v != "0") {
+        return DriverStatus::Unavailable(format!("disabled by {DISABLE_ENV}"));
+    }
+    let mut failures = Vec::new();
+    let mut found = None;
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        // SAFETY: loading the CUDA driver library runs its ELF initializers, which have no
+        // preconditions; the handle is kept for the life of the process below.
+        match unsafe { libloading::Library::new(name) } {
+            Ok(lib) => {
+                found = Some((name, lib));
+                break;
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    let Some((name, lib)) = found else {
+        return DriverStatus::Unavailable(format!("cannot load libcuda ({})", failures.join("; ")));
+    };
+    // SAFETY: these symbols have exactly these C signatures in every CUDA driver
+    // (`CUresult cuInit(unsigned)`, `CUresult cuDriverGetVersion(int*)`,
+    // `CUresult cuDeviceGetCount(int*)`); the library outlives the calls (it is leaked below).
+    let probed = unsafe {
+        let init = lib.get::<CuInit>(b"cuInit\0");
+        let version = lib.get::<CuGetInt>(b"cuDriverGetVersion\0");
+        let count = lib.get::<CuGetInt>(b"cuDeviceGetCount\0");
+        match (init, version, count) {
+            (Ok(init), Ok(version), Ok(count)) => {
+                let rc = init(0);
+                if rc != 0 {
+                    Err(format!("cuInit(0) returned {rc} ({name})"))
+                } else {
+                    let (mut v, mut n) = (0, 0);
+                    let rc_v = version(&mut v);
+                    let rc_n = count(&mut n);
+                    if rc_v != 0 || rc_n != 0 {
+                        Err(format!(
+                            "cuDriverGetVersion/cuDeviceGetCount returned {rc_v}/{rc_n}"
+                        ))
+                    } else {
+                        Ok((v, n))
+                    }
+                }
+            }
+            _ => Err(format!(
+                "{name} lacks cuInit/cuDriverGetVersion/cuDeviceGetCount"
+            )),
+        }
+    };
+    // The driver stays loaded: unloading libcuda after cuInit is not supported.
+    std::mem::forget(lib);
+    let (version, devices) = match probed {
+        Ok(v) => v,
+        Err(why) => return DriverStatus::Unavailable(why),
+    };
+    if devices <= 0 {
+        return DriverStatus::Unavailable(format!(
+            "the driver ({name}, version {version}) sees no CUDA devices"
+        ));
+    }
+    // cudarc resolves the library by its own list of names and panics when none loads: make
+    // sure it will find one before any call goes through it.
+    // SAFETY: only tries to dlopen candidate names (the same initializers as above).
+    if !unsafe { sys::is_culib_present() } {
+        return DriverStatus::Unavailable(format!(
+            "{name} loads but cudarc finds no CUDA driver library under its names"
+        ));
+    }
+    DriverStatus::Available {
+        version,
+        devices: devices as usize,
+        library: name.to_string(),
+    }
+}
+
+/// Fails with [`CudaError::NoDriver`] unless the driver is usable; every driver entry point
+/// calls this before reaching `cudarc`.
+pub(crate) fn require(api: &'static str) -> Result<()> {
+    match driver_status() {
+        DriverStatus::Available { .. } => Ok(()),
+        DriverStatus::Unavailable(why) => Err(Error::new(
+            api,
+            ErrorKind::Cuda(CudaError::NoDriver(why.clone())),
+            "",
+        )),
+    }
+}
+
+/// The name of a driver result code (`CUDA_ERROR_INVALID_VALUE`).
+pub(crate) fn error_name(rc: sys::CUresult) -> String {
+    let mut name: *const c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it NULL; the driver is
+    // loaded (callers only get a CUresult from an earlier call that went through `require`).
+    let ok = unsafe { sys::cuGetErrorName(rc, &mut name) } == sys::CUresult::CUDA_SUCCESS;
+    if ok && !name.is_null() {
+        // SAFETY: non-NULL, NUL-terminated static string owned by the driver.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        format!("CUresult {}", rc as i32)
+    }
+}
+
+/// Turns a driver result into `Ok(())` or an error naming `api` and `context`.
+pub(crate) fn check(
+    api: &'static str,
+    rc: sys::CUresult,
+    context: impl FnOnce() -> String,
+) -> Result<()> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(cuda_error(api, rc, context()))
+    }
+}
+
+/// The error for a failed driver call.
+pub(crate) fn cuda_error(api: &'static str, rc: sys::CUresult, context: String) -> Error {
+    Error::new(
+        api,
+        ErrorKind::Cuda(CudaError::Driver {
+            code: rc as i32,
+            name: error_name(rc),
+        }),
+        context,
+    )
+}
+
+/// An error of kind [`CudaError::Kernel`].
+pub(crate) fn kernel_error(api: &'static str, what: impl Into<String>) -> Error {
+    Error::new(api, ErrorKind::Cuda(CudaError::Kernel(what.into())), "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_cached_and_never_panics() {
+        let a = driver_status();
+        let b = driver_status();
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(driver_available(), a.is_available());
+        assert_eq!(skip_reason().is_none(), a.is_available());
+        if let Some(why) = skip_reason() {
+            assert!(why.starts_with("skipped: no CUDA driver ("), "{why}");
+            let err = require("test").unwrap_err();
+            assert!(matches!(
+                err.kind(),
+                ErrorKind::Cuda(CudaError::NoDriver(_))
+            ));
+            assert!(err.to_string().contains("no usable CUDA driver"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! GPU memory: CUDA device buffers, pinned host buffers, copies, streams and events, and the
+//! receive-side unpack kernel of TCPX (docs/NCCL_NET_ABI.md §6).
+//!
+//! Everything here talks to the CUDA driver API through `cudarc` with dynamic loading, so the
+//! crate builds and runs on machines without CUDA. `cudarc` panics when `libcuda` is missing;
+//! this module never lets that happen: [`driver_status`] probes the driver once (dlopen
+//! `libcuda.so.1`, `cuInit(0)`, at least one device) and caches the answer, and every entry point
+//! that reaches the driver checks it first and returns an [`ErrorKind::Cuda`](crate::ErrorKind)
+//! error ([`CudaError::NoDriver`]) instead.
+//!
+//! * [`CudaDevice`]: one GPU (ordinal, name, PCI bus id, compute capability), its primary
+//!   context made current on demand.
+//! * [`CudaBuffer`]: a zeroed, 4 KiB-aligned device allocation (devmem-TCP needs 4 KiB).
+//!   [`PinnedHostBuffer`]: page-locked host memory mapped into the GPU (`cuMemHostAlloc`). Both
+//!   implement [`Memory`](crate::Memory), so [`SharedMemory::new`](crate::SharedMemory::new) wraps
+//!   and registers them.
+//! * [`CudaStream`], [`CudaEvent`], [`AsyncCopy`]: stream-ordered copies between any two
+//!   [`SharedMemory`](crate::SharedMemory) handles; the memory counts as in flight until the copy
+//!   completes.
+//! * [`unpack`]: the CPU reference gather and the GPU [`Unpacker`](unpack::Unpacker).
+//!
+//! ```
+//! use tcpx::cuda::{self, CudaDevice};
+//! if !cuda::driver_available() {
+//!     println!("skipped: no CUDA driver ({})", cuda::driver_status());
+//!     return Ok(());
+//! }
+//! let gpu = CudaDevice::new(0)?;
+//! let buf = gpu.alloc(1 << 20)?;
+//! buf.copy_from_host(0, b"hello")?;
+//! let mut back = [0u8; 5];
+//! buf.copy_to_host(0, &mut back)?;
+//! assert_eq!(&back, b"hello");
+//! # Ok::<(), tcpx::Error>(())
+//! ```
+
+mod buffer;
+mod device;
+mod driver;
+pub mod unpack;
+
+pub use buffer::{AsyncCopy, CudaBuffer, DeviceAccessible, PinnedHostBuffer};
+pub use device::{CudaDevice, CudaEvent, CudaStream};
+pub use driver::{driver_available, driver_status, skip_reason, DriverStatus};
+
+/// Why a CUDA operation failed (the `kind` of an [`Error`](crate::Error) from this module).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// No usable CUDA driver in this process; says why (library missing, `cuInit` failed, no
+    /// devices, disabled with `TCPX_CUDA_DISABLE`).
+    #[error("no usable CUDA driver: {0}")]
+    NoDriver(String),
+    /// A driver call returned an error code.
+    #[error("{name} ({code})")]
+    Driver {
+        /// The `CUresult` value.
+        code: i32,
+        /// Its name (`CUDA_ERROR_OUT_OF_MEMORY`, …).
+        name: String,
+    },
+    /// The unpack kernel could not be built or loaded (NVRTC missing or failing, bad PTX).
+    #[error("unpack kernel: {0}")]
+    Kernel(String),
+}
+
+impl CudaError {
+    /// The driver's `CUresult`, when a driver call failed.
+    pub fn code(&self) -> Option<i32> {
+        match self {
+            CudaError::Driver { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}

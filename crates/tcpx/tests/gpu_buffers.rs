@@ -1,0 +1,235 @@
+//! GPU tests of `tcpx::cuda` buffers, copies, streams and events. Each test prints
+//! "skipped: no CUDA driver (…)" and passes where there is no driver (CI); on a GPU machine
+//! they run for real (scripts/gpu/run_gpu_suite.sh).
+
+use std::time::{Duration, Instant};
+
+use tcpx::cuda::{self, CudaBuffer, CudaDevice, PinnedHostBuffer};
+use tcpx::{ErrorKind, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
+
+/// Device 0, or `None` (after printing why) when there is no CUDA driver.
+fn gpu() -> Option<CudaDevice> {
+    if let Some(why) = cuda::skip_reason() {
+        println!("{why}");
+        return None;
+    }
+    Some(CudaDevice::new(0).expect("CUDA device 0"))
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(7) as u8 ^ salt)
+        .collect()
+}
+
+#[test]
+fn without_a_driver_everything_is_an_error_not_a_panic() {
+    if cuda::driver_available() {
+        println!(
+            "skipped: a CUDA driver is present ({})",
+            cuda::driver_status()
+        );
+        return;
+    }
+    println!("no CUDA driver: {}", cuda::driver_status());
+    assert_eq!(CudaDevice::count(), 0);
+    let err = CudaDevice::new(0).unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Cuda(cuda::CudaError::NoDriver(_))),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no usable CUDA driver"), "{err}");
+}
+
+#[test]
+fn device_identity() {
+    let Some(gpu) = gpu() else { return };
+    println!(
+        "{}: {} {:?} cc {:?}, {} SMs, {} GiB, driver bus id {}",
+        cuda::driver_status(),
+        gpu.name(),
+        gpu.pci_bus_id(),
+        gpu.compute_capability(),
+        gpu.multiprocessor_count(),
+        gpu.total_memory() >> 30,
+        gpu.driver_pci_bus_id().unwrap()
+    );
+    assert!(CudaDevice::count() >= 1);
+    assert_eq!(gpu.ordinal(), 0);
+    assert!(!gpu.name().is_empty());
+    // "dddd:bb:dd.0", lowercase hex.
+    let id = gpu.pci_bus_id();
+    let parts: Vec<&str> = id.split([':', '.']).collect();
+    assert_eq!(parts.len(), 4, "{id}");
+    assert_eq!(
+        parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+        [4, 2, 2, 1],
+        "{id}"
+    );
+    assert!(id
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, 'a'..='f' | ':' | '.')));
+    // The driver prints an 8-digit domain and uppercase hex: same numbers.
+    let driver = gpu.driver_pci_bus_id().unwrap().to_ascii_lowercase();
+    let (d_dom, d_rest) = driver.split_once(':').unwrap();
+    let (o_dom, o_rest) = id.split_once(':').unwrap();
+    assert_eq!(
+        u32::from_str_radix(d_dom, 16).unwrap(),
+        u32::from_str_radix(o_dom, 16).unwrap()
+    );
+    assert_eq!(d_rest, o_rest);
+    let (major, _) = gpu.compute_capability();
+    assert!(major >= 7);
+    assert!(CudaDevice::new(CudaDevice::count()).is_err());
+}
+
+#[test]
+fn allocations_are_aligned_and_zeroed() {
+    let Some(gpu) = gpu() else { return };
+    for len in [1, 100, 4095, 4096, 4097, (1 << 20) + 1, 3 << 20] {
+        let buf = gpu.alloc(len).unwrap();
+        assert_eq!(buf.len(), len);
+        assert_eq!(buf.device_ptr() % BUFFER_ALIGN as u64, 0, "len {len}");
+        assert_eq!(Memory::as_ptr(&buf) as u64, buf.device_ptr());
+        assert_eq!(buf.kind(), MemoryKind::Cuda);
+        assert!(buf.to_vec().unwrap().iter().all(|&b| b == 0), "len {len}");
+
+        let pinned = gpu.alloc_pinned(len).unwrap();
+        assert_eq!(pinned.len(), len);
+        assert_eq!(pinned.as_slice().as_ptr() as usize % BUFFER_ALIGN, 0);
+        assert_eq!(pinned.device_ptr() % BUFFER_ALIGN as u64, 0);
+        assert_eq!(pinned.kind(), MemoryKind::Host);
+        assert!(pinned.as_slice().iter().all(|&b| b == 0));
+    }
+    assert!(gpu.alloc(0).is_err());
+    assert!(gpu.alloc_pinned(0).is_err());
+    assert!(gpu.alloc(usize::MAX).is_err());
+    // More than the GPU has: a CUDA error, not a crash.
+    let err = gpu.alloc(gpu.total_memory() * 2).unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Cuda(_)), "{err}");
+}
+
+#[test]
+fn sync_round_trips() {
+    let Some(gpu) = gpu() else { return };
+    let len = (8 << 20) + 123;
+    let data = pattern(len, 0x5a);
+    let a = gpu.alloc(len + 4096).unwrap();
+    a.copy_from_host(17, &data).unwrap();
+    let mut back = vec![0u8; len];
+    a.copy_to_host(17, &mut back).unwrap();
+    assert_eq!(back, data);
+
+    // Device to device, at odd offsets.
+    let b = gpu.alloc(len).unwrap();
+    b.copy_from_device(3, &a, 17 + 5, len - 10).unwrap();
+    let all = b.to_vec().unwrap();
+    assert_eq!(&all[3..3 + len - 10], &data[5..len - 5]);
+    assert_eq!(&all[..3], &[0, 0, 0]);
+
+    // Out of range: errors, nothing copied.
+    assert!(a.copy_from_host(a.len() - 1, &[1, 2]).is_err());
+    assert!(a.copy_to_host(usize::MAX, &mut [0u8; 1]).is_err());
+    assert!(b.copy_from_device(0, &a, a.len(), 1).is_err());
+    a.copy_from_host(a.len(), &[]).unwrap();
+}
+
+#[test]
+fn shared_memory_copies_sync_and_async() {
+    let Some(gpu) = gpu() else { return };
+    let len = 4 << 20;
+    let data = pattern(len, 3);
+    let mut pinned = gpu.alloc_pinned(len).unwrap();
+    pinned.as_mut_slice().copy_from_slice(&data);
+    let host = SharedMemory::new(pinned);
+    let dev = SharedMemory::new(gpu.alloc(len).unwrap());
+    assert_eq!(dev.kind(), MemoryKind::Cuda);
+    assert_eq!(host.kind(), MemoryKind::Host);
+    // CUDA memory is not CPU-accessible through SharedMemory.
+    assert!(dev.with_bytes(|_| ()).is_err());
+
+    // Pinned -> device (async), device -> pageable host (sync), compare.
+    let stream = gpu.stream().unwrap();
+    let mut copy = stream.copy_async(&dev, 0, &host, 0, len).unwrap();
+    assert!(dev.in_flight() >= 1);
+    copy.is_done().unwrap();
+    copy.wait().unwrap();
+    assert_eq!(dev.in_flight(), 0);
+    let pageable = SharedMemory::host(len).unwrap();
+    gpu.copy(&pageable, 0, &dev, 0, len).unwrap();
+    assert!(pageable.with_bytes(|b| b == &data[..]).unwrap());
+
+    // While a copy into pinned memory is in flight, the CPU may not look at it.
+    let back = SharedMemory::new(gpu.alloc_pinned(len).unwrap());
+    let copy = stream.copy_async(&back, 0, &dev, 0, len).unwrap();
+    let busy = back.with_bytes(|_| ());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut copy = copy;
+    while !copy.is_done().unwrap() {
+        assert!(Instant::now() < deadline, "async copy never completed");
+    }
+    let e = busy.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Busy(_)), "{e}");
+    drop(copy);
+    assert!(back.with_bytes(|b| b == &data[..]).unwrap());
+
+    // Dropping an unfinished copy waits for it.
+    let dev2 = SharedMemory::new(gpu.alloc(len).unwrap());
+    drop(stream.copy_async(&dev2, 0, &host, 0, len).unwrap());
+    assert_eq!(dev2.in_flight(), 0);
+    gpu.copy(&pageable, 0, &dev2, 0, len).unwrap();
+    assert!(pageable.with_bytes(|b| b == &data[..]).unwrap());
+
+    // Ranges are checked, and CPU access blocks copies.
+    assert!(gpu.copy(&dev, 1, &host, 0, len).is_err());
+    assert!(stream.copy_async(&dev, 0, &host, len, 1).is_err());
+    host.with_bytes(|_| {
+        let e = gpu.copy(&dev, 0, &host, 0, 1).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Busy(_)), "{e}");
+    })
+    .unwrap();
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn buffers_move_between_threads() {
+    let Some(gpu) = gpu() else { return };
+    let buf: CudaBuffer = gpu.alloc(1 << 16).unwrap();
+    let pinned: PinnedHostBuffer = gpu.alloc_pinned(1 << 16).unwrap();
+    let handle = std::thread::spawn(move || {
+        // A fresh thread has no current context: every call binds the primary context.
+        buf.copy_from_host(0, &[9u8; 100]).unwrap();
+        let mut out = [0u8; 100];
+        buf.copy_to_host(0, &mut out).unwrap();
+        assert_eq!(out, [9u8; 100]);
+        (buf, pinned)
+    });
+    let (buf, pinned) = handle.join().unwrap();
+    drop(pinned);
+    let shared = SharedMemory::new(buf);
+    let t = std::thread::spawn(move || shared.len());
+    assert_eq!(t.join().unwrap(), 1 << 16);
+}
+
+#[test]
+fn events_time_work() {
+    let Some(gpu) = gpu() else { return };
+    let stream = gpu.stream().unwrap();
+    let a = SharedMemory::new(gpu.alloc(64 << 20).unwrap());
+    let b = SharedMemory::new(gpu.alloc(64 << 20).unwrap());
+    let start = cuda::CudaEvent::new(&gpu, true).unwrap();
+    let end = cuda::CudaEvent::new(&gpu, true).unwrap();
+    start.record(&stream).unwrap();
+    let copy = stream.copy_async(&b, 0, &a, 0, 64 << 20).unwrap();
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    assert!(end.is_done().unwrap());
+    let ms = end.elapsed_ms(&start).unwrap();
+    println!(
+        "64 MiB device copy: {ms:.3} ms ({:.0} GB/s)",
+        (64 << 20) as f64 / ms as f64 / 1e6
+    );
+    assert!(ms > 0.0);
+    copy.wait().unwrap();
+    gpu.synchronize().unwrap();
+}
