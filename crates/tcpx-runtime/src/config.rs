@@ -17,6 +17,7 @@
 //! | `TCPX_GPU_PCI` | PCI bus id of this endpoint's GPU | none |
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
+//! | `TCPX_ENGINES_PER_NIC` | engine threads per device | 1 |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
 //! here: they pass through to the plugin untouched.
@@ -29,11 +30,9 @@ use crate::error::{Error, Result};
 use crate::schedule::{DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES};
 use crate::window::DEFAULT_CAPACITY;
 
-/// Where the TCPX plugin is installed on Google's images, searched in this order.
-pub const TCPX_INSTALL_PATHS: [&str; 2] = [
-    "/usr/local/tcpx/lib64/libnccl-net-tcpx.so",
-    "/usr/local/tcpx/lib64/libnccl-net.so",
-];
+/// Where the TCPX plugin is installed on Google's images, searched in this order (one list,
+/// owned by the safe layer, which `tcpx-info` reports from too).
+pub use tcpx::TCPX_INSTALL_PATHS;
 
 /// Which plugin an endpoint loads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -100,6 +99,10 @@ pub struct Config {
     pub backoff: Backoff,
     /// Pin each engine thread to a core local to its NIC (when the topology says which).
     pub pin_engines: bool,
+    /// Engine threads per device. One suffices when the plugin moves the bytes on its own
+    /// threads (TCPX); with a plugin that copies inside `test` on the caller's thread (the
+    /// built-in socket plugin), one engine per channel lets the copies run in parallel.
+    pub engines_per_device: usize,
 }
 
 impl Default for Config {
@@ -115,6 +118,7 @@ impl Default for Config {
             gpu_pci: None,
             backoff: Backoff::Park,
             pin_engines: true,
+            engines_per_device: 1,
         }
     }
 }
@@ -197,6 +201,9 @@ impl Config {
                 _ => return Err(Error::Config(format!("{name}={v:?}: expected 0 or 1"))),
             });
         }
+        if let Some((name, v)) = get(&["TCPX_ENGINES_PER_NIC"]) {
+            b = b.engines_per_device(parse_num(name, &v)?);
+        }
         b.build()
     }
 
@@ -220,6 +227,12 @@ impl Config {
         }
         if self.timeout.is_zero() {
             return Err(Error::Config("timeout must be longer than zero".into()));
+        }
+        if self.engines_per_device == 0 || self.engines_per_device > 256 {
+            return Err(Error::Config(format!(
+                "engines_per_device {} must be between 1 and 256",
+                self.engines_per_device
+            )));
         }
         if matches!(&self.devices, Some(d) if d.is_empty()) {
             return Err(Error::Config("the device list is empty".into()));
@@ -293,6 +306,12 @@ impl ConfigBuilder {
     /// Pin engine threads.
     pub fn pin_engines(mut self, pin: bool) -> Self {
         self.config.pin_engines = pin;
+        self
+    }
+
+    /// Engine threads per device.
+    pub fn engines_per_device(mut self, engines: usize) -> Self {
+        self.config.engines_per_device = engines;
         self
     }
 
@@ -377,6 +396,7 @@ mod tests {
             ("TCPX_GPU_PCI", "0000:04:00.0"),
             ("TCPX_BACKOFF", "spin"),
             ("TCPX_PIN", "0"),
+            ("TCPX_ENGINES_PER_NIC", "4"),
         ])
         .unwrap();
         assert_eq!(c.backend, Backend::Builtin);
@@ -388,6 +408,7 @@ mod tests {
         assert_eq!(c.gpu_pci.as_deref(), Some("0000:04:00.0"));
         assert_eq!(c.backoff, Backoff::Spin);
         assert!(!c.pin_engines);
+        assert_eq!(c.engines_per_device, 4);
     }
 
     #[test]
@@ -400,6 +421,7 @@ mod tests {
             ("TCPX_WINDOW", "17"),
             ("TCPX_BACKOFF", "nap"),
             ("TCPX_CONTROL_ADDR", "localhost"),
+            ("TCPX_ENGINES_PER_NIC", "0"),
         ] {
             let err = from(&[(var, value)]).unwrap_err().to_string();
             assert!(

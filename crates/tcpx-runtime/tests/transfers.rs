@@ -248,3 +248,40 @@ fn bad_ranges_are_refused_before_anything_is_posted() {
     assert!(ab.send_vectored(&[]).is_err());
     assert_eq!(ab.in_flight(), 0);
 }
+
+#[test]
+fn several_engines_per_device_share_the_channels() {
+    loopback();
+    let cfg = || {
+        tcpx_runtime::Config::builder()
+            .backend(tcpx_runtime::Backend::Builtin)
+            .control_addr("127.0.0.1:0".parse().unwrap())
+            .channels(6)
+            .chunk_bytes(64 * KIB as u32)
+            .engines_per_device(4)
+            .build()
+            .unwrap()
+    };
+    let (a, b, ab, ba) = pair_with(cfg(), cfg());
+    assert_eq!(a.engines().len(), 4);
+    // Contiguous transfers of every size class, then a vectored one (sent to every engine).
+    for (i, len) in [1, 64 * KIB, 3 * 64 * KIB + 1, 8 * MIB + 77]
+        .into_iter()
+        .enumerate()
+    {
+        roundtrip(&a, &b, &ab, &ba, len, 600 + i as u64);
+    }
+    let src = source(&a, 2 * MIB, 9);
+    let dst = b.alloc_host(2 * MIB).unwrap();
+    let rx = ba
+        .recv_vectored(&[Segment::new(&dst, 0, MIB), Segment::new(&dst, MIB, MIB)])
+        .unwrap();
+    ab.send_vectored(&[Segment::new(&src, 0, 2 * MIB)])
+        .unwrap()
+        .wait(DEADLINE)
+        .unwrap();
+    rx.wait(DEADLINE).unwrap();
+    assert_pattern(&dst, 0, 2 * MIB, 9, "vectored over 4 engines");
+    // One registration per channel, made by the engine owning each channel.
+    assert_eq!(b.live_registrations(), 6);
+}

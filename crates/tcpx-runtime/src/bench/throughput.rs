@@ -39,6 +39,8 @@ pub struct ThroughputOptions {
     pub backoff: Backoff,
     /// Plugin to run on.
     pub backend: Backend,
+    /// Engine threads per device (the built-in plugin copies on the engine's thread).
+    pub engines_per_device: usize,
 }
 
 impl Default for ThroughputOptions {
@@ -51,6 +53,7 @@ impl Default for ThroughputOptions {
             reps: 3,
             backoff: Backoff::Park,
             backend: Backend::Builtin,
+            engines_per_device: 1,
         }
     }
 }
@@ -66,6 +69,8 @@ pub struct ThroughputRow {
     pub stack_gbps: f64,
     /// Raw TCP, same streams, GB/s (median).
     pub tcp_gbps: f64,
+    /// Application time per submitted transfer (send or receive), microseconds (median).
+    pub submit_us: f64,
 }
 
 impl ThroughputRow {
@@ -91,6 +96,7 @@ pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
         .channels(opts.channels)
         .chunk_bytes(opts.chunk_bytes)
         .backoff(opts.backoff)
+        .engines_per_device(opts.engines_per_device)
         .timeout(Duration::from_secs(120))
         .build()?;
     let a = Endpoint::new(config.clone())?;
@@ -117,13 +123,15 @@ pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
         let per_stream = stream_bytes(size, messages, opts.chunk_bytes, opts.channels)?;
         let mut stack = Vec::with_capacity(opts.reps);
         let mut tcp = Vec::with_capacity(opts.reps);
+        let mut submit = Vec::with_capacity(opts.reps);
         for rep in 0..=opts.reps {
-            let t_stack = stack_once(&ab, &ba, &src, &dst, size, messages)?;
+            let (t_stack, t_submit) = stack_once(&ab, &ba, &src, &dst, size, messages)?;
             let t_tcp = tcp_once(&per_stream, opts.chunk_bytes as usize, size)?;
             // Repetition 0 is the warm-up.
             if rep > 0 {
                 stack.push(gbps(total, t_stack));
                 tcp.push(gbps(total, t_tcp));
+                submit.push(t_submit.as_secs_f64() * 1e6 / (2 * messages) as f64);
             }
         }
         rows.push(ThroughputRow {
@@ -131,6 +139,7 @@ pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
             messages,
             stack_gbps: median(&mut stack),
             tcp_gbps: median(&mut tcp),
+            submit_us: median(&mut submit),
         });
     }
     Ok(rows)
@@ -143,17 +152,18 @@ fn stack_once(
     dst: &crate::Region,
     size: usize,
     messages: usize,
-) -> Result<Duration> {
+) -> Result<(Duration, Duration)> {
     let start = Instant::now();
     let mut pending: Vec<Transfer> = Vec::with_capacity(2 * messages);
     for _ in 0..messages {
         pending.push(ba.recv(dst, 0, size)?);
         pending.push(ab.send(src, 0, size)?);
     }
+    let submitted = start.elapsed();
     for t in &pending {
         t.wait(Duration::from_secs(120))?;
     }
-    Ok(start.elapsed())
+    Ok((start.elapsed(), submitted))
 }
 
 /// Bytes each stream carries when `messages` messages of `size` go through the stack's

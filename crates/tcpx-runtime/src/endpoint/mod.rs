@@ -34,7 +34,8 @@ pub(crate) struct EndpointShared {
     pub(crate) backend: BackendInfo,
     /// Plugin devices in use; channel `c` lives on `devices[c % devices.len()]`.
     pub(crate) devices: Vec<usize>,
-    /// One engine per entry of `devices`, same order.
+    /// `engines_per_device` engines per device: engine `k` serves `devices[k % devices.len()]`
+    /// and owns the channels `c` with `c % engines.len() == k`.
     pub(crate) engines: Vec<EngineHandle>,
     pub(crate) registrations: RegistrationCounter,
     /// What this endpoint tells peers in `Hello`.
@@ -42,9 +43,14 @@ pub(crate) struct EndpointShared {
 }
 
 impl EndpointShared {
-    /// Index (into `devices` and `engines`) serving channel `channel`.
-    pub(crate) fn slot_of(&self, channel: u16) -> usize {
-        usize::from(channel) % self.devices.len()
+    /// Index into `engines` of the engine owning channel `channel`.
+    pub(crate) fn engine_of(&self, channel: u16) -> usize {
+        usize::from(channel) % self.engines.len()
+    }
+
+    /// The plugin device carrying channel `channel`.
+    pub(crate) fn device_of(&self, channel: u16) -> usize {
+        self.devices[usize::from(channel) % self.devices.len()]
     }
 }
 
@@ -176,15 +182,24 @@ impl Endpoint {
             control_addr: SocketAddr::new(ip, local.port()),
         };
 
+        // Engine k serves device k mod D; with E engines per device, channel c lands on
+        // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
+        let engine_count = devices.len() * config.engines_per_device;
+        let engine_nics: Vec<String> = (0..engine_count)
+            .map(|k| names[k % names.len()].clone())
+            .collect();
         let leases = if config.pin_engines {
-            plan_cores(&names, config.gpu_pci.as_deref())
+            plan_cores(&engine_nics, config.gpu_pci.as_deref())
         } else {
-            names.iter().map(|_| None).collect()
+            engine_nics.iter().map(|_| None).collect()
         };
-        let engines = devices
-            .iter()
-            .zip(leases)
-            .map(|(&d, lease)| EngineHandle::spawn(d, config.backoff, config.window, lease))
+        let engines = leases
+            .into_iter()
+            .enumerate()
+            .map(|(k, lease)| {
+                let device = devices[k % devices.len()];
+                EngineHandle::spawn(device, config.backoff, config.window, lease)
+            })
             .collect::<Result<Vec<_>>>()?;
         tracing::info!(
             target: "tcpx_runtime",

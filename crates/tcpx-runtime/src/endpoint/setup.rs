@@ -81,7 +81,7 @@ fn handshake(
         source: Arc::new(source),
     };
     let mut listens: Vec<ListenComm> = (0..channels)
-        .map(|c| shared.net.listen(shared.devices[shared.slot_of(c)]))
+        .map(|c| shared.net.listen(shared.device_of(c)))
         .collect::<tcpx::Result<_>>()
         .map_err(setup_err)?;
     ctl.send(&Message::ConnectHandles {
@@ -109,7 +109,7 @@ fn handshake(
         .enumerate()
         .map(|(c, h)| {
             // `c` < channels, a u16.
-            let device = shared.devices[shared.slot_of(c as u16)];
+            let device = shared.device_of(c as u16);
             shared.net.begin_connect(device, &ConnectHandle(*h))
         })
         .collect::<tcpx::Result<Vec<_>>>()
