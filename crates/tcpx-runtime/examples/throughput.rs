@@ -6,9 +6,9 @@
 //!     [spin|yield|park] [reps=N] [gib=N] [mib=1,4,...] [engines=one|all|both] [channels ...]
 //! ```
 //!
-//! Each channel count runs twice: with one engine thread (the default: one per NIC) and with
-//! one engine per channel (`engines_per_device = channels`), since the built-in socket
-//! plugin copies on the engine's thread.
+//! Each channel count runs with one engine thread (one per NIC, what a TCPX plugin gets) and
+//! with one engine per channel (what the built-in socket plugin gets by default, since it
+//! copies on the engine's thread).
 
 use tcpx_runtime::bench::throughput::{host_throughput, ThroughputOptions};
 use tcpx_runtime::Backoff;
@@ -64,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for engines in engine_counts {
             let opts = ThroughputOptions {
                 channels: c,
-                engines_per_device: engines,
+                engines_per_device: Some(engines),
                 backoff,
                 ..defaults.clone()
             };

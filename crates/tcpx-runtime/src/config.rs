@@ -17,7 +17,7 @@
 //! | `TCPX_GPU_PCI` | PCI bus id of this endpoint's GPU | none |
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
-//! | `TCPX_ENGINES_PER_NIC` | engine threads per device | 1 |
+//! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
 //! here: they pass through to the plugin untouched.
@@ -99,10 +99,11 @@ pub struct Config {
     pub backoff: Backoff,
     /// Pin each engine thread to a core local to its NIC (when the topology says which).
     pub pin_engines: bool,
-    /// Engine threads per device. One suffices when the plugin moves the bytes on its own
-    /// threads (TCPX); with a plugin that copies inside `test` on the caller's thread (the
-    /// built-in socket plugin), one engine per channel lets the copies run in parallel.
-    pub engines_per_device: usize,
+    /// Engine threads per device; `None` chooses: one per device (one per NIC) for plugins
+    /// that move the bytes on their own threads (TCPX), and one per channel for the built-in
+    /// socket plugin, which copies inside `test` on the engine's own thread, so that one
+    /// engine would cap a device at one core's copy bandwidth.
+    pub engines_per_device: Option<usize>,
 }
 
 impl Default for Config {
@@ -118,7 +119,7 @@ impl Default for Config {
             gpu_pci: None,
             backoff: Backoff::Park,
             pin_engines: true,
-            engines_per_device: 1,
+            engines_per_device: None,
         }
     }
 }
@@ -228,11 +229,12 @@ impl Config {
         if self.timeout.is_zero() {
             return Err(Error::Config("timeout must be longer than zero".into()));
         }
-        if self.engines_per_device == 0 || self.engines_per_device > 256 {
-            return Err(Error::Config(format!(
-                "engines_per_device {} must be between 1 and 256",
-                self.engines_per_device
-            )));
+        if let Some(n) = self.engines_per_device {
+            if n == 0 || n > 256 {
+                return Err(Error::Config(format!(
+                    "engines_per_device {n} must be between 1 and 256"
+                )));
+            }
         }
         if matches!(&self.devices, Some(d) if d.is_empty()) {
             return Err(Error::Config("the device list is empty".into()));
@@ -309,9 +311,9 @@ impl ConfigBuilder {
         self
     }
 
-    /// Engine threads per device.
+    /// Engine threads per device (instead of the automatic choice).
     pub fn engines_per_device(mut self, engines: usize) -> Self {
-        self.config.engines_per_device = engines;
+        self.config.engines_per_device = Some(engines);
         self
     }
 
@@ -408,7 +410,7 @@ mod tests {
         assert_eq!(c.gpu_pci.as_deref(), Some("0000:04:00.0"));
         assert_eq!(c.backoff, Backoff::Spin);
         assert!(!c.pin_engines);
-        assert_eq!(c.engines_per_device, 4);
+        assert_eq!(c.engines_per_device, Some(4));
     }
 
     #[test]

@@ -129,10 +129,12 @@ impl Link {
         self.peer_gone.get()
     }
 
-    /// Sends `signal` to every engine of the link (a lost send means the engine is gone).
+    /// Sends `signal` to every engine of the link, without blocking: engines call this too,
+    /// and must never wait on their own full queue. A signal lost to a full queue is covered
+    /// by the engine's health check (it notices failed links on its own).
     pub(crate) fn wake_engines(&self, signal: Signal) {
         for engine in &self.engines {
-            let _ = engine.send(Command::Signal(signal));
+            let _ = engine.try_send(Command::Signal(signal));
         }
     }
 

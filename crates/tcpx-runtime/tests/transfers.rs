@@ -38,6 +38,8 @@ fn sizes_from_one_byte_to_sixteen_mib_on_1_2_4_8_channels() {
     for channels in [1u16, 2, 4, 8] {
         // Small chunks so every size spans several channels.
         let (a, b, ab, ba) = pair(channels, 64 * KIB as u32);
+        // The built-in plugin copies on the engine's thread: one engine per channel.
+        assert_eq!(a.engines().len(), usize::from(channels));
         for (i, &len) in sizes.iter().enumerate() {
             roundtrip(&a, &b, &ab, &ba, len, u64::from(channels) * 100 + i as u64);
         }

@@ -39,8 +39,8 @@ pub struct ThroughputOptions {
     pub backoff: Backoff,
     /// Plugin to run on.
     pub backend: Backend,
-    /// Engine threads per device (the built-in plugin copies on the engine's thread).
-    pub engines_per_device: usize,
+    /// Engine threads per device; `None`: the endpoint's automatic choice.
+    pub engines_per_device: Option<usize>,
 }
 
 impl Default for ThroughputOptions {
@@ -53,7 +53,7 @@ impl Default for ThroughputOptions {
             reps: 3,
             backoff: Backoff::Park,
             backend: Backend::Builtin,
-            engines_per_device: 1,
+            engines_per_device: None,
         }
     }
 }
@@ -96,9 +96,12 @@ pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
         .channels(opts.channels)
         .chunk_bytes(opts.chunk_bytes)
         .backoff(opts.backoff)
-        .engines_per_device(opts.engines_per_device)
         .timeout(Duration::from_secs(120))
         .build()?;
+    let config = Config {
+        engines_per_device: opts.engines_per_device,
+        ..config
+    };
     let a = Endpoint::new(config.clone())?;
     let b = Endpoint::new(config)?;
     let meta = a.metadata().clone();

@@ -184,7 +184,14 @@ impl Endpoint {
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
         // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
-        let engine_count = devices.len() * config.engines_per_device;
+        let per_device = config.engines_per_device.unwrap_or_else(|| {
+            if backend.name == BUILTIN_PLUGIN_NAME {
+                usize::from(config.channels).div_ceil(devices.len())
+            } else {
+                1
+            }
+        });
+        let engine_count = devices.len() * per_device;
         let engine_nics: Vec<String> = (0..engine_count)
             .map(|k| names[k % names.len()].clone())
             .collect();
@@ -307,6 +314,10 @@ impl Endpoint {
         self.register(memory)
     }
 }
+
+/// The built-in socket plugin's name (also when loaded from its `.so`): it copies on the
+/// calling thread (see [`Config::engines_per_device`]).
+const BUILTIN_PLUGIN_NAME: &str = tcpx_socket::PLUGIN_NAME;
 
 /// The address peers should use: the bind address, else the first data NIC's.
 fn advertised_ip(bind: IpAddr, nic: &str) -> Result<IpAddr> {

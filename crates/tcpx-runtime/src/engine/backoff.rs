@@ -4,15 +4,22 @@
 //! Progress happens only inside plugin calls, so while requests are in flight the engine must
 //! keep testing; backing off trades latency for CPU only after a streak of empty passes, and
 //! any pass that moves something resets the streak.
+//!
+//! The park policy starts sleeping after a *time* without progress ([`PARK_AFTER`]), not a
+//! number of passes: a pass that only meets a full socket takes well under a microsecond, so
+//! a pass count would put an engine to sleep between two chunks of a peer that is merely
+//! slower, and a sleeping sender leaves its socket idle (a blocked `write` would have woken
+//! the moment space freed). Two milliseconds without a single completion means the peer is
+//! not keeping up at all.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::Backoff;
 
 /// Empty passes spent spinning before yielding.
 pub(crate) const SPIN_PASSES: u32 = 64;
-/// Empty passes (spin included) before the park policy starts sleeping.
-pub(crate) const YIELD_PASSES: u32 = 1024;
+/// Time without progress (while busy) before the park policy starts sleeping.
+pub(crate) const PARK_AFTER: Duration = Duration::from_millis(2);
 /// Shortest sleep of the park policy while requests are in flight.
 pub(crate) const MIN_SLEEP: Duration = Duration::from_micros(10);
 /// Longest sleep of the park policy while requests are in flight: bounds the latency a
@@ -37,31 +44,44 @@ pub(crate) enum Pause {
 pub(crate) struct Idle {
     policy: Backoff,
     streak: u32,
+    /// When the current streak began (read from the clock once per streak).
+    since: Option<Instant>,
+    /// Sleeps taken in this streak.
+    sleeps: u32,
 }
 
 impl Idle {
     pub(crate) fn new(policy: Backoff) -> Self {
-        Self { policy, streak: 0 }
+        Self {
+            policy,
+            streak: 0,
+            since: None,
+            sleeps: 0,
+        }
     }
 
     /// A pass moved something: start over.
     #[inline]
     pub(crate) fn moved(&mut self) {
         self.streak = 0;
+        self.since = None;
+        self.sleeps = 0;
     }
 
-    /// A pass moved nothing; `busy` says whether anything is in flight or queued.
-    pub(crate) fn empty_pass(&mut self, busy: bool) -> Pause {
+    /// A pass moved nothing at `now`; `busy` says whether anything is in flight or queued.
+    pub(crate) fn empty_pass(&mut self, busy: bool, now: Instant) -> Pause {
         self.streak = self.streak.saturating_add(1);
+        let since = *self.since.get_or_insert(now);
         match self.policy {
             Backoff::Spin => Pause::Spin,
             _ if !busy && self.policy == Backoff::Park => Pause::Block,
             _ if self.streak <= SPIN_PASSES => Pause::Spin,
             Backoff::Yield => Pause::Yield,
-            _ if self.streak <= YIELD_PASSES => Pause::Yield,
+            _ if now.duration_since(since) < PARK_AFTER => Pause::Yield,
             _ => {
-                // Double the sleep every 64 passes past the yield phase, up to the cap.
-                let doublings = ((self.streak - YIELD_PASSES) / 64).min(16);
+                // Double the sleep every 16 sleeps, up to the cap.
+                let doublings = (self.sleeps / 16).min(16);
+                self.sleeps = self.sleeps.saturating_add(1);
                 Pause::Sleep((MIN_SLEEP * (1u32 << doublings)).min(MAX_SLEEP))
             }
         }
@@ -75,52 +95,70 @@ mod tests {
     #[test]
     fn spin_policy_never_backs_off() {
         let mut idle = Idle::new(Backoff::Spin);
-        for _ in 0..100_000 {
-            assert_eq!(idle.empty_pass(false), Pause::Spin);
+        let t0 = Instant::now();
+        for i in 0..100_000u64 {
+            let now = t0 + Duration::from_micros(i);
+            assert_eq!(idle.empty_pass(false, now), Pause::Spin);
         }
     }
 
     #[test]
     fn yield_policy_spins_then_yields_forever() {
         let mut idle = Idle::new(Backoff::Yield);
+        let t0 = Instant::now();
         for _ in 0..SPIN_PASSES {
-            assert_eq!(idle.empty_pass(true), Pause::Spin);
+            assert_eq!(idle.empty_pass(true, t0), Pause::Spin);
         }
-        for _ in 0..10_000 {
-            assert_eq!(idle.empty_pass(true), Pause::Yield);
+        for i in 0..10_000u64 {
+            let now = t0 + Duration::from_micros(i);
+            assert_eq!(idle.empty_pass(true, now), Pause::Yield);
         }
     }
 
     #[test]
-    fn park_policy_sleeps_boundedly_while_busy_and_blocks_when_idle() {
+    fn park_policy_sleeps_only_after_a_quiet_time_and_boundedly() {
         let mut idle = Idle::new(Backoff::Park);
-        let pauses: Vec<_> = (0..YIELD_PASSES + 5000)
-            .map(|_| idle.empty_pass(true))
+        let t0 = Instant::now();
+        // Many fast empty passes inside PARK_AFTER: spin, then yield, never sleep.
+        let early: Vec<_> = (0..100_000u64)
+            .map(|i| idle.empty_pass(true, t0 + PARK_AFTER * (i as u32) / 200_000))
             .collect();
-        assert!(pauses[..SPIN_PASSES as usize]
+        assert!(early[..SPIN_PASSES as usize]
             .iter()
             .all(|p| *p == Pause::Spin));
-        assert_eq!(pauses[SPIN_PASSES as usize], Pause::Yield);
-        let sleeps: Vec<Duration> = pauses
+        assert!(early[SPIN_PASSES as usize..]
             .iter()
-            .filter_map(|p| match p {
-                Pause::Sleep(d) => Some(*d),
-                _ => None,
+            .all(|p| *p == Pause::Yield));
+        // Past PARK_AFTER: growing sleeps up to the cap.
+        let sleeps: Vec<Duration> = (0..1000u64)
+            .filter_map(|i| {
+                match idle.empty_pass(true, t0 + PARK_AFTER + Duration::from_micros(i)) {
+                    Pause::Sleep(d) => Some(d),
+                    _ => None,
+                }
             })
             .collect();
+        assert_eq!(sleeps.len(), 1000);
         assert_eq!(sleeps.first(), Some(&MIN_SLEEP));
         assert!(sleeps.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(sleeps.last(), Some(&MAX_SLEEP));
-        assert_eq!(idle.empty_pass(false), Pause::Block);
+        // Nothing in flight or queued: block until a command comes.
+        assert_eq!(idle.empty_pass(false, t0), Pause::Block);
     }
 
     #[test]
     fn progress_resets_the_streak() {
         let mut idle = Idle::new(Backoff::Park);
-        for _ in 0..YIELD_PASSES + 100 {
-            idle.empty_pass(true);
+        let t0 = Instant::now();
+        for i in 0..2000u64 {
+            idle.empty_pass(true, t0 + Duration::from_micros(i * 10));
         }
         idle.moved();
-        assert_eq!(idle.empty_pass(true), Pause::Spin);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(idle.empty_pass(true, later), Pause::Spin);
+        for _ in 0..SPIN_PASSES {
+            idle.empty_pass(true, later);
+        }
+        assert_eq!(idle.empty_pass(true, later), Pause::Yield);
     }
 }

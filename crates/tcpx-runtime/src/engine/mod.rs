@@ -207,11 +207,12 @@ impl Engine {
                     channel.counters().idle();
                 }
             }
+            let now = Instant::now();
             if busy {
                 // Only work in progress can time out or wait on a departed peer.
-                self.health_check(Instant::now());
+                self.health_check(now);
             }
-            let flow = match self.idle.empty_pass(busy) {
+            let flow = match self.idle.empty_pass(busy, now) {
                 Pause::Spin => {
                     std::hint::spin_loop();
                     Flow::Continue
