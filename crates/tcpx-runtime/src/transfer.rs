@@ -1,11 +1,14 @@
 //! [`Transfer`]: the application's handle on one send or receive, and the completion state
 //! the engines finish it through.
 //!
-//! Completion is a write-once outcome plus a wake-up. The engines touch the wake-up (a
-//! `Mutex<bool>` and a `Condvar`) exactly once per transfer, when it finishes; everything per
-//! chunk is atomics on the engine side (see `engine::job`). The handle holds no comm,
-//! registration or connection, so keeping an old `Transfer` around keeps no fd open.
+//! Completion is a write-once outcome plus a wake-up. The engine finishing a transfer
+//! publishes the outcome and touches the wake-up (a `Mutex<bool>` and a `Condvar`) only if a
+//! thread is blocked in [`Transfer::wait`]: a futex wake per transfer on the engine thread,
+//! and the waiter's context switch onto a core an engine is polling on, are what a stream of
+//! small transfers would otherwise pay. The handle holds no comm, registration or
+//! connection, so keeping an old `Transfer` around keeps no fd open.
 
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -15,6 +18,8 @@ use crate::error::{Direction, Error, Result};
 #[derive(Debug, Default)]
 pub(crate) struct Completion {
     outcome: OnceLock<Result<u64>>,
+    /// Threads blocked (or about to block) in `wait`.
+    waiters: AtomicUsize,
     finished: Mutex<bool>,
     wake: Condvar,
 }
@@ -26,9 +31,14 @@ impl Completion {
         if self.outcome.set(outcome).is_err() {
             return false;
         }
-        let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
-        *finished = true;
-        self.wake.notify_all();
+        // Pairs with the fence in `wait`: either this load sees the waiter, or the waiter's
+        // check after registering sees the outcome and does not block.
+        fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+            *finished = true;
+            self.wake.notify_all();
+        }
         true
     }
 
@@ -46,10 +56,13 @@ impl Completion {
         }
         let deadline = Instant::now() + timeout;
         let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
-        while !*finished {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        // Under the lock: a finisher that saw us registered notifies only after we wait.
+        while !*finished && self.outcome.get().is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return None;
+                break;
             }
             finished = self
                 .wake
@@ -57,6 +70,7 @@ impl Completion {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
         drop(finished);
         self.outcome.get()
     }
@@ -122,6 +136,18 @@ impl Transfer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finishing_without_waiters_and_racing_waiters_never_lose_a_wake_up() {
+        for _ in 0..200 {
+            let c = Arc::new(Completion::default());
+            let t = Transfer::new(c.clone(), Direction::Recv, 1);
+            let waiter = std::thread::spawn(move || t.wait(Duration::from_secs(10)));
+            std::thread::yield_now();
+            c.finish(Ok(1));
+            assert_eq!(waiter.join().unwrap().unwrap(), 1);
+        }
+    }
 
     #[test]
     fn first_outcome_wins_and_wakes_a_waiter() {
