@@ -84,7 +84,9 @@ impl ThroughputRow {
     }
 }
 
-/// Runs the comparison; loopback only (control plane and data on 127.0.0.1 / `lo`).
+/// Runs the comparison on loopback only: the control plane on 127.0.0.1, the data on the
+/// plugin's `lo` device (the caller sets `TCPX_SOCKET_IFNAME=lo` before the first plugin
+/// use; any other device is refused before traffic starts).
 pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
     let config = Config::builder()
         .backend(opts.backend.clone())
@@ -104,6 +106,20 @@ pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
     };
     let a = Endpoint::new(config.clone())?;
     let b = Endpoint::new(config)?;
+    // A loopback benchmark must not touch another interface: refuse before any traffic.
+    for (device, _) in a.engines() {
+        let name = a
+            .net()
+            .device(device)
+            .map(|d| d.properties.name)
+            .unwrap_or_default();
+        if name != "lo" {
+            return Err(Error::Config(format!(
+                "device {device} is {name:?}, not lo: set TCPX_SOCKET_IFNAME=lo before the \
+                 first plugin use to keep this benchmark on loopback"
+            )));
+        }
+    }
     let meta = a.metadata().clone();
     let (ab, ba) = std::thread::scope(|s| {
         let accepted = s.spawn(|| a.accept());
