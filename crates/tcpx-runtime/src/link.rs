@@ -89,8 +89,15 @@ impl Link {
             return false;
         }
         self.failed.store(true, Ordering::Release);
-        if let Some(e) = self.failure.get() {
-            tracing::warn!(target: "tcpx_runtime", link = self.id, peer = %self.peer, error = %e, "connection failed");
+        match self.failure.get() {
+            // Our own close is the normal end of a connection, not a failure worth a warning.
+            Some(e @ Error::Closed { .. }) => {
+                tracing::debug!(target: "tcpx_runtime", link = self.id, peer = %self.peer, error = %e, "connection closed")
+            }
+            Some(e) => {
+                tracing::warn!(target: "tcpx_runtime", link = self.id, peer = %self.peer, error = %e, "connection failed")
+            }
+            None => {}
         }
         self.wake_engines(Signal::Fail(self.id));
         true

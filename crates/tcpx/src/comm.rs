@@ -6,7 +6,6 @@
 //! not `Sync`. Registration and deregistration may happen from other threads (NCCL registers
 //! user buffers while its proxy thread progresses), which is why [`MemoryRegion`] can move.
 
-use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::handle::ConnectHandle;
 use crate::memory::{InFlight, SharedMemory};
 use crate::net::Net;
-use crate::request::{RecvRequest, RequestState, SendRequest};
+use crate::request::{DroppedDone, RecvRequest, RequestState, SendRequest};
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -370,7 +369,7 @@ impl PendingAccept<'_> {
             needs_consume: has_handles,
             next_seq: 0,
             next_consume: 0,
-            dropped_done: Arc::new(Mutex::new(BTreeMap::new())),
+            dropped_done: Arc::new(DroppedDone::default()),
         }))
     }
 }
@@ -543,7 +542,7 @@ pub struct RecvComm {
     next_consume: u64,
     /// Requests dropped after `test` said done but before being consumed, by sequence number:
     /// consumed on their turn so the plugin sees FIFO order.
-    pub(crate) dropped_done: Arc<Mutex<BTreeMap<u64, usize>>>,
+    pub(crate) dropped_done: Arc<DroppedDone>,
 }
 
 // SAFETY: the device handle is plain data copied from the plugin; see CommInner for the comm.
@@ -677,21 +676,10 @@ impl RecvComm {
 
     /// Consumes requests that were dropped after completion, when their turn has come.
     fn flush_dropped(&mut self) -> Result<()> {
-        loop {
-            let next = {
-                let mut dropped = self.dropped_done.lock().unwrap_or_else(|p| p.into_inner());
-                match dropped.first_key_value() {
-                    Some((&seq, _)) if seq == self.next_consume => {
-                        dropped.pop_first().map(|(_, raw)| raw)
-                    }
-                    _ => None,
-                }
-            };
-            match next {
-                Some(raw) => self.consume_raw(raw as *mut c_void)?,
-                None => return Ok(()),
-            }
+        while let Some(raw) = self.dropped_done.take(self.next_consume) {
+            self.consume_raw(raw as *mut c_void)?;
         }
+        Ok(())
     }
 
     /// The comm's identity in logs and errors.

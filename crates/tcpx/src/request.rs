@@ -8,11 +8,46 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::comm::{CommInner, RequestCore};
 use crate::memory::InFlight;
+
+/// Receives dropped after completion but before being consumed, by sequence number. The flag
+/// lets the hot path (every `irecv` and `consumed`) skip the lock when nothing was dropped.
+#[derive(Default)]
+pub(crate) struct DroppedDone {
+    any: AtomicBool,
+    map: Mutex<BTreeMap<u64, usize>>,
+}
+
+impl DroppedDone {
+    fn insert(&self, seq: u64, raw: usize) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(seq, raw);
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Removes and returns the request numbered `seq`, if it was dropped.
+    pub(crate) fn take(&self, seq: u64) -> Option<usize> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = match map.first_key_value() {
+            Some((&first, _)) if first == seq => map.pop_first().map(|(_, raw)| raw),
+            _ => None,
+        };
+        if map.is_empty() {
+            self.any.store(false, Ordering::Release);
+        }
+        raw
+    }
+}
 
 /// Where a request stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,7 +130,7 @@ impl std::fmt::Debug for SendRequest {
 pub struct RecvRequest {
     pub(crate) state: RequestCore,
     pub(crate) seq: u64,
-    dropped_done: Arc<Mutex<BTreeMap<u64, usize>>>,
+    dropped_done: Arc<DroppedDone>,
 }
 
 // SAFETY: the raw request is a token only used through `&mut RecvComm` (the comm's thread).
@@ -108,7 +143,7 @@ impl RecvRequest {
         op: InFlight,
         len: usize,
         seq: u64,
-        dropped_done: Arc<Mutex<BTreeMap<u64, usize>>>,
+        dropped_done: Arc<DroppedDone>,
     ) -> Self {
         Self {
             state: RequestCore {
@@ -151,10 +186,7 @@ impl Drop for RecvRequest {
     fn drop(&mut self) {
         if let RequestState::Done(_) = self.state.state {
             // Completed but never consumed: consume it when its turn comes.
-            self.dropped_done
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(self.seq, self.state.raw as usize);
+            self.dropped_done.insert(self.seq, self.state.raw as usize);
         }
         self.state.abandon_if_pending();
     }

@@ -1,20 +1,35 @@
 //! `tcpx-bench`: throughput and latency of the tcpx stack against an in-run raw-TCP baseline.
 //!
-//! `tcpx-bench local` runs both ends in this process over loopback with the built-in socket
-//! plugin: one comm pair through the safe layer against one plain TCP stream, size by size.
+//! Roles: `server` and `client` (two processes; `cargo xtask bench` starts both, locally, in
+//! network namespaces or on two nodes over ssh); `comm` (one comm pair through the safe layer
+//! against one TCP stream, in this process); `stack` (two endpoints in this process, N channels
+//! against N streams); `overhead` (engine cost per request with a plugin that completes
+//! instantly).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use tcpx_runtime::control::metadata::EndpointMetadata;
+use tcpx_runtime::{Backend, Config, Endpoint};
+use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
 use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
 
 /// Measure tcpx transfers against plain TCP in the same run.
 ///
-/// Bandwidth is reported in GB/s (10^9 bytes per second) per comm pair, never summed silently.
+/// Every figure is GB/s = 10^9 bytes/s per GPU (or comm) pair, never summed silently, with the
+/// raw-TCP baseline measured in the same run and the ratio between the two.
+///
+/// Two processes:   tcpx-bench server --bind 127.0.0.1:7700
+///                  tcpx-bench client --peer <hex printed by the server>
+/// (`cargo xtask bench` does this for you, locally, in namespaces or across nodes.)
+///
+/// Exit codes: 0 ok, 1 error, 2 usage, 3 peer unreachable or lost, 4 data verification failed.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,52 +37,284 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Both ends in this process over loopback (socket plugin pinned to `lo`).
-    Local(LocalArgs),
+    /// Receive the sweep: print the metadata line, serve one client, exit.
+    Server(ServerArgs),
+    /// Send the sweep to a server and print the table.
+    Client(ClientArgs),
+    /// One comm pair through the safe layer vs one TCP stream, both in this process (loopback).
+    Comm(CommArgs),
+    /// Two endpoints in this process over loopback: N channels vs N TCP streams.
+    Stack(StackArgs),
+    /// Engine overhead: requests retired per second with a plugin that completes instantly.
+    Overhead(OverheadArgs),
 }
 
-#[derive(clap::Args, Debug)]
-struct LocalArgs {
-    /// Message sizes: a doubling range `A..B` or a comma list (units KiB, MiB, GiB).
+/// Settings both roles must share.
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// Channels (comm pairs each way); the baseline uses as many TCP streams.
+    #[arg(long, default_value_t = 4, env = "UCCL_TCPX_NUM_CHANNELS")]
+    channels: u16,
+    /// Chunk size: the most one plugin request carries.
+    #[arg(long, default_value = "512KiB", env = "UCCL_TCPX_CHUNK_BYTES")]
+    chunk: String,
+    /// Plugin requests in flight per comm (TCPX allows 16).
+    #[arg(long, default_value_t = 16)]
+    window: usize,
+    /// Messages in flight at once.
+    #[arg(long, default_value_t = 2)]
+    depth: usize,
+    /// Message sizes: a doubling range `A..B` or a comma list (KiB, MiB, GiB).
+    #[arg(long, default_value = "4KiB..256MiB")]
+    sizes: String,
+    /// Measured messages per size (capped so a size moves at most about 1 GiB).
+    #[arg(long, default_value_t = 100)]
+    iters: usize,
+    /// Unmeasured messages per size.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Memory to move: host (cuda needs the staged path, not in this build).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    memory: String,
+    /// GPU this process serves (selects its NIC in the topology plan; reported).
+    #[arg(long)]
+    gpu: Option<usize>,
+    /// Net plugin (default: a TCPX install if present, else the built-in socket plugin).
+    #[arg(long, env = "UCCL_TCPX_PLUGIN_PATH")]
+    plugin: Option<PathBuf>,
+    /// In-run baseline: raw-tcp (same number of plain TCP streams) or none.
+    #[arg(long, default_value = "raw-tcp", value_parser = ["raw-tcp", "none"])]
+    baseline: String,
+    /// Fill messages with a pattern and check every byte at the server (slower).
+    #[arg(long)]
+    verify: bool,
+    /// Seconds any single wait may take before the run fails.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+#[derive(Args, Debug)]
+struct ServerArgs {
+    /// Control address (the baseline listens on its port + 1).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    bind: SocketAddr,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct ClientArgs {
+    /// The server's metadata (the hex after TCPX-BENCH-METADATA).
+    #[arg(long)]
+    peer: String,
+    /// Also write one JSON object per size to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct CommArgs {
+    /// Message sizes.
     #[arg(long, default_value = "4KiB..64MiB")]
     sizes: String,
-    /// Measured messages per size (scaled down for large sizes to at most 1 GiB moved).
+    /// Measured messages per size.
     #[arg(long, default_value_t = 200)]
     iters: usize,
-    /// Unmeasured messages before each size.
+    /// Unmeasured messages per size.
     #[arg(long, default_value_t = 10)]
     warmup: usize,
-    /// Requests in flight per comm (the plugin allows at most 16).
+    /// Requests in flight per comm.
     #[arg(long, default_value_t = 16)]
     window: usize,
     /// Repetitions per size; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Net plugin to load instead of the built-in socket plugin.
-    #[arg(long, env = "UCCL_TCPX_PLUGIN_PATH")]
+    /// Net plugin instead of the built-in one.
+    #[arg(long)]
     plugin: Option<PathBuf>,
-    /// Also write one JSON object per size to this file.
+    /// Also write JSON lines here.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct StackArgs {
+    /// Channels, and TCP streams of the baseline.
+    #[arg(long, default_value_t = 4)]
+    channels: u16,
+    /// Message sizes.
+    #[arg(long, default_value = "1MiB..256MiB")]
+    sizes: String,
+    /// Repetitions per size; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Bytes moved per repetition.
+    #[arg(long, default_value = "1GiB")]
+    bytes: String,
+}
+
+#[derive(Args, Debug)]
+struct OverheadArgs {
+    /// Channels of the connection.
+    #[arg(long, default_value_t = 1)]
+    channels: u16,
+    /// Transfers per side per repetition.
+    #[arg(long, default_value_t = 2000)]
+    transfers: usize,
 }
 
 fn main() {
     tcpx_tools::logging::init("warn");
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Local(args) => local(args),
+        Command::Server(a) => server(a),
+        Command::Client(a) => client(a),
+        Command::Comm(a) => comm(a).map_err(Failure::from),
+        Command::Stack(a) => stack(a).map_err(Failure::from),
+        Command::Overhead(a) => overhead(a).map_err(Failure::from),
     };
-    if let Err(err) = result {
-        eprintln!("tcpx-bench: error: {err:#}");
-        std::process::exit(1);
+    if let Err(f) = result {
+        eprintln!("tcpx-bench: error: {:#}", f.error);
+        std::process::exit(f.code);
     }
 }
 
-fn local(args: LocalArgs) -> Result<()> {
+fn usage(e: impl Into<anyhow::Error>) -> Failure {
+    Failure {
+        code: exit::USAGE,
+        error: e.into(),
+    }
+}
+
+fn sweep(c: &Common) -> Result<Sweep, Failure> {
+    if c.memory == "cuda" {
+        return Err(usage(anyhow::anyhow!(
+            "--memory cuda needs the staged CUDA path, which this build does not have yet; use --memory host"
+        )));
+    }
+    Ok(Sweep {
+        sizes: sizes::parse_sizes(&c.sizes).map_err(usage)?,
+        iters: c.iters.max(1),
+        warmup: c.warmup,
+        depth: c.depth.max(1),
+        channels: usize::from(c.channels),
+        baseline: c.baseline == "raw-tcp",
+        verify: c.verify,
+        timeout: Duration::from_secs(c.timeout.max(1)),
+        memory: "host",
+    })
+}
+
+fn endpoint(c: &Common, bind: SocketAddr) -> Result<Endpoint, Failure> {
+    let chunk = sizes::parse_size(&c.chunk).map_err(usage)?;
+    let mut config = Config::from_env().map_err(usage)?;
+    config.backend = match &c.plugin {
+        Some(p) => Backend::Path(p.clone()),
+        None => config.backend,
+    };
+    config.channels = c.channels;
+    config.chunk_bytes =
+        u32::try_from(chunk).map_err(|_| usage(anyhow::anyhow!("--chunk {chunk} is too large")))?;
+    config.window = c.window;
+    config.timeout = Duration::from_secs(c.timeout.max(1));
+    config.control_addr = bind;
+    config.validate().map_err(usage)?;
+    Ok(Endpoint::new(config)?)
+}
+
+fn server(a: ServerArgs) -> Result<(), Failure> {
+    let sweep = sweep(&a.common)?;
+    let baseline_addr = SocketAddr::new(a.bind.ip(), a.bind.port().wrapping_add(1));
+    let baseline = TcpListener::bind(baseline_addr)
+        .with_context(|| format!("bind the baseline listener {baseline_addr}"))?;
+    let endpoint = endpoint(&a.common, a.bind)?;
+    let hex = endpoint
+        .metadata()
+        .to_hex()
+        .map_err(|e| anyhow::anyhow!("encode metadata: {e}"))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{METADATA_PREFIX} {hex}")?;
+    out.flush()?;
+    drop(out);
+    pair::serve(&endpoint, &baseline, &sweep)
+}
+
+fn client(a: ClientArgs) -> Result<(), Failure> {
+    let sweep = sweep(&a.common)?;
+    let peer = a.peer.trim().trim_start_matches(METADATA_PREFIX).trim();
+    let peer: EndpointMetadata = peer
+        .parse()
+        .map_err(|e| usage(anyhow::anyhow!("--peer is not server metadata: {e}")))?;
+    let bind = SocketAddr::new(
+        if peer.control_addr.ip().is_loopback() {
+            "127.0.0.1".parse().expect("literal")
+        } else {
+            "0.0.0.0".parse().expect("literal")
+        },
+        0,
+    );
+    let endpoint = endpoint(&a.common, bind)?;
+    let mut json = match &a.json {
+        Some(p) => {
+            Some(std::fs::File::create(p).with_context(|| format!("create {}", p.display()))?)
+        }
+        None => None,
+    };
+    let bar = progress_bar(sweep.sizes.len());
+    report::print_header(
+        &format!(
+            "{} via tcpx-runtime, {} channels, gpu {:?}",
+            endpoint.backend().name,
+            sweep.channels,
+            a.common.gpu
+        ),
+        &format!("raw TCP, {} streams", sweep.channels),
+    );
+    let gpu = a.common.gpu;
+    let mut write_err = None;
+    pair::drive(&endpoint, &peer, &sweep, |row| {
+        bar.suspend(|| report::print_row(row));
+        bar.inc(1);
+        if let Some(f) = json.as_mut() {
+            let mut v = serde_json::to_value(row).expect("rows serialize");
+            v["gpu"] = serde_json::json!(gpu);
+            if let Err(e) = writeln!(f, "{v}") {
+                write_err.get_or_insert(e);
+            }
+        }
+    })?;
+    bar.finish_and_clear();
+    if let Some(e) = write_err {
+        return Err(anyhow::Error::from(e).context("writing --json").into());
+    }
+    Ok(())
+}
+
+fn progress_bar(len: usize) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} sizes {pos}/{len} [{elapsed_precise}] {wide_bar}",
+        )
+        .expect("static template"),
+    );
+    bar
+}
+
+fn pin_loopback() {
     if std::env::var_os("TCPX_SOCKET_IFNAME").is_none() {
-        // The local benchmark never leaves loopback.
+        // In-process benchmarks never leave loopback.
         std::env::set_var("TCPX_SOCKET_IFNAME", "lo");
     }
+}
+
+fn comm(args: CommArgs) -> Result<()> {
+    pin_loopback();
     let sizes = sizes::parse_sizes(&args.sizes)?;
     let net = match &args.plugin {
         Some(path) => tcpx::Net::load(path)?,
@@ -87,9 +334,7 @@ fn local(args: LocalArgs) -> Result<()> {
     );
     for size in sizes {
         let iters = args.iters.min(((1usize << 30) / size).max(8));
-        let mut ours = Vec::new();
-        let mut base = Vec::new();
-        let mut latencies = Vec::new();
+        let (mut ours, mut base, mut latencies) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.reps.max(1) {
             let m = pair.measure(size, args.warmup, iters, args.window)?;
             ours.push(stats::gbps(size * iters, m.elapsed));
@@ -120,5 +365,42 @@ fn local(args: LocalArgs) -> Result<()> {
             writeln!(f, "{}", serde_json::to_string(&row)?)?;
         }
     }
+    Ok(())
+}
+
+fn stack(args: StackArgs) -> Result<()> {
+    pin_loopback();
+    let opts = tcpx_runtime::bench::throughput::ThroughputOptions {
+        channels: args.channels,
+        sizes: sizes::parse_sizes(&args.sizes)?,
+        bytes_per_rep: sizes::parse_size(&args.bytes)?,
+        reps: args.reps.max(1),
+        ..Default::default()
+    };
+    println!("# whole stack (2 endpoints, {} channels) vs raw TCP ({} streams), loopback; GB/s = 10^9 B/s", args.channels, args.channels);
+    println!(
+        "{:>10} {:>10} {:>12} {:>7}",
+        "size", "GB/s", "raw TCP", "ratio"
+    );
+    for row in tcpx_runtime::bench::throughput::host_throughput(&opts)? {
+        println!(
+            "{:>10} {:>10.2} {:>12.2} {:>7.3}",
+            sizes::format_size(row.size),
+            row.stack_gbps,
+            row.tcp_gbps,
+            row.ratio()
+        );
+    }
+    Ok(())
+}
+
+fn overhead(args: OverheadArgs) -> Result<()> {
+    let opts = tcpx_runtime::bench::overhead::OverheadOptions {
+        channels: args.channels,
+        transfers: args.transfers,
+        ..Default::default()
+    };
+    let r = tcpx_runtime::bench::overhead::engine_overhead(&opts)?;
+    println!("{r:#?}");
     Ok(())
 }
