@@ -160,20 +160,14 @@ pub fn drive(
         } else {
             0.0
         };
-        let row = Row {
-            bytes: size,
+        let row = Row::new(
+            size,
             gbps,
-            p50_us: stats::percentile(&mut latencies, 50.0).as_secs_f64() * 1e6,
-            p99_us: stats::percentile(&mut latencies, 99.0).as_secs_f64() * 1e6,
             baseline_gbps,
-            ratio: if baseline_gbps > 0.0 {
-                gbps / baseline_gbps
-            } else {
-                0.0
-            },
-            channels: sweep.channels,
-            memory: sweep.memory,
-        };
+            &mut latencies,
+            sweep.channels,
+            sweep.memory,
+        );
         on_row(&row);
         rows.push(row);
     }

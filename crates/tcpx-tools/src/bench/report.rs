@@ -25,6 +25,35 @@ pub struct Row {
     pub memory: &'static str,
 }
 
+impl Row {
+    /// A row from the measured bandwidths and the per-message latencies (sorted in place).
+    pub fn new(
+        bytes: usize,
+        gbps: f64,
+        baseline_gbps: f64,
+        latencies: &mut [std::time::Duration],
+        channels: usize,
+        memory: &'static str,
+    ) -> Self {
+        let mut us = |p| super::stats::percentile(latencies, p).as_secs_f64() * 1e6;
+        let (p50_us, p99_us) = (us(50.0), us(99.0));
+        Self {
+            bytes,
+            gbps,
+            p50_us,
+            p99_us,
+            baseline_gbps,
+            ratio: if baseline_gbps > 0.0 {
+                gbps / baseline_gbps
+            } else {
+                0.0
+            },
+            channels,
+            memory,
+        }
+    }
+}
+
 /// Prints the table header.
 pub fn print_header(path: &str, baseline: &str) {
     println!("# path: {path}; baseline: {baseline}; GB/s = 10^9 bytes/s, per comm pair");

@@ -346,20 +346,7 @@ fn comm(args: CommArgs) -> Result<()> {
         }
         let gbps = stats::median(&mut ours);
         let baseline_gbps = stats::median(&mut base);
-        let row = report::Row {
-            bytes: size,
-            gbps,
-            p50_us: stats::percentile(&mut latencies, 50.0).as_secs_f64() * 1e6,
-            p99_us: stats::percentile(&mut latencies, 99.0).as_secs_f64() * 1e6,
-            baseline_gbps,
-            ratio: if baseline_gbps > 0.0 {
-                gbps / baseline_gbps
-            } else {
-                0.0
-            },
-            channels: 1,
-            memory: "host",
-        };
+        let row = report::Row::new(size, gbps, baseline_gbps, &mut latencies, 1, "host");
         report::print_row(&row);
         if let Some(f) = json.as_mut() {
             writeln!(f, "{}", serde_json::to_string(&row)?)?;
