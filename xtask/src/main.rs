@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo xtask test              install missing system packages (root) and run every test
-//! cargo xtask bench [ARGS]      local loopback benchmark (socket plugin vs raw TCP)
+//! cargo xtask bench [ARGS]      benchmark: loopback (default), --netns, or --nodes a,b over ssh
 //! cargo xtask bindgen [--check] regenerate tcpx-sys bindings, or fail when they drifted
 //! cargo xtask sysdeps           install (or print how to install) the system packages
 //! ```
@@ -24,8 +24,11 @@ cargo xtask <task> [options]
 Tasks:
   test [-- CARGO_TEST_ARGS]   Install missing system packages (as root on Debian/Ubuntu), then run
                               the whole test suite with the socket plugin pinned to `lo`.
-  bench [BENCH_ARGS]          Build in release and run the local loopback benchmark: the socket
-                              plugin through the safe layer against raw TCP, same run.
+  bench [OPTIONS]             Build tcpx-bench in release and run server/client pairs against
+                              an in-run raw-TCP baseline: over loopback (default), between two
+                              network namespaces with four NICs each (--netns), or between two
+                              machines over ssh (--nodes a,b [--gpus 0-7]). Results, CSV and an
+                              SVG plot land in target/bench/. See `cargo xtask bench --help`.
   bindgen [--check]           Regenerate crates/tcpx-sys/src/bindings.rs from include/tcpx_net.h;
                               with --check, fail (exit 1) when the checked-in file has drifted.
   sysdeps                     Install the system packages the workspace needs, or print the
@@ -35,7 +38,8 @@ Tasks:
 fn main() {
     if let Err(err) = run() {
         eprintln!("xtask: error: {err:#}");
-        std::process::exit(1);
+        let interrupted = err.downcast_ref::<bench::Interrupted>().is_some();
+        std::process::exit(if interrupted { 130 } else { 1 });
     }
 }
 

@@ -67,7 +67,8 @@ fn installed(package: &str) -> bool {
         .unwrap_or(true)
 }
 
-fn is_root() -> bool {
+/// Whether xtask runs as root (uid 0).
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()

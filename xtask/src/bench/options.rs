@@ -1,0 +1,355 @@
+//! The command line of `cargo xtask bench`: xtask's own options, the benchmark options it passes
+//! through to both ends, and the help text.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+/// Printed by `cargo xtask bench --help`.
+pub const HELP: &str = "\
+cargo xtask bench [MODE] [OPTIONS] [BENCH OPTIONS] [-- MORE BENCH OPTIONS]
+
+Builds tcpx-bench in release, starts a server and a client (or one pair per GPU), waits for the
+server's `TCPX-BENCH-METADATA` line, hands it to the client as `--peer`, then gathers the
+client's JSON lines into tables, target/bench/<run>/results.{jsonl,csv} and plot.svg.
+Every process, namespace and remote temp dir it starts is torn down on success, failure or
+Ctrl-C.
+
+MODES
+  (none)                 Both ends on this machine over loopback, with the built-in socket
+                         plugin pinned to `lo` (server --bind 127.0.0.1:<free port>).
+                         Defaults: --sizes 4KiB..64MiB --iters 50 (about a minute on 2 cores).
+  --netns                Two \"nodes\" on this machine: network namespaces tcpx-a-<pid> (servers)
+                         and tcpx-b-<pid> (clients), joined by five veth pairs: eth0 (control,
+                         10.250.0.0/24) and eth1..eth4 (data, 10.250.K.0/24). Both ends get
+                         TCPX_SOCKET_IFNAME=eth1,eth2,eth3,eth4 and --channels 4 (unless given).
+                         Afterwards every data NIC must have carried traffic (its
+                         /sys/class/net/ethK/statistics counters moved), else the run fails.
+                         Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) and iproute2.
+  --nodes A,B            Servers on A, clients on B, over ssh (`user@host` allowed). The
+                         binary is used in place when A/B hold the same file at the same path
+                         (sha256), else copied to a temp dir there. ssh options come from
+                         TCPX_SSH_OPTS (split on whitespace, e.g. \"-i key -p 2222\"); xtask adds
+                         -o BatchMode=yes -o ConnectTimeout=10 (your options win). TCPX_*, NCCL_*,
+                         UCCL_* and RUST_LOG variables set here are passed to both ends.
+
+OPTIONS
+  --gpus LIST            One server/client pair per GPU (`0-7`, `0,2,4`, `0-3,6`), as vLLM runs:
+                         pair N gets `--gpu N` (its NIC in the topology plan) and ports BASE+2N
+                         (control) and BASE+2N+1 (raw-TCP baseline). Add --memory cuda to move
+                         GPU memory.
+  --single-process       With --gpus: one server and one client process for all GPUs
+                         (`--gpu LIST` is passed to both).
+  --port BASE            Port base (default: a free one on loopback, 50000 otherwise).
+  --server-addr IP       --nodes: the address of A that B connects to (default: A's ssh
+                         address when it is an IP or localhost, else the first of `hostname -I`
+                         on A).
+  --ready-timeout SECS   How long a server may take to print its METADATA line (default 60).
+  --out DIR              Results directory (default target/bench).
+  --bin PATH             Use this tcpx-bench instead of building one.
+  --no-build             Use target/release/tcpx-bench as it is.
+  --dry-run              Print every command (build, namespaces, ssh, servers, clients,
+                         teardown) instead of running it.
+  -h, --help             This text.
+
+BENCH OPTIONS (passed to both ends; see `tcpx-bench server --help`)
+  --sizes A..B|A,B,..    --iters N   --warmup N   --channels N   --chunk SIZE   --window N
+  --depth N   --memory host|cuda   --plugin PATH   --baseline raw-tcp|none   --timeout SECS
+  --verify (the server checks every byte; exit 4 when one is wrong)
+  Anything after `--` is passed to both ends verbatim.
+
+EXAMPLES
+  cargo xtask bench                                    # loopback, table with the raw-TCP baseline
+  cargo xtask bench --sizes 1MiB..256MiB --iters 100 --verify
+  sudo cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify   # what CI runs
+  cargo xtask bench --nodes a3-node-1,me@a3-node-2 --gpus 0-7 -- --plugin /usr/local/tcpx/lib64/libnccl-net-tcpx.so
+  cargo xtask bench --nodes a,b --gpus 0-7 --dry-run   # show the ssh commands only
+
+EXIT STATUS
+  0 success; 1 a failure (the message names the process, its exit meaning and its stderr tail;
+  logs stay in target/bench/<run>/logs); 130 interrupted.
+";
+
+/// Benchmark options that take a value; they are passed to both ends.
+const BENCH_VALUE_FLAGS: &[&str] = &[
+    "--sizes",
+    "--iters",
+    "--warmup",
+    "--channels",
+    "--chunk",
+    "--window",
+    "--memory",
+    "--plugin",
+    "--baseline",
+    "--timeout",
+    "--depth",
+];
+
+/// Benchmark options without a value.
+const BENCH_SWITCHES: &[&str] = &["--verify"];
+
+/// Where the two ends run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Both ends on this machine over loopback.
+    Local,
+    /// Two network namespaces on this machine with four data NICs each.
+    Netns,
+    /// Two machines over ssh: servers on `a`, clients on `b`.
+    Nodes {
+        /// Server node (`host` or `user@host`).
+        a: String,
+        /// Client node.
+        b: String,
+    },
+}
+
+impl Mode {
+    /// Short name used in run ids and messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Local => "local",
+            Mode::Netns => "netns",
+            Mode::Nodes { .. } => "nodes",
+        }
+    }
+}
+
+/// Everything `cargo xtask bench` was asked to do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Where the ends run.
+    pub mode: Mode,
+    /// GPUs, one pair each (or one pair for all with `single_process`).
+    pub gpus: Option<Vec<u32>>,
+    /// One process per side for all GPUs.
+    pub single_process: bool,
+    /// Print commands instead of running them.
+    pub dry_run: bool,
+    /// Build tcpx-bench before running.
+    pub build: bool,
+    /// An explicit tcpx-bench binary.
+    pub bin: Option<PathBuf>,
+    /// Port base.
+    pub port: Option<u16>,
+    /// `--nodes`: the server address the client connects to.
+    pub server_addr: Option<String>,
+    /// How long a server may take to become ready.
+    pub ready_timeout: Duration,
+    /// Results directory.
+    pub out: Option<PathBuf>,
+    /// Options passed to both ends (xtask-known ones, then everything after `--`).
+    pub bench_args: Vec<String>,
+    /// `--help` was asked for.
+    pub help: bool,
+}
+
+impl Options {
+    /// Parses the arguments after `cargo xtask bench`.
+    pub fn parse(args: &[String]) -> Result<Options> {
+        let mut opts = Options {
+            mode: Mode::Local,
+            gpus: None,
+            single_process: false,
+            dry_run: false,
+            build: true,
+            bin: None,
+            port: None,
+            server_addr: None,
+            ready_timeout: Duration::from_secs(60),
+            out: None,
+            bench_args: Vec::new(),
+            help: false,
+        };
+        let mut netns = false;
+        let mut nodes = None;
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+                _ => (arg.as_str(), None),
+            };
+            let mut value = |name: &str| -> Result<String> {
+                match inline.clone() {
+                    Some(v) => Ok(v),
+                    None => it
+                        .next()
+                        .cloned()
+                        .with_context(|| format!("{name} needs a value (see --help)")),
+                }
+            };
+            match flag {
+                "-h" | "--help" => opts.help = true,
+                "--" => {
+                    opts.bench_args.extend(it.by_ref().cloned());
+                    break;
+                }
+                "--netns" => netns = true,
+                "--nodes" => nodes = Some(parse_nodes(&value(flag)?)?),
+                "--gpus" => opts.gpus = Some(parse_gpus(&value(flag)?)?),
+                "--single-process" => opts.single_process = true,
+                "--dry-run" => opts.dry_run = true,
+                "--no-build" => opts.build = false,
+                "--bin" => opts.bin = Some(PathBuf::from(value(flag)?)),
+                "--port" => {
+                    let v = value(flag)?;
+                    opts.port = Some(
+                        v.parse()
+                            .with_context(|| format!("--port `{v}` is not a port number"))?,
+                    );
+                }
+                "--server-addr" => opts.server_addr = Some(value(flag)?),
+                "--ready-timeout" => {
+                    let v = value(flag)?;
+                    let secs: u64 = v
+                        .parse()
+                        .with_context(|| format!("--ready-timeout `{v}` is not whole seconds"))?;
+                    opts.ready_timeout = Duration::from_secs(secs);
+                }
+                "--out" => opts.out = Some(PathBuf::from(value(flag)?)),
+                "--gpu" => bail!("use --gpus LIST (xtask gives each pair its own --gpu N)"),
+                f if BENCH_VALUE_FLAGS.contains(&f) => {
+                    let v = value(flag)?;
+                    opts.bench_args.extend([f.to_string(), v]);
+                }
+                f if BENCH_SWITCHES.contains(&f) && inline.is_none() => {
+                    opts.bench_args.push(f.to_string());
+                }
+                other => bail!(
+                    "unknown option `{other}`: options for tcpx-bench that xtask does not know go \
+                     after `--` (cargo xtask bench [OPTIONS] -- --flag value); see \
+                     `cargo xtask bench --help`"
+                ),
+            }
+        }
+        opts.mode = match (netns, nodes) {
+            (true, Some(_)) => bail!("--netns and --nodes exclude each other: pick one mode"),
+            (true, None) => Mode::Netns,
+            (false, Some((a, b))) => Mode::Nodes { a, b },
+            (false, None) => Mode::Local,
+        };
+        if opts.single_process && opts.gpus.is_none() {
+            bail!("--single-process needs --gpus LIST (the GPUs that one process drives)");
+        }
+        if opts.server_addr.is_some() && !matches!(opts.mode, Mode::Nodes { .. }) {
+            bail!("--server-addr only applies to --nodes");
+        }
+        Ok(opts)
+    }
+
+    /// The value of a bench option, if given (`--flag V` or `--flag=V`; the last one wins).
+    pub fn bench_value(&self, flag: &str) -> Option<String> {
+        let mut found = None;
+        let mut it = self.bench_args.iter();
+        while let Some(a) = it.next() {
+            if a == flag {
+                found = it.next().cloned();
+            } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+                found = Some(v.to_string());
+            }
+        }
+        found
+    }
+}
+
+/// Whether `args` contain `flag` as `--flag` or `--flag=…`.
+pub fn has_flag(args: &[String], flag: &str) -> bool {
+    args.iter()
+        .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+}
+
+/// Parses `A,B` into the server node and the client node.
+fn parse_nodes(text: &str) -> Result<(String, String)> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    match parts.as_slice() {
+        [a, b] if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
+        _ => bail!(
+            "--nodes takes exactly two ssh destinations, server first: `--nodes host-a,user@host-b` \
+             (got `{text}`)"
+        ),
+    }
+}
+
+/// Parses a GPU list: `0-7`, `0,2,4`, `0-3,6` (sorted, without duplicates).
+pub fn parse_gpus(text: &str) -> Result<Vec<u32>> {
+    let mut gpus = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let bad = || format!("--gpus `{text}`: `{part}` is not a GPU index or range like 0-7");
+        match part.split_once('-') {
+            Some((lo, hi)) => {
+                let lo: u32 = lo.trim().parse().with_context(bad)?;
+                let hi: u32 = hi.trim().parse().with_context(bad)?;
+                if lo > hi || hi - lo > 255 {
+                    bail!("{}", bad());
+                }
+                gpus.extend(lo..=hi);
+            }
+            None => gpus.push(part.parse().with_context(bad)?),
+        }
+    }
+    gpus.sort_unstable();
+    gpus.dedup();
+    Ok(gpus)
+}
+
+/// Formats a GPU list compactly (`0-3,6`), the form `--single-process` passes as `--gpu`.
+pub fn format_gpus(gpus: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < gpus.len() {
+        let mut j = i;
+        while j + 1 < gpus.len() && gpus[j + 1] == gpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", gpus[i], gpus[j])
+        } else {
+            gpus[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn gpu_lists() {
+        assert_eq!(parse_gpus("0-3,6").unwrap(), vec![0, 1, 2, 3, 6]);
+        assert_eq!(parse_gpus("2,0,2").unwrap(), vec![0, 2]);
+        assert!(parse_gpus("3-1").is_err());
+        assert!(parse_gpus("x").is_err());
+        assert_eq!(format_gpus(&[0, 1, 2, 3, 6]), "0-3,6");
+        assert_eq!(format_gpus(&[5]), "5");
+    }
+
+    #[test]
+    fn modes_and_passthrough() {
+        let o = Options::parse(&args("--netns --sizes 1MiB,8MiB --iters=20 --verify")).unwrap();
+        assert_eq!(o.mode, Mode::Netns);
+        assert_eq!(o.bench_args, args("--sizes 1MiB,8MiB --iters 20 --verify"));
+        assert_eq!(o.bench_value("--iters").as_deref(), Some("20"));
+        let o = Options::parse(&args("--nodes a,me@b --gpus 0-7 -- --plugin /x.so --odd")).unwrap();
+        assert_eq!(
+            o.mode,
+            Mode::Nodes {
+                a: "a".into(),
+                b: "me@b".into()
+            }
+        );
+        assert!(has_flag(&o.bench_args, "--plugin"));
+        assert!(has_flag(&o.bench_args, "--odd"));
+        assert!(Options::parse(&args("--frobnicate")).is_err());
+        assert!(Options::parse(&args("--netns --nodes a,b")).is_err());
+        assert!(Options::parse(&args("--nodes a")).is_err());
+        assert!(Options::parse(&args("--single-process")).is_err());
+        assert!(Options::parse(&args("--gpu 1")).is_err());
+    }
+}
