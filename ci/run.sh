@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CI job: system packages, formatting, generated-bindings drift, lints, then the README's
-# test command (`cargo xtask test`). Runs as root on a fresh Debian machine with no GPU.
+# The CI job: system packages, formatting, generated-bindings drift, lints, the README's test
+# command (`cargo xtask test`), then the two-namespace benchmark (`cargo xtask bench --netns`).
+# Runs as root on a fresh Debian machine with no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,3 +26,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 section "tests (README: cargo xtask test)"
 cargo xtask test
+
+# Two "nodes" as network namespaces with four veth data NICs each: the benchmark's data must
+# verify and every NIC must carry traffic (xtask fails otherwise). All traffic stays between the
+# two namespaces it creates, and removes, itself.
+section "multi-NIC striping between two network namespaces (cargo xtask bench --netns)"
+cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify
