@@ -34,7 +34,7 @@ use crate::{run_command, sysdeps, workspace_root};
 /// Default sizes of the local run: about a minute on a 2-core machine.
 const LOCAL_SIZES: &str = "4KiB..64MiB";
 /// Default measured messages per size of the local run.
-const LOCAL_ITERS: &str = "50";
+const LOCAL_ITERS: &str = "200";
 /// Channels of a netns run: one per data NIC.
 const NETNS_CHANNELS: usize = netns::DATA_NICS.len();
 
@@ -51,7 +51,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut launcher: Box<dyn Launcher> = match &opts.mode {
         Mode::Local => Box::new(Local::new()),
         Mode::Netns => Box::new(netns::Netns::new()),
-        Mode::Nodes { a, b } => Box::new(ssh::Ssh::new(a, b, opts.server_addr.clone())),
+        Mode::Nodes { a, b } => Box::new(ssh::Ssh::new(a, b, opts.server_addr.clone(), opts.copy)),
     };
     let out_root = match &opts.out {
         Some(dir) => dir.clone(),

@@ -171,8 +171,8 @@ impl Launcher for Netns {
         }
         if !sysdeps::is_root() {
             bail!(
-                "--netns creates network namespaces and veth NICs, which needs root: run \
-                 `sudo -E cargo xtask bench --netns …` (or as root)"
+                "--netns creates network namespaces and veth NICs, which needs root: run it as \
+                 root, e.g. `sudo -E env PATH=\"$PATH\" cargo xtask bench --netns …`"
             );
         }
         warn_stale_namespaces();

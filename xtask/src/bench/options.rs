@@ -19,7 +19,7 @@ Ctrl-C.
 MODES
   (none)                 Both ends on this machine over loopback, with the built-in socket
                          plugin pinned to `lo` (server --bind 127.0.0.1:<free port>).
-                         Defaults: --sizes 4KiB..64MiB --iters 50 (about a minute on 2 cores).
+                         Defaults: --sizes 4KiB..64MiB --iters 200 (seconds once built).
   --netns                Two \"nodes\" on this machine: network namespaces tcpx-a-<pid> (servers)
                          and tcpx-b-<pid> (clients), joined by five veth pairs: eth0 (control,
                          10.250.0.0/24) and eth1..eth4 (data, 10.250.K.0/24). Both ends get
@@ -40,8 +40,10 @@ OPTIONS
                          (control) and BASE+2N+1 (raw-TCP baseline). Add --memory cuda to move
                          GPU memory.
   --single-process       With --gpus: one server and one client process for all GPUs
-                         (`--gpu LIST` is passed to both).
+                         (`--gpu LIST` is passed to both; needs a tcpx-bench that drives
+                         several GPUs from one process).
   --port BASE            Port base (default: a free one on loopback, 50000 otherwise).
+  --copy                 --nodes: copy the binary to the nodes even where it already is.
   --server-addr IP       --nodes: the address of A that B connects to (default: A's ssh
                          address when it is an IP or localhost, else the first of `hostname -I`
                          on A).
@@ -62,7 +64,7 @@ BENCH OPTIONS (passed to both ends; see `tcpx-bench server --help`)
 EXAMPLES
   cargo xtask bench                                    # loopback, table with the raw-TCP baseline
   cargo xtask bench --sizes 1MiB..256MiB --iters 100 --verify
-  sudo cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify   # what CI runs
+  cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify   # as root; what CI runs
   cargo xtask bench --nodes a3-node-1,me@a3-node-2 --gpus 0-7 -- --plugin /usr/local/tcpx/lib64/libnccl-net-tcpx.so
   cargo xtask bench --nodes a,b --gpus 0-7 --dry-run   # show the ssh commands only
 
@@ -133,6 +135,8 @@ pub struct Options {
     pub bin: Option<PathBuf>,
     /// Port base.
     pub port: Option<u16>,
+    /// `--nodes`: copy the binary even where the node holds it.
+    pub copy: bool,
     /// `--nodes`: the server address the client connects to.
     pub server_addr: Option<String>,
     /// How long a server may take to become ready.
@@ -156,6 +160,7 @@ impl Options {
             build: true,
             bin: None,
             port: None,
+            copy: false,
             server_addr: None,
             ready_timeout: Duration::from_secs(60),
             out: None,
@@ -200,6 +205,7 @@ impl Options {
                     );
                 }
                 "--server-addr" => opts.server_addr = Some(value(flag)?),
+                "--copy" => opts.copy = true,
                 "--ready-timeout" => {
                     let v = value(flag)?;
                     let secs: u64 = v
@@ -232,8 +238,8 @@ impl Options {
         if opts.single_process && opts.gpus.is_none() {
             bail!("--single-process needs --gpus LIST (the GPUs that one process drives)");
         }
-        if opts.server_addr.is_some() && !matches!(opts.mode, Mode::Nodes { .. }) {
-            bail!("--server-addr only applies to --nodes");
+        if (opts.server_addr.is_some() || opts.copy) && !matches!(opts.mode, Mode::Nodes { .. }) {
+            bail!("--server-addr and --copy only apply to --nodes");
         }
         Ok(opts)
     }

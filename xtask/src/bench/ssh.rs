@@ -54,13 +54,14 @@ pub struct Ssh {
     opts: Vec<String>,
     server_addr: Option<String>,
     server_ip: String,
+    copy: bool,
     dry_run: bool,
 }
 
 impl Ssh {
     /// A launcher for servers on `a` and clients on `b`; `server_addr` overrides the address B
-    /// connects to.
-    pub fn new(a: &str, b: &str, server_addr: Option<String>) -> Ssh {
+    /// connects to; `copy` copies the binary even where the node has it.
+    pub fn new(a: &str, b: &str, server_addr: Option<String>, copy: bool) -> Ssh {
         let node = |dest: &str| Remote {
             dest: dest.to_string(),
             ..Remote::default()
@@ -70,6 +71,7 @@ impl Ssh {
             opts: ssh_options(std::env::var(OPTS_VAR).ok().as_deref()),
             server_addr,
             server_ip: String::new(),
+            copy,
             dry_run: false,
         }
     }
@@ -117,8 +119,16 @@ impl Ssh {
             .output()
             .context("cannot run ssh (install openssh-client)")?;
         if !out.status.success() {
+            let hint = if out.status.code() == Some(255) {
+                format!(
+                    "\n    check that `ssh {dest} true` works without a prompt (keys or agent, a \
+                     known host key); extra ssh options go in {OPTS_VAR}"
+                )
+            } else {
+                String::new()
+            };
             bail!(
-                "ssh {dest} failed ({}): {}\n    command: {}",
+                "ssh {dest} failed ({}): {}{hint}\n    command: {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim(),
                 self.render_words(node, &remote)
@@ -129,12 +139,7 @@ impl Ssh {
 
     /// Makes the temp dir, learns the node's addresses and whether it holds our binary.
     fn probe(&mut self, node: Node, bin: &Path, local_sum: &str) -> Result<()> {
-        let script = format!(
-            "d=$(mktemp -d /tmp/tcpx-xtask.XXXXXX) || exit 1; echo \"dir $d\"; \
-             echo \"addrs $(hostname -I 2>/dev/null)\"; \
-             if [ -f {b} ]; then echo \"sum $(sha256sum {b} | cut -d' ' -f1)\"; fi",
-            b = quote(&bin.display().to_string())
-        );
+        let script = probe_script(bin);
         let out = self.run_script(node, &script, None)?;
         let mut sum = None;
         for line in out.lines() {
@@ -156,14 +161,13 @@ impl Ssh {
             .dir
             .clone()
             .with_context(|| format!("{dest}: could not make a temp dir under /tmp"))?;
-        if sum.as_deref() == Some(local_sum) {
+        if !self.copy && sum.as_deref() == Some(local_sum) {
             self.nodes[node as usize].bin = bin.display().to_string();
             eprintln!("xtask: {dest} has this tcpx-bench at {}", bin.display());
         } else {
             let target = format!("{dir}/tcpx-bench");
             eprintln!("xtask: copying tcpx-bench to {dest}:{target}");
-            let script = format!("cat > {t} && chmod +x {t}", t = quote(&target));
-            self.run_script(node, &script, Some(bin))?;
+            self.run_script(node, &copy_script(&target), Some(bin))?;
             self.nodes[node as usize].bin = target;
         }
         Ok(())
@@ -215,23 +219,15 @@ impl Launcher for Ssh {
             self.server_ip = self
                 .resolve_server_ip()
                 .unwrap_or_else(|_| "<first address of `hostname -I` on A>".into());
-            println!("# on each node: make a temp dir, compare the binary, learn the addresses");
+            println!("# on each node: make a temp dir, learn the addresses, compare the binary");
             for node in [Node::A, Node::B] {
-                let script = format!(
-                    "mktemp -d /tmp/tcpx-xtask.XXXXXX; hostname -I; sha256sum {}",
-                    quote(&bin.display().to_string())
-                );
-                let remote = ["sh".to_string(), "-c".into(), script];
+                let remote = ["sh".to_string(), "-c".into(), probe_script(bin)];
                 println!("{}", self.render_words(node, &remote));
             }
-            println!(
-                "# when a node's sha256 differs from ours: copy the binary into its temp dir \
-                 (and run /tmp/tcpx-xtask.XXXXXX/tcpx-bench there)"
-            );
+            println!("# only where the node's sha256 differs from ours: copy the binary");
             for node in [Node::A, Node::B] {
-                let script = "cat > /tmp/tcpx-xtask.XXXXXX/tcpx-bench && chmod +x \
-                              /tmp/tcpx-xtask.XXXXXX/tcpx-bench";
-                let remote = ["sh".to_string(), "-c".into(), script.into()];
+                let target = "/tmp/tcpx-xtask.XXXXXX/tcpx-bench";
+                let remote = ["sh".to_string(), "-c".into(), copy_script(target)];
                 println!(
                     "{} < {}",
                     self.render_words(node, &remote),
@@ -393,6 +389,22 @@ impl Drop for Ssh {
             eprintln!("xtask: {e:#}");
         }
     }
+}
+
+/// The remote script that makes the run's temp dir and prints `dir D`, `addrs A B…` and, when
+/// the node has a file at our binary's path, `sum SHA256`.
+fn probe_script(bin: &Path) -> String {
+    format!(
+        "d=$(mktemp -d /tmp/tcpx-xtask.XXXXXX) || exit 1; echo \"dir $d\"; \
+         echo \"addrs $(hostname -I 2>/dev/null)\"; \
+         if [ -f {b} ]; then echo \"sum $(sha256sum {b} | cut -d' ' -f1)\"; fi",
+        b = quote(&bin.display().to_string())
+    )
+}
+
+/// The remote script that writes stdin to `target` and makes it executable.
+fn copy_script(target: &str) -> String {
+    format!("cat > {t} && chmod +x {t}", t = quote(target))
 }
 
 /// ssh options: the user's (`TCPX_SSH_OPTS`, split on whitespace) first — ssh keeps the first
