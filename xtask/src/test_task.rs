@@ -9,7 +9,18 @@ use crate::{run_command, sysdeps, workspace_root};
 
 pub fn run(args: &[String]) -> Result<()> {
     sysdeps::ensure(sysdeps::ALL)?;
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if args.is_empty() {
+        // xtask's own unit tests (options, quoting, results, plot, the ssh wrapper) in the dev
+        // profile that `cargo xtask` already built, so its dependencies are not rebuilt at the
+        // test profile's opt-level.
+        run_command(
+            Command::new(&cargo)
+                .current_dir(workspace_root())
+                .args(["test", "--quiet", "--profile", "dev", "-p", "xtask"]),
+        )?;
+    }
+    let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())
         .args(["test", "--workspace", "--exclude", "xtask"])
         .args(args)

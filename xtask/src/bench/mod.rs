@@ -163,7 +163,15 @@ fn binary(opts: &Options, root: &Path) -> Result<PathBuf> {
             Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
                 .current_dir(root)
                 .args(build),
-        )?;
+        )
+        .map_err(|e| {
+            // Ctrl-C reaches cargo too (same process group): say so instead of "build failed".
+            if interrupt::requested() {
+                Interrupted.into()
+            } else {
+                e
+            }
+        })?;
     }
     if !bin.is_file() {
         bail!(

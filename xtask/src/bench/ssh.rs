@@ -508,6 +508,8 @@ mod tests {
             .args(cmd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            // The shell reports the killed job ("Terminated") there.
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
