@@ -14,11 +14,14 @@ pub fn run(args: &[String]) -> Result<()> {
         // xtask's own unit tests (options, quoting, results, plot, the ssh wrapper) in the dev
         // profile that `cargo xtask` already built, so its dependencies are not rebuilt at the
         // test profile's opt-level.
-        run_command(
-            Command::new(&cargo)
-                .current_dir(workspace_root())
-                .args(["test", "--quiet", "--profile", "dev", "-p", "xtask"]),
-        )?;
+        run_command(Command::new(&cargo).current_dir(workspace_root()).args([
+            "test",
+            "--quiet",
+            "--profile",
+            "dev",
+            "-p",
+            "xtask",
+        ]))?;
     }
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())
