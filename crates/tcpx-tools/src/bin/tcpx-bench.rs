@@ -76,9 +76,10 @@ struct Common {
     /// Memory to move: host (cuda needs the staged path, not in this build).
     #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
     memory: String,
-    /// GPU this process serves (selects its NIC in the topology plan; reported).
-    #[arg(long)]
-    gpu: Option<usize>,
+    /// GPU(s) this process serves: `3`, or `0-7` / `0,1` for one process driving several
+    /// (`--single-process`); reported with every row.
+    #[arg(long, value_parser = parse_gpus)]
+    gpu: Option<GpuList>,
     /// Net plugin (default: a TCPX install if present, else the built-in socket plugin).
     #[arg(long, env = "UCCL_TCPX_PLUGIN_PATH")]
     plugin: Option<PathBuf>,
@@ -163,6 +164,47 @@ struct OverheadArgs {
     /// Transfers per side per repetition.
     #[arg(long, default_value_t = 2000)]
     transfers: usize,
+}
+
+/// GPUs named on the command line, as typed and as indices.
+#[derive(Clone, Debug)]
+struct GpuList {
+    text: String,
+    indices: Vec<usize>,
+}
+
+impl GpuList {
+    /// A single GPU as a number (what per-GPU rows carry), several as their list.
+    fn json(&self) -> serde_json::Value {
+        match self.indices.as_slice() {
+            [one] => serde_json::json!(one),
+            many => serde_json::json!(many),
+        }
+    }
+}
+
+fn parse_gpus(text: &str) -> Result<GpuList, String> {
+    let mut indices = Vec::new();
+    for part in text.split(',') {
+        let bad = || format!("`{part}` is not a GPU index or range (e.g. 3, 0-7, 0,2)");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                );
+                if a > b || b - a > 1024 {
+                    return Err(bad());
+                }
+                indices.extend(a..=b);
+            }
+            None => indices.push(part.trim().parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(GpuList {
+        text: text.to_string(),
+        indices,
+    })
 }
 
 fn main() {
@@ -265,14 +307,17 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
     let bar = progress_bar(sweep.sizes.len());
     report::print_header(
         &format!(
-            "{} via tcpx-runtime, {} channels, gpu {:?}",
+            "{} via tcpx-runtime, {} channels, gpu {}",
             endpoint.backend().name,
             sweep.channels,
-            a.common.gpu
+            a.common
+                .gpu
+                .as_ref()
+                .map_or("-".to_string(), |g| g.text.clone())
         ),
         &format!("raw TCP, {} streams", sweep.channels),
     );
-    let gpu = a.common.gpu;
+    let gpu = a.common.gpu.as_ref().map(GpuList::json);
     let mut write_err = None;
     pair::drive(&endpoint, &peer, &sweep, |row| {
         bar.suspend(|| report::print_row(row));
