@@ -61,8 +61,8 @@ struct Common {
     /// Plugin requests in flight per comm (TCPX allows 16).
     #[arg(long, default_value_t = 16)]
     window: usize,
-    /// Messages in flight at once.
-    #[arg(long, default_value_t = 2)]
+    /// Messages in flight at once (enough to keep every channel's window busy at mid sizes).
+    #[arg(long, default_value_t = 8)]
     depth: usize,
     /// Message sizes: a doubling range `A..B` or a comma list (KiB, MiB, GiB).
     #[arg(long, default_value = "4KiB..256MiB")]
