@@ -44,7 +44,6 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod backend;
 mod call;
 mod comm;
 pub mod cuda;
@@ -56,12 +55,11 @@ mod memory;
 mod net;
 mod request;
 
-pub use backend::{Backend, TCPX_INSTALL_PATHS};
 pub use comm::{ListenComm, MemoryRegion, PendingAccept, PendingConnect, RecvComm, SendComm};
 pub use device::{Device, DeviceType, Properties, PtrSupport};
 pub use error::{Error, ErrorKind, Result};
 pub use handle::ConnectHandle;
 pub use memory::{HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
-pub use net::Net;
+pub use net::{Net, TCPX_INSTALL_PATHS};
 pub use request::{RecvRequest, SendRequest};
 pub use tcpx_sys::{AbiVersion, ResultCode};

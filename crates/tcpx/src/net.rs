@@ -11,6 +11,12 @@ use crate::call::call;
 use crate::device::{Device, Properties};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Where GPUDirect-TCPX is usually installed, in the order the runtime tries them.
+pub const TCPX_INSTALL_PATHS: [&str; 2] = [
+    "/usr/local/tcpx/lib64/libnccl-net-tcpx.so",
+    "/usr/local/tcpx/lib64/libnccl-net.so",
+];
+
 /// A loaded and initialized net plugin. Cheap to clone; comms keep it alive.
 #[derive(Clone)]
 pub struct Net {

@@ -44,8 +44,9 @@ impl BackendInfo {
     }
 }
 
-/// Loads the configured backend.
-pub(crate) fn open(backend: &Backend) -> Result<(Net, BackendInfo)> {
+/// Loads the configured backend and says which plugin it is and why it was chosen (what
+/// `Endpoint::new` does first; `tcpx-info` calls it to show the same choice).
+pub fn open(backend: &Backend) -> Result<(Net, BackendInfo)> {
     let (net, info) = match backend {
         Backend::Path(path) => {
             let net = load(path)?;

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use tcpx::Backend;
+use tcpx_runtime::endpoint::backend;
+use tcpx_runtime::Backend;
 use tcpx_tools::cores::format_ranges;
 use tcpx_topo::{NicCandidate, Plan, PlanRequest, Topology};
 
@@ -44,10 +45,11 @@ fn run(cli: Cli) -> Result<()> {
     let (topology, devices, backend) = match &cli.topology {
         Some(path) => (Topology::from_xml_file(path)?, Vec::new(), None),
         None => {
-            let backend = Backend::choose(cli.plugin.as_deref());
-            let net = backend
-                .open()
-                .with_context(|| format!("loading {backend}"))?;
+            let choice = match &cli.plugin {
+                Some(path) => Backend::Path(path.clone()),
+                None => Backend::Auto,
+            };
+            let (net, backend) = backend::open(&choice).context("loading the net plugin")?;
             let devices = net.devices()?;
             if request.nics.is_none() && !devices.is_empty() {
                 request.nics = Some(
@@ -73,9 +75,10 @@ fn run(cli: Cli) -> Result<()> {
     }
     if let Some((backend, net)) = &backend {
         println!(
-            "plugin:   {} (ncclNet {}), {backend}",
+            "plugin:   {} (ncclNet {}), {}",
             net.name(),
-            net.abi_version()
+            net.abi_version(),
+            backend.reason
         );
         println!(
             "\n{:<4} {:<10} {:>10} {:<6} {:<8} pci path",
