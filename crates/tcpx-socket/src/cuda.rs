@@ -37,6 +37,9 @@ const MEMORYTYPE_DEVICE: c_uint = 2;
 /// Environment variable that makes the plugin behave as if no CUDA driver were installed (the
 /// same name the `tcpx` crate honours).
 pub(crate) const DISABLE_ENV: &str = "TCPX_CUDA_DISABLE";
+/// Environment variable naming the driver library to load instead of `libcuda.so.1` (a driver
+/// outside the loader's path, or a stand-in driver for tests).
+pub const CUDA_LIB_ENV: &str = "TCPX_SOCKET_CUDA_LIB";
 
 /// The driver entry points, resolved once (plain function pointers; the library is leaked so
 /// they stay valid for the life of the process).
@@ -117,15 +120,19 @@ impl Gpu {
         }
         let mut failures = Vec::new();
         let mut found = None;
-        for name in ["libcuda.so.1", "libcuda.so"] {
+        let names = match std::env::var(CUDA_LIB_ENV) {
+            Ok(path) if !path.trim().is_empty() => vec![path],
+            _ => vec!["libcuda.so.1".to_string(), "libcuda.so".to_string()],
+        };
+        for name in &names {
             // SAFETY: loading the driver runs its ELF initializers, which have no
             // preconditions; the library is leaked below (unloading after cuInit is unsupported).
-            match unsafe { libloading::Library::new(name) } {
+            match unsafe { libloading::Library::new(name.as_str()) } {
                 Ok(lib) => {
                     found = Some(lib);
                     break;
                 }
-                Err(e) => failures.push(e.to_string()),
+                Err(e) => failures.push(format!("{name}: {e}")),
             }
         }
         let Some(lib) = found else {

@@ -31,7 +31,8 @@
 //!   consumer gathers the fragments with its unpack kernel, then calls `irecvConsumed` (FIFO).
 //!   Receives into CUDA memory are limited to 4 MiB (2048 fragments); sends from CUDA memory are
 //!   staged through host memory. `TCPX_SOCKET_DEVMEM_GPU` picks the GPU (ordinal, default 0);
-//!   `TCPX_CUDA_DISABLE=1` makes the plugin behave as if no driver were installed. Off: host
+//!   `TCPX_CUDA_DISABLE=1` makes the plugin behave as if no driver were installed;
+//!   `TCPX_SOCKET_CUDA_LIB=/path/libcuda.so.1` loads that driver library instead. Off: host
 //!   memory only, netDeviceType HOST, exactly as before.
 //!
 //! Wire formats are documented in the `handle` and `wire` modules' sources.
@@ -62,6 +63,7 @@ mod sock;
 mod table;
 pub mod wire;
 
+pub use cuda::CUDA_LIB_ENV;
 pub use device::{DEFAULT_SPEED_MBPS, DEVMEM_ENV, DEVMEM_GPU_ENV, MAX_NSOCKS};
 pub use table::{ncclNetPlugin_v7, ncclNetPlugin_v8, pending_connects, PluginTable};
 
