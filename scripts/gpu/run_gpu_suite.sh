@@ -7,7 +7,9 @@
 #   scripts/gpu/run_gpu_suite.sh build [DIR]          # DIR defaults to .device-cuda
 #     - cargo test --release --no-run for the gpu_* tests and cargo build --release for the
 #       benchmark (honours CARGO_TARGET_DIR), then copies them, stripped, to DIR as
-#       DIR/gpu_buffers, DIR/gpu_unpack, DIR/gpu_unpack_bench.
+#       DIR/gpu_buffers, DIR/gpu_unpack, DIR/gpu_devmem (tcpx-socket's devmem emulation end to
+#       end: TCPX_SOCKET_DEVMEM=1, bounce buffer, unpack kernel, irecvConsumed),
+#       DIR/gpu_devmem_no_driver (the same mode's no-driver failure path), DIR/gpu_unpack_bench.
 #   echo /.device-cuda/ >> .git/info/exclude          # once: DIR travels as a carried path
 #   device tool (the working tree travels, this script with it):
 #     run(command="scripts/gpu/run_gpu_suite.sh run .device-cuda", carry=[".device-cuda"],
@@ -36,13 +38,18 @@ build)
     target="${CARGO_TARGET_DIR:-target}"
     mkdir -p "$dir"
     tests_json="$(cargo test --release -p tcpx --no-run --test gpu_buffers --test gpu_unpack \
-        --message-format=json)" || exit 1
+        --test gpu_devmem --test devmem_no_driver --message-format=json)" || exit 1
     cargo build --release -p tcpx --example gpu_unpack_bench || exit 1
-    for name in gpu_buffers gpu_unpack; do
+    # devmem_no_driver is copied as gpu_devmem_no_driver so `run` picks it up (it hides the
+    # driver with TCPX_CUDA_DISABLE=1 itself and must pass on the GPU machine too).
+    for name in gpu_buffers gpu_unpack gpu_devmem devmem_no_driver; do
         exe="$(printf '%s\n' "$tests_json" | grep -o "\"executable\":\"[^\"]*/deps/${name}-[^\"]*\"" \
             | tail -1 | cut -d'"' -f4)"
         [ -n "$exe" ] || { echo "no test binary for $name" >&2; exit 1; }
-        cp "$exe" "$dir/$name"
+        case "$name" in
+        gpu_*) cp "$exe" "$dir/$name" ;;
+        *) cp "$exe" "$dir/gpu_$name" ;;
+        esac
     done
     cp "$target/release/examples/gpu_unpack_bench" "$dir/gpu_unpack_bench"
     strip --strip-debug "$dir"/gpu_* 2>/dev/null || true

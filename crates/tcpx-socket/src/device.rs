@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 use tcpx_sys::ResultCode;
 
+use crate::cuda::Gpu;
 use crate::log::{log_info, log_warn};
 
 /// Link speed reported when `/sys/class/net/<if>/speed` is missing or says "unknown" (-1), as it
@@ -50,7 +51,15 @@ pub(crate) struct Config {
     pub devices: Vec<Device>,
     /// Data sockets per comm that listeners of this process advertise.
     pub nsocks: usize,
+    /// Devmem emulation (`TCPX_SOCKET_DEVMEM=1`): the GPU whose bounce buffers receive CUDA
+    /// payloads. `None`: host memory only (the default).
+    pub devmem: Option<Gpu>,
 }
+
+/// Environment variable switching devmem emulation on (`1`, `true`, `yes`, `on`).
+pub const DEVMEM_ENV: &str = "TCPX_SOCKET_DEVMEM";
+/// Environment variable choosing the GPU (CUDA ordinal) of devmem emulation; default 0.
+pub const DEVMEM_GPU_ENV: &str = "TCPX_SOCKET_DEVMEM_GPU";
 
 static CONFIG: OnceLock<Result<Config, String>> = OnceLock::new();
 
@@ -72,6 +81,14 @@ pub(crate) fn init() -> Result<&'static Config, ResultCode> {
             );
         }
         log_info!("tcpx-socket: {} data socket(s) per comm", cfg.nsocks);
+        match &cfg.devmem {
+            Some(gpu) => log_info!(
+                "tcpx-socket: devmem emulation on ({DEVMEM_ENV}): CUDA receives land in bounce \
+                 buffers of GPU {} and must be unpacked by the consumer (netDeviceType UNPACK v7)",
+                gpu.ordinal
+            ),
+            None => log_info!("tcpx-socket: host memory only (devmem emulation off)"),
+        }
         Ok(cfg)
     });
     match cfg {
@@ -150,7 +167,51 @@ fn discover() -> Result<Config, String> {
             speed_mbps: speed_mbps(&i.name),
         })
         .collect();
-    Ok(Config { devices, nsocks })
+    let devmem = devmem_from_env()?;
+    Ok(Config {
+        devices,
+        nsocks,
+        devmem,
+    })
+}
+
+/// Whether `TCPX_SOCKET_DEVMEM` asks for devmem emulation.
+pub(crate) fn devmem_requested(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
+}
+
+/// Opens the GPU when devmem emulation is requested; an error (no driver, bad ordinal) fails
+/// `init` with a message saying how to run without it.
+fn devmem_from_env() -> Result<Option<Gpu>, String> {
+    if !devmem_requested(std::env::var(DEVMEM_ENV).ok().as_deref()) {
+        return Ok(None);
+    }
+    let ordinal = match env_nonempty(DEVMEM_GPU_ENV) {
+        None => 0,
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{DEVMEM_GPU_ENV}={v:?} is not a CUDA device ordinal"))?,
+    };
+    Gpu::open(ordinal).map(Some).map_err(|e| {
+        format!(
+            "{DEVMEM_ENV}=1 needs a CUDA driver and GPU: {e} (unset {DEVMEM_ENV} to move host \
+             memory only)"
+        )
+    })
+}
+
+/// The devmem GPU, when emulation is on and `init` succeeded.
+pub(crate) fn devmem_gpu() -> Option<&'static Gpu> {
+    match CONFIG.get() {
+        Some(Ok(cfg)) => cfg.devmem.as_ref(),
+        _ => None,
+    }
 }
 
 /// `TCPX_SOCKET_NSOCKS`, else `NCCL_NSOCKS_PERTHREAD × NCCL_SOCKET_NTHREADS` when either is set
@@ -334,6 +395,17 @@ mod tests {
         assert!(f.matches("eth0") && !f.matches("lo") && !f.matches("docker0"));
         let f = IfFilter::parse("^=eth0:1234");
         assert!(!f.matches("eth0") && f.matches("eth01"));
+    }
+
+    #[test]
+    fn devmem_switch_values() {
+        assert!(!devmem_requested(None));
+        assert!(!devmem_requested(Some("")));
+        assert!(!devmem_requested(Some("0")));
+        assert!(!devmem_requested(Some("off")));
+        assert!(devmem_requested(Some("1")));
+        assert!(devmem_requested(Some(" ON ")));
+        assert!(devmem_requested(Some("true")));
     }
 
     #[test]

@@ -22,6 +22,18 @@
 //!   that is up, else `lo`.
 //! * `TCPX_SOCKET_NSOCKS`, else `NCCL_NSOCKS_PERTHREAD × NCCL_SOCKET_NTHREADS`: data sockets per
 //!   comm, 1..=8, default 1. The listener's value wins (it travels in the handle).
+//! * `TCPX_SOCKET_DEVMEM=1` (also `true`/`yes`/`on`; default off): **devmem emulation**. The
+//!   plugin loads the CUDA driver itself (`libcuda.so.1`; a missing driver makes `init` fail with
+//!   ncclSystemError and a log line), reports `ptrSupport` HOST|CUDA and `netDeviceType` UNPACK
+//!   version 7, accepts CUDA registrations, and receives into CUDA memory the way GPUDirect-TCPX
+//!   does: payload lands in a GPU bounce buffer in scattered 4 KiB pages, `test` publishes
+//!   `loadMeta`s and `cnt[slot]` in the metadata the accept's device handle points at, and the
+//!   consumer gathers the fragments with its unpack kernel, then calls `irecvConsumed` (FIFO).
+//!   Receives into CUDA memory are limited to 4 MiB (2048 fragments); sends from CUDA memory are
+//!   staged through host memory. `TCPX_SOCKET_DEVMEM_GPU` picks the GPU (ordinal, default 0);
+//!   `TCPX_CUDA_DISABLE=1` makes the plugin behave as if no driver were installed;
+//!   `TCPX_SOCKET_CUDA_LIB=/path/libcuda.so.1` loads that driver library instead. Off: host
+//!   memory only, netDeviceType HOST, exactly as before.
 //!
 //! Wire formats are documented in the `handle` and `wire` modules' sources.
 //!
@@ -38,7 +50,9 @@
 mod log;
 
 mod connect;
+mod cuda;
 mod device;
+mod devmem;
 mod handle;
 mod listen;
 mod mr;
@@ -49,7 +63,8 @@ mod sock;
 mod table;
 pub mod wire;
 
-pub use device::{DEFAULT_SPEED_MBPS, MAX_NSOCKS};
+pub use cuda::CUDA_LIB_ENV;
+pub use device::{DEFAULT_SPEED_MBPS, DEVMEM_ENV, DEVMEM_GPU_ENV, MAX_NSOCKS};
 pub use table::{ncclNetPlugin_v7, ncclNetPlugin_v8, pending_connects, PluginTable};
 
 /// The plugin's name, as reported in its tables.

@@ -1,7 +1,10 @@
 //! Memory registration. Host memory needs no pinning or mapping for kernel sockets, so a
-//! registration only records the range, which lets `isend`/`irecv` refuse a buffer that lies
-//! outside what the caller registered (the mistake a real RDMA/TCPX plugin would punish with
-//! corrupted data or a fault).
+//! registration only records the range and its kind, which lets `isend`/`irecv` refuse a buffer
+//! that lies outside what the caller registered (the mistake a real RDMA/TCPX plugin would
+//! punish with corrupted data or a fault) and tells them whether it is CUDA memory.
+//!
+//! CUDA memory is accepted only in devmem emulation (`TCPX_SOCKET_DEVMEM=1`), and only when the
+//! driver says the range is device memory of the plugin's GPU.
 
 use std::ffi::c_void;
 
@@ -17,6 +20,7 @@ pub(crate) struct Mr {
     comm: usize,
     base: usize,
     len: usize,
+    ptr_type: i32,
 }
 
 /// `regMr`: records `[data, data + size)` of host memory for `comm`.
@@ -39,16 +43,21 @@ pub(crate) unsafe fn register(
         return Err(ResultCode::INVALID_ARGUMENT);
     }
     if ptr_type == NCCL_PTR_CUDA {
-        log_warn!(
+        if let Some(gpu) = crate::device::devmem_gpu() {
+            check_cuda(gpu, data, size)?;
+        } else {
+            log_warn!(
             "tcpx-socket: regMr of CUDA memory {data:p} ({size} bytes) refused: this plugin moves \
              host memory only; CUDA memory needs a CUDA-capable plugin (e.g. GPUDirect-TCPX) or \
-             staging through pinned host buffers"
-        );
-        return Err(ResultCode::INVALID_ARGUMENT);
-    }
-    if ptr_type != NCCL_PTR_HOST {
+             staging through pinned host buffers (or devmem emulation: {})",
+                crate::device::DEVMEM_ENV
+            );
+            return Err(ResultCode::INVALID_ARGUMENT);
+        }
+    } else if ptr_type != NCCL_PTR_HOST {
         log_warn!(
-            "tcpx-socket: regMr with pointer type {ptr_type}: only NCCL_PTR_HOST (1) is supported"
+            "tcpx-socket: regMr with pointer type {ptr_type}: only NCCL_PTR_HOST (1), and \
+             NCCL_PTR_CUDA (2) in devmem emulation, are supported"
         );
         return Err(ResultCode::INVALID_ARGUMENT);
     }
@@ -65,9 +74,36 @@ pub(crate) unsafe fn register(
         comm: comm as usize,
         base: data as usize,
         len: size,
+        ptr_type,
     });
-    log_trace!("tcpx-socket: regMr comm {comm:p} {data:p} + {size}");
+    log_trace!("tcpx-socket: regMr comm {comm:p} {data:p} + {size} type {ptr_type}");
     Ok(Box::into_raw(mr).cast())
+}
+
+/// Refuses a CUDA registration whose range is not device memory of the devmem GPU.
+fn check_cuda(gpu: &crate::cuda::Gpu, data: *mut c_void, size: usize) -> Result<(), ResultCode> {
+    if size == 0 {
+        return Ok(());
+    }
+    let last = (data as u64).saturating_add(size as u64 - 1);
+    let owner = gpu.scoped(|g| Ok((g.device_of(data as u64)?, g.device_of(last)?)));
+    match owner {
+        Ok((Some(a), Some(b))) if a == gpu.ordinal && b == gpu.ordinal => Ok(()),
+        Ok(found) => {
+            log_warn!(
+                "tcpx-socket: regMr of CUDA memory {data:p} + {size} bytes refused: the driver \
+                 says its first/last byte are on {found:?} (None: not device memory), but devmem \
+                 emulation receives on GPU {} ({})",
+                gpu.ordinal,
+                crate::device::DEVMEM_GPU_ENV
+            );
+            Err(ResultCode::INVALID_ARGUMENT)
+        }
+        Err(e) => {
+            log_warn!("tcpx-socket: regMr of CUDA memory {data:p} + {size} bytes: {e}");
+            Err(ResultCode::UNHANDLED_CUDA_ERROR)
+        }
+    }
 }
 
 /// `deregMr`: frees a registration of `comm`.
@@ -94,7 +130,8 @@ pub(crate) unsafe fn deregister(comm: *mut c_void, mh: *mut c_void) -> Result<()
     Ok(())
 }
 
-/// Checks that `[data, data + size)` lies inside registration `mh` of `comm`.
+/// Checks that `[data, data + size)` lies inside registration `mh` of `comm`; returns the
+/// registration's pointer type (`NCCL_PTR_HOST` for an empty message without one).
 ///
 /// # Safety
 /// `mh` is NULL or a pointer this plugin handed out.
@@ -104,11 +141,11 @@ pub(crate) unsafe fn check(
     data: *const c_void,
     size: usize,
     call: &str,
-) -> Result<(), ResultCode> {
+) -> Result<i32, ResultCode> {
     // An empty message touches no memory: accept it without a registration (callers sometimes
     // post zero-byte operations with whatever handle they have, including none).
     if size == 0 && mh.is_null() {
-        return Ok(());
+        return Ok(NCCL_PTR_HOST);
     }
     // SAFETY: forwarded contract.
     let mr = unsafe { object::expect::<Mr>(mh.cast(), MR_TAG, &format!("{call} mhandle")) }?;
@@ -122,7 +159,7 @@ pub(crate) unsafe fn check(
         return Err(ResultCode::INVALID_ARGUMENT);
     }
     if size == 0 {
-        return Ok(());
+        return Ok(mr.ptr_type);
     }
     let start = data as usize;
     let inside = start >= mr.base
@@ -138,5 +175,5 @@ pub(crate) unsafe fn check(
         );
         return Err(ResultCode::INVALID_ARGUMENT);
     }
-    Ok(())
+    Ok(mr.ptr_type)
 }

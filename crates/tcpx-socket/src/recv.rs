@@ -13,14 +13,20 @@
 //! devices and never calls `irecvConsumed`) `test` releases the slot as it reports done and
 //! `irecvConsumed` is an accepted no-op.
 //!
+//! Devmem emulation (`crate::devmem`): a comm accepted with a device handle in that mode owns a
+//! [`DevmemRecv`]. A receive into CUDA memory is then read into the slot's host staging buffer
+//! instead of its destination, and published (bounce pages, `loadMeta`s, `cnt[slot]`) just
+//! before `test` reports it done; the destination itself is the consumer's to fill.
+//!
 //! Threading: one thread at a time per comm (NCCL's contract); no lock on the data path.
 
 use std::ffi::c_void;
 use std::io::{self, IoSliceMut};
 use std::net::TcpStream;
 
-use tcpx_sys::{ResultCode, MAX_REQUESTS};
+use tcpx_sys::{ncclNetDeviceHandle_v8_t, ResultCode, MAX_REQUESTS};
 
+use crate::devmem::{DevmemRecv, MAX_RECV_BYTES};
 use crate::log::log_warn;
 use crate::object::{DEAD_TAG, RECV_REQ_TAG, RECV_TAG};
 use crate::send::SYSCALL_BUDGET;
@@ -38,6 +44,8 @@ pub(crate) struct RecvSlot {
     seq: u64,
     data: *mut u8,
     cap: usize,
+    /// The destination is CUDA memory (devmem emulation): `data` is the slot's host staging.
+    cuda: bool,
     /// Message size, known from the first header of the message.
     total: Option<u32>,
     nparts: u8,
@@ -104,13 +112,24 @@ pub(crate) struct RecvComm {
     /// Oldest request whose slot is not yet released (== head unless consumption is required).
     released: u64,
     consume_required: bool,
+    /// Devmem emulation resources (only when accepted with a device handle in that mode).
+    devmem: Option<Box<DevmemRecv>>,
+    /// The device handle this comm filled when the accept caller's slot was empty (NCCL-style):
+    /// the caller keeps a pointer to it, so it lives as long as the comm.
+    _owned_handle: Option<Box<ncclNetDeviceHandle_v8_t>>,
     failed: Option<ResultCode>,
     name: String,
 }
 
 impl RecvComm {
     /// A comm over accepted data sockets (index order = socket index of the striping rule).
-    pub(crate) fn new(socks: Vec<TcpStream>, consume_required: bool, name: String) -> Box<Self> {
+    pub(crate) fn new(
+        socks: Vec<TcpStream>,
+        consume_required: bool,
+        devmem: Option<Box<DevmemRecv>>,
+        owned_handle: Option<Box<ncclNetDeviceHandle_v8_t>>,
+        name: String,
+    ) -> Box<Self> {
         let n = socks.len();
         let mut comm = Box::new(Self {
             tag: RECV_TAG,
@@ -121,6 +140,7 @@ impl RecvComm {
                 seq: 0,
                 data: std::ptr::null_mut(),
                 cap: 0,
+                cuda: false,
                 total: None,
                 nparts: 0,
                 parts_mask: 0,
@@ -140,6 +160,8 @@ impl RecvComm {
             head: 0,
             released: 0,
             consume_required,
+            devmem,
+            _owned_handle: owned_handle,
             failed: None,
             name,
         });
@@ -156,22 +178,50 @@ impl RecvComm {
     }
 
     /// `irecv` with one buffer: records the request, or `None` when 16 slots are held (busy).
+    /// `cuda`: the buffer is CUDA memory (registered as such, so devmem emulation is on).
     pub(crate) fn post(
         &mut self,
         data: *mut u8,
         cap: usize,
+        cuda: bool,
     ) -> Result<Option<*mut c_void>, ResultCode> {
         if let Some(code) = self.failed {
             return Err(code);
+        }
+        if cuda {
+            if self.devmem.is_none() {
+                log_warn!(
+                    "tcpx-socket: {}: irecv into CUDA memory, but this comm has no unpack queue \
+                     (accept was called without a device handle slot): nobody could unpack it",
+                    self.name
+                );
+                return Err(ResultCode::INVALID_USAGE);
+            }
+            if cap > MAX_RECV_BYTES {
+                log_warn!(
+                    "tcpx-socket: {}: irecv of {cap} bytes into CUDA memory exceeds the devmem \
+                     limit of {MAX_RECV_BYTES} bytes per receive (2048 fragments of at most 4 \
+                     KiB, as in TCPX): post smaller receives",
+                    self.name
+                );
+                return Err(ResultCode::INVALID_ARGUMENT);
+            }
         }
         if self.posted - self.released >= RING {
             return Ok(None);
         }
         let seq = self.posted;
-        let slot = &mut self.slots[(seq % RING) as usize];
+        let index = (seq % RING) as usize;
+        let data = match (&mut self.devmem, cuda) {
+            // The slot is free (released), so no socket writes into its staging buffer.
+            (Some(d), true) => d.stage(index, cap),
+            _ => data,
+        };
+        let slot = &mut self.slots[index];
         slot.seq = seq;
         slot.data = data;
         slot.cap = cap;
+        slot.cuda = cuda;
         slot.total = None;
         slot.nparts = 0;
         slot.parts_mask = 0;
@@ -205,6 +255,19 @@ impl RecvComm {
         }
         let slot = &self.slots[index];
         if slot.complete() {
+            let (total, cuda) = (slot.total.unwrap_or(0) as usize, slot.cuda);
+            if let Some(d) = &mut self.devmem {
+                if let Err(msg) = d.publish(index, total, cuda) {
+                    log_warn!(
+                        "tcpx-socket: {}: devmem: receive #{seq} ({total} bytes): {msg}; the \
+                         comm is failed",
+                        self.name
+                    );
+                    self.failed = Some(ResultCode::UNHANDLED_CUDA_ERROR);
+                    return Err(ResultCode::UNHANDLED_CUDA_ERROR);
+                }
+            }
+            let slot = &self.slots[index];
             self.head += 1;
             if !self.consume_required {
                 self.released = self.head;

@@ -6,6 +6,10 @@
 //! writes the parts the striping rule ([`crate::wire::Stripe`]) gives it, header and payload in
 //! one `sendmsg`.
 //!
+//! Devmem emulation: a send from CUDA memory (registered as `NCCL_PTR_CUDA`) is copied to the
+//! slot's host staging buffer when it is posted (a synchronous device-to-host copy), and the
+//! sockets send from there.
+//!
 //! Threading: a comm is used by one thread at a time (NCCL's contract), so its state is plain
 //! data behind a raw pointer, with no lock on the data path.
 
@@ -58,6 +62,8 @@ pub(crate) struct SendComm {
     socks: Vec<TcpStream>,
     tx: Vec<TxCursor>,
     stripe: Stripe,
+    /// Host staging of CUDA sources, per slot (devmem emulation; empty otherwise).
+    stages: [Vec<u8>; MAX_REQUESTS],
     /// Sequence number of the next isend.
     posted: u64,
     /// Oldest request not yet reported done.
@@ -95,6 +101,7 @@ impl SendComm {
                 })
                 .collect(),
             stripe: Stripe { nsocks: n },
+            stages: Default::default(),
             posted: 0,
             head: 0,
             failed: None,
@@ -112,11 +119,13 @@ impl SendComm {
         &self.name
     }
 
-    /// `isend`: records the request, or `None` when 16 are in flight (busy).
+    /// `isend`: records the request, or `None` when 16 are in flight (busy). `cuda`: `data` is
+    /// CUDA memory (devmem emulation), copied to host staging here.
     pub(crate) fn post(
         &mut self,
         data: *const u8,
         size: usize,
+        cuda: bool,
     ) -> Result<Option<*mut c_void>, ResultCode> {
         if let Some(code) = self.failed {
             return Err(code);
@@ -132,8 +141,14 @@ impl SendComm {
             return Err(ResultCode::INVALID_ARGUMENT);
         };
         let seq = self.posted;
+        let index = (seq % MAX_REQUESTS as u64) as usize;
+        let data = if cuda && size > 0 {
+            self.stage_from_device(index, data, size)?
+        } else {
+            data
+        };
         let nparts = self.stripe.nparts(size32) as u8;
-        let slot = &mut self.slots[(seq % MAX_REQUESTS as u64) as usize];
+        let slot = &mut self.slots[index];
         slot.seq = seq;
         slot.data = data;
         slot.size = size32;
@@ -141,6 +156,40 @@ impl SendComm {
         slot.parts_done = 0;
         self.posted += 1;
         Ok(Some((slot as *mut SendSlot).cast()))
+    }
+
+    /// Copies `size` bytes of CUDA memory at `src` into slot `index`'s staging buffer. The slot
+    /// is free (its previous message completed), so no socket reads the staging buffer.
+    fn stage_from_device(
+        &mut self,
+        index: usize,
+        src: *const u8,
+        size: usize,
+    ) -> Result<*const u8, ResultCode> {
+        let Some(gpu) = crate::device::devmem_gpu() else {
+            log_warn!(
+                "tcpx-socket: {}: isend from CUDA memory without devmem emulation",
+                self.name
+            );
+            return Err(ResultCode::INVALID_USAGE);
+        };
+        let stage = &mut self.stages[index];
+        if stage.len() < size {
+            stage.resize(size, 0);
+        }
+        let dst = stage.as_mut_ptr();
+        // SAFETY: `dst` has `size` writable bytes and no reference to them is alive during the
+        // call; `src..src+size` lies in a CUDA registration of the devmem GPU (checked by
+        // `mr::check` and at `regMr`), which isend's contract keeps valid.
+        let copied = gpu.scoped(|g| unsafe { g.dtoh(dst, src as u64, size) });
+        if let Err(e) = copied {
+            log_warn!(
+                "tcpx-socket: {}: isend of {size} bytes from CUDA memory {src:p}: {e}",
+                self.name
+            );
+            return Err(ResultCode::UNHANDLED_CUDA_ERROR);
+        }
+        Ok(dst.cast_const())
     }
 
     /// `test` on the request in slot `index` with sequence number `seq`: drives every socket,

@@ -13,12 +13,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use tcpx_sys::{
     ncclDebugLogger_t, ncclNetDeviceHandle_v8_t, ncclNetProperties_v7_t, ncclNetProperties_v8_t,
     ncclNet_v7_t, ncclNet_v8_t, ncclResult_t, ResultCode, HANDLE_SIZE, NCCL_NET_DEVICE_HOST,
-    NCCL_PTR_HOST,
+    NCCL_NET_DEVICE_UNPACK, NCCL_NET_DEVICE_UNPACK_VERSION, NCCL_PTR_CUDA, NCCL_PTR_HOST,
 };
 
 use crate::log::{self, log_info, log_warn};
 use crate::object::{self, LISTEN_TAG, RECV_REQ_TAG, RECV_TAG, SEND_REQ_TAG, SEND_TAG};
-use crate::{connect, device, listen, mr, recv, send};
+use crate::{connect, device, devmem, listen, mr, recv, send};
 
 /// Most comms a device supports, as reported in properties (TCPX reports the same).
 const MAX_COMMS: i32 = 65536;
@@ -125,6 +125,16 @@ unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
 
 fn properties(dev: c_int) -> Result<ncclNetProperties_v8_t, ResultCode> {
     let d = device::device(dev)?;
+    // Devmem emulation presents the device as TCPX does: CUDA pointers, UNPACK v7.
+    let (ptr_support, dev_type, dev_version) = if device::devmem_gpu().is_some() {
+        (
+            NCCL_PTR_HOST | NCCL_PTR_CUDA,
+            NCCL_NET_DEVICE_UNPACK,
+            NCCL_NET_DEVICE_UNPACK_VERSION,
+        )
+    } else {
+        (NCCL_PTR_HOST, NCCL_NET_DEVICE_HOST, 0)
+    };
     Ok(ncclNetProperties_v8_t {
         name: d.name.as_ptr().cast_mut(),
         pciPath: d
@@ -132,15 +142,15 @@ fn properties(dev: c_int) -> Result<ncclNetProperties_v8_t, ResultCode> {
             .as_ref()
             .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
         guid: dev as u64,
-        ptrSupport: NCCL_PTR_HOST,
+        ptrSupport: ptr_support,
         regIsGlobal: 0,
         speed: d.speed_mbps,
         port: 0,
         latency: 0.0,
         maxComms: MAX_COMMS,
         maxRecvs: 1,
-        netDeviceType: NCCL_NET_DEVICE_HOST,
-        netDeviceVersion: 0,
+        netDeviceType: dev_type,
+        netDeviceVersion: dev_version,
     })
 }
 
@@ -254,29 +264,6 @@ unsafe extern "C" fn accept(
         let Some(ready) = lc.accept_step()? else {
             return Ok(());
         };
-        // Device handle: a caller that hands us a preset handle (TCPX-style: UNPACK, v7) gets
-        // TCPX's receive lifecycle, consumption required; we are a HOST device and say so in its
-        // handle. NULL (or a NULL slot, what real NCCL passes for HOST devices) means the caller
-        // will never call irecvConsumed, so `test` releases slots itself.
-        let dev_handle = if recv_dev_comm.is_null() {
-            std::ptr::null_mut()
-        } else {
-            // SAFETY: non-NULL slot pointer provided by the caller.
-            unsafe { *recv_dev_comm }
-        };
-        let consume_required = !dev_handle.is_null();
-        if consume_required {
-            // SAFETY: the caller's device handle, valid for writes (ABI contract).
-            unsafe {
-                *dev_handle = ncclNetDeviceHandle_v8_t {
-                    netDeviceType: NCCL_NET_DEVICE_HOST,
-                    netDeviceVersion: 0,
-                    handle: std::ptr::null_mut(),
-                    size: 0,
-                    needsProxyProgress: 0,
-                };
-            }
-        }
         let name = format!(
             "recv comm {:#x} from {} ({} socket(s), device {})",
             ready.conn_id,
@@ -284,15 +271,74 @@ unsafe extern "C" fn accept(
             ready.socks.len(),
             lc.dev()
         );
+        // Device handle. Host mode: a caller that hands us a preset handle (TCPX-style: UNPACK,
+        // v7) gets TCPX's receive lifecycle, consumption required; we are a HOST device and say
+        // so in its handle. NULL (or a NULL slot, what real NCCL passes for HOST devices) means
+        // the caller will never call irecvConsumed, so `test` releases slots itself.
+        // Devmem mode: any non-NULL slot gets an UNPACK v7 handle with this comm's unpack queue
+        // (written into the caller's preset handle, or into one the comm owns when the slot is
+        // empty, NCCL-style); a NULL slot gets no queue, and CUDA receives are refused.
+        let slot_given = !recv_dev_comm.is_null();
+        let dev_handle = if slot_given {
+            // SAFETY: non-NULL slot pointer provided by the caller.
+            unsafe { *recv_dev_comm }
+        } else {
+            std::ptr::null_mut()
+        };
+        let mut owned_handle = None;
+        let mut devmem_queue = None;
+        let consume_required = match device::devmem_gpu() {
+            Some(gpu) if slot_given => {
+                let seed = ready.conn_id ^ (lc as *const listen::ListenComm as u64);
+                let queue = devmem::DevmemRecv::new(gpu, seed, &name)?;
+                let handle = queue.device_handle();
+                if dev_handle.is_null() {
+                    let mut boxed = Box::new(handle);
+                    // SAFETY: non-NULL slot (checked above); the box lives as long as the comm.
+                    unsafe { *recv_dev_comm = &mut *boxed };
+                    owned_handle = Some(boxed);
+                } else {
+                    // SAFETY: the caller's device handle, valid for writes (ABI contract).
+                    unsafe { *dev_handle = handle };
+                }
+                devmem_queue = Some(queue);
+                true
+            }
+            _ if !dev_handle.is_null() => {
+                // SAFETY: the caller's device handle, valid for writes (ABI contract).
+                unsafe {
+                    *dev_handle = ncclNetDeviceHandle_v8_t {
+                        netDeviceType: NCCL_NET_DEVICE_HOST,
+                        netDeviceVersion: 0,
+                        handle: std::ptr::null_mut(),
+                        size: 0,
+                        needsProxyProgress: 0,
+                    };
+                }
+                true
+            }
+            _ => false,
+        };
         log_info!(
-            "tcpx-socket: accepted: {name}, irecvConsumed {}",
+            "tcpx-socket: accepted: {name}, irecvConsumed {}{}",
             if consume_required {
                 "required"
             } else {
                 "not used"
+            },
+            if devmem_queue.is_some() {
+                ", devmem unpack queue (UNPACK v7)"
+            } else {
+                ""
             }
         );
-        let comm = recv::RecvComm::new(ready.socks, consume_required, name);
+        let comm = recv::RecvComm::new(
+            ready.socks,
+            consume_required,
+            devmem_queue,
+            owned_handle,
+            name,
+        );
         *rc = Box::into_raw(comm).cast();
         Ok(())
     })
@@ -367,10 +413,11 @@ unsafe extern "C" fn isend(
             ResultCode::INVALID_ARGUMENT
         })?;
         // SAFETY: `mhandle` is NULL or an object of this plugin (checked inside).
-        unsafe { mr::check(send_comm, mhandle, data, size, "isend") }?;
+        let ptr_type = unsafe { mr::check(send_comm, mhandle, data, size, "isend") }?;
         // SAFETY: tag checked; one thread at a time per comm.
         let comm = unsafe { &mut *comm };
-        if let Some(r) = comm.post(data.cast_const().cast(), size)? {
+        let cuda = ptr_type == NCCL_PTR_CUDA;
+        if let Some(r) = comm.post(data.cast_const().cast(), size, cuda)? {
             *req = r;
         }
         Ok(())
@@ -411,10 +458,10 @@ unsafe extern "C" fn irecv(
             ResultCode::INVALID_ARGUMENT
         })?;
         // SAFETY: `mh` is NULL or an object of this plugin (checked inside).
-        unsafe { mr::check(recv_comm, mh, buf, size, "irecv") }?;
+        let ptr_type = unsafe { mr::check(recv_comm, mh, buf, size, "irecv") }?;
         // SAFETY: tag checked; one thread at a time per comm.
         let comm = unsafe { &mut *comm };
-        if let Some(r) = comm.post(buf.cast(), size)? {
+        if let Some(r) = comm.post(buf.cast(), size, ptr_type == NCCL_PTR_CUDA)? {
             *req = r;
         }
         Ok(())

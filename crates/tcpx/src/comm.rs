@@ -561,8 +561,28 @@ impl RecvComm {
     }
 
     /// The device handle the plugin filled at accept (type UNPACK for TCPX, HOST otherwise).
+    ///
+    /// For an UNPACK (version 7) handle — GPUDirect-TCPX, or tcpx-socket with
+    /// `TCPX_SOCKET_DEVMEM=1` — `handle` is the *device* address of a 24-byte
+    /// `tcpxUnpackDeviceHandle` `{meta, bounce_buf, head}`: copy it to the host once (e.g.
+    /// `CudaDevice::copy_raw`) to learn the metadata's device address (pinned host memory mapped
+    /// into the GPU; the same address on the host under unified addressing) and the bounce
+    /// buffer's. A receive into CUDA memory then lands in the bounce buffer, not in its
+    /// destination: after [`test`](Self::test) reports it done, read `cnt[slot]` and
+    /// `mem[slot][..cnt]` ([`unpack_slot`](Self::unpack_slot) gives `slot`), gather the
+    /// fragments into the destination (`tcpx::cuda::unpack`), wait for the gather, and only then
+    /// call [`consumed`](Self::consumed): until then the slot and its bounce pages stay yours.
     pub fn device_handle(&self) -> Option<&ncclNetDeviceHandle_v8_t> {
         self.device_handle.as_ref()
+    }
+
+    /// The unpack slot of a receive of this comm: TCPX's `tail % 16`, i.e. the request's
+    /// position in this comm's posting order ([`RecvRequest::sequence`]) modulo 16. Every
+    /// successful [`irecv`](Self::irecv) takes the next position; a busy answer takes none. A
+    /// consumer that drives the plugin directly can track it the same way: count successful
+    /// irecvs per comm.
+    pub fn unpack_slot(&self, request: &RecvRequest) -> usize {
+        (request.sequence() % tcpx_sys::MAX_REQUESTS as u64) as usize
     }
 
     /// Posts a receive of at most `len` bytes into `region[offset..]`. `Ok(None)`: busy.
