@@ -49,6 +49,9 @@ mod link;
 // The Endpoint API.
 pub mod endpoint;
 
+// One-sided write / read with notifications, on separate comms.
+pub mod onesided;
+
 // Benchmarks the tools call (figures, not tests).
 pub mod bench;
 
@@ -57,5 +60,6 @@ pub use endpoint::backend::{BackendInfo, BackendOrigin};
 pub use endpoint::{Connection, Endpoint, Segment};
 pub use engine::stats::ChannelStats;
 pub use error::{Direction, Error, Result};
+pub use onesided::{Descriptor, RemoteSegment};
 pub use registry::Region;
 pub use transfer::Transfer;

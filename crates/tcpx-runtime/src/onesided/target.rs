@@ -1,0 +1,311 @@
+//! The watcher's side of one-sided operations: serving the peer's requests (target) and
+//! taking the peer's answers (initiator), plus the acknowledger thread.
+//!
+//! Everything here runs on the connection's control watcher, one message at a time, in
+//! stream order: that order *is* the posting order of the RMA receive lanes. Only the
+//! acknowledger waits for data (so the watcher never blocks on a transfer): it takes the
+//! target's accepted writes and the standalone notifications in stream order, waits for each
+//! write's receive job, then delivers its notification and answers `WriteAck`. A
+//! notification therefore reaches the application only after its write's bytes have landed,
+//! and after every earlier write's.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::coalesce::coalesce;
+use super::state::{access_error, new_job, PendingKind, Rma};
+use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
+use crate::control::Message;
+use crate::endpoint::connection::{register_region, submit_job};
+use crate::engine::job::{Job, Piece};
+use crate::error::{Direction, Error, Result};
+use crate::registry::Region;
+use crate::schedule::Schedule;
+use crate::transfer::Transfer;
+
+/// Most chunks a refused write may carry into the discard region (one piece each); a peer
+/// asking for more is treated as hostile (128 GiB at the default 512 KiB chunks).
+const MAX_DISCARD_CHUNKS: u64 = 1 << 18;
+
+/// Grace after a job's own deadline before the acknowledger stops waiting on it (the engine
+/// fails the connection at the deadline; this only bounds the wait).
+const ACK_GRACE: Duration = Duration::from_secs(1);
+
+/// What the acknowledger handles, in control-stream order.
+pub(crate) enum TargetItem {
+    /// A write this side serves: its receive job (into the application's regions, or the
+    /// discard region when refused).
+    Write {
+        job: Arc<Job>,
+        op_id: u64,
+        refusal: Option<Refusal>,
+        notification: Option<Vec<u8>>,
+    },
+    /// A standalone notification.
+    Notify(Vec<u8>),
+}
+
+impl Rma {
+    /// Handles one one-sided control message. An error is a protocol violation or a local
+    /// failure that leaves the lanes out of step: the caller fails the connection.
+    pub(crate) fn on_message(&self, message: Message, acker: &Sender<TargetItem>) -> Result<()> {
+        match message {
+            Message::WriteRequest(request) => self.on_write_request(request, acker),
+            Message::ReadRequest(request) => self.on_read_request(request),
+            Message::Notify { bytes } => {
+                let _ = acker.send(TargetItem::Notify(bytes));
+                Ok(())
+            }
+            Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal),
+            Message::ReadData { op_id } => self.on_read_data(op_id),
+            Message::ReadRefused { op_id, refusal } => {
+                let op = self.answered(op_id, "ReadRefused")?;
+                op.completion.finish(Err(access_error(&self.link, refusal)));
+                Ok(())
+            }
+            other => Err(self.violation(format!("{:?} is not a one-sided message", other.kind()))),
+        }
+    }
+
+    fn violation(&self, what: String) -> Error {
+        Error::PeerClosed {
+            peer: self.link.peer,
+            reason: format!("protocol violation: {what}"),
+        }
+    }
+
+    /// The schedule this side derives for a request: its own lengths are the coalesced remote
+    /// list, the peer's are the request's local lengths (the initiator derives the mirror).
+    fn request_schedule(
+        &self,
+        entries: &[RemoteEntry],
+        peer_lens: &[u64],
+        op_id: u64,
+    ) -> Result<Schedule> {
+        let own = super::state::remote_lens(entries);
+        Schedule::vectored(
+            &own,
+            peer_lens,
+            self.shared.config.chunk_bytes,
+            self.link.channels,
+        )
+        .map(|s| s.rotated(op_id))
+        .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
+    }
+
+    /// Pieces of the coalesced `entries` in `regions` (validated), registered for `direction`.
+    fn pieces(
+        &self,
+        entries: &[RemoteEntry],
+        regions: &[Region],
+        direction: Direction,
+    ) -> Result<Vec<Piece>> {
+        let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
+        let mut pieces = Vec::with_capacity(runs.len());
+        for run in runs {
+            let region = regions
+                .get(run.first)
+                .ok_or_else(|| Error::Internal("validated region missing".into()))?;
+            pieces.push(Piece {
+                registration: register_region(&self.link, &self.shared, region, direction)?,
+                // Validated: offset + len lies within the region, a usize.
+                offset: run.offset as usize,
+                len: run.len,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// Target: a write. Its data is already on the way, so a receive job is queued either
+    /// way — into the application's regions, or into the discard region when refused.
+    fn on_write_request(&self, request: WriteRequest, acker: &Sender<TargetItem>) -> Result<()> {
+        let WriteRequest {
+            op_id,
+            entries,
+            local_lens,
+            notification,
+        } = request;
+        let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
+        let (pieces, schedule, refusal) = match self.shared.adverts.validate(&entries) {
+            Ok(regions) => (
+                self.pieces(&entries, &regions, Direction::Recv)?,
+                schedule,
+                None,
+            ),
+            Err(refusal) => {
+                tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "one-sided write refused; discarding its data");
+                let (pieces, schedule) = self.discard(&schedule, &local_lens, op_id)?;
+                (pieces, schedule, Some(refusal))
+            }
+        };
+        let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+        submit_job(&self.link, &job);
+        let _ = acker.send(TargetItem::Write {
+            job,
+            op_id,
+            refusal,
+            notification,
+        });
+        Ok(())
+    }
+
+    /// The discard job of a refused write: one piece per chunk of the schedule the accepted
+    /// write would have had, each at offset 0 of the chunk-sized discard region. The chunk
+    /// boundaries include every boundary of both lists, so cutting this side's list at them
+    /// yields the same chunks on the same channels: the lanes stay in step.
+    fn discard(
+        &self,
+        schedule: &Schedule,
+        peer_lens: &[u64],
+        op_id: u64,
+    ) -> Result<(Vec<Piece>, Schedule)> {
+        if schedule.chunk_count() > MAX_DISCARD_CHUNKS {
+            return Err(self.violation(format!(
+                "refused write #{op_id} would carry {} chunks",
+                schedule.chunk_count()
+            )));
+        }
+        let scratch = self.scratch()?;
+        let pieces: Vec<Piece> = schedule
+            .iter()
+            .map(|chunk| Piece {
+                registration: scratch.clone(),
+                offset: 0,
+                len: u64::from(chunk.len),
+            })
+            .collect();
+        let lens: Vec<u64> = pieces.iter().map(|p| p.len).collect();
+        let schedule = Schedule::vectored(
+            &lens,
+            peer_lens,
+            self.shared.config.chunk_bytes,
+            self.link.channels,
+        )
+        .map(|s| s.rotated(op_id))
+        .map_err(|e| Error::Internal(format!("discard schedule: {e}")))?;
+        Ok((pieces, schedule))
+    }
+
+    /// Target: a read. Accepted: queue the send job and write `ReadData` in one critical
+    /// section (this side sends the data, so it sets the order). Refused: `ReadRefused`,
+    /// and nothing moves.
+    fn on_read_request(&self, request: ReadRequest) -> Result<()> {
+        let ReadRequest {
+            op_id,
+            entries,
+            local_lens,
+        } = request;
+        let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
+        let answer = match self.shared.adverts.validate(&entries) {
+            Ok(regions) => {
+                let pieces = self.pieces(&entries, &regions, Direction::Send)?;
+                let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+                let mut writer = self.writer();
+                submit_job(&self.link, &job);
+                writer.send(&Message::ReadData { op_id })
+            }
+            Err(refusal) => {
+                tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "one-sided read refused");
+                self.writer().send(&Message::ReadRefused { op_id, refusal })
+            }
+        };
+        answer.map_err(Error::from)
+    }
+
+    fn answered(&self, op_id: u64, what: &str) -> Result<super::state::PendingOp> {
+        self.take_pending(op_id).ok_or_else(|| {
+            self.violation(format!(
+                "{what} for operation #{op_id}, which is not pending"
+            ))
+        })
+    }
+
+    /// Initiator: the target accepted a read and queued its data; queue the receive.
+    fn on_read_data(&self, op_id: u64) -> Result<()> {
+        let op = self.answered(op_id, "ReadData")?;
+        match op.kind {
+            PendingKind::Read { pieces, schedule } => {
+                let job = new_job(
+                    &self.link,
+                    Direction::Recv,
+                    op_id,
+                    pieces,
+                    schedule,
+                    Some(op.completion),
+                );
+                submit_job(&self.link, &job);
+                Ok(())
+            }
+            PendingKind::Write { .. } => {
+                Err(self.violation(format!("ReadData for write #{op_id}")))
+            }
+        }
+    }
+
+    /// Initiator: the target's verdict on a write. Completes the transfer once this side's
+    /// send job is done too (its memory is then free for the CPU again).
+    fn on_write_ack(&self, op_id: u64, refusal: Option<Refusal>) -> Result<()> {
+        let op = self.answered(op_id, "WriteAck")?;
+        let PendingKind::Write { job } = op.kind else {
+            return Err(self.violation(format!("WriteAck for read #{op_id}")));
+        };
+        // The target has every byte, so the sends are done or about to be.
+        let left = job.deadline.saturating_duration_since(Instant::now());
+        let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len).wait(left);
+        let outcome = match (refusal, sent) {
+            (Some(refusal), _) => Err(access_error(&self.link, refusal)),
+            (None, Ok(_)) => Ok(op.len),
+            (None, Err(e)) => Err(e),
+        };
+        op.completion.finish(outcome);
+        Ok(())
+    }
+}
+
+/// Starts the acknowledger of one connection; it ends when the watcher drops its sender.
+pub(crate) fn spawn_acker(rma: Arc<Rma>, items: Receiver<TargetItem>) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("tcpx-ack-{}", rma.link.id))
+        .spawn(move || acknowledge(&rma, &items))
+        .map_err(|e| Error::Internal(format!("cannot start the acknowledger: {e}")))
+}
+
+fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
+    let peer = rma.link.peer;
+    for item in items {
+        match item {
+            TargetItem::Notify(bytes) => rma.shared.inbox.deliver(peer, bytes),
+            TargetItem::Write {
+                job,
+                op_id,
+                refusal,
+                notification,
+            } => {
+                let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+                let landed =
+                    Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
+                match landed {
+                    Ok(_) => {
+                        if refusal.is_none() {
+                            if let Some(bytes) = notification {
+                                rma.shared.inbox.deliver(peer, bytes);
+                            }
+                        }
+                        let sent = rma.writer().send(&Message::WriteAck { op_id, refusal });
+                        if let Err(e) = sent {
+                            rma.link.fail(e.into());
+                        }
+                    }
+                    // The connection failed (the engines failed the job with its error) or
+                    // the job is stuck past its deadline: either way no answer is owed.
+                    Err(e) => {
+                        rma.link.fail(e);
+                    }
+                }
+            }
+        }
+    }
+}
