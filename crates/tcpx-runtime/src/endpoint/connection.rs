@@ -192,6 +192,16 @@ impl Connection {
         self.link.counters.iter().map(|c| c.snapshot()).collect()
     }
 
+    /// Counters per one-sided (RMA) channel.
+    pub fn one_sided_stats(&self) -> Vec<ChannelStats> {
+        self.rma
+            .link
+            .counters
+            .iter()
+            .map(|c| c.snapshot())
+            .collect()
+    }
+
     /// The error that failed the connection, if it failed.
     pub fn error(&self) -> Option<Error> {
         self.link.failure().cloned()

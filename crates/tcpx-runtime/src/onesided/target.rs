@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::coalesce::coalesce;
-use super::state::{access_error, new_job, PendingKind, Rma};
+use super::state::{access_error, new_job, PendingKind, PendingOp, Rma};
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
 use crate::endpoint::connection::{register_region, submit_job};
@@ -46,6 +46,13 @@ pub(crate) enum TargetItem {
     },
     /// A standalone notification.
     Notify(Vec<u8>),
+    /// Initiator side: a write the target answered while this side's send job was still
+    /// finishing; complete it once the job is done (the watcher never waits on data).
+    Complete {
+        job: Arc<Job>,
+        op: PendingOp,
+        refusal: Option<Refusal>,
+    },
 }
 
 impl Rma {
@@ -59,7 +66,7 @@ impl Rma {
                 let _ = acker.send(TargetItem::Notify(bytes));
                 Ok(())
             }
-            Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal),
+            Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, acker),
             Message::ReadData { op_id } => self.on_read_data(op_id),
             Message::ReadRefused { op_id, refusal } => {
                 let op = self.answered(op_id, "ReadRefused")?;
@@ -246,23 +253,41 @@ impl Rma {
     }
 
     /// Initiator: the target's verdict on a write. Completes the transfer once this side's
-    /// send job is done too (its memory is then free for the CPU again).
-    fn on_write_ack(&self, op_id: u64, refusal: Option<Refusal>) -> Result<()> {
+    /// send job is done too (its memory is then free for the CPU again): now, or through the
+    /// acknowledger if the job is still finishing.
+    fn on_write_ack(
+        &self,
+        op_id: u64,
+        refusal: Option<Refusal>,
+        acker: &Sender<TargetItem>,
+    ) -> Result<()> {
         let op = self.answered(op_id, "WriteAck")?;
-        let PendingKind::Write { job } = op.kind else {
-            return Err(self.violation(format!("WriteAck for read #{op_id}")));
+        let job = match &op.kind {
+            PendingKind::Write { job } => job.clone(),
+            PendingKind::Read { .. } => {
+                return Err(self.violation(format!("WriteAck for read #{op_id}")))
+            }
         };
-        // The target has every byte, so the sends are done or about to be.
-        let left = job.deadline.saturating_duration_since(Instant::now());
-        let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len).wait(left);
-        let outcome = match (refusal, sent) {
-            (Some(refusal), _) => Err(access_error(&self.link, refusal)),
-            (None, Ok(_)) => Ok(op.len),
-            (None, Err(e)) => Err(e),
-        };
-        op.completion.finish(outcome);
+        if job.is_finished() {
+            complete_write(&self.link, &job, op, refusal);
+        } else {
+            let _ = acker.send(TargetItem::Complete { job, op, refusal });
+        }
         Ok(())
     }
+}
+
+/// Completes an answered write: the refusal, else the send job's outcome (waited for, up to
+/// its deadline: the target has every byte, so the sends are done or about to be).
+fn complete_write(link: &crate::link::Link, job: &Job, op: PendingOp, refusal: Option<Refusal>) {
+    let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+    let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len).wait(left);
+    let outcome = match (refusal, sent) {
+        (Some(refusal), _) => Err(access_error(link, refusal)),
+        (None, Ok(_)) => Ok(op.len),
+        (None, Err(e)) => Err(e),
+    };
+    op.completion.finish(outcome);
 }
 
 /// Starts the acknowledger of one connection; it ends when the watcher drops its sender.
@@ -278,6 +303,9 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
     for item in items {
         match item {
             TargetItem::Notify(bytes) => rma.shared.inbox.deliver(peer, bytes),
+            TargetItem::Complete { job, op, refusal } => {
+                complete_write(&rma.link, &job, op, refusal)
+            }
             TargetItem::Write {
                 job,
                 op_id,
