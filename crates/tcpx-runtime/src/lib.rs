@@ -14,6 +14,10 @@
 //! - [`Endpoint`], [`Connection`], [`Region`], [`Transfer`]: the API — connect, register,
 //!   send / receive (contiguous and vectored), poll / wait, close on drop — configured by
 //!   [`Config`] (builder, environment, CLI flags in the tools);
+//! - [`onesided`]: one-sided write / read into a peer's advertised memory ([`Descriptor`],
+//!   [`Connection::write`], [`Connection::read`]) with notifications
+//!   ([`Connection::notify`], [`Endpoint::notifications`]), on comms of their own so that
+//!   engines can order them without disturbing two-sided traffic;
 //! - [`bench`]: the figures the tools print (whole stack vs raw TCP, engine overhead).
 //!
 //! The window, schedule and codec are sans-IO state machines (no sockets, no clock of their

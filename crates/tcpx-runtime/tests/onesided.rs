@@ -555,3 +555,44 @@ fn a_lost_initiator_fails_the_targets_pending_work() {
     // Whatever landed, no notification and no refusal came out of it.
     assert_eq!(b.access_refusals(), 0);
 }
+
+#[test]
+fn closing_releases_one_sided_registrations() {
+    loopback();
+    let a = Endpoint::new(config(2, 64 << 10)).unwrap();
+    let b = Endpoint::new(config(2, 64 << 10)).unwrap();
+    let dst = b.alloc_host(1 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = source(&a, 1 << 20, 3);
+    for _ in 0..3 {
+        let (ab, ba) = connect(&a, &b);
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, 1 << 20)],
+                &[RemoteSegment::new(d, 0, 1 << 20)],
+                None,
+            )
+            .unwrap();
+        w.wait(DEADLINE).unwrap();
+        // A refusal registers the discard region too.
+        let bad = Descriptor::from_bytes(&{
+            let mut x = d.to_bytes();
+            x[18] ^= 0x80;
+            x
+        })
+        .unwrap();
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, 4096)],
+                &[RemoteSegment::new(bad, 0, 4096)],
+                None,
+            )
+            .unwrap();
+        assert!(w.wait(DEADLINE).is_err());
+        assert!(a.live_registrations() > 0 && b.live_registrations() > 0);
+        ab.close().unwrap();
+        drop(ba);
+        assert_eq!(a.live_registrations(), 0);
+        assert!(eventually(DEADLINE, || b.live_registrations() == 0));
+    }
+}
