@@ -70,8 +70,10 @@ pub struct Options {
     pub max_op_bytes: usize,
     /// Operations in flight during the throughput phase.
     pub depth: usize,
-    /// Operations timed one by one in the latency phase.
+    /// Operations timed one by one in the latency phase (per repetition).
     pub latency_iters: usize,
+    /// Repetitions per point (interleaved); the median GB/s is reported.
+    pub reps: usize,
     /// Remote block placement.
     pub layout: Layout,
     /// Transfer timeout.
@@ -155,11 +157,27 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
                 continue;
             }
             let point = bench.point(o, block, batch)?;
-            let (send_gbps, send_p50) = point.measure_send(o)?;
-            for &op in &o.ops {
-                let (gbps, mut lat) = match op {
-                    Op::Send => (send_gbps, point.latencies(o, Op::Send)?),
-                    op => (point.throughput(o, op)?, point.latencies(o, op)?),
+            // Repetitions interleave the operations so that load from elsewhere on the box
+            // hits them alike; medians are reported.
+            let mut gbps: Vec<Vec<f64>> = vec![Vec::new(); o.ops.len()];
+            let mut lats: Vec<Vec<Duration>> = vec![Vec::new(); o.ops.len()];
+            let (mut send_gbps, mut send_lat) = (Vec::new(), Vec::new());
+            for _ in 0..o.reps.max(1) {
+                send_gbps.push(point.throughput(o, Op::Send)?);
+                send_lat.extend(point.latencies(o, Op::Send)?);
+                for (i, &op) in o.ops.iter().enumerate() {
+                    if op != Op::Send {
+                        gbps[i].push(point.throughput(o, op)?);
+                        lats[i].extend(point.latencies(o, op)?);
+                    }
+                }
+            }
+            let send_gbps = stats::median(&mut send_gbps);
+            let send_p50 = micros(stats::percentile(&mut send_lat, 50.0));
+            for (i, &op) in o.ops.iter().enumerate() {
+                let (gbps, lat) = match op {
+                    Op::Send => (send_gbps, &mut send_lat),
+                    _ => (stats::median(&mut gbps[i]), &mut lats[i]),
                 };
                 let row = Row {
                     op,
@@ -173,8 +191,8 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
                     } else {
                         0.0
                     },
-                    p50_us: micros(stats::percentile(&mut lat, 50.0)),
-                    p99_us: micros(stats::percentile(&mut lat, 99.0)),
+                    p50_us: micros(stats::percentile(lat, 50.0)),
+                    p99_us: micros(stats::percentile(lat, 99.0)),
                     send_p50_us: send_p50,
                 };
                 on_row(&row);
@@ -331,11 +349,5 @@ impl Point<'_> {
             self.finish(t)?;
         }
         Ok(out)
-    }
-
-    fn measure_send(&self, o: &Options) -> Result<(f64, f64)> {
-        let gbps = self.throughput(o, Op::Send)?;
-        let mut lat = self.latencies(o, Op::Send)?;
-        Ok((gbps, micros(stats::percentile(&mut lat, 50.0))))
     }
 }

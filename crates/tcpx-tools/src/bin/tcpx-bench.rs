@@ -183,15 +183,18 @@ struct OnesidedArgs {
     /// Operations in flight while measuring throughput.
     #[arg(long, default_value_t = 4)]
     depth: usize,
-    /// Bytes moved per throughput point.
-    #[arg(long, default_value = "512MiB")]
+    /// Bytes moved per throughput measurement.
+    #[arg(long, default_value = "256MiB")]
     bytes: String,
     /// Skip points whose operation (block × batch) is larger than this.
     #[arg(long, default_value = "256MiB")]
     max_op: String,
-    /// Operations timed one at a time for the latency columns.
-    #[arg(long, default_value_t = 200)]
+    /// Operations timed one at a time for the latency columns (per repetition).
+    #[arg(long, default_value_t = 100)]
     latency_iters: usize,
+    /// Repetitions per point, interleaving the operations; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
     /// Seconds any single wait may take.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
@@ -501,6 +504,7 @@ fn onesided(args: OnesidedArgs) -> Result<()> {
         max_op_bytes: sizes::parse_size(&args.max_op)?,
         depth: args.depth.max(1),
         latency_iters: args.latency_iters.max(3),
+        reps: args.reps.max(1),
         layout: if args.layout == "strided" {
             Layout::Strided
         } else {
