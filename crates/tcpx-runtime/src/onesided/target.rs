@@ -176,23 +176,16 @@ impl Rma {
             )));
         }
         let scratch = self.scratch()?;
-        let pieces: Vec<Piece> = schedule
-            .iter()
-            .map(|chunk| Piece {
+        let (lens, schedule) = discard_schedule(schedule, peer_lens, op_id)
+            .map_err(|e| Error::Internal(format!("discard schedule: {e}")))?;
+        let pieces = lens
+            .into_iter()
+            .map(|len| Piece {
                 registration: scratch.clone(),
                 offset: 0,
-                len: u64::from(chunk.len),
+                len,
             })
             .collect();
-        let lens: Vec<u64> = pieces.iter().map(|p| p.len).collect();
-        let schedule = Schedule::vectored(
-            &lens,
-            peer_lens,
-            self.shared.config.chunk_bytes,
-            self.link.channels,
-        )
-        .map(|s| s.rotated(op_id))
-        .map_err(|e| Error::Internal(format!("discard schedule: {e}")))?;
         Ok((pieces, schedule))
     }
 
@@ -277,6 +270,24 @@ impl Rma {
     }
 }
 
+/// This side's list for discarding `schedule`'s data (one segment per chunk) and the schedule
+/// built from it, which has the same chunks on the same channels.
+fn discard_schedule(
+    schedule: &Schedule,
+    peer_lens: &[u64],
+    op_id: u64,
+) -> std::result::Result<(Vec<u64>, Schedule), crate::schedule::ScheduleError> {
+    let lens: Vec<u64> = schedule.iter().map(|c| u64::from(c.len)).collect();
+    let discard = Schedule::vectored(
+        &lens,
+        peer_lens,
+        schedule.chunk_bytes(),
+        schedule.channels(),
+    )?
+    .rotated(op_id);
+    Ok((lens, discard))
+}
+
 /// Completes an answered write: the refusal, else the send job's outcome (waited for, up to
 /// its deadline: the target has every byte, so the sends are done or about to be).
 fn complete_write(link: &crate::link::Link, job: &Job, op: PendingOp, refusal: Option<Refusal>) {
@@ -334,6 +345,51 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lens() -> impl Strategy<Value = Vec<u64>> {
+        proptest::collection::vec(1u64..5000, 1..20)
+    }
+
+    proptest! {
+        /// The invariant refusals rely on: discarding keeps every chunk's channel and length,
+        /// so the initiator's sends and the target's discard receives pair one to one.
+        #[test]
+        fn discarding_keeps_the_chunks_of_the_accepted_schedule(
+            own in lens(),
+            cuts in proptest::collection::vec(any::<u64>(), 0..20),
+            chunk in 1u32..3000,
+            channels in 1u16..6,
+            op_id in any::<u64>(),
+        ) {
+            // The peer cuts the same total elsewhere.
+            let total: u64 = own.iter().sum();
+            let mut points: Vec<u64> = cuts.iter().map(|c| c % total).filter(|&p| p > 0).collect();
+            points.push(total);
+            points.sort_unstable();
+            points.dedup();
+            let mut peer = Vec::new();
+            let mut at = 0;
+            for p in points {
+                peer.push(p - at);
+                at = p;
+            }
+            let accepted = Schedule::vectored(&own, &peer, chunk, channels).unwrap().rotated(op_id);
+            let initiator = Schedule::vectored(&peer, &own, chunk, channels).unwrap().rotated(op_id);
+            let (discard_lens, discard) = discard_schedule(&accepted, &peer, op_id).unwrap();
+            prop_assert!(discard_lens.iter().all(|&l| l <= u64::from(chunk)));
+            let shape = |s: &Schedule| s.iter().map(|c| (c.index, c.channel, c.offset, c.len)).collect::<Vec<_>>();
+            prop_assert_eq!(shape(&discard), shape(&accepted));
+            prop_assert_eq!(shape(&initiator), shape(&accepted));
+            // Every discard chunk is one whole piece: it lands at offset 0 of the scratch.
+            prop_assert!(discard.iter().all(|c| c.segment_offset == 0));
         }
     }
 }
