@@ -596,3 +596,39 @@ fn closing_releases_one_sided_registrations() {
         assert!(eventually(DEADLINE, || b.live_registrations() == 0));
     }
 }
+
+#[test]
+fn a_read_sees_every_earlier_write_of_the_same_connection() {
+    loopback();
+    let (a, b, ab, _ba) = pair(4, 64 << 10);
+    const LEN: usize = 4 << 20;
+    let dst = b.alloc_host(LEN).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    for round in 0..6u64 {
+        let src = source(&a, LEN, 500 + round);
+        let back = a.alloc_host(LEN).unwrap();
+        // Issued back to back: the read is served only after the write landed.
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, LEN)],
+                &[RemoteSegment::new(d, 0, LEN as u64)],
+                None,
+            )
+            .unwrap();
+        let r = ab
+            .read(
+                &[Segment::new(&back, 0, LEN)],
+                &[RemoteSegment::new(d, 0, LEN as u64)],
+            )
+            .unwrap();
+        assert_eq!(r.wait(DEADLINE).unwrap(), LEN as u64);
+        assert_eq!(w.wait(DEADLINE).unwrap(), LEN as u64);
+        assert_pattern(
+            &back,
+            0,
+            LEN,
+            500 + round,
+            &format!("read after write, round {round}"),
+        );
+    }
+}

@@ -2,12 +2,15 @@
 //! taking the peer's answers (initiator), plus the acknowledger thread.
 //!
 //! Everything here runs on the connection's control watcher, one message at a time, in
-//! stream order: that order *is* the posting order of the RMA receive lanes. Only the
-//! acknowledger waits for data (so the watcher never blocks on a transfer): it takes the
-//! target's accepted writes and the standalone notifications in stream order, waits for each
-//! write's receive job, then delivers its notification and answers `WriteAck`. A
-//! notification therefore reaches the application only after its write's bytes have landed,
-//! and after every earlier write's.
+//! stream order: that order *is* the posting order of the RMA receive lanes. The watcher
+//! never writes to the control stream and never waits on data: the acknowledger does both.
+//! It takes the target's writes, reads and the standalone notifications in stream order;
+//! waits for each write's receive job, then delivers its notification and answers
+//! `WriteAck`; queues each accepted read's send job and answers `ReadData` (or
+//! `ReadRefused`). So a notification reaches the application only after its write's bytes
+//! have landed, and after every earlier write's; a read is served only after every earlier
+//! write landed; and two endpoints whose control streams are both full cannot deadlock (the
+//! readers of both streams keep reading).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -46,6 +49,15 @@ pub(crate) enum TargetItem {
     },
     /// A standalone notification.
     Notify(Vec<u8>),
+    /// A read this side serves: its send job (`None` when refused) is queued and `ReadData`
+    /// (or `ReadRefused`) written here, not on the watcher, so the watcher never writes to
+    /// the control stream and never waits on it, and a read is answered only after every
+    /// earlier write from the same peer landed (read-after-write order per connection).
+    ServeRead {
+        job: Option<Arc<Job>>,
+        op_id: u64,
+        refusal: Option<Refusal>,
+    },
     /// Initiator side: a write the target answered while this side's send job was still
     /// finishing; complete it once the job is done (the watcher never waits on data).
     Complete {
@@ -61,7 +73,7 @@ impl Rma {
     pub(crate) fn on_message(&self, message: Message, acker: &Sender<TargetItem>) -> Result<()> {
         match message {
             Message::WriteRequest(request) => self.on_write_request(request, acker),
-            Message::ReadRequest(request) => self.on_read_request(request),
+            Message::ReadRequest(request) => self.on_read_request(request, acker),
             Message::Notify { bytes } => {
                 let _ = acker.send(TargetItem::Notify(bytes));
                 Ok(())
@@ -189,30 +201,43 @@ impl Rma {
         Ok((pieces, schedule))
     }
 
-    /// Target: a read. Accepted: queue the send job and write `ReadData` in one critical
-    /// section (this side sends the data, so it sets the order). Refused: `ReadRefused`,
-    /// and nothing moves.
-    fn on_read_request(&self, request: ReadRequest) -> Result<()> {
+    /// Target: a read. Accepted: its send job is built here and handed to the acknowledger,
+    /// which queues it and writes `ReadData` in one critical section (this side sends the
+    /// data, so it sets the order). Refused: `ReadRefused`, and nothing moves.
+    fn on_read_request(&self, request: ReadRequest, acker: &Sender<TargetItem>) -> Result<()> {
         let ReadRequest {
             op_id,
             entries,
             local_lens,
         } = request;
         let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
-        let answer = match self.shared.adverts.validate(&entries) {
+        let item = match self.shared.adverts.validate(&entries) {
             Ok(regions) => {
                 let pieces = self.pieces(&entries, &regions, Direction::Send)?;
-                let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
-                let mut writer = self.writer();
-                submit_job(&self.link, &job);
-                writer.send(&Message::ReadData { op_id })
+                TargetItem::ServeRead {
+                    job: Some(new_job(
+                        &self.link,
+                        Direction::Send,
+                        op_id,
+                        pieces,
+                        schedule,
+                        None,
+                    )),
+                    op_id,
+                    refusal: None,
+                }
             }
             Err(refusal) => {
                 tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "one-sided read refused");
-                self.writer().send(&Message::ReadRefused { op_id, refusal })
+                TargetItem::ServeRead {
+                    job: None,
+                    op_id,
+                    refusal: Some(refusal),
+                }
             }
         };
-        answer.map_err(Error::from)
+        let _ = acker.send(item);
+        Ok(())
     }
 
     fn answered(&self, op_id: u64, what: &str) -> Result<super::state::PendingOp> {
@@ -314,6 +339,34 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
     for item in items {
         match item {
             TargetItem::Notify(bytes) => rma.shared.inbox.deliver(peer, bytes),
+            TargetItem::ServeRead {
+                job,
+                op_id,
+                refusal,
+            } => {
+                let sent = {
+                    let mut writer = rma.writer();
+                    match (&job, refusal) {
+                        (Some(job), _) => {
+                            submit_job(&rma.link, job);
+                            writer.send(&Message::ReadData { op_id })
+                        }
+                        (None, Some(refusal)) => {
+                            writer.send(&Message::ReadRefused { op_id, refusal })
+                        }
+                        (None, None) => Ok(()),
+                    }
+                };
+                if let Err(e) = sent {
+                    rma.link.fail(e.into());
+                }
+                // A job never handed to the engines (the connection failed) still finishes.
+                if let Some(job) = job {
+                    if rma.link.is_failed() {
+                        job.fail_with_link();
+                    }
+                }
+            }
             TargetItem::Complete { job, op, refusal } => {
                 complete_write(&rma.link, &job, op, refusal)
             }
