@@ -224,7 +224,9 @@ impl Connection {
     /// with [`Error::Access`] naming the first bad remote entry (unknown or revoked region,
     /// wrong key, out of bounds), in which case nothing was written. `notification`, if
     /// given (at most 64 KiB), reaches the peer's [`crate::Endpoint::notifications`] only
-    /// after the data has landed.
+    /// after the data has landed (and never for a refused write). Operations of one
+    /// connection are served in issue order on the target: a later read sees the data of
+    /// every earlier write.
     ///
     /// Dropping the returned [`Transfer`] does not cancel the write: its data still goes out
     /// (the peer's receives are already ordered behind it), so both sides stay in step.
