@@ -116,6 +116,18 @@ pub enum Error {
         /// The peer's control address.
         peer: SocketAddr,
     },
+    /// The peer refused a one-sided operation: an entry of its remote list names an unknown
+    /// or revoked region, carries the wrong key, or lies outside the region. Nothing was
+    /// written or read.
+    #[error("peer {peer} refused the one-sided operation: remote segment {descriptor}: {reason}")]
+    Access {
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// Index of the refused entry in the operation's remote list.
+        descriptor: usize,
+        /// Why (`wrong access key`, `descriptor revoked`…).
+        reason: String,
+    },
     /// A runtime thread could not be started or stopped, or an internal channel broke.
     #[error("internal: {0}")]
     Internal(String),
@@ -131,6 +143,7 @@ impl Error {
             | Self::Timeout { peer, .. }
             | Self::PeerClosed { peer, .. }
             | Self::Mismatch { peer, .. }
+            | Self::Access { peer, .. }
             | Self::Closed { peer } => Some(*peer),
             Self::Control(e) => control_peer(e),
             _ => None,

@@ -14,6 +14,10 @@
 //! - [`Endpoint`], [`Connection`], [`Region`], [`Transfer`]: the API — connect, register,
 //!   send / receive (contiguous and vectored), poll / wait, close on drop — configured by
 //!   [`Config`] (builder, environment, CLI flags in the tools);
+//! - [`onesided`]: one-sided write / read into a peer's advertised memory ([`Descriptor`],
+//!   [`Connection::write`], [`Connection::read`]) with notifications
+//!   ([`Connection::notify`], [`Endpoint::notifications`]), on comms of their own so that
+//!   engines can order them without disturbing two-sided traffic;
 //! - [`bench`]: the figures the tools print (whole stack vs raw TCP, engine overhead).
 //!
 //! The window, schedule and codec are sans-IO state machines (no sockets, no clock of their
@@ -49,6 +53,9 @@ mod link;
 // The Endpoint API.
 pub mod endpoint;
 
+// One-sided write / read with notifications, on separate comms.
+pub mod onesided;
+
 // Benchmarks the tools call (figures, not tests).
 pub mod bench;
 
@@ -57,5 +64,6 @@ pub use endpoint::backend::{BackendInfo, BackendOrigin};
 pub use endpoint::{Connection, Endpoint, Segment};
 pub use engine::stats::ChannelStats;
 pub use error::{Direction, Error, Result};
+pub use onesided::{Descriptor, RemoteSegment};
 pub use registry::Region;
 pub use transfer::Transfer;

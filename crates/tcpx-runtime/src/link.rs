@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -42,6 +42,9 @@ pub(crate) struct Link {
     pub(crate) segments: Mutex<SegmentsBook>,
     /// Transfers submitted and not finished.
     pub(crate) in_flight: AtomicUsize,
+    /// The other link of the same connection (two-sided ↔ one-sided): failing either fails
+    /// both, and a departed peer is departed on both.
+    partner: OnceLock<Weak<Link>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -79,7 +82,18 @@ impl Link {
             registrations: Mutex::new(HashMap::new()),
             segments: Mutex::new(SegmentsBook::default()),
             in_flight: AtomicUsize::new(0),
+            partner: OnceLock::new(),
         }
+    }
+
+    /// Ties `a` and `b` together: from now on failing either fails both (see `partner`).
+    pub(crate) fn pair(a: &Arc<Link>, b: &Arc<Link>) {
+        let _ = a.partner.set(Arc::downgrade(b));
+        let _ = b.partner.set(Arc::downgrade(a));
+    }
+
+    fn partner(&self) -> Option<Arc<Link>> {
+        self.partner.get().and_then(Weak::upgrade)
     }
 
     /// Fails the link with `error` unless it already failed; wakes its engines. Returns
@@ -100,6 +114,12 @@ impl Link {
             None => {}
         }
         self.wake_engines(Signal::Fail(self.id));
+        if let Some(partner) = self.partner() {
+            // Returns at once if the partner already failed (the recursion ends there).
+            if let Some(e) = self.failure.get() {
+                partner.fail(e.clone());
+            }
+        }
         true
     }
 
@@ -126,8 +146,11 @@ impl Link {
 
     /// Records that the peer closed its end (first report wins) and wakes the engines.
     pub(crate) fn set_peer_gone(&self, reason: String) {
-        if self.peer_gone.set((Instant::now(), reason)).is_ok() {
+        if self.peer_gone.set((Instant::now(), reason.clone())).is_ok() {
             self.wake_engines(Signal::Wake);
+            if let Some(partner) = self.partner() {
+                partner.set_peer_gone(reason);
+            }
         }
     }
 

@@ -353,10 +353,10 @@ mod tests {
     fn unknown_and_reserved_types_are_refused() {
         let err = decode_all(&header(MAGIC, 1, 0x7777, 0)).unwrap_err();
         assert_eq!(err, CodecError::UnknownType { code: 0x7777 });
-        let err = decode_all(&header(MAGIC, 1, 0x0100, 0)).unwrap_err();
+        let err = decode_all(&header(MAGIC, 1, 0x0106, 0)).unwrap_err();
         assert!(matches!(
             err,
-            CodecError::UnsupportedType { code: 0x0100, .. }
+            CodecError::UnsupportedType { code: 0x0106, .. }
         ));
     }
 

@@ -10,7 +10,13 @@
 //! | `Close` | 0x0004 | reason str16 |
 //! | `Error` | 0x0005 | code u32, message str16 |
 //! | `Segments` | 0x0006 | transfer_id u64, count u32, count × u64 |
-//! | reserved | 0x0100–0x01FF | one-sided operations (write/read requests with descriptor lists, notifications) |
+//! | `WriteRequest` | 0x0100 | see [`crate::onesided::WriteRequest`] |
+//! | `ReadRequest` | 0x0101 | see [`crate::onesided::ReadRequest`] |
+//! | `Notify` | 0x0102 | u32 length + bytes (at most 64 KiB) |
+//! | `WriteAck` | 0x0103 | op_id u64, u8 0 = done / 1 = refused, then index u32 + reason u8 |
+//! | `ReadData` | 0x0104 | op_id u64 |
+//! | `ReadRefused` | 0x0105 | op_id u64, index u32, reason u8 |
+//! | reserved | 0x0106–0x01FF | later one-sided operations |
 //! | reserved | 0xF000–0xFFFF | experimental extensions |
 //!
 //! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
@@ -25,6 +31,8 @@ use std::net::IpAddr;
 
 use super::codec::{encode_frame, EncodeError, Frame, MAX_PAYLOAD, PROTOCOL_VERSION};
 use super::wire::{Reader, TooLong, WireError, Writer};
+use crate::onesided::wire::{read_blob, read_refusal, write_blob, write_refusal};
+use crate::onesided::{ReadRequest, Refusal, WriteRequest};
 
 /// Bytes in an ncclNet connect handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_BYTES: usize = 128;
@@ -48,17 +56,35 @@ pub enum MessageType {
     Error = 0x0005,
     /// [`Message::Segments`].
     Segments = 0x0006,
+    /// [`Message::WriteRequest`].
+    WriteRequest = 0x0100,
+    /// [`Message::ReadRequest`].
+    ReadRequest = 0x0101,
+    /// [`Message::Notify`].
+    Notify = 0x0102,
+    /// [`Message::WriteAck`].
+    WriteAck = 0x0103,
+    /// [`Message::ReadData`].
+    ReadData = 0x0104,
+    /// [`Message::ReadRefused`].
+    ReadRefused = 0x0105,
 }
 
 impl MessageType {
     /// Every type this version defines.
-    pub const ALL: [MessageType; 6] = [
+    pub const ALL: [MessageType; 12] = [
         Self::Hello,
         Self::ConnectHandles,
         Self::Ready,
         Self::Close,
         Self::Error,
         Self::Segments,
+        Self::WriteRequest,
+        Self::ReadRequest,
+        Self::Notify,
+        Self::WriteAck,
+        Self::ReadData,
+        Self::ReadRefused,
     ];
 
     /// The wire code.
@@ -74,10 +100,7 @@ impl MessageType {
     /// What a code reserved for later versions is set aside for (`None` if not reserved).
     pub fn reserved_name(code: u16) -> Option<&'static str> {
         match code {
-            0x0100 => Some("one-sided write request"),
-            0x0101 => Some("one-sided read request"),
-            0x0102 => Some("notification"),
-            0x0103..=0x01FF => Some("one-sided operation"),
+            0x0106..=0x01FF => Some("one-sided operation"),
             0xF000..=0xFFFF => Some("experimental extension"),
             _ => None,
         }
@@ -206,6 +229,35 @@ pub enum Message {
         /// Segment lengths in stream order.
         lens: Vec<u64>,
     },
+    /// A one-sided write; the initiator queued the data before sending it (see
+    /// [`crate::onesided`]).
+    WriteRequest(WriteRequest),
+    /// A one-sided read request.
+    ReadRequest(ReadRequest),
+    /// A standalone notification for the peer application.
+    Notify {
+        /// At most [`crate::onesided::MAX_NOTIFICATION`] bytes.
+        bytes: Vec<u8>,
+    },
+    /// The target's answer to a write once its data landed (or was discarded).
+    WriteAck {
+        /// The write's operation id.
+        op_id: u64,
+        /// `None`: the write is done; otherwise why it was refused.
+        refusal: Option<Refusal>,
+    },
+    /// The target accepted a read and queued its data (the initiator queues its receive).
+    ReadData {
+        /// The read's operation id.
+        op_id: u64,
+    },
+    /// The target refused a read; no data follows.
+    ReadRefused {
+        /// The read's operation id.
+        op_id: u64,
+        /// Which entry and why.
+        refusal: Refusal,
+    },
 }
 
 /// A frame whose payload does not decode as its message type.
@@ -237,6 +289,12 @@ impl Message {
             Self::Close { .. } => MessageType::Close,
             Self::Error { .. } => MessageType::Error,
             Self::Segments { .. } => MessageType::Segments,
+            Self::WriteRequest(_) => MessageType::WriteRequest,
+            Self::ReadRequest(_) => MessageType::ReadRequest,
+            Self::Notify { .. } => MessageType::Notify,
+            Self::WriteAck { .. } => MessageType::WriteAck,
+            Self::ReadData { .. } => MessageType::ReadData,
+            Self::ReadRefused { .. } => MessageType::ReadRefused,
         }
     }
 
@@ -283,6 +341,24 @@ impl Message {
                 for &len in lens {
                     w.u64(len);
                 }
+            }
+            Self::WriteRequest(req) => req.write(&mut w)?,
+            Self::ReadRequest(req) => req.write(&mut w)?,
+            Self::Notify { bytes } => write_blob(&mut w, bytes)?,
+            Self::WriteAck { op_id, refusal } => {
+                w.u64(*op_id);
+                match refusal {
+                    None => w.u8(0),
+                    Some(refusal) => {
+                        w.u8(1);
+                        write_refusal(&mut w, refusal);
+                    }
+                }
+            }
+            Self::ReadData { op_id } => w.u64(*op_id),
+            Self::ReadRefused { op_id, refusal } => {
+                w.u64(*op_id);
+                write_refusal(&mut w, refusal);
             }
         }
         Ok(())
@@ -341,6 +417,32 @@ impl Message {
                 }
                 Self::Segments { transfer_id, lens }
             }
+            MessageType::WriteRequest => Self::WriteRequest(WriteRequest::read(&mut r)?),
+            MessageType::ReadRequest => Self::ReadRequest(ReadRequest::read(&mut r)?),
+            MessageType::Notify => Self::Notify {
+                bytes: read_blob(&mut r)?,
+            },
+            MessageType::WriteAck => {
+                let op_id = r.u64("op_id")?;
+                let refusal = match r.u8("status")? {
+                    0 => None,
+                    1 => Some(read_refusal(&mut r)?),
+                    _ => {
+                        return Err(WireError::Invalid {
+                            field: "status",
+                            why: "neither 0 (done) nor 1 (refused)",
+                        })
+                    }
+                };
+                Self::WriteAck { op_id, refusal }
+            }
+            MessageType::ReadData => Self::ReadData {
+                op_id: r.u64("op_id")?,
+            },
+            MessageType::ReadRefused => Self::ReadRefused {
+                op_id: r.u64("op_id")?,
+                refusal: read_refusal(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(msg)

@@ -13,7 +13,7 @@ pub mod codec;
 pub mod conn;
 pub mod message;
 pub mod metadata;
-mod wire;
+pub(crate) mod wire;
 
 pub use codec::{CodecError, Decoder, EncodeError, Frame, FrameHeader, PROTOCOL_VERSION};
 pub use conn::{ControlConn, ControlError};

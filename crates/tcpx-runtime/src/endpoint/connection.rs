@@ -22,6 +22,9 @@ use crate::engine::stats::ChannelStats;
 use crate::engine::{Command, NewChannel, Signal};
 use crate::error::{Direction, Error, Result};
 use crate::link::{segments_id, Link};
+use crate::onesided::state::Rma;
+use crate::onesided::target::spawn_acker;
+use crate::onesided::RemoteSegment;
 use crate::registry::{CountedRegion, Region, Registration};
 use crate::schedule::Schedule;
 use crate::transfer::Transfer;
@@ -69,6 +72,10 @@ pub struct Connection {
     send_order: Mutex<u64>,
     recv_order: Mutex<u64>,
     peer_info: EndpointInfo,
+    /// The one-sided half: its own link over the RMA channels (see [`crate::onesided`]).
+    rma: Arc<Rma>,
+    /// Acknowledges served writes and delivers notifications, in control-stream order.
+    acker: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -96,9 +103,18 @@ impl Connection {
             .map(|e| e.sender().clone())
             .collect();
         let link = Arc::new(Link::new(peer, channels, config.timeout, engines));
+        let rma_engines = link.engines().to_vec();
+        let rma_link = Arc::new(Link::new(peer, channels, config.timeout, rma_engines));
+        Link::pair(&link, &rma_link);
         let reader = ctl.try_clone()?;
         let writer = Arc::new(Mutex::new(ctl));
         let stop = Arc::new(AtomicBool::new(false));
+        let rma = Arc::new(Rma::new(
+            rma_link.clone(),
+            link.clone(),
+            shared.clone(),
+            writer.clone(),
+        ));
 
         let mut conn = Self {
             link: link.clone(),
@@ -109,20 +125,25 @@ impl Connection {
             send_order: Mutex::new(0),
             recv_order: Mutex::new(0),
             peer_info: established.peer_info,
+            rma: rma.clone(),
+            acker: None,
         };
         // From here on, dropping `conn` on error releases whatever was handed out.
-        let (reply_tx, reply_rx) = crossbeam_channel::bounded(usize::from(channels));
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(2 * usize::from(channels));
         for (index, (send, recv)) in established
             .sends
             .into_iter()
             .zip(established.recvs)
             .enumerate()
         {
-            // `index` < channels, a u16.
-            let index = index as u16;
+            // `index` < 2 · channels, a u16: channels N.. belong to the RMA link.
+            let (link, index) = match (index as u16).checked_sub(channels) {
+                None => (link.clone(), index as u16),
+                Some(rma_index) => (rma_link.clone(), rma_index),
+            };
             let engine = shared.engines[shared.engine_of(index)].sender();
             let channel = Box::new(NewChannel {
-                link: link.clone(),
+                link,
                 index,
                 send,
                 recv,
@@ -132,13 +153,22 @@ impl Connection {
                 .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
         }
         let deadline = Instant::now() + config.timeout;
-        for _ in 0..channels {
+        for _ in 0..2 * channels {
             let left = deadline.saturating_duration_since(Instant::now());
             reply_rx.recv_timeout(left).map_err(|_| {
                 Error::Internal("an engine did not take its channel in time".into())
             })??;
         }
-        conn.watcher = Some(watch::spawn(link, reader, stop, config.chunk_bytes)?);
+        let (acker_tx, acker_rx) = crossbeam_channel::unbounded();
+        conn.acker = Some(spawn_acker(rma.clone(), acker_rx)?);
+        conn.watcher = Some(watch::spawn(
+            link,
+            reader,
+            stop,
+            config.chunk_bytes,
+            rma,
+            acker_tx,
+        )?);
         Ok(conn)
     }
 
@@ -162,14 +192,100 @@ impl Connection {
         self.link.counters.iter().map(|c| c.snapshot()).collect()
     }
 
+    /// Counters per one-sided (RMA) channel.
+    pub fn one_sided_stats(&self) -> Vec<ChannelStats> {
+        self.rma
+            .link
+            .counters
+            .iter()
+            .map(|c| c.snapshot())
+            .collect()
+    }
+
     /// The error that failed the connection, if it failed.
     pub fn error(&self) -> Option<Error> {
         self.link.failure().cloned()
     }
 
-    /// Transfers submitted and not finished.
+    /// Transfers submitted and not finished: two-sided ones, one-sided operations this side
+    /// initiated, and the data jobs of operations it serves for the peer.
     pub fn in_flight(&self) -> usize {
         self.link.in_flight.load(Ordering::Acquire)
+            + self.rma.link.in_flight.load(Ordering::Acquire)
+            + self.rma.pending_count()
+    }
+
+    /// Writes the bytes of `local` into the peer's advertised memory `remote` (one-sided:
+    /// the peer application makes no call). Both lists describe the same total; entries
+    /// contiguous in one region are merged into large chunks on the wire, and the whole
+    /// batch travels as one control message (at most about 26 000 entries).
+    ///
+    /// The transfer completes once the peer acknowledged that every byte landed — or fails
+    /// with [`Error::Access`] naming the first bad remote entry (unknown or revoked region,
+    /// wrong key, out of bounds), in which case nothing was written. `notification`, if
+    /// given (at most 64 KiB), reaches the peer's [`crate::Endpoint::notifications`] only
+    /// after the data has landed (and never for a refused write). Operations of one
+    /// connection are served in issue order on the target: a later read sees the data of
+    /// every earlier write.
+    ///
+    /// Dropping the returned [`Transfer`] does not cancel the write: its data still goes out
+    /// (the peer's receives are already ordered behind it), so both sides stay in step.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tcpx_runtime::{Backend, Config, Endpoint, RemoteSegment, Segment};
+    /// # std::env::set_var("TCPX_SOCKET_IFNAME", "lo"); // keep doc-test traffic on loopback
+    /// # let config = Config::builder().backend(Backend::Builtin)
+    /// #     .control_addr("127.0.0.1:0".parse().unwrap()).channels(2).build()?;
+    /// # let target = Endpoint::new(config.clone())?;
+    /// # let initiator = Endpoint::new(config)?;
+    /// # let meta = target.metadata().clone();
+    /// # let served = std::thread::spawn(move || target.accept().map(|c| (target, c)));
+    /// # let conn = initiator.connect(&meta)?;
+    /// # let (target, _peer) = served.join().unwrap()?;
+    /// // Target: advertise a region and hand the descriptor's bytes to the initiator.
+    /// let kv = target.alloc_host(1 << 20)?;
+    /// let descriptor = target.advertise(&kv)?.to_bytes();
+    ///
+    /// // Initiator: write two 16 KiB blocks into it, with a notification.
+    /// let remote = tcpx_runtime::Descriptor::from_bytes(&descriptor).unwrap();
+    /// let blocks = initiator.alloc_host(32 << 10)?;
+    /// let write = conn.write(
+    ///     &[Segment::new(&blocks, 0, 32 << 10)],
+    ///     &[RemoteSegment::new(remote, 0, 16 << 10), RemoteSegment::new(remote, 64 << 10, 16 << 10)],
+    ///     Some(b"layer 0 ready"),
+    /// )?;
+    /// assert_eq!(write.wait(Duration::from_secs(20))?, 32 << 10);
+    /// # let start = std::time::Instant::now();
+    /// # let mut got = Vec::new();
+    /// # while got.is_empty() && start.elapsed() < Duration::from_secs(20) {
+    /// #     got = target.notifications();
+    /// # }
+    /// # assert_eq!(got[0].1, b"layer 0 ready");
+    /// # Ok::<(), tcpx_runtime::Error>(())
+    /// ```
+    pub fn write(
+        &self,
+        local: &[Segment<'_>],
+        remote: &[RemoteSegment],
+        notification: Option<&[u8]>,
+    ) -> Result<Transfer> {
+        self.rma.write(local, remote, notification)
+    }
+
+    /// Reads the peer's advertised memory `remote` into `local` (one-sided; same list rules
+    /// as [`Connection::write`]). Completes once every byte arrived, or fails with
+    /// [`Error::Access`] (nothing read). Dropping the [`Transfer`] does not cancel the read:
+    /// its data still arrives into `local`.
+    pub fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
+        self.rma.read(local, remote)
+    }
+
+    /// Sends a standalone notification (at most 64 KiB) to the peer's
+    /// [`crate::Endpoint::notifications`], delivered after every notification and every
+    /// write this side issued before it.
+    pub fn notify(&self, bytes: &[u8]) -> Result<()> {
+        self.rma.notify(bytes)
     }
 
     /// Sends `len` bytes at `offset` in `region`; the peer posts a receive of the same length.
@@ -278,28 +394,7 @@ impl Connection {
                 Err(e) => job.fail(Error::InvalidArgument(e.to_string())),
             }
         }
-        if !job.is_finished() {
-            // Contiguous transfers go only to the engines owning a channel with chunks of
-            // them (a 1 MiB transfer on 8 channels of 512 KiB chunks touches 2); vectored ones
-            // to every engine of the link, since their schedule may not be known yet.
-            let engines = self.link.engines();
-            let wanted = |k: usize| match job.schedule() {
-                Some(schedule) => (0..self.link.channels)
-                    .any(|c| usize::from(c) % engines.len() == k && schedule.chunk_count_on(c) > 0),
-                None => true,
-            };
-            for (k, engine) in engines.iter().enumerate() {
-                if !wanted(k) {
-                    continue;
-                }
-                if engine.send(Command::Submit(job.clone())).is_err() {
-                    self.link
-                        .fail(Error::Internal("an engine thread has stopped".into()));
-                    job.fail_with_link();
-                    break;
-                }
-            }
-        }
+        submit_job(&self.link, &job);
         drop(next);
         Ok(transfer)
     }
@@ -336,72 +431,104 @@ impl Connection {
 
     /// The registration of `region` on this connection in `direction`, made on first use.
     fn registration(&self, region: &Region, direction: Direction) -> Result<Arc<Registration>> {
-        let key = (region.inner.id, direction);
-        let cached = self
-            .link
-            .registrations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
-        if let Some(registration) = cached {
-            return Ok(registration);
-        }
+        register_region(&self.link, &self.shared, region, direction)
+    }
+}
 
-        let engines = self.link.engines();
-        let (tx, rx) = crossbeam_channel::bounded(engines.len());
-        for engine in engines {
-            engine
-                .send(Command::Register {
-                    link: self.link.id,
-                    direction,
-                    memory: region.memory().clone(),
-                    counter: self.shared.registrations.clone(),
-                    reply: tx.clone(),
-                })
-                .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
-        }
-        drop(tx);
-        let mut by_channel: Vec<Option<CountedRegion>> =
-            (0..self.link.channels).map(|_| None).collect();
-        let deadline = Instant::now() + self.link.timeout;
-        for _ in engines {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let reply = rx.recv_timeout(left).map_err(|_| {
-                Error::Internal("an engine did not answer a registration in time".into())
+/// The registration of `region` on `link`'s comms in `direction`, made on first use and
+/// cached on the link.
+pub(crate) fn register_region(
+    link: &Arc<Link>,
+    shared: &EndpointShared,
+    region: &Region,
+    direction: Direction,
+) -> Result<Arc<Registration>> {
+    let key = (region.inner.id, direction);
+    let cached = link
+        .registrations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .cloned();
+    if let Some(registration) = cached {
+        return Ok(registration);
+    }
+
+    let engines = link.engines();
+    let (tx, rx) = crossbeam_channel::bounded(engines.len());
+    for engine in engines {
+        engine
+            .send(Command::Register {
+                link: link.id,
+                direction,
+                memory: region.memory().clone(),
+                counter: shared.registrations.clone(),
+                reply: tx.clone(),
+            })
+            .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
+    }
+    drop(tx);
+    let mut by_channel: Vec<Option<CountedRegion>> = (0..link.channels).map(|_| None).collect();
+    let deadline = Instant::now() + link.timeout;
+    for _ in engines {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let reply = rx.recv_timeout(left).map_err(|_| {
+            Error::Internal("an engine did not answer a registration in time".into())
+        })?;
+        for (channel, result) in reply {
+            let region = result.map_err(|source| Error::Plugin {
+                channel,
+                direction,
+                peer: link.peer,
+                source: Arc::new(source),
             })?;
-            for (channel, result) in reply {
-                let region = result.map_err(|source| Error::Plugin {
-                    channel,
-                    direction,
-                    peer: self.link.peer,
-                    source: Arc::new(source),
-                })?;
-                if let Some(slot) = by_channel.get_mut(usize::from(channel)) {
-                    *slot = Some(region);
-                }
+            if let Some(slot) = by_channel.get_mut(usize::from(channel)) {
+                *slot = Some(region);
             }
         }
-        let by_channel = by_channel
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                // The link failed or closed while registering: its channels are gone.
-                self.link
-                    .failure()
-                    .cloned()
-                    .unwrap_or_else(|| Error::Internal("a channel was not registered".into()))
-            })?;
-        let registration = self
-            .link
-            .registrations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key)
-            .or_insert_with(|| Arc::new(Registration { by_channel }))
-            .clone();
-        region.note_link(&self.link);
-        Ok(registration)
+    }
+    let by_channel = by_channel
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            // The link failed or closed while registering: its channels are gone.
+            link.failure()
+                .cloned()
+                .unwrap_or_else(|| Error::Internal("a channel was not registered".into()))
+        })?;
+    let registration = link
+        .registrations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(key)
+        .or_insert_with(|| Arc::new(Registration { by_channel }))
+        .clone();
+    region.note_link(link);
+    Ok(registration)
+}
+
+/// Hands `job` to the engines of `link` that own a channel with chunks of it (every engine
+/// of the link while its schedule is unknown). Contiguous transfers thus go only to the
+/// engines they touch (a 1 MiB transfer on 8 channels of 512 KiB chunks touches 2).
+pub(crate) fn submit_job(link: &Link, job: &Arc<Job>) {
+    if job.is_finished() {
+        return;
+    }
+    let engines = link.engines();
+    let wanted = |k: usize| match job.schedule() {
+        Some(schedule) => (0..link.channels)
+            .any(|c| usize::from(c) % engines.len() == k && schedule.chunk_count_on(c) > 0),
+        None => true,
+    };
+    for (k, engine) in engines.iter().enumerate() {
+        if !wanted(k) {
+            continue;
+        }
+        if engine.send(Command::Submit(job.clone())).is_err() {
+            link.fail(Error::Internal("an engine thread has stopped".into()));
+            job.fail_with_link();
+            break;
+        }
     }
 }
 
@@ -450,18 +577,28 @@ impl Drop for Connection {
                 tracing::error!(target: "tcpx_runtime", %peer, "control watcher panicked");
             }
         }
+        // The watcher is gone, and with it the acknowledger's queue: it ends once the
+        // failed link's jobs are abandoned.
+        if let Some(acker) = self.acker.take() {
+            if acker.join().is_err() {
+                tracing::error!(target: "tcpx_runtime", %peer, "acknowledger panicked");
+            }
+        }
+        self.rma.close(Error::Closed { peer });
         let engines = self.link.engines();
-        let (tx, rx) = crossbeam_channel::bounded(engines.len());
+        let (tx, rx) = crossbeam_channel::bounded(2 * engines.len());
         let mut asked = 0;
         for engine in engines {
-            if engine
-                .send(Command::Remove {
-                    link: self.link.id,
-                    reply: tx.clone(),
-                })
-                .is_ok()
-            {
-                asked += 1;
+            for link in [self.link.id, self.rma.link.id] {
+                if engine
+                    .send(Command::Remove {
+                        link,
+                        reply: tx.clone(),
+                    })
+                    .is_ok()
+                {
+                    asked += 1;
+                }
             }
         }
         let deadline = Instant::now() + self.link.timeout;
@@ -480,6 +617,15 @@ impl Drop for Connection {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         drop(registrations);
+        let rma_registrations = std::mem::take(
+            &mut *self
+                .rma
+                .link
+                .registrations
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        drop(rma_registrations);
         let mut book = self.link.segments.lock().unwrap_or_else(|p| p.into_inner());
         for job in book.waiting.drain().map(|(_, job)| job) {
             job.fail_with_link();

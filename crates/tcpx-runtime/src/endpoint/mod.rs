@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod connection;
+
 mod ifaddr;
 mod setup;
 mod watch;
@@ -23,6 +24,9 @@ use crate::control::{ControlConn, EndpointInfo, EndpointMetadata};
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
+use crate::onesided::adverts::AdvertBook;
+use crate::onesided::inbox::Inbox;
+use crate::onesided::Descriptor;
 use crate::registry::{Region, RegistrationCounter};
 use backend::{BackendInfo, BackendOrigin};
 pub use connection::{Connection, Segment};
@@ -40,6 +44,10 @@ pub(crate) struct EndpointShared {
     pub(crate) registrations: RegistrationCounter,
     /// What this endpoint tells peers in `Hello`.
     pub(crate) info: EndpointInfo,
+    /// Regions advertised for one-sided access, and the count of refused requests.
+    pub(crate) adverts: AdvertBook,
+    /// Delivered notifications, waiting for [`Endpoint::notifications`].
+    pub(crate) inbox: Inbox,
 }
 
 impl EndpointShared {
@@ -225,6 +233,8 @@ impl Endpoint {
                 engines,
                 registrations: RegistrationCounter::default(),
                 info,
+                adverts: AdvertBook::default(),
+                inbox: Inbox::default(),
             }),
             listener,
             metadata,
@@ -306,6 +316,34 @@ impl Endpoint {
             ));
         }
         Ok(Region::new(memory))
+    }
+
+    /// Advertises `region` for one-sided access by this endpoint's peers: the returned
+    /// [`Descriptor`] (hand it over out of band, [`Descriptor::to_bytes`]) lets a peer
+    /// [`Connection::write`] into and [`Connection::read`] from the region, with no call on
+    /// this side. The endpoint keeps the region alive until [`Endpoint::revoke`]; advertising
+    /// a region again gives it a fresh key and retires the old descriptor.
+    pub fn advertise(&self, region: &Region) -> Result<Descriptor> {
+        self.shared.adverts.advertise(region)
+    }
+
+    /// Revokes `descriptor`: every later request naming it is refused (operations already
+    /// accepted finish). Returns whether it was advertised and not yet revoked.
+    pub fn revoke(&self, descriptor: &Descriptor) -> bool {
+        self.shared.adverts.revoke(descriptor)
+    }
+
+    /// Takes the notifications delivered so far, as (peer control address, bytes), in
+    /// delivery order: per connection, the order the peer sent them, each attached one only
+    /// after its write's bytes landed here.
+    pub fn notifications(&self) -> Vec<(SocketAddr, Vec<u8>)> {
+        self.shared.inbox.drain()
+    }
+
+    /// One-sided requests from peers refused so far (unknown region, wrong key, revoked,
+    /// out of bounds).
+    pub fn access_refusals(&self) -> u64 {
+        self.shared.adverts.refusals()
     }
 
     /// Allocates `len` bytes of 4 KiB-aligned host memory and registers it.

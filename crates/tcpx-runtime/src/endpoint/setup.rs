@@ -2,8 +2,9 @@
 //!
 //! 1. `Hello` both ways; channel count, chunk size, plugin and protocol version must agree,
 //!    or the set-up fails with `INCOMPATIBLE` naming both values;
-//! 2. each side listens once per channel (channel `c` on device `c mod devices`) and sends
-//!    `ConnectHandles`;
+//! 2. each side listens once per channel (channel `c` on device `c mod devices`) — 2N
+//!    channels: N two-sided ones, then N for one-sided traffic (see [`crate::onesided`] for
+//!    why they are separate) — and sends `ConnectHandles`;
 //! 3. each side connects channel `c` to the peer's handle `c` while accepting on its own
 //!    listen `c`, polling every pending connect and accept in one loop so neither side
 //!    waits on the other;
@@ -23,7 +24,7 @@ use super::EndpointShared;
 use crate::control::{ControlConn, EndpointInfo, Message, MessageType, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
 
-/// The comms of a set-up connection, indexed by channel.
+/// The comms of a set-up connection, indexed by channel: `0..N` two-sided, `N..2N` one-sided.
 pub(crate) struct Established {
     pub(crate) peer_info: EndpointInfo,
     pub(crate) sends: Vec<SendComm>,
@@ -76,12 +77,17 @@ fn handshake(
         .map_err(|what| Error::Incompatible { peer, what })?;
 
     let channels = shared.config.channels;
+    // N two-sided channels, then N one-sided (RMA) ones; RMA channel N + c uses c's device.
+    let total = channels
+        .checked_mul(2)
+        .ok_or_else(|| Error::Config(format!("{channels} channels: too many to double")))?;
+    let device_of = |c: u16| shared.device_of(c % channels);
     let setup_err = |source: tcpx::Error| Error::Setup {
         peer,
         source: Arc::new(source),
     };
-    let mut listens: Vec<ListenComm> = (0..channels)
-        .map(|c| shared.net.listen(shared.device_of(c)))
+    let mut listens: Vec<ListenComm> = (0..total)
+        .map(|c| shared.net.listen(device_of(c)))
         .collect::<tcpx::Result<_>>()
         .map_err(setup_err)?;
     ctl.send(&Message::ConnectHandles {
@@ -94,11 +100,12 @@ fn handshake(
             "recv_expecting returned another type".into(),
         ));
     };
-    if handles.len() != usize::from(channels) {
+    if handles.len() != usize::from(total) {
         return Err(Error::Incompatible {
             peer,
             what: format!(
-                "the peer sent {} connect handles for {channels} channels",
+                "the peer sent {} connect handles for {channels} channels (expected {total}: \
+                 two-sided and one-sided)",
                 handles.len()
             ),
         });
@@ -108,15 +115,15 @@ fn handshake(
         .iter()
         .enumerate()
         .map(|(c, h)| {
-            // `c` < channels, a u16.
-            let device = shared.device_of(c as u16);
+            // `c` < total, a u16.
+            let device = device_of(c as u16);
             shared.net.begin_connect(device, &ConnectHandle(*h))
         })
         .collect::<tcpx::Result<Vec<_>>>()
         .map_err(setup_err)?;
     let mut accepts: Vec<_> = listens.iter_mut().map(|l| l.begin_accept()).collect();
-    let mut sends: Vec<Option<SendComm>> = (0..channels).map(|_| None).collect();
-    let mut recvs: Vec<Option<RecvComm>> = (0..channels).map(|_| None).collect();
+    let mut sends: Vec<Option<SendComm>> = (0..total).map(|_| None).collect();
+    let mut recvs: Vec<Option<RecvComm>> = (0..total).map(|_| None).collect();
     let mut idle = 0u32;
     loop {
         let mut moved = false;
@@ -134,14 +141,14 @@ fn handshake(
         }
         let connected = sends.iter().filter(|s| s.is_some()).count();
         let accepted = recvs.iter().filter(|r| r.is_some()).count();
-        if connected + accepted == 2 * usize::from(channels) {
+        if connected + accepted == 2 * usize::from(total) {
             break;
         }
         if Instant::now() >= deadline {
             return Err(setup_err(tcpx::Error::new(
                 "connect/accept",
                 ErrorKind::Timeout(shared.config.timeout),
-                format!("{connected} of {channels} channels connected, {accepted} accepted"),
+                format!("{connected} of {total} channels connected, {accepted} accepted"),
             )));
         }
         idle = if moved { 0 } else { idle + 1 };

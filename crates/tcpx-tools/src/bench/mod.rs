@@ -1,6 +1,7 @@
 //! Benchmark building blocks.
 
 pub mod baseline;
+pub mod onesided;
 pub mod pair;
 pub mod report;
 pub mod safe_layer;

@@ -3,8 +3,9 @@
 //! Roles: `server` and `client` (two processes; `cargo xtask bench` starts both, locally, in
 //! network namespaces or on two nodes over ssh); `comm` (one comm pair through the safe layer
 //! against one TCP stream, in this process); `stack` (two endpoints in this process, N channels
-//! against N streams); `overhead` (engine cost per request with a plugin that completes
-//! instantly).
+//! against N streams); `onesided` (one-sided write / read sweep over block and batch sizes
+//! against two-sided send / recv of the same bytes, two endpoints in this process);
+//! `overhead` (engine cost per request with a plugin that completes instantly).
 
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -45,6 +46,9 @@ enum Command {
     Comm(CommArgs),
     /// Two endpoints in this process over loopback: N channels vs N TCP streams.
     Stack(StackArgs),
+    /// One-sided write / read vs two-sided send / recv of the same bytes: a block × batch
+    /// sweep between two endpoints in this process (loopback).
+    Onesided(OnesidedArgs),
     /// Engine overhead: requests retired per second with a plugin that completes instantly.
     Overhead(OverheadArgs),
 }
@@ -157,6 +161,49 @@ struct StackArgs {
 }
 
 #[derive(Args, Debug)]
+struct OnesidedArgs {
+    /// Operations to measure: send, write, read (a comma list).
+    #[arg(long, default_value = "write")]
+    op: String,
+    /// Block sizes: a doubling range `A..B` or a comma list.
+    #[arg(long, default_value = "4KiB..64MiB")]
+    block: String,
+    /// Blocks per operation (a comma list; 1 to 1024 is the nixlbench range).
+    #[arg(long, default_value = "1,32,1024")]
+    batch: String,
+    /// Remote placement: contiguous (blocks coalesce) or strided (one run per block).
+    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "strided"])]
+    layout: String,
+    /// Channels (and as many one-sided channels).
+    #[arg(long, default_value_t = 4)]
+    channels: u16,
+    /// Chunk size.
+    #[arg(long, default_value = "512KiB")]
+    chunk: String,
+    /// Operations in flight while measuring throughput.
+    #[arg(long, default_value_t = 4)]
+    depth: usize,
+    /// Bytes moved per throughput measurement.
+    #[arg(long, default_value = "256MiB")]
+    bytes: String,
+    /// Skip points whose operation (block × batch) is larger than this.
+    #[arg(long, default_value = "256MiB")]
+    max_op: String,
+    /// Operations timed one at a time for the latency columns (per repetition).
+    #[arg(long, default_value_t = 100)]
+    latency_iters: usize,
+    /// Repetitions per point, interleaving the operations; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Seconds any single wait may take.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// Also write one JSON object per row here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 struct OverheadArgs {
     /// Channels of the connection.
     #[arg(long, default_value_t = 1)]
@@ -215,6 +262,7 @@ fn main() {
         Command::Client(a) => client(a),
         Command::Comm(a) => comm(a).map_err(Failure::from),
         Command::Stack(a) => stack(a).map_err(Failure::from),
+        Command::Onesided(a) => onesided(a).map_err(Failure::from),
         Command::Overhead(a) => overhead(a).map_err(Failure::from),
     };
     if let Err(f) = result {
@@ -422,6 +470,86 @@ fn stack(args: StackArgs) -> Result<()> {
             row.tcp_gbps,
             row.ratio()
         );
+    }
+    Ok(())
+}
+
+fn onesided(args: OnesidedArgs) -> Result<()> {
+    use tcpx_tools::bench::onesided::{self as os, Layout, Op};
+    pin_loopback();
+    let ops = args
+        .op
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<Op>>>()?;
+    let batches = args
+        .batch
+        .split(',')
+        .map(|b| {
+            b.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--batch: `{b}` is not a positive count"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let chunk = sizes::parse_size(&args.chunk)?;
+    let opts = os::Options {
+        channels: args.channels,
+        chunk_bytes: u32::try_from(chunk).context("--chunk is too large")?,
+        ops,
+        blocks: sizes::parse_sizes(&args.block)?,
+        batches,
+        bytes_per_point: sizes::parse_size(&args.bytes)?,
+        max_op_bytes: sizes::parse_size(&args.max_op)?,
+        depth: args.depth.max(1),
+        latency_iters: args.latency_iters.max(3),
+        reps: args.reps.max(1),
+        layout: if args.layout == "strided" {
+            Layout::Strided
+        } else {
+            Layout::Contiguous
+        },
+        timeout: Duration::from_secs(args.timeout.max(1)),
+    };
+    let mut json = match &args.json {
+        Some(path) => Some(
+            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
+        ),
+        None => None,
+    };
+    println!(
+        "# one-sided vs two-sided send/recv of the same bytes per op; 2 endpoints in this \
+         process, {} channels (+{} one-sided), loopback, {} layout, {} ops in flight; \
+         GB/s = 10^9 B/s; latency one op at a time (write: until acknowledged)",
+        opts.channels, opts.channels, args.layout, opts.depth
+    );
+    println!(
+        "{:>5} {:>8} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>10}",
+        "op", "block", "batch", "GB/s", "send GB/s", "ratio", "p50 µs", "p99 µs", "send p50"
+    );
+    let mut write_err = None;
+    os::run(&opts, |row| {
+        println!(
+            "{:>5} {:>8} {:>6} {:>9.2} {:>9.2} {:>6.3} {:>9.1} {:>9.1} {:>10.1}",
+            format!("{:?}", row.op).to_lowercase(),
+            sizes::format_size(row.block),
+            row.batch,
+            row.gbps,
+            row.send_gbps,
+            row.ratio,
+            row.p50_us,
+            row.p99_us,
+            row.send_p50_us
+        );
+        if let Some(f) = json.as_mut() {
+            if let Err(e) = writeln!(f, "{}", serde_json::to_string(row).expect("rows serialize")) {
+                write_err.get_or_insert(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(anyhow::Error::from(e).context("writing --json"));
     }
     Ok(())
 }

@@ -1,0 +1,62 @@
+//! One-sided operations: WRITE and READ into a peer's advertised memory, with notifications
+//! (the semantics NIXL backends offer), on top of the two-sided runtime.
+//!
+//! - [`descriptor`]: [`Descriptor`] (region id, length, memory kind, random access key) and
+//!   its fixed byte form; [`RemoteSegment`];
+//! - `adverts`: an endpoint's advertised regions and the validation of every request;
+//! - [`wire`]: the request / answer payloads of the control messages 0x0100–0x0105;
+//! - `coalesce`: merging list entries contiguous in one region (both sides, identically);
+//! - `state`: a connection's one-sided state and the initiator's calls;
+//! - `target`: serving requests on the control watcher, and the acknowledger thread;
+//! - `inbox`: delivered notifications waiting for [`crate::Endpoint::notifications`].
+//!
+//! # Why separate comms
+//! The plugin matches sends and receives on a comm in posting order. Two-sided traffic is
+//! ordered by both applications; one-sided traffic is ordered by the engines, on the side that
+//! did not call anything. Mixing both on the same comms would need a global order agreement
+//! per transfer (a control round trip before every two-sided post). So every connection opens
+//! N more send + receive comm pairs at set-up (the handshake's `ConnectHandles` carries 2N
+//! handles; N..2N are the RMA channels), modelled as a second link — own sequence, channels,
+//! counters, registrations — driven by the same engines and the same job / schedule
+//! machinery. The connection owns both; closing or failing either fails both.
+//!
+//! # The order rule on RMA comms: the data sender is the authority
+//! On each direction, the side that sends data queues its send job and writes a marker on
+//! the control stream in one critical section (holding the control writer's lock), and the
+//! receiver queues its receive jobs in the order the markers arrive (its watcher handles them
+//! one by one). The markers are `WriteRequest` (initiator → target: the initiator's data is
+//! queued at once) and `ReadData` (target → initiator, once the target accepted a
+//! `ReadRequest` and queued its sends). Both sides know both lists from the request, so both
+//! derive the same vectored schedule (rotated by the operation id).
+//!
+//! # Refusals keep the lanes in step
+//! A target validates every entry of a request (known region, matching key, not revoked,
+//! offset + length within bounds). A refused write's data is already on the wire, so the
+//! target still posts its receives — into a chunk-sized discard region, every chunk at offset
+//! 0 — and nothing reaches application memory; it then answers `WriteAck` with the refusal.
+//! A refused read is answered `ReadRefused` and no data moves. The initiator's transfer fails
+//! with [`crate::Error::Access`] naming the entry; the target counts the refusal
+//! ([`crate::Endpoint::access_refusals`]). The target application makes no call per transfer.
+//!
+//! # Notifications
+//! Standalone ([`crate::Connection::notify`]) or attached to a write; delivered to
+//! [`crate::Endpoint::notifications`] in send order per connection, a write's only after
+//! every byte of it landed (and a standalone one after every earlier write's).
+//!
+//! # Cancellation and failure
+//! Dropping a [`crate::Transfer`] detaches it: the jobs it started run to completion (they
+//! hold their registrations), so the two sides' posting orders never diverge. A lost peer,
+//! a plugin error or an unanswered operation past the configured timeout fails the
+//! connection, and with it every pending operation on both sides.
+
+pub mod descriptor;
+pub mod wire;
+
+pub(crate) mod adverts;
+mod coalesce;
+pub(crate) mod inbox;
+pub(crate) mod state;
+pub(crate) mod target;
+
+pub use descriptor::{Descriptor, DescriptorError, RemoteSegment};
+pub use wire::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_NOTIFICATION};

@@ -1,0 +1,462 @@
+//! [`Rma`]: one connection's one-sided state — its RMA link, the operations this side
+//! initiated and still waits on, the discard region — and the initiator's calls.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::coalesce::{coalesce, Run};
+use super::descriptor::RemoteSegment;
+use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
+use crate::control::codec::MAX_PAYLOAD;
+use crate::control::{ControlConn, Message};
+use crate::endpoint::connection::{register_region, submit_job};
+use crate::endpoint::{EndpointShared, Segment};
+use crate::engine::job::{Job, Piece};
+use crate::error::{Direction, Error, Result};
+use crate::link::Link;
+use crate::registry::{Region, Registration};
+use crate::schedule::Schedule;
+use crate::transfer::{Completion, Transfer};
+
+/// How often the watcher checks pending operations against their deadlines.
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
+
+/// What an initiated operation still waits for.
+pub(crate) enum PendingKind {
+    /// A write whose data is queued (`job`), waiting for the target's `WriteAck`.
+    Write { job: Arc<Job> },
+    /// A read waiting for `ReadData` (then its receive job is queued) or `ReadRefused`.
+    Read {
+        pieces: Vec<Piece>,
+        schedule: Schedule,
+    },
+}
+
+/// One operation this side initiated and the target has not answered yet.
+pub(crate) struct PendingOp {
+    pub(crate) kind: PendingKind,
+    /// The application's [`Transfer`] completes through this.
+    pub(crate) completion: Arc<Completion>,
+    pub(crate) len: u64,
+    pub(crate) deadline: Instant,
+}
+
+#[derive(Default)]
+struct Pending {
+    ops: HashMap<u64, PendingOp>,
+    /// Set once no answer can arrive any more (the control stream ended or the connection
+    /// closed): new operations fail at once with it.
+    closed: Option<Error>,
+    last_sweep: Option<Instant>,
+}
+
+/// A local list and a remote list checked, coalesced and registered.
+struct Plan {
+    pieces: Vec<Piece>,
+    local_lens: Vec<u64>,
+    entries: Vec<RemoteEntry>,
+    remote_lens: Vec<u64>,
+    len: u64,
+}
+
+/// The one-sided half of a connection (see the module docs of [`crate::onesided`]).
+pub(crate) struct Rma {
+    /// The link over the RMA channels (N..2N of the handshake).
+    pub(crate) link: Arc<Link>,
+    /// The two-sided link of the same connection.
+    pub(crate) main: Arc<Link>,
+    pub(crate) shared: Arc<EndpointShared>,
+    /// The control connection's write half, shared with the two-sided code. Holding it while
+    /// queueing a send job and writing its marker is what keeps the RMA lanes in step.
+    pub(crate) writer: Arc<Mutex<ControlConn>>,
+    next_op: AtomicU64,
+    pending: Mutex<Pending>,
+    /// The discard region (registered for receives on first refusal) and its registration.
+    scratch: Mutex<Option<(Region, Arc<Registration>)>>,
+}
+
+impl Rma {
+    pub(crate) fn new(
+        link: Arc<Link>,
+        main: Arc<Link>,
+        shared: Arc<EndpointShared>,
+        writer: Arc<Mutex<ControlConn>>,
+    ) -> Self {
+        Self {
+            link,
+            main,
+            shared,
+            writer,
+            next_op: AtomicU64::new(0),
+            pending: Mutex::new(Pending::default()),
+            scratch: Mutex::new(None),
+        }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn writer(&self) -> MutexGuard<'_, ControlConn> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Operations initiated here and not answered yet.
+    pub(crate) fn pending_count(&self) -> usize {
+        self.pending().ops.len()
+    }
+
+    fn usable(&self) -> Result<()> {
+        if let Some(e) = self.main.failure().or_else(|| self.link.failure()) {
+            return Err(e.clone());
+        }
+        if let Some(e) = &self.pending().closed {
+            return Err(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Checks both lists, coalesces them and registers the local regions for `direction`.
+    fn plan(
+        &self,
+        local: &[Segment<'_>],
+        remote: &[RemoteSegment],
+        direction: Direction,
+    ) -> Result<Plan> {
+        if local.is_empty() || remote.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a one-sided operation needs at least one local and one remote segment".into(),
+            ));
+        }
+        let mut len = 0u64;
+        for (i, s) in local.iter().enumerate() {
+            if s.len == 0
+                || s.offset
+                    .checked_add(s.len)
+                    .is_none_or(|end| end > s.region.len())
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "local segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
+                     outside it)",
+                    s.len,
+                    s.offset,
+                    s.region.len()
+                )));
+            }
+            len += s.len as u64;
+        }
+        let mut remote_len = 0u64;
+        for (i, r) in remote.iter().enumerate() {
+            if r.len == 0
+                || r.offset
+                    .checked_add(r.len)
+                    .is_none_or(|end| end > r.descriptor.len())
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "remote segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
+                     outside it)",
+                    r.len,
+                    r.offset,
+                    r.descriptor.len()
+                )));
+            }
+            remote_len = remote_len.checked_add(r.len).ok_or_else(|| {
+                Error::InvalidArgument("the remote list's total overflows u64".into())
+            })?;
+        }
+        if len != remote_len {
+            return Err(Error::InvalidArgument(format!(
+                "the local list holds {len} bytes and the remote list {remote_len}: they must be equal"
+            )));
+        }
+        let local_runs = coalesce(
+            local
+                .iter()
+                .map(|s| (s.region.inner.id, s.offset as u64, s.len as u64)),
+        );
+        let mut pieces = Vec::with_capacity(local_runs.len());
+        for Run { first, offset, len } in &local_runs {
+            let region = local[*first].region;
+            pieces.push(Piece {
+                registration: register_region(&self.link, &self.shared, region, direction)?,
+                // Within the region, so it fits a usize.
+                offset: *offset as usize,
+                len: *len,
+            });
+        }
+        let entries: Vec<RemoteEntry> = remote
+            .iter()
+            .map(|r| RemoteEntry {
+                region_id: r.descriptor.region_id(),
+                key: r.descriptor.key(),
+                offset: r.offset,
+                len: r.len,
+            })
+            .collect();
+        let remote_lens = remote_lens(&entries);
+        Ok(Plan {
+            local_lens: pieces.iter().map(|p| p.len).collect(),
+            pieces,
+            entries,
+            remote_lens,
+            len,
+        })
+    }
+
+    fn schedule(&self, local_lens: &[u64], remote_lens: &[u64], op_id: u64) -> Result<Schedule> {
+        Schedule::vectored(
+            local_lens,
+            remote_lens,
+            self.shared.config.chunk_bytes,
+            self.link.channels,
+        )
+        .map(|s| s.rotated(op_id))
+        .map_err(|e| Error::InvalidArgument(e.to_string()))
+    }
+
+    /// Registers `op` unless the connection can no longer answer it.
+    fn add_pending(&self, op_id: u64, op: PendingOp) -> Result<()> {
+        let mut pending = self.pending();
+        if let Some(e) = &pending.closed {
+            return Err(e.clone());
+        }
+        pending.ops.insert(op_id, op);
+        Ok(())
+    }
+
+    /// See [`crate::Connection::write`].
+    pub(crate) fn write(
+        &self,
+        local: &[Segment<'_>],
+        remote: &[RemoteSegment],
+        notification: Option<&[u8]>,
+    ) -> Result<Transfer> {
+        self.usable()?;
+        if let Some(n) = notification {
+            check_notification(n)?;
+        }
+        let plan = self.plan(local, remote, Direction::Send)?;
+        let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let request = WriteRequest {
+            op_id,
+            entries: plan.entries,
+            local_lens: plan.local_lens,
+            notification: notification.map(<[u8]>::to_vec),
+        };
+        check_batch(request.payload_len(), request.entries.len())?;
+        let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
+        let job = new_job(
+            &self.link,
+            Direction::Send,
+            op_id,
+            plan.pieces,
+            schedule,
+            None,
+        );
+        let completion = Arc::new(Completion::default());
+        let op = PendingOp {
+            kind: PendingKind::Write { job: job.clone() },
+            completion: completion.clone(),
+            len: plan.len,
+            deadline: Instant::now() + self.link.timeout,
+        };
+        if let Err(e) = self.add_pending(op_id, op) {
+            job.fail(e.clone());
+            return Err(e);
+        }
+        // The order rule: the data sender queues its job and writes the marker in one
+        // critical section, so the target queues its receives in the same order.
+        let sent = {
+            let mut writer = self.writer();
+            submit_job(&self.link, &job);
+            writer.send(&Message::WriteRequest(request))
+        };
+        if let Err(e) = sent {
+            let e = Error::from(e);
+            self.link.fail(e.clone());
+            self.fail_pending(&e);
+            return Err(e);
+        }
+        Ok(Transfer::new(completion, Direction::Send, plan.len))
+    }
+
+    /// See [`crate::Connection::read`].
+    pub(crate) fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
+        self.usable()?;
+        let plan = self.plan(local, remote, Direction::Recv)?;
+        let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let request = ReadRequest {
+            op_id,
+            entries: plan.entries,
+            local_lens: plan.local_lens,
+        };
+        check_batch(request.payload_len(), request.entries.len())?;
+        let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
+        let completion = Arc::new(Completion::default());
+        let op = PendingOp {
+            kind: PendingKind::Read {
+                pieces: plan.pieces,
+                schedule,
+            },
+            completion: completion.clone(),
+            len: plan.len,
+            deadline: Instant::now() + self.link.timeout,
+        };
+        self.add_pending(op_id, op)?;
+        let sent = self.writer().send(&Message::ReadRequest(request));
+        if let Err(e) = sent {
+            let e = Error::from(e);
+            self.link.fail(e.clone());
+            self.fail_pending(&e);
+            return Err(e);
+        }
+        Ok(Transfer::new(completion, Direction::Recv, plan.len))
+    }
+
+    /// See [`crate::Connection::notify`].
+    pub(crate) fn notify(&self, bytes: &[u8]) -> Result<()> {
+        self.usable()?;
+        check_notification(bytes)?;
+        let sent = self.writer().send(&Message::Notify {
+            bytes: bytes.to_vec(),
+        });
+        sent.map_err(|e| {
+            let e = Error::from(e);
+            self.link.fail(e.clone());
+            e
+        })
+    }
+
+    /// Takes the pending operation `op_id` (the target answered it).
+    pub(crate) fn take_pending(&self, op_id: u64) -> Option<PendingOp> {
+        self.pending().ops.remove(&op_id)
+    }
+
+    /// Fails every pending operation with `error`.
+    pub(crate) fn fail_pending(&self, error: &Error) {
+        let ops: Vec<PendingOp> = self.pending().ops.drain().map(|(_, op)| op).collect();
+        for op in ops {
+            op.completion.finish(Err(error.clone()));
+        }
+    }
+
+    /// No answer can arrive any more: fails what is pending and every later operation.
+    pub(crate) fn close(&self, error: Error) {
+        {
+            let mut pending = self.pending();
+            if pending.closed.is_none() {
+                pending.closed = Some(error.clone());
+            }
+        }
+        self.fail_pending(&error);
+    }
+
+    /// Called by the watcher on every pass: fails pending operations once either link failed,
+    /// and fails the connection when one waited past the configured timeout.
+    pub(crate) fn sweep(&self, now: Instant) {
+        let late = {
+            let mut pending = self.pending();
+            if pending.ops.is_empty()
+                || pending
+                    .last_sweep
+                    .is_some_and(|at| now.duration_since(at) < SWEEP_EVERY)
+            {
+                return;
+            }
+            pending.last_sweep = Some(now);
+            pending
+                .ops
+                .iter()
+                .find(|(_, op)| now >= op.deadline)
+                .map(|(id, op)| (*id, matches!(op.kind, PendingKind::Write { .. })))
+        };
+        if let Some((op_id, write)) = late {
+            self.link.fail(Error::Timeout {
+                channel: 0,
+                peer: self.link.peer,
+                waited: self.link.timeout,
+                what: format!(
+                    "one-sided {} #{op_id} (waiting for the target's answer)",
+                    if write { "write" } else { "read" }
+                ),
+            });
+        }
+        if let Some(e) = self.main.failure().or_else(|| self.link.failure()) {
+            self.fail_pending(&e.clone());
+        }
+    }
+
+    /// The discard region's registration (chunk-sized, receives only), made on first use:
+    /// the data of a refused write lands there, every chunk at offset 0.
+    pub(crate) fn scratch(&self) -> Result<Arc<Registration>> {
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, registration)) = scratch.as_ref() {
+            return Ok(registration.clone());
+        }
+        let memory = tcpx::SharedMemory::host(self.shared.config.chunk_bytes as usize)
+            .map_err(|e| Error::Internal(format!("cannot allocate the discard region: {e}")))?;
+        let region = Region::new(memory);
+        let registration = register_region(&self.link, &self.shared, &region, Direction::Recv)?;
+        *scratch = Some((region, registration.clone()));
+        Ok(registration)
+    }
+}
+
+/// The lengths of the remote list as the target will cut it (coalesced, like the target).
+pub(crate) fn remote_lens(entries: &[RemoteEntry]) -> Vec<u64> {
+    coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)))
+        .into_iter()
+        .map(|r| r.len)
+        .collect()
+}
+
+/// A job on `link` counted in its in-flight transfers, with `schedule` published.
+pub(crate) fn new_job(
+    link: &Arc<Link>,
+    direction: Direction,
+    op_id: u64,
+    pieces: Vec<Piece>,
+    schedule: Schedule,
+    completion: Option<Arc<Completion>>,
+) -> Arc<Job> {
+    let mut job = Job::new(direction, link.clone(), op_id, pieces, Instant::now());
+    if let Some(completion) = completion {
+        job.completion = completion;
+    }
+    link.in_flight.fetch_add(1, Ordering::AcqRel);
+    let job = Arc::new(job);
+    job.set_schedule(schedule);
+    job
+}
+
+/// The access error an initiator reports for a refusal.
+pub(crate) fn access_error(link: &Link, refusal: Refusal) -> Error {
+    Error::Access {
+        peer: link.peer,
+        descriptor: refusal.index as usize,
+        reason: refusal.reason.to_string(),
+    }
+}
+
+fn check_notification(bytes: &[u8]) -> Result<()> {
+    if bytes.len() > MAX_NOTIFICATION {
+        return Err(Error::InvalidArgument(format!(
+            "a notification of {} bytes exceeds the cap of {MAX_NOTIFICATION} bytes",
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_batch(payload: usize, entries: usize) -> Result<()> {
+    if payload > MAX_PAYLOAD as usize {
+        return Err(Error::InvalidArgument(format!(
+            "a batch of {entries} remote segments needs a {payload}-byte request; one request \
+             carries at most {MAX_PAYLOAD} bytes (about {} segments): split the batch",
+            (MAX_PAYLOAD as usize - 64) / (super::wire::ENTRY_BYTES + 8)
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,448 @@
+//! The watcher's side of one-sided operations: serving the peer's requests (target) and
+//! taking the peer's answers (initiator), plus the acknowledger thread.
+//!
+//! Everything here runs on the connection's control watcher, one message at a time, in
+//! stream order: that order *is* the posting order of the RMA receive lanes. The watcher
+//! never writes to the control stream and never waits on data: the acknowledger does both.
+//! It takes the target's writes, reads and the standalone notifications in stream order;
+//! waits for each write's receive job, then delivers its notification and answers
+//! `WriteAck`; queues each accepted read's send job and answers `ReadData` (or
+//! `ReadRefused`). So a notification reaches the application only after its write's bytes
+//! have landed, and after every earlier write's; a read is served only after every earlier
+//! write landed; and two endpoints whose control streams are both full cannot deadlock (the
+//! readers of both streams keep reading).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::coalesce::coalesce;
+use super::state::{access_error, new_job, PendingKind, PendingOp, Rma};
+use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
+use crate::control::Message;
+use crate::endpoint::connection::{register_region, submit_job};
+use crate::engine::job::{Job, Piece};
+use crate::error::{Direction, Error, Result};
+use crate::registry::Region;
+use crate::schedule::Schedule;
+use crate::transfer::Transfer;
+
+/// Most chunks a refused write may carry into the discard region (one piece each); a peer
+/// asking for more is treated as hostile (128 GiB at the default 512 KiB chunks).
+const MAX_DISCARD_CHUNKS: u64 = 1 << 18;
+
+/// Grace after a job's own deadline before the acknowledger stops waiting on it (the engine
+/// fails the connection at the deadline; this only bounds the wait).
+const ACK_GRACE: Duration = Duration::from_secs(1);
+
+/// What the acknowledger handles, in control-stream order.
+pub(crate) enum TargetItem {
+    /// A write this side serves: its receive job (into the application's regions, or the
+    /// discard region when refused).
+    Write {
+        job: Arc<Job>,
+        op_id: u64,
+        refusal: Option<Refusal>,
+        notification: Option<Vec<u8>>,
+    },
+    /// A standalone notification.
+    Notify(Vec<u8>),
+    /// A read this side serves: its send job (`None` when refused) is queued and `ReadData`
+    /// (or `ReadRefused`) written here, not on the watcher, so the watcher never writes to
+    /// the control stream and never waits on it, and a read is answered only after every
+    /// earlier write from the same peer landed (read-after-write order per connection).
+    ServeRead {
+        job: Option<Arc<Job>>,
+        op_id: u64,
+        refusal: Option<Refusal>,
+    },
+    /// Initiator side: a write the target answered while this side's send job was still
+    /// finishing; complete it once the job is done (the watcher never waits on data).
+    Complete {
+        job: Arc<Job>,
+        op: PendingOp,
+        refusal: Option<Refusal>,
+    },
+}
+
+impl Rma {
+    /// Handles one one-sided control message. An error is a protocol violation or a local
+    /// failure that leaves the lanes out of step: the caller fails the connection.
+    pub(crate) fn on_message(&self, message: Message, acker: &Sender<TargetItem>) -> Result<()> {
+        match message {
+            Message::WriteRequest(request) => self.on_write_request(request, acker),
+            Message::ReadRequest(request) => self.on_read_request(request, acker),
+            Message::Notify { bytes } => {
+                let _ = acker.send(TargetItem::Notify(bytes));
+                Ok(())
+            }
+            Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, acker),
+            Message::ReadData { op_id } => self.on_read_data(op_id),
+            Message::ReadRefused { op_id, refusal } => {
+                let op = self.answered(op_id, "ReadRefused")?;
+                op.completion.finish(Err(access_error(&self.link, refusal)));
+                Ok(())
+            }
+            other => Err(self.violation(format!("{:?} is not a one-sided message", other.kind()))),
+        }
+    }
+
+    fn violation(&self, what: String) -> Error {
+        Error::PeerClosed {
+            peer: self.link.peer,
+            reason: format!("protocol violation: {what}"),
+        }
+    }
+
+    /// The schedule this side derives for a request: its own lengths are the coalesced remote
+    /// list, the peer's are the request's local lengths (the initiator derives the mirror).
+    fn request_schedule(
+        &self,
+        entries: &[RemoteEntry],
+        peer_lens: &[u64],
+        op_id: u64,
+    ) -> Result<Schedule> {
+        let own = super::state::remote_lens(entries);
+        Schedule::vectored(
+            &own,
+            peer_lens,
+            self.shared.config.chunk_bytes,
+            self.link.channels,
+        )
+        .map(|s| s.rotated(op_id))
+        .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
+    }
+
+    /// Pieces of the coalesced `entries` in `regions` (validated), registered for `direction`.
+    fn pieces(
+        &self,
+        entries: &[RemoteEntry],
+        regions: &[Region],
+        direction: Direction,
+    ) -> Result<Vec<Piece>> {
+        let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
+        let mut pieces = Vec::with_capacity(runs.len());
+        for run in runs {
+            let region = regions
+                .get(run.first)
+                .ok_or_else(|| Error::Internal("validated region missing".into()))?;
+            pieces.push(Piece {
+                registration: register_region(&self.link, &self.shared, region, direction)?,
+                // Validated: offset + len lies within the region, a usize.
+                offset: run.offset as usize,
+                len: run.len,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// Target: a write. Its data is already on the way, so a receive job is queued either
+    /// way — into the application's regions, or into the discard region when refused.
+    fn on_write_request(&self, request: WriteRequest, acker: &Sender<TargetItem>) -> Result<()> {
+        let WriteRequest {
+            op_id,
+            entries,
+            local_lens,
+            notification,
+        } = request;
+        let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
+        let (pieces, schedule, refusal) = match self.shared.adverts.validate(&entries) {
+            Ok(regions) => (
+                self.pieces(&entries, &regions, Direction::Recv)?,
+                schedule,
+                None,
+            ),
+            Err(refusal) => {
+                tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "one-sided write refused; discarding its data");
+                let (pieces, schedule) = self.discard(&schedule, &local_lens, op_id)?;
+                (pieces, schedule, Some(refusal))
+            }
+        };
+        let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+        submit_job(&self.link, &job);
+        let _ = acker.send(TargetItem::Write {
+            job,
+            op_id,
+            refusal,
+            notification,
+        });
+        Ok(())
+    }
+
+    /// The discard job of a refused write: one piece per chunk of the schedule the accepted
+    /// write would have had, each at offset 0 of the chunk-sized discard region. The chunk
+    /// boundaries include every boundary of both lists, so cutting this side's list at them
+    /// yields the same chunks on the same channels: the lanes stay in step.
+    fn discard(
+        &self,
+        schedule: &Schedule,
+        peer_lens: &[u64],
+        op_id: u64,
+    ) -> Result<(Vec<Piece>, Schedule)> {
+        if schedule.chunk_count() > MAX_DISCARD_CHUNKS {
+            return Err(self.violation(format!(
+                "refused write #{op_id} would carry {} chunks",
+                schedule.chunk_count()
+            )));
+        }
+        let scratch = self.scratch()?;
+        let (lens, schedule) = discard_schedule(schedule, peer_lens, op_id)
+            .map_err(|e| Error::Internal(format!("discard schedule: {e}")))?;
+        let pieces = lens
+            .into_iter()
+            .map(|len| Piece {
+                registration: scratch.clone(),
+                offset: 0,
+                len,
+            })
+            .collect();
+        Ok((pieces, schedule))
+    }
+
+    /// Target: a read. Accepted: its send job is built here and handed to the acknowledger,
+    /// which queues it and writes `ReadData` in one critical section (this side sends the
+    /// data, so it sets the order). Refused: `ReadRefused`, and nothing moves.
+    fn on_read_request(&self, request: ReadRequest, acker: &Sender<TargetItem>) -> Result<()> {
+        let ReadRequest {
+            op_id,
+            entries,
+            local_lens,
+        } = request;
+        let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
+        let item = match self.shared.adverts.validate(&entries) {
+            Ok(regions) => {
+                let pieces = self.pieces(&entries, &regions, Direction::Send)?;
+                TargetItem::ServeRead {
+                    job: Some(new_job(
+                        &self.link,
+                        Direction::Send,
+                        op_id,
+                        pieces,
+                        schedule,
+                        None,
+                    )),
+                    op_id,
+                    refusal: None,
+                }
+            }
+            Err(refusal) => {
+                tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "one-sided read refused");
+                TargetItem::ServeRead {
+                    job: None,
+                    op_id,
+                    refusal: Some(refusal),
+                }
+            }
+        };
+        let _ = acker.send(item);
+        Ok(())
+    }
+
+    fn answered(&self, op_id: u64, what: &str) -> Result<super::state::PendingOp> {
+        self.take_pending(op_id).ok_or_else(|| {
+            self.violation(format!(
+                "{what} for operation #{op_id}, which is not pending"
+            ))
+        })
+    }
+
+    /// Initiator: the target accepted a read and queued its data; queue the receive.
+    fn on_read_data(&self, op_id: u64) -> Result<()> {
+        let op = self.answered(op_id, "ReadData")?;
+        match op.kind {
+            PendingKind::Read { pieces, schedule } => {
+                let job = new_job(
+                    &self.link,
+                    Direction::Recv,
+                    op_id,
+                    pieces,
+                    schedule,
+                    Some(op.completion),
+                );
+                submit_job(&self.link, &job);
+                Ok(())
+            }
+            PendingKind::Write { .. } => {
+                Err(self.violation(format!("ReadData for write #{op_id}")))
+            }
+        }
+    }
+
+    /// Initiator: the target's verdict on a write. Completes the transfer once this side's
+    /// send job is done too (its memory is then free for the CPU again): now, or through the
+    /// acknowledger if the job is still finishing.
+    fn on_write_ack(
+        &self,
+        op_id: u64,
+        refusal: Option<Refusal>,
+        acker: &Sender<TargetItem>,
+    ) -> Result<()> {
+        let op = self.answered(op_id, "WriteAck")?;
+        let job = match &op.kind {
+            PendingKind::Write { job } => job.clone(),
+            PendingKind::Read { .. } => {
+                return Err(self.violation(format!("WriteAck for read #{op_id}")))
+            }
+        };
+        if job.is_finished() {
+            complete_write(&self.link, &job, op, refusal);
+        } else {
+            let _ = acker.send(TargetItem::Complete { job, op, refusal });
+        }
+        Ok(())
+    }
+}
+
+/// This side's list for discarding `schedule`'s data (one segment per chunk) and the schedule
+/// built from it, which has the same chunks on the same channels.
+fn discard_schedule(
+    schedule: &Schedule,
+    peer_lens: &[u64],
+    op_id: u64,
+) -> std::result::Result<(Vec<u64>, Schedule), crate::schedule::ScheduleError> {
+    let lens: Vec<u64> = schedule.iter().map(|c| u64::from(c.len)).collect();
+    let discard = Schedule::vectored(
+        &lens,
+        peer_lens,
+        schedule.chunk_bytes(),
+        schedule.channels(),
+    )?
+    .rotated(op_id);
+    Ok((lens, discard))
+}
+
+/// Completes an answered write: the refusal, else the send job's outcome (waited for, up to
+/// its deadline: the target has every byte, so the sends are done or about to be).
+fn complete_write(link: &crate::link::Link, job: &Job, op: PendingOp, refusal: Option<Refusal>) {
+    let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+    let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len).wait(left);
+    let outcome = match (refusal, sent) {
+        (Some(refusal), _) => Err(access_error(link, refusal)),
+        (None, Ok(_)) => Ok(op.len),
+        (None, Err(e)) => Err(e),
+    };
+    op.completion.finish(outcome);
+}
+
+/// Starts the acknowledger of one connection; it ends when the watcher drops its sender.
+pub(crate) fn spawn_acker(rma: Arc<Rma>, items: Receiver<TargetItem>) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("tcpx-ack-{}", rma.link.id))
+        .spawn(move || acknowledge(&rma, &items))
+        .map_err(|e| Error::Internal(format!("cannot start the acknowledger: {e}")))
+}
+
+fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
+    let peer = rma.link.peer;
+    for item in items {
+        match item {
+            TargetItem::Notify(bytes) => rma.shared.inbox.deliver(peer, bytes),
+            TargetItem::ServeRead {
+                job,
+                op_id,
+                refusal,
+            } => {
+                let sent = {
+                    let mut writer = rma.writer();
+                    match (&job, refusal) {
+                        (Some(job), _) => {
+                            submit_job(&rma.link, job);
+                            writer.send(&Message::ReadData { op_id })
+                        }
+                        (None, Some(refusal)) => {
+                            writer.send(&Message::ReadRefused { op_id, refusal })
+                        }
+                        (None, None) => Ok(()),
+                    }
+                };
+                if let Err(e) = sent {
+                    rma.link.fail(e.into());
+                }
+                // A job never handed to the engines (the connection failed) still finishes.
+                if let Some(job) = job {
+                    if rma.link.is_failed() {
+                        job.fail_with_link();
+                    }
+                }
+            }
+            TargetItem::Complete { job, op, refusal } => {
+                complete_write(&rma.link, &job, op, refusal)
+            }
+            TargetItem::Write {
+                job,
+                op_id,
+                refusal,
+                notification,
+            } => {
+                let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+                let landed =
+                    Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
+                match landed {
+                    Ok(_) => {
+                        if refusal.is_none() {
+                            if let Some(bytes) = notification {
+                                rma.shared.inbox.deliver(peer, bytes);
+                            }
+                        }
+                        let sent = rma.writer().send(&Message::WriteAck { op_id, refusal });
+                        if let Err(e) = sent {
+                            rma.link.fail(e.into());
+                        }
+                    }
+                    // The connection failed (the engines failed the job with its error) or
+                    // the job is stuck past its deadline: either way no answer is owed.
+                    Err(e) => {
+                        rma.link.fail(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lens() -> impl Strategy<Value = Vec<u64>> {
+        proptest::collection::vec(1u64..5000, 1..20)
+    }
+
+    proptest! {
+        /// The invariant refusals rely on: discarding keeps every chunk's channel and length,
+        /// so the initiator's sends and the target's discard receives pair one to one.
+        #[test]
+        fn discarding_keeps_the_chunks_of_the_accepted_schedule(
+            own in lens(),
+            cuts in proptest::collection::vec(any::<u64>(), 0..20),
+            chunk in 1u32..3000,
+            channels in 1u16..6,
+            op_id in any::<u64>(),
+        ) {
+            // The peer cuts the same total elsewhere.
+            let total: u64 = own.iter().sum();
+            let mut points: Vec<u64> = cuts.iter().map(|c| c % total).filter(|&p| p > 0).collect();
+            points.push(total);
+            points.sort_unstable();
+            points.dedup();
+            let mut peer = Vec::new();
+            let mut at = 0;
+            for p in points {
+                peer.push(p - at);
+                at = p;
+            }
+            let accepted = Schedule::vectored(&own, &peer, chunk, channels).unwrap().rotated(op_id);
+            let initiator = Schedule::vectored(&peer, &own, chunk, channels).unwrap().rotated(op_id);
+            let (discard_lens, discard) = discard_schedule(&accepted, &peer, op_id).unwrap();
+            prop_assert!(discard_lens.iter().all(|&l| l <= u64::from(chunk)));
+            let shape = |s: &Schedule| s.iter().map(|c| (c.index, c.channel, c.offset, c.len)).collect::<Vec<_>>();
+            prop_assert_eq!(shape(&discard), shape(&accepted));
+            prop_assert_eq!(shape(&initiator), shape(&accepted));
+            // Every discard chunk is one whole piece: it lands at offset 0 of the scratch.
+            prop_assert!(discard.iter().all(|c| c.segment_offset == 0));
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The payloads of the one-sided control messages (codes 0x0100–0x0105, see
+//! [`crate::control::Message`]), hand-written little-endian like the rest of the protocol:
+//!
+//! | message | payload |
+//! |---|---|
+//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes) |
+//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens |
+//! | `Notify` 0x0102 | u32 length + bytes |
+//! | `WriteAck` 0x0103 | op_id u64, u8 0 = done / 1 = refused then a refusal |
+//! | `ReadData` 0x0104 | op_id u64 |
+//! | `ReadRefused` 0x0105 | op_id u64, refusal |
+//!
+//! *entries* is a u32 count then per entry region_id u64, key u64, offset u64, len u64;
+//! *local lens* is a u32 count then u64 lengths; a *refusal* is the entry index u32 and a
+//! reason code u8 ([`RefusalReason`]). Counts are checked against the bytes present before
+//! anything is allocated; a notification longer than [`MAX_NOTIFICATION`] is refused.
+
+use crate::control::wire::{Reader, TooLong, WireError, Writer};
+
+/// Largest notification, standalone or attached to a write.
+pub const MAX_NOTIFICATION: usize = 64 << 10;
+
+/// Bytes of one encoded [`RemoteEntry`].
+pub(crate) const ENTRY_BYTES: usize = 32;
+
+/// One entry of a request's remote list, as it travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteEntry {
+    /// The target's region id (from the descriptor).
+    pub region_id: u64,
+    /// The descriptor's access key.
+    pub key: u64,
+    /// Offset in the region.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// A one-sided write: the initiator has already queued the data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteRequest {
+    /// The initiator's operation id (echoed in the `WriteAck`).
+    pub op_id: u64,
+    /// Where the data goes, in stream order.
+    pub entries: Vec<RemoteEntry>,
+    /// The initiator's (coalesced) segment lengths, in stream order.
+    pub local_lens: Vec<u64>,
+    /// Delivered to the target application once every byte has landed.
+    pub notification: Option<Vec<u8>>,
+}
+
+/// A one-sided read: the target answers `ReadData` (and sends) or `ReadRefused`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// The initiator's operation id.
+    pub op_id: u64,
+    /// Where the data comes from, in stream order.
+    pub entries: Vec<RemoteEntry>,
+    /// The initiator's (coalesced) segment lengths, in stream order.
+    pub local_lens: Vec<u64>,
+}
+
+/// Why a target refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefusalReason {
+    /// No region with that id is advertised.
+    UnknownRegion,
+    /// The key does not match the advertised one.
+    WrongKey,
+    /// The descriptor was revoked.
+    Revoked,
+    /// Offset + length lies past the region's end.
+    OutOfBounds,
+}
+
+impl RefusalReason {
+    fn code(self) -> u8 {
+        match self {
+            Self::UnknownRegion => 1,
+            Self::WrongKey => 2,
+            Self::Revoked => 3,
+            Self::OutOfBounds => 4,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => Self::UnknownRegion,
+            2 => Self::WrongKey,
+            3 => Self::Revoked,
+            4 => Self::OutOfBounds,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::UnknownRegion => "unknown region",
+            Self::WrongKey => "wrong access key",
+            Self::Revoked => "descriptor revoked",
+            Self::OutOfBounds => "offset + length outside the region",
+        })
+    }
+}
+
+/// A refused request: which entry of its remote list, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// Index of the first bad entry in the request's remote list.
+    pub index: u32,
+    /// What was wrong with it.
+    pub reason: RefusalReason,
+}
+
+fn count32(field: &'static str, n: usize) -> Result<u32, TooLong> {
+    u32::try_from(n).map_err(|_| TooLong {
+        field,
+        len: n,
+        max: u32::MAX as usize,
+    })
+}
+
+fn write_entries(w: &mut Writer<'_>, entries: &[RemoteEntry]) -> Result<(), TooLong> {
+    w.u32(count32("entries", entries.len())?);
+    for e in entries {
+        w.u64(e.region_id);
+        w.u64(e.key);
+        w.u64(e.offset);
+        w.u64(e.len);
+    }
+    Ok(())
+}
+
+fn read_entries(r: &mut Reader<'_>) -> Result<Vec<RemoteEntry>, WireError> {
+    let count = r.u32("entries")? as usize;
+    if count
+        .checked_mul(ENTRY_BYTES)
+        .is_none_or(|n| n > r.remaining())
+    {
+        return Err(WireError::Invalid {
+            field: "entries",
+            why: "count exceeds the payload",
+        });
+    }
+    let mut entries = Vec::with_capacity(count);
+    for _ in 0..count {
+        entries.push(RemoteEntry {
+            region_id: r.u64("entries")?,
+            key: r.u64("entries")?,
+            offset: r.u64("entries")?,
+            len: r.u64("entries")?,
+        });
+    }
+    Ok(entries)
+}
+
+fn write_lens(w: &mut Writer<'_>, lens: &[u64]) -> Result<(), TooLong> {
+    w.u32(count32("local_lens", lens.len())?);
+    for &len in lens {
+        w.u64(len);
+    }
+    Ok(())
+}
+
+fn read_lens(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
+    let count = r.u32("local_lens")? as usize;
+    if count.checked_mul(8).is_none_or(|n| n > r.remaining()) {
+        return Err(WireError::Invalid {
+            field: "local_lens",
+            why: "count exceeds the payload",
+        });
+    }
+    let mut lens = Vec::with_capacity(count);
+    for _ in 0..count {
+        lens.push(r.u64("local_lens")?);
+    }
+    Ok(lens)
+}
+
+/// Writes notification bytes with a u32 length prefix.
+pub(crate) fn write_blob(w: &mut Writer<'_>, bytes: &[u8]) -> Result<(), TooLong> {
+    if bytes.len() > MAX_NOTIFICATION {
+        return Err(TooLong {
+            field: "notification",
+            len: bytes.len(),
+            max: MAX_NOTIFICATION,
+        });
+    }
+    w.u32(count32("notification", bytes.len())?);
+    w.bytes(bytes);
+    Ok(())
+}
+
+/// Reads notification bytes written by [`write_blob`].
+pub(crate) fn read_blob(r: &mut Reader<'_>) -> Result<Vec<u8>, WireError> {
+    let len = r.u32("notification")? as usize;
+    if len > MAX_NOTIFICATION {
+        return Err(WireError::Invalid {
+            field: "notification",
+            why: "longer than the 64 KiB cap",
+        });
+    }
+    Ok(r.take("notification", len)?.to_vec())
+}
+
+/// Writes a refusal.
+pub(crate) fn write_refusal(w: &mut Writer<'_>, refusal: &Refusal) {
+    w.u32(refusal.index);
+    w.u8(refusal.reason.code());
+}
+
+/// Reads a refusal.
+pub(crate) fn read_refusal(r: &mut Reader<'_>) -> Result<Refusal, WireError> {
+    let index = r.u32("refusal_index")?;
+    let reason = RefusalReason::from_code(r.u8("refusal_reason")?).ok_or(WireError::Invalid {
+        field: "refusal_reason",
+        why: "unknown reason code",
+    })?;
+    Ok(Refusal { index, reason })
+}
+
+impl WriteRequest {
+    /// Encoded payload bytes (to check the frame cap before queueing any data).
+    pub fn payload_len(&self) -> usize {
+        8 + 4
+            + self.entries.len() * ENTRY_BYTES
+            + 4
+            + self.local_lens.len() * 8
+            + 1
+            + self.notification.as_ref().map_or(0, |n| 4 + n.len())
+    }
+
+    pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), TooLong> {
+        w.u64(self.op_id);
+        write_entries(w, &self.entries)?;
+        write_lens(w, &self.local_lens)?;
+        match &self.notification {
+            None => w.u8(0),
+            Some(bytes) => {
+                w.u8(1);
+                write_blob(w, bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let op_id = r.u64("op_id")?;
+        let entries = read_entries(r)?;
+        let local_lens = read_lens(r)?;
+        let notification = match r.u8("notification")? {
+            0 => None,
+            1 => Some(read_blob(r)?),
+            _ => {
+                return Err(WireError::Invalid {
+                    field: "notification",
+                    why: "presence flag is neither 0 nor 1",
+                })
+            }
+        };
+        Ok(Self {
+            op_id,
+            entries,
+            local_lens,
+            notification,
+        })
+    }
+}
+
+impl ReadRequest {
+    /// Encoded payload bytes (to check the frame cap before sending).
+    pub fn payload_len(&self) -> usize {
+        8 + 4 + self.entries.len() * ENTRY_BYTES + 4 + self.local_lens.len() * 8
+    }
+
+    pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), TooLong> {
+        w.u64(self.op_id);
+        write_entries(w, &self.entries)?;
+        write_lens(w, &self.local_lens)
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(Self {
+            op_id: r.u64("op_id")?,
+            entries: read_entries(r)?,
+            local_lens: read_lens(r)?,
+        })
+    }
+}

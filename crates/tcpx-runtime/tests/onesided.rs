@@ -1,0 +1,634 @@
+//! One-sided WRITE / READ with notifications, end to end over loopback: random descriptor
+//! lists with their contents checked, notifications never ahead of their data, every kind of
+//! refusal leaving target memory untouched (and the connection usable), detached transfers,
+//! mixing with two-sided traffic, and a peer lost mid-operation.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tcpx_runtime::{Connection, Descriptor, Endpoint, Error, Region, RemoteSegment, Segment};
+
+/// splitmix64: a small deterministic generator for the random lists.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Cuts `[0, total)` into random blocks (some contiguous, some with gaps) placed in a
+/// region of `region_len` bytes; returns (offset, len) per block.
+fn random_layout(
+    rng: &mut Rng,
+    total: usize,
+    region_len: usize,
+    max_block: usize,
+) -> Vec<(usize, usize)> {
+    let mut blocks = Vec::new();
+    let mut left = total;
+    let mut at = 0usize;
+    let slack = region_len - total;
+    let mut slack_left = slack;
+    while left > 0 {
+        let len = (1 + rng.below(max_block as u64) as usize).min(left);
+        if slack_left > 0 && rng.below(3) == 0 {
+            let gap = rng.below(slack_left as u64 + 1) as usize / 4;
+            at += gap;
+            slack_left -= gap;
+        }
+        blocks.push((at, len));
+        at += len;
+        left -= len;
+    }
+    blocks
+}
+
+fn snapshot(region: &Region) -> Vec<u8> {
+    region
+        .memory()
+        .with_bytes(|b| b.to_vec())
+        .expect("cpu access")
+}
+
+fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    assert!(
+        eventually(DEADLINE, || {
+            got.extend(ep.notifications().into_iter().map(|(_, b)| b));
+            got.len() >= n
+        }),
+        "only {} of {n} notifications arrived",
+        got.len()
+    );
+    got
+}
+
+fn access_error(result: tcpx_runtime::Result<u64>) -> (usize, String) {
+    match result {
+        Err(Error::Access {
+            descriptor, reason, ..
+        }) => (descriptor, reason),
+        other => panic!("expected an access error, got {other:?}"),
+    }
+}
+
+#[test]
+fn random_descriptor_lists_are_written_and_read_back_exactly() {
+    loopback();
+    let (a, b, ab, _ba) = pair(3, 64 << 10);
+    let mut rng = Rng(7);
+    // Two target regions, advertised; the initiator cuts its side differently.
+    let t0 = b.alloc_host(1 << 20).unwrap();
+    let t1 = b.alloc_host(1 << 20).unwrap();
+    let d = [b.advertise(&t0).unwrap(), b.advertise(&t1).unwrap()];
+    let t = [&t0, &t1];
+    for round in 0..12u64 {
+        let total = 1 + rng.below(600 << 10) as usize;
+        let seed = 1000 + round;
+        let src = source(&a, total, seed);
+        let local_layout = random_layout(&mut rng, total, total, 96 << 10);
+        let remote_layout = random_layout(&mut rng, total, 1 << 20, 48 << 10);
+        let which: Vec<usize> = remote_layout
+            .iter()
+            .map(|_| rng.below(2) as usize)
+            .collect();
+        // Remote blocks of one region must not overlap: put region-1 blocks at the same
+        // offsets (each region then holds a disjoint subset of the layout).
+        let local: Vec<Segment<'_>> = local_layout
+            .iter()
+            .map(|&(o, l)| Segment::new(&src, o, l))
+            .collect();
+        let remote: Vec<RemoteSegment> = remote_layout
+            .iter()
+            .zip(&which)
+            .map(|(&(o, l), &w)| RemoteSegment::new(d[w], o as u64, l as u64))
+            .collect();
+        let tx = ab.write(&local, &remote, None).unwrap();
+        assert_eq!(
+            tx.wait(DEADLINE).unwrap(),
+            total as u64,
+            "write round {round}"
+        );
+        // Check: stream byte k went to its remote block.
+        let expected = snapshot(&src);
+        let got = [snapshot(&t0), snapshot(&t1)];
+        let mut pos = 0;
+        for (&(o, l), &w) in remote_layout.iter().zip(&which) {
+            assert_eq!(
+                &got[w][o..o + l],
+                &expected[pos..pos + l],
+                "write round {round}: block at {o} in region {w}"
+            );
+            pos += l;
+        }
+
+        // Read the same remote list back into a fresh local region cut another way.
+        let back = a.alloc_host(total).unwrap();
+        let back_layout = random_layout(&mut rng, total, total, 80 << 10);
+        let local: Vec<Segment<'_>> = back_layout
+            .iter()
+            .map(|&(o, l)| Segment::new(&back, o, l))
+            .collect();
+        let rx = ab.read(&local, &remote).unwrap();
+        assert_eq!(
+            rx.wait(DEADLINE).unwrap(),
+            total as u64,
+            "read round {round}"
+        );
+        assert_pattern(&back, 0, total, seed, &format!("read round {round}"));
+        let _ = t;
+    }
+    assert_eq!(b.access_refusals(), 0);
+}
+
+#[test]
+fn many_small_blocks_go_as_one_batch_and_land_in_place() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 512 << 10);
+    const BLOCK: usize = 16 << 10;
+    const N: usize = 512;
+    let src = source(&a, BLOCK * N, 5);
+    let dst = b.alloc_host(2 * BLOCK * N).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    // Contiguous locally; remotely every block goes to slot (i * 2 + i % 2) - half of them
+    // adjacent pairs, so some coalesce and some do not.
+    let local: Vec<_> = (0..N)
+        .map(|i| Segment::new(&src, i * BLOCK, BLOCK))
+        .collect();
+    let slots: Vec<usize> = (0..N).map(|i| (i / 2) * 4 + i % 2).collect();
+    let remote: Vec<_> = slots
+        .iter()
+        .map(|&s| RemoteSegment::new(d, (s * BLOCK) as u64, BLOCK as u64))
+        .collect();
+    let tx = ab.write(&local, &remote, Some(b"batch")).unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * N) as u64);
+    assert_eq!(wait_notifications(&b, 1), [b"batch".to_vec()]);
+    let s = snapshot(&src);
+    let got = snapshot(&dst);
+    for (i, &slot) in slots.iter().enumerate() {
+        assert_eq!(
+            &got[slot * BLOCK..(slot + 1) * BLOCK],
+            &s[i * BLOCK..(i + 1) * BLOCK],
+            "block {i}"
+        );
+    }
+}
+
+#[test]
+fn a_notification_is_never_delivered_before_its_data() {
+    loopback();
+    // Small chunks: each write is many requests on every channel.
+    let (a, b, ab, _ba) = pair(4, 16 << 10);
+    const N: usize = 24;
+    const LEN: usize = 3 << 20;
+    let targets: Vec<Region> = (0..N).map(|_| b.alloc_host(LEN).unwrap()).collect();
+    let descriptors: Vec<Descriptor> = targets.iter().map(|r| b.advertise(r).unwrap()).collect();
+    let sources: Vec<Region> = (0..N).map(|i| source(&a, LEN, 300 + i as u64)).collect();
+    let checker = std::thread::scope(|s| {
+        let checker = s.spawn(|| {
+            // At each delivery, the whole region of that write must already hold its data.
+            let mut order = Vec::new();
+            let deadline = Instant::now() + DEADLINE;
+            while order.len() < N + 1 && Instant::now() < deadline {
+                for (_, bytes) in b.notifications() {
+                    let text = String::from_utf8(bytes).unwrap();
+                    if let Some(i) = text.strip_prefix("done ") {
+                        let i: usize = i.parse().unwrap();
+                        assert_pattern(
+                            &targets[i],
+                            0,
+                            LEN,
+                            300 + i as u64,
+                            &format!("write {i} at its notification"),
+                        );
+                    }
+                    order.push(text);
+                }
+                std::thread::yield_now();
+            }
+            order
+        });
+        let mut transfers = Vec::new();
+        for i in 0..N {
+            let note = format!("done {i}");
+            transfers.push(
+                ab.write(
+                    &[Segment::new(&sources[i], 0, LEN)],
+                    &[RemoteSegment::new(descriptors[i], 0, LEN as u64)],
+                    Some(note.as_bytes()),
+                )
+                .unwrap(),
+            );
+        }
+        // A standalone notification queues behind every earlier write's.
+        ab.notify(b"all sent").unwrap();
+        for t in &transfers {
+            assert_eq!(t.wait(DEADLINE).unwrap(), LEN as u64);
+        }
+        checker.join().unwrap()
+    });
+    let mut expected: Vec<String> = (0..N).map(|i| format!("done {i}")).collect();
+    expected.push("all sent".into());
+    assert_eq!(checker, expected, "notifications in send order");
+}
+
+/// Writes `bad` (one bad entry among good ones) and checks the refusal and that no byte of
+/// the target changed; then a good write on the same connection still lands.
+fn refused_write_changes_nothing(
+    a: &Endpoint,
+    b: &Endpoint,
+    ab: &Connection,
+    dst: &Region,
+    good: Descriptor,
+    bad: RemoteSegment,
+    reason: &str,
+) {
+    let before = snapshot(dst);
+    let refusals = b.access_refusals();
+    let src = source(a, 3 << 20, 77);
+    let remote = [
+        RemoteSegment::new(good, 0, 1 << 20),
+        RemoteSegment::new(good, 1 << 20, 1 << 20),
+        bad,
+    ];
+    let local = [Segment::new(&src, 0, (2 << 20) + bad.len as usize)];
+    let tx = ab.write(&local, &remote, Some(b"must not arrive")).unwrap();
+    let (index, why) = access_error(tx.wait(DEADLINE));
+    assert_eq!(index, 2, "the error names the bad entry");
+    assert!(why.contains(reason), "{why:?} should say {reason:?}");
+    assert_eq!(b.access_refusals(), refusals + 1);
+    assert!(
+        snapshot(dst) == before,
+        "a refused write changed target memory"
+    );
+    // A read naming the same bad entry is refused too, and reads nothing.
+    let back = a.alloc_host(3 << 20).unwrap();
+    let rx = ab
+        .read(
+            &[Segment::new(&back, 0, (1 << 20) + bad.len as usize)],
+            &[remote[0], bad],
+        )
+        .unwrap();
+    let (index, why) = access_error(rx.wait(DEADLINE));
+    assert_eq!(index, 1);
+    assert!(why.contains(reason), "{why:?}");
+    assert_eq!(b.access_refusals(), refusals + 2);
+    // The lanes are still in step: a good write lands exactly.
+    let tx = ab
+        .write(
+            &[Segment::new(&src, 0, 1 << 20)],
+            &[RemoteSegment::new(good, 0, 1 << 20)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 1 << 20);
+    assert_pattern(dst, 0, 1 << 20, 77, "write after a refusal");
+    dst.memory()
+        .with_bytes_mut(|m| m.copy_from_slice(&before))
+        .unwrap();
+    assert!(
+        b.notifications().is_empty(),
+        "a refused write's notification was delivered"
+    );
+}
+
+#[test]
+fn bad_descriptors_are_refused_and_nothing_is_written() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 256 << 10);
+    let dst = b.alloc_host(4 << 20).unwrap();
+    dst.memory().with_bytes_mut(|m| fill(m, 9)).unwrap();
+    let good = b.advertise(&dst).unwrap();
+
+    // Wrong key.
+    let forged = Descriptor::from_bytes(&{
+        let mut bytes = good.to_bytes();
+        bytes[18] ^= 1;
+        bytes
+    })
+    .unwrap();
+    refused_write_changes_nothing(
+        &a,
+        &b,
+        &ab,
+        &dst,
+        good,
+        RemoteSegment::new(forged, 2 << 20, 4096),
+        "key",
+    );
+
+    // Out of bounds (the descriptor claims more than the region holds).
+    let mut long = good.to_bytes();
+    long[9..17].copy_from_slice(&(64u64 << 20).to_le_bytes());
+    let long = Descriptor::from_bytes(&long).unwrap();
+    refused_write_changes_nothing(
+        &a,
+        &b,
+        &ab,
+        &dst,
+        good,
+        RemoteSegment::new(long, (4 << 20) - 4096, 8192),
+        "outside",
+    );
+
+    // Unknown region.
+    let mut unknown = good.to_bytes();
+    unknown[1..9].copy_from_slice(&u64::MAX.to_le_bytes());
+    let unknown = Descriptor::from_bytes(&unknown).unwrap();
+    refused_write_changes_nothing(
+        &a,
+        &b,
+        &ab,
+        &dst,
+        good,
+        RemoteSegment::new(unknown, 0, 4096),
+        "unknown",
+    );
+
+    // Revoked: a second region, advertised then revoked.
+    let other = b.alloc_host(1 << 20).unwrap();
+    let revoked = b.advertise(&other).unwrap();
+    assert!(b.revoke(&revoked));
+    assert!(!b.revoke(&revoked));
+    refused_write_changes_nothing(
+        &a,
+        &b,
+        &ab,
+        &dst,
+        good,
+        RemoteSegment::new(revoked, 0, 4096),
+        "revoked",
+    );
+
+    assert_eq!(b.access_refusals(), 8);
+    assert!(ab.error().is_none());
+}
+
+#[test]
+fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
+    loopback();
+    let (a, b, ab, ba) = pair(2, 64 << 10);
+    let dst = b.alloc_host(8 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = source(&a, 8 << 20, 11);
+    // Detached writes and reads, with two-sided transfers in between in both directions.
+    let scratch = a.alloc_host(1 << 20).unwrap();
+    let two_src = source(&b, 1 << 20, 12);
+    let two_dst = a.alloc_host(1 << 20).unwrap();
+    for i in 0..16usize {
+        let off = (i % 8) << 20;
+        drop(
+            ab.write(
+                &[Segment::new(&src, off, 1 << 20)],
+                &[RemoteSegment::new(d, off as u64, 1 << 20)],
+                None,
+            )
+            .unwrap(),
+        );
+        if i % 4 == 0 {
+            drop(
+                ab.read(
+                    &[Segment::new(&scratch, 0, 1 << 20)],
+                    &[RemoteSegment::new(d, 0, 1 << 20)],
+                )
+                .unwrap(),
+            );
+            let rx = ab.recv(&two_dst, 0, 1 << 20).unwrap();
+            let tx = ba.send(&two_src, 0, 1 << 20).unwrap();
+            tx.wait(DEADLINE).unwrap();
+            rx.wait(DEADLINE).unwrap();
+        }
+    }
+    assert_pattern(&two_dst, 0, 1 << 20, 12, "two-sided between one-sided ops");
+    // A last write is acknowledged only after the earlier ones on its lanes landed.
+    let tx = ab
+        .write(
+            &[Segment::new(&src, 0, 8 << 20)],
+            &[RemoteSegment::new(d, 0, 8 << 20)],
+            Some(b"last"),
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 8 << 20);
+    assert_eq!(wait_notifications(&b, 1), [b"last".to_vec()]);
+    assert_pattern(&dst, 0, 8 << 20, 11, "after detached writes");
+    assert!(eventually(DEADLINE, || ab.in_flight() == 0 && ba.in_flight() == 0));
+}
+
+#[test]
+fn invalid_local_arguments_are_refused_before_anything_moves() {
+    loopback();
+    let (a, b, ab, _ba) = pair(1, 64 << 10);
+    let dst = b.alloc_host(1 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = a.alloc_host(1 << 20).unwrap();
+    let r = |o, l| RemoteSegment::new(d, o, l);
+    let bad = |res: tcpx_runtime::Result<_>| matches!(res, Err(Error::InvalidArgument(_)));
+    assert!(
+        bad(ab.write(&[Segment::new(&src, 0, 10)], &[r(0, 11)], None)),
+        "unequal totals"
+    );
+    assert!(bad(ab.write(&[], &[r(0, 1)], None)), "empty list");
+    assert!(
+        bad(ab.write(
+            &[Segment::new(&src, 0, 10)],
+            &[r(0, 10)],
+            Some(&vec![0; 65 << 10])
+        )),
+        "notification too long"
+    );
+    assert!(matches!(
+        ab.notify(&vec![0; 65 << 10]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(
+        bad(ab.read(&[Segment::new(&src, 1 << 20, 1)], &[r(0, 1)])),
+        "local out of range"
+    );
+    // A batch too large for one control message is refused with a clear error.
+    let many: Vec<_> = (0..40_000u64).map(|i| r(i * 16, 16)).collect();
+    let local = [Segment::new(&src, 0, 40_000 * 16)];
+    match ab.write(&local, &many, None) {
+        Err(Error::InvalidArgument(what)) => assert!(what.contains("split the batch"), "{what}"),
+        other => panic!("expected a batch-size error, got {other:?}"),
+    }
+    // Nothing was sent: a good write goes through.
+    let tx = ab
+        .write(&[Segment::new(&src, 0, 4096)], &[r(0, 4096)], None)
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 4096);
+    assert_eq!(b.access_refusals(), 0);
+}
+
+#[test]
+fn a_lost_peer_fails_every_pending_operation_on_both_sides() {
+    loopback();
+    let mut cfg = config(2, 64 << 10);
+    cfg.timeout = Duration::from_secs(3);
+    let (a, b, ab, ba) = pair_with(cfg.clone(), cfg);
+    let dst = b.alloc_host(64 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = a.alloc_host(64 << 20).unwrap();
+    let back = a.alloc_host(64 << 20).unwrap();
+    let mut pending = Vec::new();
+    for _ in 0..4 {
+        pending.push(
+            ab.write(
+                &[Segment::new(&src, 0, 64 << 20)],
+                &[RemoteSegment::new(d, 0, 64 << 20)],
+                None,
+            )
+            .unwrap(),
+        );
+        pending.push(
+            ab.read(
+                &[Segment::new(&back, 0, 64 << 20)],
+                &[RemoteSegment::new(d, 0, 64 << 20)],
+            )
+            .unwrap(),
+        );
+    }
+    // The target goes away mid-operation.
+    drop(ba);
+    drop(b);
+    let started = Instant::now();
+    let failed = pending
+        .iter()
+        .filter(|t| t.wait(Duration::from_secs(10)).is_err())
+        .count();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        failed >= pending.len() - 1,
+        "only {failed} of {} pending operations failed",
+        pending.len()
+    );
+    assert!(eventually(Duration::from_secs(10), || ab.error().is_some()));
+    assert!(ab
+        .write(
+            &[Segment::new(&src, 0, 4096)],
+            &[RemoteSegment::new(d, 0, 4096)],
+            None
+        )
+        .is_err());
+    drop(a);
+}
+
+#[test]
+fn a_lost_initiator_fails_the_targets_pending_work() {
+    loopback();
+    let mut cfg = config(2, 64 << 10);
+    cfg.timeout = Duration::from_secs(3);
+    let (a, b, ab, ba) = pair_with(cfg.clone(), cfg);
+    let dst = b.alloc_host(64 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = a.alloc_host(64 << 20).unwrap();
+    for _ in 0..4 {
+        drop(
+            ab.write(
+                &[Segment::new(&src, 0, 64 << 20)],
+                &[RemoteSegment::new(d, 0, 64 << 20)],
+                None,
+            )
+            .unwrap(),
+        );
+    }
+    drop(ab);
+    drop(a);
+    let started = Instant::now();
+    assert!(eventually(Duration::from_secs(10), || ba.error().is_some()
+        && ba.in_flight() == 0));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Whatever landed, no notification and no refusal came out of it.
+    assert_eq!(b.access_refusals(), 0);
+}
+
+#[test]
+fn closing_releases_one_sided_registrations() {
+    loopback();
+    let a = Endpoint::new(config(2, 64 << 10)).unwrap();
+    let b = Endpoint::new(config(2, 64 << 10)).unwrap();
+    let dst = b.alloc_host(1 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = source(&a, 1 << 20, 3);
+    for _ in 0..3 {
+        let (ab, ba) = connect(&a, &b);
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, 1 << 20)],
+                &[RemoteSegment::new(d, 0, 1 << 20)],
+                None,
+            )
+            .unwrap();
+        w.wait(DEADLINE).unwrap();
+        // A refusal registers the discard region too.
+        let bad = Descriptor::from_bytes(&{
+            let mut x = d.to_bytes();
+            x[18] ^= 0x80;
+            x
+        })
+        .unwrap();
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, 4096)],
+                &[RemoteSegment::new(bad, 0, 4096)],
+                None,
+            )
+            .unwrap();
+        assert!(w.wait(DEADLINE).is_err());
+        assert!(a.live_registrations() > 0 && b.live_registrations() > 0);
+        ab.close().unwrap();
+        drop(ba);
+        assert_eq!(a.live_registrations(), 0);
+        assert!(eventually(DEADLINE, || b.live_registrations() == 0));
+    }
+}
+
+#[test]
+fn a_read_sees_every_earlier_write_of_the_same_connection() {
+    loopback();
+    let (a, b, ab, _ba) = pair(4, 64 << 10);
+    const LEN: usize = 4 << 20;
+    let dst = b.alloc_host(LEN).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    for round in 0..6u64 {
+        let src = source(&a, LEN, 500 + round);
+        let back = a.alloc_host(LEN).unwrap();
+        // Issued back to back: the read is served only after the write landed.
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, LEN)],
+                &[RemoteSegment::new(d, 0, LEN as u64)],
+                None,
+            )
+            .unwrap();
+        let r = ab
+            .read(
+                &[Segment::new(&back, 0, LEN)],
+                &[RemoteSegment::new(d, 0, LEN as u64)],
+            )
+            .unwrap();
+        assert_eq!(r.wait(DEADLINE).unwrap(), LEN as u64);
+        assert_eq!(w.wait(DEADLINE).unwrap(), LEN as u64);
+        assert_pattern(
+            &back,
+            0,
+            LEN,
+            500 + round,
+            &format!("read after write, round {round}"),
+        );
+    }
+}
