@@ -58,6 +58,22 @@ pub enum Error {
         /// The safe layer's error: API, plugin code and comm.
         source: Arc<tcpx::Error>,
     },
+    /// A CUDA call of the staged path failed on a channel (copy to or from the pinned ring,
+    /// event query, ring allocation or registration): the connection is failed.
+    #[error("channel {channel} ({direction}) to peer {peer}: CUDA staging: {source}")]
+    Staging {
+        /// The channel index within its connection.
+        channel: u16,
+        /// The lane's direction.
+        direction: Direction,
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// The safe layer's error: the CUDA API and its result code.
+        source: Arc<tcpx::Error>,
+    },
+    /// The operation is not available with this plugin or memory (says which and why).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A plugin call failed while setting a connection up (listen, connect, accept).
     #[error("connection set-up with peer {peer}: {source}")]
     Setup {
@@ -126,6 +142,7 @@ impl Error {
     pub fn peer(&self) -> Option<SocketAddr> {
         match self {
             Self::Plugin { peer, .. }
+            | Self::Staging { peer, .. }
             | Self::Setup { peer, .. }
             | Self::Incompatible { peer, .. }
             | Self::Timeout { peer, .. }
@@ -141,6 +158,7 @@ impl Error {
     pub fn channel(&self) -> Option<u16> {
         match self {
             Self::Plugin { channel, .. }
+            | Self::Staging { channel, .. }
             | Self::Timeout { channel, .. }
             | Self::Mismatch { channel, .. } => Some(*channel),
             _ => None,

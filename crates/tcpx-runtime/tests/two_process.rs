@@ -143,7 +143,10 @@ fn killed_peer_fails_every_pending_transfer() {
     // land, when the kill comes) and then sends nothing more: receives 3 and 4 and our send
     // have no counterpart, so at least three of the four pending transfers must fail, however
     // fast the machine streams.
-    assert_eq!(pending[0].wait(DEADLINE).expect("the first transfer"), len as u64);
+    assert_eq!(
+        pending[0].wait(DEADLINE).expect("the first transfer"),
+        len as u64
+    );
     child.child().kill().expect("kill the child");
     let killed_at = Instant::now();
     let timeout = ep.config().timeout;
