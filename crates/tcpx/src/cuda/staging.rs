@@ -85,7 +85,9 @@ impl StagingRing {
             .checked_mul(slots)
             .ok_or_else(|| Error::invalid(API, "ring size overflows"))?;
         let buffer = PinnedHostBuffer::new(device, total)?;
-        let base = buffer.device_ptr();
+        // The host address: what the DtoH/HtoD copies take for their host side (and, under
+        // the unified addressing CudaDevice::new requires, what cuMemcpyAsync takes too).
+        let base = buffer.as_slice().as_ptr() as u64;
         let stream = CudaStream::new(device)?;
         let slots = (0..slots)
             .map(|_| {
