@@ -221,3 +221,38 @@ impl From<ControlError> for Error {
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_errors_name_channel_direction_and_peer() {
+        let source = tcpx::Error::new(
+            "cuMemcpyDtoHAsync",
+            tcpx::ErrorKind::Cuda(tcpx::cuda::CudaError::Driver {
+                code: 700,
+                name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            }),
+            "GPU 0",
+        );
+        let peer: SocketAddr = "127.0.0.1:7700".parse().unwrap();
+        let e = Error::Staging {
+            channel: 3,
+            direction: Direction::Send,
+            peer,
+            source: Arc::new(source),
+        };
+        let text = e.to_string();
+        for want in [
+            "channel 3",
+            "send",
+            "127.0.0.1:7700",
+            "cuMemcpyDtoHAsync",
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+        ] {
+            assert!(text.contains(want), "{text} lacks {want}");
+        }
+        assert_eq!((e.channel(), e.peer()), (Some(3), Some(peer)));
+    }
+}
