@@ -345,6 +345,21 @@ impl Endpoint {
         ))
     }
 
+    /// Testing aid: registers host memory whose transfers take the staged path anyway, with
+    /// CPU copies standing in for the GPU's (an emulated ring in plain host memory; each copy
+    /// is reported done one poll late, like a DMA in progress). This runs the engines' staged
+    /// logic — rings, copies ahead, consume-after-copy, FIFO slot reuse — on machines without
+    /// a GPU. Not for production use: it only adds copies.
+    #[doc(hidden)]
+    pub fn register_staged_emulation(&self, memory: SharedMemory) -> Result<Region> {
+        if memory.kind() != MemoryKind::Host || memory.is_empty() {
+            return Err(Error::InvalidArgument(
+                "staged emulation takes non-empty host memory".into(),
+            ));
+        }
+        Ok(Region::with_cuda(memory, None, true))
+    }
+
     /// Allocates `len` bytes of zeroed, 4 KiB-aligned device memory on this endpoint's GPU
     /// and registers it ([`register_cuda`](Self::register_cuda)). The GPU is the one of the
     /// endpoint's first CUDA region, else the one whose PCI bus id is

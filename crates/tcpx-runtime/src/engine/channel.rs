@@ -439,7 +439,7 @@ impl Channel {
             let Some(stage) = lane.stage.as_deref_mut() else {
                 return Ok(());
             };
-            if stage.ring.device().ordinal() != device.ordinal() {
+            if stage.ring.device().map(|d| d.ordinal()) != device.ordinal() {
                 return Err(self.fail_internal("send", "staged transfers on two GPUs"));
             }
             let Some(slot) = stage.slots.take() else {
@@ -528,7 +528,7 @@ impl Channel {
         let Some(stage) = lane.stage.as_deref_mut() else {
             return Ok(Post::Idle);
         };
-        if stage.ring.device().ordinal() != device.ordinal() {
+        if stage.ring.device().map(|d| d.ordinal()) != device.ordinal() {
             return Err(self.fail_internal("recv", "staged transfers on two GPUs"));
         }
         // Slots in use never exceed the window's requests, so a window with room has a free

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
 use crate::registry::{Region, Registration};
@@ -40,7 +41,7 @@ pub(crate) struct Piece {
 pub(crate) fn staging_of<'r>(
     regions: impl Iterator<Item = &'r Region> + Clone,
     direction: Direction,
-) -> Result<Option<tcpx::cuda::CudaDevice>> {
+) -> Result<Option<Staging>> {
     let mut staged = regions.clone().filter(|r| r.is_staged());
     let Some(first) = staged.next() else {
         if direction == Direction::Recv
@@ -61,7 +62,10 @@ pub(crate) fn staging_of<'r>(
                 .into(),
         ));
     }
-    Ok(first.cuda_device().cloned())
+    Ok(Some(match first.cuda_device() {
+        Some(device) => Staging::Cuda(device.clone()),
+        None => Staging::Emulated,
+    }))
 }
 
 /// One transfer as the engines see it.
@@ -73,9 +77,9 @@ pub(crate) struct Job {
     pub(crate) seq: u64,
     pub(crate) len: u64,
     pub(crate) pieces: Vec<Piece>,
-    /// The GPU when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
+    /// Set when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
     /// through the channel's pinned ring. `None` for direct transfers.
-    pub(crate) staging: Option<tcpx::cuda::CudaDevice>,
+    pub(crate) staging: Option<Staging>,
     /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
     /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
     /// before it is set.
@@ -92,7 +96,7 @@ impl Job {
         link: Arc<Link>,
         seq: u64,
         pieces: Vec<Piece>,
-        staging: Option<tcpx::cuda::CudaDevice>,
+        staging: Option<Staging>,
         submitted: Instant,
     ) -> Self {
         let len = pieces.iter().map(|p| p.len).sum();

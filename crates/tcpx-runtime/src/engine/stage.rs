@@ -23,6 +23,27 @@ use std::collections::VecDeque;
 use tcpx::cuda::{CudaDevice, StagingRing};
 use tcpx::{MemoryRegion, SharedMemory};
 
+/// Where a staged transfer's copies run.
+#[derive(Debug, Clone)]
+pub(crate) enum Staging {
+    /// CUDA memory on this GPU: copies on the GPU's copy engines.
+    Cuda(CudaDevice),
+    /// Host memory sent through the staged path with CPU copies standing in for the GPU's
+    /// ([`crate::Endpoint::register_staged_emulation`]: tests of the staged logic without a
+    /// GPU).
+    Emulated,
+}
+
+impl Staging {
+    /// The GPU's ordinal, `None` in emulation (a lane's ring serves one kind only).
+    pub(crate) fn ordinal(&self) -> Option<usize> {
+        match self {
+            Staging::Cuda(device) => Some(device.ordinal()),
+            Staging::Emulated => None,
+        }
+    }
+}
+
 /// A staged chunk whose copy into its slot was queued and which is not posted yet.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ahead {
@@ -109,16 +130,21 @@ impl SlotFifo {
 }
 
 impl LaneStage {
-    /// Allocates a ring of `slots` × `slot_bytes` on `device` and registers it with
-    /// `register` (the lane's comm).
+    /// Allocates a ring of `slots` × `slot_bytes` for `staging` and registers it with
+    /// `register` (the lane's comm). Binds the GPU's context to this (engine) thread first.
     pub(crate) fn new(
-        device: &CudaDevice,
+        staging: &Staging,
         slots: usize,
         slot_bytes: usize,
         register: impl FnOnce(&SharedMemory) -> tcpx::Result<MemoryRegion>,
     ) -> tcpx::Result<Self> {
-        device.bind()?;
-        let ring = StagingRing::new(device, slots, slot_bytes)?;
+        let ring = match staging {
+            Staging::Cuda(device) => {
+                device.bind()?;
+                StagingRing::new(device, slots, slot_bytes)?
+            }
+            Staging::Emulated => StagingRing::emulated(slots, slot_bytes)?,
+        };
         let region = register(ring.memory())?;
         Ok(Self {
             ring,

@@ -14,6 +14,12 @@
 //! * receive side: the slot is posted (`irecv`); [`expect`](StagingRing::expect) records where
 //!   its bytes go; once the receive is done, [`drain`](StagingRing::drain) copies slot →
 //!   destination, and when `is_copied` says so the receive may be consumed.
+//!
+//! [`StagingRing::emulated`] builds the same ring in ordinary host memory with CPU copies
+//! standing in for the GPU's, each performed only when a later poll reports it done (so a
+//! caller that posts a slot, or reuses it, before its copy is seen done moves stale bytes and
+//! tests catch it): it lets the runtime's staged engine logic run, and be tested, on machines
+//! without a GPU.
 
 use std::fmt;
 
@@ -36,8 +42,27 @@ enum SlotState {
     Copying,
 }
 
+/// Who performs the copies.
+enum Copier {
+    /// The GPU's copy engines, on one stream of `device`.
+    Cuda {
+        device: CudaDevice,
+        stream: CudaStream,
+    },
+    /// The CPU, at once (emulation for tests without a GPU).
+    Cpu,
+}
+
+/// Polls an emulated copy stays "in progress" before it is reported done.
+const EMULATED_POLLS: u8 = 1;
+
 struct Slot {
-    event: CudaEvent,
+    /// Recorded after the slot's copy (`None` in emulation).
+    event: Option<CudaEvent>,
+    /// Emulation: polls left before the copy is performed and reported done.
+    polls_left: u8,
+    /// Emulation: the copy (destination, source, length) performed when it is seen done.
+    deferred: (u64, u64, usize),
     state: SlotState,
     /// The memory on the other side of the slot's copy (kept alive, counted in flight).
     peer: Option<InFlight>,
@@ -50,8 +75,7 @@ struct Slot {
 /// Pinned host slots, one stream and one event per slot, for staging CUDA memory through a
 /// host-only plugin. See the [module docs](self).
 pub struct StagingRing {
-    device: CudaDevice,
-    stream: CudaStream,
+    copier: Copier,
     memory: SharedMemory,
     base: u64,
     slot_bytes: usize,
@@ -61,7 +85,7 @@ pub struct StagingRing {
 impl fmt::Debug for StagingRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StagingRing")
-            .field("device", &self.device.ordinal())
+            .field("device", &self.device().map(CudaDevice::ordinal))
             .field("slots", &self.slots.len())
             .field("slot_bytes", &self.slot_bytes)
             .finish()
@@ -72,38 +96,20 @@ impl StagingRing {
     /// Allocates `slots` × `slot_bytes` of pinned host memory (4 KiB-aligned, each slot
     /// starting on a 4 KiB boundary), a stream and one event per slot on `device`.
     pub fn new(device: &CudaDevice, slots: usize, slot_bytes: usize) -> Result<Self> {
-        const API: &str = "StagingRing::new";
-        if slots == 0 || slot_bytes == 0 {
-            return Err(Error::invalid(
-                API,
-                format!("a ring needs slots and bytes ({slots} × {slot_bytes})"),
-            ));
-        }
-        // Slots start on 4 KiB boundaries, like every buffer handed to a plugin.
-        let stride = slot_bytes.div_ceil(crate::BUFFER_ALIGN) * crate::BUFFER_ALIGN;
-        let total = stride
-            .checked_mul(slots)
-            .ok_or_else(|| Error::invalid(API, "ring size overflows"))?;
+        let (stride, total) = Self::layout("StagingRing::new", slots, slot_bytes)?;
         let buffer = PinnedHostBuffer::new(device, total)?;
         // The host address: what the DtoH/HtoD copies take for their host side (and, under
         // the unified addressing CudaDevice::new requires, what cuMemcpyAsync takes too).
         let base = buffer.as_slice().as_ptr() as u64;
         let stream = CudaStream::new(device)?;
         let slots = (0..slots)
-            .map(|_| {
-                Ok(Slot {
-                    event: CudaEvent::new(device, false)?,
-                    state: SlotState::Idle,
-                    peer: None,
-                    dst: 0,
-                    dst_kind: MemoryKind::Cuda,
-                    len: 0,
-                })
-            })
+            .map(|_| Ok(Slot::new(Some(CudaEvent::new(device, false)?))))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            device: device.clone(),
-            stream,
+            copier: Copier::Cuda {
+                device: device.clone(),
+                stream,
+            },
             memory: SharedMemory::new(buffer),
             base,
             slot_bytes: stride,
@@ -111,14 +117,49 @@ impl StagingRing {
         })
     }
 
+    /// The same ring in ordinary host memory, with CPU copies standing in for the GPU's
+    /// (each copy is performed by the poll of [`is_copied`](Self::is_copied) that reports it
+    /// done, the second one). For testing the staged logic without a GPU; both sides of every
+    /// copy must be host memory.
+    pub fn emulated(slots: usize, slot_bytes: usize) -> Result<Self> {
+        let (stride, total) = Self::layout("StagingRing::emulated", slots, slot_bytes)?;
+        let memory = SharedMemory::host(total)?;
+        Ok(Self {
+            copier: Copier::Cpu,
+            base: memory.as_ptr() as u64,
+            memory,
+            slot_bytes: stride,
+            slots: (0..slots).map(|_| Slot::new(None)).collect(),
+        })
+    }
+
+    /// Slot stride (4 KiB multiple) and total size, checked.
+    fn layout(api: &'static str, slots: usize, slot_bytes: usize) -> Result<(usize, usize)> {
+        if slots == 0 || slot_bytes == 0 {
+            return Err(Error::invalid(
+                api,
+                format!("a ring needs slots and bytes ({slots} × {slot_bytes})"),
+            ));
+        }
+        // Slots start on 4 KiB boundaries, like every buffer handed to a plugin.
+        let stride = slot_bytes.div_ceil(crate::BUFFER_ALIGN) * crate::BUFFER_ALIGN;
+        let total = stride
+            .checked_mul(slots)
+            .ok_or_else(|| Error::invalid(api, "ring size overflows"))?;
+        Ok((stride, total))
+    }
+
     /// The ring's memory (register it on the comm that posts from or into the slots).
     pub fn memory(&self) -> &SharedMemory {
         &self.memory
     }
 
-    /// The device whose stream runs the copies.
-    pub fn device(&self) -> &CudaDevice {
-        &self.device
+    /// The device whose stream runs the copies (`None` for an emulated ring).
+    pub fn device(&self) -> Option<&CudaDevice> {
+        match &self.copier {
+            Copier::Cuda { device, .. } => Some(device),
+            Copier::Cpu => None,
+        }
     }
 
     /// Number of slots.
@@ -156,32 +197,28 @@ impl StagingRing {
     ) -> Result<()> {
         const API: &str = "StagingRing::fill";
         src.check_range(API, offset, len)?;
-        let dst = self.base + self.slot_offset(slot) as u64;
         let token = src.begin_operation(API)?;
-        let stream = self.stream.raw();
-        let describe = self.device.describe();
-        self.device.bind()?;
+        let dst = self.base + self.slot_offset(slot) as u64;
+        let from = src.as_ptr() as u64 + offset as u64;
         let s = slot_mut(&mut self.slots, self.slot_bytes, API, slot, len)?;
         if s.state != SlotState::Idle {
             return Err(Self::busy(API, slot, s.state));
         }
-        let from = src.as_ptr() as u64 + offset as u64;
-        if len > 0 {
-            // SAFETY: `from..from+len` lies in `src` (range checked), which `token` keeps alive
-            // until the event recorded below is seen done; `dst..dst+len` lies in this ring's
-            // slot `slot` (len ≤ slot_bytes), which no other copy uses (state Idle) and which
-            // the caller posts only after `is_copied`. The stream belongs to the bound context.
-            let rc = unsafe {
-                match src.kind() {
-                    MemoryKind::Cuda => sys::cuMemcpyDtoHAsync_v2(dst as _, from, len, stream),
-                    MemoryKind::Host => sys::cuMemcpyAsync(dst, from, len, stream),
-                }
-            };
-            check("cuMemcpyDtoHAsync", rc, || {
-                format!("{len} bytes {from:#x} -> staging slot {slot}, {describe}")
-            })?;
-        }
-        s.event.record(&self.stream)?;
+        // SAFETY: `from..from+len` lies in `src` (range checked), which `token` keeps alive and
+        // in flight until the copy is seen done; `dst..dst+len` lies in this ring's slot `slot`
+        // (len ≤ slot_bytes), which no other copy uses (state Idle) and which the caller posts
+        // only after `is_copied`.
+        unsafe {
+            start_copy(
+                &self.copier,
+                s,
+                dst,
+                MemoryKind::Host,
+                from,
+                src.kind(),
+                len,
+            )?
+        };
         s.state = SlotState::Copying;
         s.peer = Some(token);
         Ok(())
@@ -218,9 +255,6 @@ impl StagingRing {
     pub fn drain(&mut self, slot: usize, len: usize) -> Result<()> {
         const API: &str = "StagingRing::drain";
         let src = self.base + self.slot_offset(slot) as u64;
-        let stream = self.stream.raw();
-        let describe = self.device.describe();
-        self.device.bind()?;
         let s = slot_mut(&mut self.slots, self.slot_bytes, API, slot, len)?;
         if s.state != SlotState::Expecting {
             return Err(Self::busy(API, slot, s.state));
@@ -231,24 +265,13 @@ impl StagingRing {
                 format!("{len} bytes received where {} were expected", s.len),
             ));
         }
-        let dst = s.dst;
-        if len > 0 {
-            // SAFETY: `dst..dst+len` lies in the destination checked by `expect` (len ≤ its
-            // len), kept alive and in flight by the slot's token until the event below is seen
-            // done; `src..src+len` is this ring's slot, which the receive has finished writing
-            // (the caller drains only after `test` said done) and which is not reposted before
-            // `is_copied`. The stream belongs to the bound context.
-            let rc = unsafe {
-                match s.dst_kind {
-                    MemoryKind::Cuda => sys::cuMemcpyHtoDAsync_v2(dst, src as _, len, stream),
-                    MemoryKind::Host => sys::cuMemcpyAsync(dst, src, len, stream),
-                }
-            };
-            check("cuMemcpyHtoDAsync", rc, || {
-                format!("{len} bytes staging slot {slot} -> {dst:#x}, {describe}")
-            })?;
-        }
-        s.event.record(&self.stream)?;
+        let (dst, kind) = (s.dst, s.dst_kind);
+        // SAFETY: `dst..dst+len` lies in the destination checked by `expect` (len ≤ its len),
+        // kept alive and in flight by the slot's token until the copy is seen done;
+        // `src..src+len` is this ring's slot, which the receive has finished writing (the
+        // caller drains only after `test` said done) and which is not reposted before
+        // `is_copied`.
+        unsafe { start_copy(&self.copier, s, dst, kind, src, MemoryKind::Host, len)? };
         s.state = SlotState::Copying;
         Ok(())
     }
@@ -267,13 +290,30 @@ impl StagingRing {
             SlotState::Idle => Ok(true),
             SlotState::Expecting => Ok(false),
             SlotState::Copying => {
-                if s.event.is_done()? {
+                let done = match &s.event {
+                    Some(event) => event.is_done()?,
+                    None if s.polls_left > 0 => {
+                        s.polls_left -= 1;
+                        false
+                    }
+                    None => {
+                        let (dst, src, len) = std::mem::take(&mut s.deferred);
+                        if len > 0 {
+                            // SAFETY: recorded by `start_copy`, whose caller guaranteed both
+                            // host ranges until the copy is seen done, which is now; the slot
+                            // and the memory on its other side are different allocations.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len)
+                            };
+                        }
+                        true
+                    }
+                };
+                if done {
                     s.state = SlotState::Idle;
                     s.peer = None;
-                    Ok(true)
-                } else {
-                    Ok(false)
                 }
+                Ok(done)
             }
         }
     }
@@ -281,12 +321,96 @@ impl StagingRing {
     /// Waits for every queued copy and returns every slot to idle, releasing the memories
     /// (teardown and error paths only: never on the hot path).
     pub fn synchronize(&mut self) -> Result<()> {
-        self.stream.synchronize()?;
+        if let Copier::Cuda { stream, .. } = &self.copier {
+            stream.synchronize()?;
+        }
         for s in &mut self.slots {
             s.state = SlotState::Idle;
             s.peer = None;
+            // Emulation: copies not yet seen done are dropped (only abandoned lanes get here).
+            s.deferred = (0, 0, 0);
         }
         Ok(())
+    }
+}
+
+impl Slot {
+    fn new(event: Option<CudaEvent>) -> Self {
+        Self {
+            event,
+            polls_left: 0,
+            deferred: (0, 0, 0),
+            state: SlotState::Idle,
+            peer: None,
+            dst: 0,
+            dst_kind: MemoryKind::Host,
+            len: 0,
+        }
+    }
+}
+
+/// Starts the copy of `len` bytes from `src` to `dst` for `slot` and marks its completion
+/// point: on the GPU, an async copy on the ring's stream (DtoH, HtoD, or unified for host to
+/// host) and the slot's event recorded after it; in emulation, a CPU copy performed when
+/// [`StagingRing::is_copied`] reports it done, after [`EMULATED_POLLS`] polls.
+///
+/// # Safety
+/// `src..src+len` must stay readable and `dst..dst+len` writable, and untouched by anything
+/// else, until the copy is seen done; in emulation both must be host memory.
+unsafe fn start_copy(
+    copier: &Copier,
+    slot: &mut Slot,
+    dst: u64,
+    dst_kind: MemoryKind,
+    src: u64,
+    src_kind: MemoryKind,
+    len: usize,
+) -> Result<()> {
+    match copier {
+        Copier::Cuda { device, stream } => {
+            device.bind()?;
+            if len > 0 {
+                let raw = stream.raw();
+                // SAFETY: the caller guarantees both ranges for the copy's lifetime; the
+                // stream belongs to `device`'s context, bound above.
+                let (api, rc) = unsafe {
+                    match (dst_kind, src_kind) {
+                        (MemoryKind::Host, MemoryKind::Cuda) => (
+                            "cuMemcpyDtoHAsync",
+                            sys::cuMemcpyDtoHAsync_v2(dst as _, src, len, raw),
+                        ),
+                        (MemoryKind::Cuda, MemoryKind::Host) => (
+                            "cuMemcpyHtoDAsync",
+                            sys::cuMemcpyHtoDAsync_v2(dst, src as _, len, raw),
+                        ),
+                        _ => ("cuMemcpyAsync", sys::cuMemcpyAsync(dst, src, len, raw)),
+                    }
+                };
+                check(api, rc, || {
+                    format!("{len} bytes {src:#x} -> {dst:#x}, {}", device.describe())
+                })?;
+            }
+            match &slot.event {
+                Some(event) => event.record(stream),
+                None => Err(Error::invalid(
+                    "StagingRing",
+                    "a GPU ring slot has no event",
+                )),
+            }
+        }
+        Copier::Cpu => {
+            if dst_kind != MemoryKind::Host || src_kind != MemoryKind::Host {
+                return Err(Error::invalid(
+                    "StagingRing::emulated",
+                    "an emulated ring copies host memory only",
+                ));
+            }
+            // The copy happens when it is seen done, not now: a caller that used the slot (or
+            // the destination) before that would see stale bytes, as with a real DMA.
+            slot.deferred = (dst, src, len);
+            slot.polls_left = EMULATED_POLLS;
+            Ok(())
+        }
     }
 }
 
@@ -312,7 +436,10 @@ fn slot_mut<'s>(
 
 impl Drop for StagingRing {
     fn drop(&mut self) {
-        if let Err(e) = self.stream.synchronize() {
+        let Copier::Cuda { stream, .. } = &self.copier else {
+            return;
+        };
+        if let Err(e) = stream.synchronize() {
             // A copy may still be running: keep the memories it touches alive and marked in
             // flight for good rather than free them under a DMA engine.
             tracing::error!(target: "tcpx::cuda", "staging ring dropped, wait failed: {e}");
