@@ -639,23 +639,41 @@ impl Channel {
                 return Err(self.fail_mismatch(what));
             }
             if slot != NO_SLOT {
-                // Staged: the bytes are in the ring; queue their copy to the GPU. The receive
-                // keeps its window slot (and ring slot) until the copy is seen done.
-                let drained = match self.recv.stage.as_deref_mut() {
-                    Some(stage) => stage.ring.drain(usize::from(slot), size),
-                    None => return Err(self.fail_internal("recv", "a staged receive has no ring")),
-                };
-                if let Err(e) = drained {
-                    return Err(self.fail_staging(Direction::Recv, e));
-                }
+                self.drain_staged(slot, size)?;
             }
-            // Host memory: the data is in place once done, so hand the slot back at once
-            // (and any staged receive ahead of it whose copy has completed).
-            retired += self.consume_recv()?;
+            if slot == NO_SLOT && self.recv.window.awaiting_consume() == 1 {
+                // Host memory, nothing ahead of it (done receives are the window's prefix):
+                // the data is in place once done, so hand the slot back at once.
+                let Ok(done) = self.recv.window.consume_head() else {
+                    return Err(self.fail_internal("recv", "a done receive was not consumable"));
+                };
+                if let Err(e) = self.recv.comm.consumed(done.token) {
+                    return Err(self.fail_plugin(Direction::Recv, e));
+                }
+                self.counters.received(size as u64);
+                self.recv.track.completed();
+                retired += 1;
+            } else {
+                // Behind staged receives still copying, or staged itself: in order, as their
+                // copies complete.
+                retired += self.consume_recv()?;
+            }
         }
     }
 
+    /// Staged receive done: the bytes are in ring slot `slot`; queue their copy to the GPU.
+    /// The receive keeps its window slot (and ring slot) until the copy is seen done.
+    #[inline(never)]
+    fn drain_staged(&mut self, slot: u16, size: usize) -> Result<(), LinkFailed> {
+        let drained = match self.recv.stage.as_deref_mut() {
+            Some(stage) => stage.ring.drain(usize::from(slot), size),
+            None => return Err(self.fail_internal("recv", "a staged receive has no ring")),
+        };
+        drained.map_err(|e| self.fail_staging(Direction::Recv, e))
+    }
+
     /// Consumes done receives from the head, in order, while their data is in place.
+    #[inline(never)]
     fn consume_recv(&mut self) -> Result<u32, LinkFailed> {
         let mut consumed = 0;
         loop {
