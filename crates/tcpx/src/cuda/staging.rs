@@ -450,3 +450,51 @@ impl Drop for StagingRing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emulated_ring_copies_only_when_seen_done_and_guards_its_slots() {
+        let mut ring = StagingRing::emulated(2, 100).unwrap();
+        assert_eq!((ring.slots(), ring.slot_bytes()), (2, 4096));
+        assert_eq!(ring.slot_offset(1), 4096);
+        assert!(ring.device().is_none());
+        let src = SharedMemory::host(8192).unwrap();
+        src.with_bytes_mut(|b| b[10..20].copy_from_slice(b"0123456789"))
+            .unwrap();
+
+        // Send side: fill, not done on the first poll, done (and copied) on the second.
+        ring.fill(0, &src, 10, 10).unwrap();
+        assert_eq!(src.in_flight(), 1);
+        let err = ring.fill(0, &src, 0, 1).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Busy(_)), "{err}");
+        let slot = |ring: &StagingRing| ring.memory().with_bytes(|b| b[..10].to_vec()).unwrap();
+        assert!(!ring.is_copied(0).unwrap());
+        assert_eq!(slot(&ring), [0u8; 10]);
+        assert!(ring.is_copied(0).unwrap());
+        assert_eq!(slot(&ring), *b"0123456789");
+        assert_eq!(src.in_flight(), 0);
+
+        // Receive side: expect, drain of at most what was expected, copy when seen done.
+        let dst = SharedMemory::host(64).unwrap();
+        ring.expect(0, &dst, 4, 10).unwrap();
+        assert!(!ring.is_copied(0).unwrap(), "expecting is not copied");
+        assert!(ring.drain(0, 11).is_err());
+        ring.drain(0, 10).unwrap();
+        while !ring.is_copied(0).unwrap() {}
+        assert_eq!(
+            dst.with_bytes(|b| b[4..14].to_vec()).unwrap(),
+            *b"0123456789"
+        );
+        assert_eq!(dst.in_flight(), 0);
+
+        // Out-of-range slots and oversized copies are errors, not panics.
+        assert!(ring.fill(2, &src, 0, 1).is_err());
+        assert!(ring.fill(1, &src, 0, 4097).is_err());
+        assert!(ring.is_copied(9).is_err());
+        assert!(StagingRing::emulated(0, 1).is_err());
+        assert!(StagingRing::emulated(1, 0).is_err());
+    }
+}
