@@ -58,6 +58,22 @@ pub enum Error {
         /// The safe layer's error: API, plugin code and comm.
         source: Arc<tcpx::Error>,
     },
+    /// A CUDA call of the staged path failed on a channel (copy to or from the pinned ring,
+    /// event query, ring allocation or registration): the connection is failed.
+    #[error("channel {channel} ({direction}) to peer {peer}: CUDA staging: {source}")]
+    Staging {
+        /// The channel index within its connection.
+        channel: u16,
+        /// The lane's direction.
+        direction: Direction,
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// The safe layer's error: the CUDA API and its result code.
+        source: Arc<tcpx::Error>,
+    },
+    /// The operation is not available with this plugin or memory (says which and why).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A plugin call failed while setting a connection up (listen, connect, accept).
     #[error("connection set-up with peer {peer}: {source}")]
     Setup {
@@ -138,6 +154,7 @@ impl Error {
     pub fn peer(&self) -> Option<SocketAddr> {
         match self {
             Self::Plugin { peer, .. }
+            | Self::Staging { peer, .. }
             | Self::Setup { peer, .. }
             | Self::Incompatible { peer, .. }
             | Self::Timeout { peer, .. }
@@ -154,6 +171,7 @@ impl Error {
     pub fn channel(&self) -> Option<u16> {
         match self {
             Self::Plugin { channel, .. }
+            | Self::Staging { channel, .. }
             | Self::Timeout { channel, .. }
             | Self::Mismatch { channel, .. } => Some(*channel),
             _ => None,
@@ -216,3 +234,38 @@ impl From<ControlError> for Error {
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_errors_name_channel_direction_and_peer() {
+        let source = tcpx::Error::new(
+            "cuMemcpyDtoHAsync",
+            tcpx::ErrorKind::Cuda(tcpx::cuda::CudaError::Driver {
+                code: 700,
+                name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            }),
+            "GPU 0",
+        );
+        let peer: SocketAddr = "127.0.0.1:7700".parse().unwrap();
+        let e = Error::Staging {
+            channel: 3,
+            direction: Direction::Send,
+            peer,
+            source: Arc::new(source),
+        };
+        let text = e.to_string();
+        for want in [
+            "channel 3",
+            "send",
+            "127.0.0.1:7700",
+            "cuMemcpyDtoHAsync",
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+        ] {
+            assert!(text.contains(want), "{text} lacks {want}");
+        }
+        assert_eq!((e.channel(), e.peer()), (Some(3), Some(peer)));
+    }
+}

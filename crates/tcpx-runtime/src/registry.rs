@@ -31,19 +31,52 @@ pub struct Region {
 pub(crate) struct RegionInner {
     pub(crate) id: u64,
     pub(crate) memory: SharedMemory,
+    /// The GPU of a CUDA region allocated or registered through the endpoint.
+    pub(crate) cuda: Option<tcpx::cuda::CudaDevice>,
+    /// True when the plugin takes host memory only: transfers of this region are staged
+    /// through the engines' pinned rings instead of handed to the plugin.
+    pub(crate) staged: bool,
     /// Connections holding registrations of this region.
     links: Mutex<Vec<Weak<Link>>>,
 }
 
 impl Region {
     pub(crate) fn new(memory: SharedMemory) -> Self {
+        Self::with_cuda(memory, None, false)
+    }
+
+    /// A CUDA region on `device`; `staged` when the plugin cannot take CUDA pointers.
+    pub(crate) fn with_cuda(
+        memory: SharedMemory,
+        cuda: Option<tcpx::cuda::CudaDevice>,
+        staged: bool,
+    ) -> Self {
         Self {
             inner: Arc::new(RegionInner {
                 id: NEXT_REGION_ID.fetch_add(1, Ordering::Relaxed),
                 memory,
+                cuda,
+                staged,
                 links: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// Where the memory lives (host or CUDA device memory).
+    pub fn kind(&self) -> tcpx::MemoryKind {
+        self.inner.memory.kind()
+    }
+
+    /// The GPU holding a CUDA region made by [`crate::Endpoint::alloc_cuda`] or
+    /// [`crate::Endpoint::register_cuda`].
+    pub fn cuda_device(&self) -> Option<&tcpx::cuda::CudaDevice> {
+        self.inner.cuda.as_ref()
+    }
+
+    /// True when transfers of this region are staged through pinned host memory (a CUDA
+    /// region on a plugin that takes host memory only).
+    pub fn is_staged(&self) -> bool {
+        self.inner.staged
     }
 
     /// The memory.
@@ -59,6 +92,59 @@ impl Region {
     /// True for an empty region.
     pub fn is_empty(&self) -> bool {
         self.inner.memory.is_empty()
+    }
+
+    /// Copies `bytes` into the region at `offset` (host or CUDA memory) and waits for it.
+    /// Fails while a transfer is in flight on host memory; for CUDA memory, do not call it
+    /// while a transfer on the same bytes is in flight (the GPU does not order the two).
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> crate::Result<()> {
+        let err = |e: tcpx::Error| crate::Error::InvalidArgument(format!("Region::write: {e}"));
+        let memory = &self.inner.memory;
+        memory
+            .check_range("Region::write", offset, bytes.len())
+            .map_err(err)?;
+        match &self.inner.cuda {
+            Some(device) if memory.kind() == tcpx::MemoryKind::Cuda => {
+                if bytes.is_empty() {
+                    return Ok(());
+                }
+                // Through a host bounce: the device copy API takes shared memories.
+                let host = SharedMemory::host(bytes.len()).map_err(err)?;
+                host.with_bytes_mut(|b| b.copy_from_slice(bytes))
+                    .map_err(err)?;
+                device
+                    .copy(memory, offset, &host, 0, bytes.len())
+                    .map_err(err)
+            }
+            _ => memory
+                .with_bytes_mut(|b| b[offset..offset + bytes.len()].copy_from_slice(bytes))
+                .map_err(err),
+        }
+    }
+
+    /// Copies `out.len()` bytes of the region from `offset` into `out` (host or CUDA
+    /// memory), waiting for the copy. Read after the transfer that wrote them completed.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> crate::Result<()> {
+        let err = |e: tcpx::Error| crate::Error::InvalidArgument(format!("Region::read: {e}"));
+        let memory = &self.inner.memory;
+        memory
+            .check_range("Region::read", offset, out.len())
+            .map_err(err)?;
+        match &self.inner.cuda {
+            Some(device) if memory.kind() == tcpx::MemoryKind::Cuda => {
+                if out.is_empty() {
+                    return Ok(());
+                }
+                let host = SharedMemory::host(out.len()).map_err(err)?;
+                device
+                    .copy(&host, 0, memory, offset, out.len())
+                    .map_err(err)?;
+                host.with_bytes(|b| out.copy_from_slice(b)).map_err(err)
+            }
+            _ => memory
+                .with_bytes(|b| out.copy_from_slice(&b[offset..offset + out.len()]))
+                .map_err(err),
+        }
     }
 
     /// Notes that `link` caches registrations of this region.

@@ -17,7 +17,7 @@ use super::setup::Established;
 use super::watch;
 use super::EndpointShared;
 use crate::control::{ControlConn, EndpointInfo, Message};
-use crate::engine::job::{Job, Piece};
+use crate::engine::job::{staging_of, Job, Piece};
 use crate::engine::stats::ChannelStats;
 use crate::engine::{Command, NewChannel, Signal};
 use crate::error::{Direction, Error, Result};
@@ -358,10 +358,17 @@ impl Connection {
                 )));
             }
         }
+        let staging = staging_of(segments.iter().map(|s| s.region), direction)?;
         let mut pieces = Vec::with_capacity(segments.len());
         for s in segments {
+            // Staged regions are never registered: the plugin only sees the engines' rings.
+            let registration = match staging {
+                Some(_) => None,
+                None => Some(self.registration(s.region, direction)?),
+            };
             pieces.push(Piece {
-                registration: self.registration(s.region, direction)?,
+                registration,
+                memory: s.region.memory().clone(),
                 offset: s.offset,
                 len: s.len as u64,
             });
@@ -378,6 +385,7 @@ impl Connection {
             self.link.clone(),
             seq,
             pieces,
+            staging,
             Instant::now(),
         ));
         let transfer = Transfer::new(job.completion.clone(), direction, job.len);
@@ -443,6 +451,14 @@ pub(crate) fn register_region(
     region: &Region,
     direction: Direction,
 ) -> Result<Arc<Registration>> {
+    if region.is_staged() {
+        // The plugin cannot take this memory: only the engines' staged path (two-sided
+        // transfers) moves it, through their pinned rings.
+        return Err(Error::Unsupported(
+            "a staged CUDA region (CUDA memory on a host-only plugin) moves only in two-sided              send / recv; one-sided operations on it are not supported yet"
+                .into(),
+        ));
+    }
     let key = (region.inner.id, direction);
     let cached = link
         .registrations

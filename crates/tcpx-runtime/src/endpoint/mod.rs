@@ -14,9 +14,10 @@ mod setup;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tcpx::cuda::{CudaBuffer, CudaDevice};
 use tcpx::{MemoryKind, Net, SharedMemory};
 
 use crate::config::Config;
@@ -48,6 +49,12 @@ pub(crate) struct EndpointShared {
     pub(crate) adverts: AdvertBook,
     /// Delivered notifications, waiting for [`Endpoint::notifications`].
     pub(crate) inbox: Inbox,
+    /// The GPU of this endpoint's CUDA regions, fixed by the first one (one GPU per
+    /// endpoint: the engines' staging rings and streams live on it).
+    pub(crate) gpu: OnceLock<CudaDevice>,
+    /// Every plugin device in use takes CUDA pointers (`NCCL_PTR_CUDA`): CUDA regions go to
+    /// the plugin directly; otherwise they are staged through pinned host memory.
+    pub(crate) plugin_cuda: bool,
 }
 
 impl EndpointShared {
@@ -151,6 +158,7 @@ impl Endpoint {
             )));
         }
         let mut names = Vec::with_capacity(devices.len());
+        let mut plugin_cuda = true;
         for &d in &devices {
             if d >= count {
                 return Err(Error::Config(format!(
@@ -161,6 +169,7 @@ impl Endpoint {
             let device = net
                 .device(d)
                 .map_err(backend_err("reading device properties"))?;
+            plugin_cuda &= device.properties.ptr_support.cuda();
             if !device.properties.ptr_support.host() {
                 tracing::info!(target: "tcpx_runtime", device = d, "device does not take host memory");
             }
@@ -235,6 +244,8 @@ impl Endpoint {
                 info,
                 adverts: AdvertBook::default(),
                 inbox: Inbox::default(),
+                gpu: OnceLock::new(),
+                plugin_cuda,
             }),
             listener,
             metadata,
@@ -296,19 +307,19 @@ impl Endpoint {
 
     /// Makes `memory` usable for transfers on this endpoint's connections. Plugin
     /// registration happens per connection, at first use (or [`Connection::register`]).
+    ///
+    /// CUDA memory given this way must go to the plugin directly, which needs a plugin that
+    /// takes CUDA pointers; to stage CUDA memory through a host-only plugin, use
+    /// [`register_cuda`](Self::register_cuda) or [`alloc_cuda`](Self::alloc_cuda), which know
+    /// the GPU.
     pub fn register(&self, memory: SharedMemory) -> Result<Region> {
-        if memory.kind() == MemoryKind::Cuda {
-            let cuda = self
-                .shared
-                .devices
-                .iter()
-                .all(|&d| matches!(self.shared.net.device(d), Ok(dev) if dev.properties.ptr_support.cuda()));
-            if !cuda {
-                return Err(Error::InvalidArgument(format!(
-                    "plugin {} cannot send from or receive into CUDA memory directly",
-                    self.shared.backend.name
-                )));
-            }
+        if memory.kind() == MemoryKind::Cuda && !self.shared.plugin_cuda {
+            return Err(Error::InvalidArgument(format!(
+                "plugin {} cannot send from or receive into CUDA memory directly; register \
+                 CUDA buffers with Endpoint::register_cuda (or allocate them with \
+                 Endpoint::alloc_cuda) to stage them through pinned host memory",
+                self.shared.backend.name
+            )));
         }
         if memory.is_empty() {
             return Err(Error::InvalidArgument(
@@ -344,6 +355,96 @@ impl Endpoint {
     /// out of bounds).
     pub fn access_refusals(&self) -> u64 {
         self.shared.adverts.refusals()
+    }
+
+    /// Registers an existing CUDA allocation. With a plugin that takes CUDA pointers (TCPX)
+    /// its chunks go to the plugin directly; with a host-only plugin (the built-in socket
+    /// plugin) they are staged through pinned host rings by the engines
+    /// ([`Region::is_staged`]). All CUDA regions of one endpoint must live on one GPU.
+    pub fn register_cuda(&self, buffer: CudaBuffer) -> Result<Region> {
+        let device = buffer.device().clone();
+        let gpu = self.shared.gpu.get_or_init(|| device.clone());
+        if gpu.ordinal() != device.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "this endpoint's CUDA regions live on GPU {} and this buffer on GPU {}: use \
+                 one endpoint per GPU",
+                gpu.ordinal(),
+                device.ordinal()
+            )));
+        }
+        let staged = !self.shared.plugin_cuda;
+        if staged {
+            tracing::debug!(target: "tcpx_runtime", gpu = device.ordinal(), len = buffer.len(), "CUDA region staged through pinned host memory");
+        }
+        Ok(Region::with_cuda(
+            SharedMemory::new(buffer),
+            Some(device),
+            staged,
+        ))
+    }
+
+    /// Testing aid: registers host memory whose transfers take the staged path anyway, with
+    /// CPU copies standing in for the GPU's (an emulated ring in plain host memory; each copy
+    /// is reported done one poll late, like a DMA in progress). This runs the engines' staged
+    /// logic — rings, copies ahead, consume-after-copy, FIFO slot reuse — on machines without
+    /// a GPU. Not for production use: it only adds copies.
+    #[doc(hidden)]
+    pub fn register_staged_emulation(&self, memory: SharedMemory) -> Result<Region> {
+        if memory.kind() != MemoryKind::Host || memory.is_empty() {
+            return Err(Error::InvalidArgument(
+                "staged emulation takes non-empty host memory".into(),
+            ));
+        }
+        Ok(Region::with_cuda(memory, None, true))
+    }
+
+    /// Allocates `len` bytes of zeroed, 4 KiB-aligned device memory on this endpoint's GPU
+    /// and registers it ([`register_cuda`](Self::register_cuda)). The GPU is the one of the
+    /// endpoint's first CUDA region, else the one whose PCI bus id is
+    /// [`Config::gpu_pci`](crate::Config), else GPU 0.
+    pub fn alloc_cuda(&self, len: usize) -> Result<Region> {
+        let device = self.cuda_device()?;
+        self.alloc_cuda_on(&device, len)
+    }
+
+    /// As [`alloc_cuda`](Self::alloc_cuda), on `device`.
+    pub fn alloc_cuda_on(&self, device: &CudaDevice, len: usize) -> Result<Region> {
+        let buffer = device
+            .alloc(len)
+            .map_err(|e| Error::InvalidArgument(format!("allocating CUDA memory: {e}")))?;
+        self.register_cuda(buffer)
+    }
+
+    /// The GPU [`alloc_cuda`](Self::alloc_cuda) allocates on (opening it on first use).
+    pub fn cuda_device(&self) -> Result<CudaDevice> {
+        if let Some(gpu) = self.shared.gpu.get() {
+            return Ok(gpu.clone());
+        }
+        let cuda_err = |e: tcpx::Error| Error::Unsupported(format!("CUDA: {e}"));
+        let count = CudaDevice::count();
+        if count == 0 {
+            return Err(Error::Unsupported(format!(
+                "no CUDA device: {}",
+                tcpx::cuda::driver_status()
+            )));
+        }
+        let ordinal = match &self.shared.config.gpu_pci {
+            Some(pci) => {
+                let want = pci.to_ascii_lowercase();
+                let mut found = None;
+                for i in 0..count {
+                    let d = CudaDevice::new(i).map_err(cuda_err)?;
+                    if d.pci_bus_id() == want {
+                        found = Some(i);
+                        break;
+                    }
+                }
+                found
+                    .ok_or_else(|| Error::Config(format!("no CUDA device has PCI bus id {pci}")))?
+            }
+            None => 0,
+        };
+        CudaDevice::new(ordinal).map_err(cuda_err)
     }
 
     /// Allocates `len` bytes of 4 KiB-aligned host memory and registers it.

@@ -9,6 +9,11 @@
 //!   `test` said done, and it is consumed right after (host memory needs no unpack), so no
 //!   done receive keeps its slot.
 //!
+//! Staged transfers (CUDA memory on a host-only plugin, [`super::stage`]) take a second
+//! route through the same lanes, chosen per transfer (the job's `staging`): the lane copies
+//! into or out of its pinned ring around the plugin calls, and a staged receive is consumed
+//! only after its copy to the GPU completed. Host transfers pay one branch per post.
+//!
 //! Nothing here allocates, locks or touches a shared atomic per chunk: windows and queues are
 //! preallocated, the chunk is computed from the schedule, and a lane counts its own chunks of
 //! each transfer, reporting them to the transfer once, when its last one on this lane
@@ -21,6 +26,7 @@ use std::sync::Arc;
 use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest};
 
 use crate::engine::job::Job;
+use crate::engine::stage::{Ahead, LaneStage};
 use crate::engine::stats::ChannelCounters;
 use crate::error::{Direction, Error};
 use crate::link::Link;
@@ -38,7 +44,12 @@ pub(crate) struct Tag {
     len: u32,
     /// Chunk index in the transfer's schedule (for error messages).
     index: u64,
+    /// The ring slot of a staged chunk, [`NO_SLOT`] for a direct one.
+    slot: u16,
 }
+
+/// [`Tag::slot`] of a chunk posted from or into the application's own memory.
+const NO_SLOT: u16 = u16::MAX;
 
 /// What one post attempt did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +86,8 @@ struct Lane<C, W> {
     comm: C,
     window: W,
     track: Track,
+    /// The pinned ring of staged transfers, made when the first one reaches the lane.
+    stage: Option<Box<LaneStage>>,
 }
 
 /// The transfers a lane carries, oldest first: first those with chunks in flight (or with
@@ -208,11 +221,13 @@ impl Channel {
                 comm: send,
                 window: SendWindow::new(window).map_err(bad_window)?,
                 track: Track::new(),
+                stage: None,
             },
             recv: Lane {
                 comm: recv,
                 window: RecvWindow::new(window).map_err(bad_window)?,
                 track: Track::new(),
+                stage: None,
             },
             link,
             index,
@@ -300,6 +315,15 @@ impl Channel {
     }
 
     fn post_send(&mut self) -> Result<Post, LinkFailed> {
+        // Staged chunks already copied ahead go out before anything behind them.
+        if self
+            .send
+            .stage
+            .as_ref()
+            .is_some_and(|s| !s.ahead.is_empty())
+        {
+            return self.post_send_staged();
+        }
         let channels = self.link.channels;
         let index = self.index;
         let lane = &mut self.send;
@@ -309,6 +333,9 @@ impl Channel {
         let Some((job, chunk)) = lane.track.next_chunk(index) else {
             return Ok(Post::Idle);
         };
+        if job.staging.is_some() {
+            return self.post_send_staged();
+        }
         let Some((region, offset)) = locate(job, index, &chunk) else {
             return Err(self.fail_internal("send", "registration missing for a chunk"));
         };
@@ -318,6 +345,7 @@ impl Channel {
                 let tag = Tag {
                     len: chunk.len,
                     index: chunk.index,
+                    slot: NO_SLOT,
                 };
                 if lane.window.try_post(request, tag).is_err() {
                     return Err(self.fail_internal("send", "window refused a post"));
@@ -326,6 +354,114 @@ impl Channel {
             }
             Ok(None) => Ok(Post::Busy),
             Err(e) => Err(self.fail_plugin(Direction::Send, e)),
+        }
+    }
+
+    /// Staged send: queues device → ring copies for the next staged chunks while the ring has
+    /// room, then posts the oldest copied chunk from its slot once its copy is seen done.
+    // Out of line: keeps the host path's post loop as small as it was.
+    #[inline(never)]
+    fn post_send_staged(&mut self) -> Result<Post, LinkFailed> {
+        self.fill_send_ring()?;
+        let lane = &mut self.send;
+        let Some(stage) = lane.stage.as_deref_mut() else {
+            return Ok(Post::Idle);
+        };
+        let Some(front) = stage.ahead.front().copied() else {
+            return Ok(Post::Idle);
+        };
+        if lane.window.is_full() {
+            return Ok(Post::Full);
+        }
+        match stage.ring.is_copied(usize::from(front.slot)) {
+            Ok(true) => {}
+            // The copy is still running: nothing to post yet (polled again next pass).
+            Ok(false) => return Ok(Post::Idle),
+            Err(e) => return Err(self.fail_staging(Direction::Send, e)),
+        }
+        let offset = stage.ring.slot_offset(usize::from(front.slot));
+        match lane
+            .comm
+            .isend(&stage.region, offset, front.len as usize, 0)
+        {
+            Ok(Some(request)) => {
+                stage.ahead.pop_front();
+                let tag = Tag {
+                    len: front.len,
+                    index: front.index,
+                    slot: front.slot,
+                };
+                if lane.window.try_post(request, tag).is_err() {
+                    return Err(self.fail_internal("send", "window refused a post"));
+                }
+                Ok(Post::Posted)
+            }
+            Ok(None) => Ok(Post::Busy),
+            Err(e) => Err(self.fail_plugin(Direction::Send, e)),
+        }
+    }
+
+    /// Queues a device → slot copy for each next chunk of a staged transfer while the send
+    /// ring has a free slot (making the ring on first use). Stops at a direct transfer: it
+    /// posts once the staged chunks before it are out.
+    // Out of line: keeps the host path's post loop as small as it was.
+    #[inline(never)]
+    fn fill_send_ring(&mut self) -> Result<(), LinkFailed> {
+        let channels = self.link.channels;
+        let index = self.index;
+        let window = self.send.window.capacity();
+        loop {
+            let lane = &mut self.send;
+            if lane.stage.as_ref().is_some_and(|s| !s.slots.has_room()) {
+                return Ok(());
+            }
+            let Some((job, chunk)) = lane.track.next_chunk(index) else {
+                return Ok(());
+            };
+            let Some(device) = job.staging.as_ref() else {
+                return Ok(());
+            };
+            let Some(piece) = job.pieces.get(chunk.segment) else {
+                return Err(self.fail_internal("send", "a staged chunk has no segment"));
+            };
+            let Some(offset) = usize::try_from(chunk.segment_offset)
+                .ok()
+                .and_then(|o| piece.offset.checked_add(o))
+            else {
+                return Err(self.fail_internal("send", "a staged chunk lies outside its segment"));
+            };
+            if lane.stage.is_none() {
+                let slot_bytes = job.schedule().map_or(chunk.len, |s| s.chunk_bytes()) as usize;
+                let comm = &lane.comm;
+                // Twice the window: a window's worth of sends in flight and as many copies
+                // running ahead of them.
+                match LaneStage::new(device, 2 * window, slot_bytes, |m| comm.register(m)) {
+                    Ok(stage) => lane.stage = Some(Box::new(stage)),
+                    Err(e) => return Err(self.fail_staging(Direction::Send, e)),
+                }
+            }
+            let Some(stage) = lane.stage.as_deref_mut() else {
+                return Ok(());
+            };
+            if stage.ring.device().map(|d| d.ordinal()) != device.ordinal() {
+                return Err(self.fail_internal("send", "staged transfers on two GPUs"));
+            }
+            let Some(slot) = stage.slots.take() else {
+                return Ok(());
+            };
+            if let Err(e) = stage
+                .ring
+                .fill(slot, &piece.memory, offset, chunk.len as usize)
+            {
+                return Err(self.fail_staging(Direction::Send, e));
+            }
+            stage.ahead.push_back(Ahead {
+                // Slots < 2 × window ≤ 32.
+                slot: slot as u16,
+                len: chunk.len,
+                index: chunk.index,
+            });
+            lane.track.posted(&chunk, channels);
         }
     }
 
@@ -339,6 +475,9 @@ impl Channel {
         let Some((job, chunk)) = lane.track.next_chunk(index) else {
             return Ok(Post::Idle);
         };
+        if job.staging.is_some() {
+            return self.post_recv_staged();
+        }
         let Some((region, offset)) = locate(job, index, &chunk) else {
             return Err(self.fail_internal("recv", "registration missing for a chunk"));
         };
@@ -348,6 +487,82 @@ impl Channel {
                 let tag = Tag {
                     len: chunk.len,
                     index: chunk.index,
+                    slot: NO_SLOT,
+                };
+                if lane.window.try_post(request, tag).is_err() {
+                    return Err(self.fail_internal("recv", "window refused a post"));
+                }
+                Ok(Post::Posted)
+            }
+            Ok(None) => Ok(Post::Busy),
+            Err(e) => Err(self.fail_plugin(Direction::Recv, e)),
+        }
+    }
+
+    /// Staged receive: posts the next chunk into the next ring slot (one slot per window
+    /// slot, making the ring on first use) and records where its bytes go.
+    // Out of line: keeps the host path's post loop as small as it was.
+    #[inline(never)]
+    fn post_recv_staged(&mut self) -> Result<Post, LinkFailed> {
+        let channels = self.link.channels;
+        let index = self.index;
+        let window = self.recv.window.capacity();
+        let lane = &mut self.recv;
+        let Some((job, chunk)) = lane.track.next_chunk(index) else {
+            return Ok(Post::Idle);
+        };
+        let Some(device) = job.staging.as_ref() else {
+            return Ok(Post::Idle);
+        };
+        let Some(piece) = job.pieces.get(chunk.segment) else {
+            return Err(self.fail_internal("recv", "a staged chunk has no segment"));
+        };
+        let Some(offset) = usize::try_from(chunk.segment_offset)
+            .ok()
+            .and_then(|o| piece.offset.checked_add(o))
+        else {
+            return Err(self.fail_internal("recv", "a staged chunk lies outside its segment"));
+        };
+        if lane.stage.is_none() {
+            let slot_bytes = job.schedule().map_or(chunk.len, |s| s.chunk_bytes()) as usize;
+            let comm = &lane.comm;
+            match LaneStage::new(device, window, slot_bytes, |m| comm.register(m)) {
+                Ok(stage) => lane.stage = Some(Box::new(stage)),
+                Err(e) => return Err(self.fail_staging(Direction::Recv, e)),
+            }
+        }
+        let Some(stage) = lane.stage.as_deref_mut() else {
+            return Ok(Post::Idle);
+        };
+        if stage.ring.device().map(|d| d.ordinal()) != device.ordinal() {
+            return Err(self.fail_internal("recv", "staged transfers on two GPUs"));
+        }
+        // Slots in use never exceed the window's requests, so a window with room has a free
+        // slot; refusing here would only mean a bookkeeping bug, kept harmless.
+        if !stage.slots.has_room() {
+            return Ok(Post::Full);
+        }
+        let slot = stage.slots.peek();
+        let ring_offset = stage.ring.slot_offset(slot);
+        match lane
+            .comm
+            .irecv(&stage.region, ring_offset, chunk.len as usize, 0)
+        {
+            Ok(Some(request)) => {
+                stage.slots.take();
+                if let Err(e) = stage
+                    .ring
+                    .expect(slot, &piece.memory, offset, chunk.len as usize)
+                {
+                    drop(request);
+                    return Err(self.fail_staging(Direction::Recv, e));
+                }
+                lane.track.posted(&chunk, channels);
+                let tag = Tag {
+                    len: chunk.len,
+                    index: chunk.index,
+                    // Slots < window ≤ 16.
+                    slot: slot as u16,
                 };
                 if lane.window.try_post(request, tag).is_err() {
                     return Err(self.fail_internal("recv", "window refused a post"));
@@ -374,6 +589,11 @@ impl Channel {
                         );
                         return Err(self.fail_mismatch(what));
                     }
+                    if done.data.slot != NO_SLOT {
+                        if let Some(stage) = self.send.stage.as_deref_mut() {
+                            stage.slots.release();
+                        }
+                    }
                     self.counters.sent(done.size as u64);
                     self.send.track.completed();
                     retired += 1;
@@ -387,17 +607,26 @@ impl Channel {
         }
     }
 
-    /// Retires done receives from the head, consuming each right away; returns how many.
+    /// Retires done receives from the head, consuming each as soon as its data is in place
+    /// (host memory: at once; staged: once its copy to the GPU completed); returns how many.
     fn test_recv(&mut self) -> Result<u32, LinkFailed> {
         let mut retired = 0;
+        // Staged receives whose copies were queued on an earlier pass may be ready now (host
+        // lanes never have a stage and skip this).
+        if self.recv.stage.is_some() {
+            retired += self.consume_recv()?;
+        }
         loop {
             let comm = &mut self.recv.comm;
-            let (size, expected, index) =
+            let (size, expected, index, slot) =
                 match self.recv.window.test_head(|req| outcome(comm.test(req))) {
                     None | Some(Release::NotReady) => return Ok(retired),
-                    Some(Release::Released(received)) => {
-                        (received.size, received.data.len, received.data.index)
-                    }
+                    Some(Release::Released(received)) => (
+                        received.size,
+                        received.data.len,
+                        received.data.index,
+                        received.data.slot,
+                    ),
                     Some(Release::Error(failure)) => {
                         return Err(self.fail_plugin(Direction::Recv, failure.error));
                     }
@@ -409,16 +638,74 @@ impl Channel {
                 );
                 return Err(self.fail_mismatch(what));
             }
-            // Host memory: the data is in place once done, so hand the slot back at once.
+            if slot != NO_SLOT {
+                self.drain_staged(slot, size)?;
+            }
+            if slot == NO_SLOT && self.recv.window.awaiting_consume() == 1 {
+                // Host memory, nothing ahead of it (done receives are the window's prefix):
+                // the data is in place once done, so hand the slot back at once.
+                let Ok(done) = self.recv.window.consume_head() else {
+                    return Err(self.fail_internal("recv", "a done receive was not consumable"));
+                };
+                if let Err(e) = self.recv.comm.consumed(done.token) {
+                    return Err(self.fail_plugin(Direction::Recv, e));
+                }
+                self.counters.received(size as u64);
+                self.recv.track.completed();
+                retired += 1;
+            } else {
+                // Behind staged receives still copying, or staged itself: in order, as their
+                // copies complete.
+                retired += self.consume_recv()?;
+            }
+        }
+    }
+
+    /// Staged receive done: the bytes are in ring slot `slot`; queue their copy to the GPU.
+    /// The receive keeps its window slot (and ring slot) until the copy is seen done.
+    #[inline(never)]
+    fn drain_staged(&mut self, slot: u16, size: usize) -> Result<(), LinkFailed> {
+        let drained = match self.recv.stage.as_deref_mut() {
+            Some(stage) => stage.ring.drain(usize::from(slot), size),
+            None => return Err(self.fail_internal("recv", "a staged receive has no ring")),
+        };
+        drained.map_err(|e| self.fail_staging(Direction::Recv, e))
+    }
+
+    /// Consumes done receives from the head, in order, while their data is in place.
+    #[inline(never)]
+    fn consume_recv(&mut self) -> Result<u32, LinkFailed> {
+        let mut consumed = 0;
+        loop {
+            let (size, slot) = match self.recv.window.consumable() {
+                Some(received) => (received.size, received.data.slot),
+                None => return Ok(consumed),
+            };
+            if slot != NO_SLOT {
+                let copied = match self.recv.stage.as_deref_mut() {
+                    Some(stage) => stage.ring.is_copied(usize::from(slot)),
+                    None => Ok(true),
+                };
+                match copied {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(consumed),
+                    Err(e) => return Err(self.fail_staging(Direction::Recv, e)),
+                }
+            }
             let Ok(done) = self.recv.window.consume_head() else {
                 return Err(self.fail_internal("recv", "a done receive was not consumable"));
             };
             if let Err(e) = self.recv.comm.consumed(done.token) {
                 return Err(self.fail_plugin(Direction::Recv, e));
             }
+            if slot != NO_SLOT {
+                if let Some(stage) = self.recv.stage.as_deref_mut() {
+                    stage.slots.release();
+                }
+            }
             self.counters.received(size as u64);
             self.recv.track.completed();
-            retired += 1;
+            consumed += 1;
         }
     }
 
@@ -431,6 +718,17 @@ impl Channel {
     /// Requests still pending are dropped without being tested: the safe layer keeps their
     /// memory until the comm closes and refuses further use of the comm.
     pub(crate) fn abandon(&mut self) {
+        // Copies into or out of the rings finish first: they touch memory that the
+        // transfers dropped below may be the last to hold.
+        for stage in [
+            self.send.stage.as_deref_mut(),
+            self.recv.stage.as_deref_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            stage.abandon();
+        }
         drop(self.send.window.abandon());
         drop(self.recv.window.abandon());
         self.send.track.abandon();
@@ -439,6 +737,16 @@ impl Channel {
 
     fn fail_plugin(&mut self, direction: Direction, source: tcpx::Error) -> LinkFailed {
         self.link.fail(Error::Plugin {
+            channel: self.index,
+            direction,
+            peer: self.link.peer,
+            source: Arc::new(source),
+        });
+        LinkFailed
+    }
+
+    fn fail_staging(&mut self, direction: Direction, source: tcpx::Error) -> LinkFailed {
+        self.link.fail(Error::Staging {
             channel: self.index,
             direction,
             peer: self.link.peer,
@@ -470,6 +778,7 @@ fn locate<'j>(job: &'j Job, channel: u16, chunk: &Chunk) -> Option<(&'j MemoryRe
     let piece = job.pieces.get(chunk.segment)?;
     let region = &piece
         .registration
+        .as_ref()?
         .by_channel
         .get(usize::from(channel))?
         .region;

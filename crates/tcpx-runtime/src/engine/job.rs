@@ -10,20 +10,62 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
-use crate::registry::Registration;
+use crate::registry::{Region, Registration};
 use crate::schedule::Schedule;
 use crate::transfer::Completion;
 
-/// One local segment of a transfer: where its bytes are, registered on the link's comms.
+/// One local segment of a transfer: where its bytes are, registered on the link's comms
+/// (or, for a staged transfer, the CUDA memory the engines copy through their rings).
 #[derive(Debug)]
 pub(crate) struct Piece {
-    pub(crate) registration: Arc<Registration>,
+    /// The region's plugin registrations; `None` in a staged transfer (the plugin never sees
+    /// the region, only the channel's ring).
+    pub(crate) registration: Option<Arc<Registration>>,
+    /// The region's memory (staged transfers copy from or into it).
+    pub(crate) memory: tcpx::SharedMemory,
     /// Offset of the segment in its region.
     pub(crate) offset: usize,
     /// Length of the segment.
     pub(crate) len: u64,
+}
+
+/// Whether a transfer over `regions` in `direction` is staged, and on which GPU.
+///
+/// A transfer is staged as a whole (every chunk through the ring) or not at all, so its
+/// regions must all be staged CUDA regions or none. Receiving into CUDA memory directly needs
+/// the plugin's unpack step (TCPX delivers fragments into a bounce buffer), which the engines
+/// do not run yet: refused with [`Error::Unsupported`] rather than delivering garbage.
+pub(crate) fn staging_of<'r>(
+    regions: impl Iterator<Item = &'r Region> + Clone,
+    direction: Direction,
+) -> Result<Option<Staging>> {
+    let mut staged = regions.clone().filter(|r| r.is_staged());
+    let Some(first) = staged.next() else {
+        if direction == Direction::Recv
+            && regions.clone().any(|r| r.kind() == tcpx::MemoryKind::Cuda)
+        {
+            return Err(Error::Unsupported(
+                "receiving into CUDA memory through a plugin that takes CUDA pointers needs \
+                 the unpack step (TCPX), which the runtime does not run yet"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if regions.clone().any(|r| !r.is_staged()) {
+        return Err(Error::InvalidArgument(
+            "a transfer cannot mix staged CUDA regions with other memory: submit the CUDA \
+             and the host segments as separate transfers"
+                .into(),
+        ));
+    }
+    Ok(Some(match first.cuda_device() {
+        Some(device) => Staging::Cuda(device.clone()),
+        None => Staging::Emulated,
+    }))
 }
 
 /// One transfer as the engines see it.
@@ -35,6 +77,9 @@ pub(crate) struct Job {
     pub(crate) seq: u64,
     pub(crate) len: u64,
     pub(crate) pieces: Vec<Piece>,
+    /// Set when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
+    /// through the channel's pinned ring. `None` for direct transfers.
+    pub(crate) staging: Option<Staging>,
     /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
     /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
     /// before it is set.
@@ -51,6 +96,7 @@ impl Job {
         link: Arc<Link>,
         seq: u64,
         pieces: Vec<Piece>,
+        staging: Option<Staging>,
         submitted: Instant,
     ) -> Self {
         let len = pieces.iter().map(|p| p.len).sum();
@@ -61,6 +107,7 @@ impl Job {
             seq,
             len,
             pieces,
+            staging,
             schedule: OnceLock::new(),
             remaining: AtomicU64::new(0),
             completion: Arc::new(Completion::default()),

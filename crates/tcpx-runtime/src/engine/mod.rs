@@ -18,6 +18,7 @@ pub(crate) mod backoff;
 pub(crate) mod channel;
 pub(crate) mod job;
 pub(crate) mod pin;
+pub(crate) mod stage;
 pub(crate) mod stats;
 
 use std::sync::Arc;

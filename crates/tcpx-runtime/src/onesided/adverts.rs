@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::descriptor::{random_key, Descriptor};
 use super::wire::{Refusal, RefusalReason, RemoteEntry};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::registry::Region;
 
 /// One advertised region. A revoked entry keeps its id and key (so a request naming it is
@@ -28,6 +28,12 @@ impl AdvertBook {
     /// Advertises `region` (again: a region advertised twice gets a fresh key, and the old
     /// descriptor stops working).
     pub(crate) fn advertise(&self, region: &Region) -> Result<Descriptor> {
+        if region.is_staged() {
+            return Err(Error::Unsupported(
+                "a staged CUDA region (CUDA memory on a host-only plugin) cannot be advertised                  for one-sided access yet"
+                    .into(),
+            ));
+        }
         let key = random_key()?;
         let id = region.inner.id;
         self.lock().insert(

@@ -180,7 +180,13 @@ impl Rma {
         for Run { first, offset, len } in &local_runs {
             let region = local[*first].region;
             pieces.push(Piece {
-                registration: register_region(&self.link, &self.shared, region, direction)?,
+                registration: Some(register_region(
+                    &self.link,
+                    &self.shared,
+                    region,
+                    direction,
+                )?),
+                memory: region.memory().clone(),
                 // Within the region, so it fits a usize.
                 offset: *offset as usize,
                 len: *len,
@@ -388,19 +394,19 @@ impl Rma {
         }
     }
 
-    /// The discard region's registration (chunk-sized, receives only), made on first use:
-    /// the data of a refused write lands there, every chunk at offset 0.
-    pub(crate) fn scratch(&self) -> Result<Arc<Registration>> {
+    /// The discard region's memory and registration (chunk-sized, receives only), made on
+    /// first use: the data of a refused write lands there, every chunk at offset 0.
+    pub(crate) fn scratch(&self) -> Result<(tcpx::SharedMemory, Arc<Registration>)> {
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, registration)) = scratch.as_ref() {
-            return Ok(registration.clone());
+        if let Some((region, registration)) = scratch.as_ref() {
+            return Ok((region.memory().clone(), registration.clone()));
         }
         let memory = tcpx::SharedMemory::host(self.shared.config.chunk_bytes as usize)
             .map_err(|e| Error::Internal(format!("cannot allocate the discard region: {e}")))?;
-        let region = Region::new(memory);
+        let region = Region::new(memory.clone());
         let registration = register_region(&self.link, &self.shared, &region, Direction::Recv)?;
         *scratch = Some((region, registration.clone()));
-        Ok(registration)
+        Ok((memory, registration))
     }
 }
 
@@ -421,7 +427,8 @@ pub(crate) fn new_job(
     schedule: Schedule,
     completion: Option<Arc<Completion>>,
 ) -> Arc<Job> {
-    let mut job = Job::new(direction, link.clone(), op_id, pieces, Instant::now());
+    // One-sided regions are never staged (`register_region` and `advertise` refuse them).
+    let mut job = Job::new(direction, link.clone(), op_id, pieces, None, Instant::now());
     if let Some(completion) = completion {
         job.completion = completion;
     }

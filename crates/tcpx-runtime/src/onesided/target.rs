@@ -129,7 +129,13 @@ impl Rma {
                 .get(run.first)
                 .ok_or_else(|| Error::Internal("validated region missing".into()))?;
             pieces.push(Piece {
-                registration: register_region(&self.link, &self.shared, region, direction)?,
+                registration: Some(register_region(
+                    &self.link,
+                    &self.shared,
+                    region,
+                    direction,
+                )?),
+                memory: region.memory().clone(),
                 // Validated: offset + len lies within the region, a usize.
                 offset: run.offset as usize,
                 len: run.len,
@@ -187,13 +193,14 @@ impl Rma {
                 schedule.chunk_count()
             )));
         }
-        let scratch = self.scratch()?;
+        let (scratch_memory, scratch) = self.scratch()?;
         let (lens, schedule) = discard_schedule(schedule, peer_lens, op_id)
             .map_err(|e| Error::Internal(format!("discard schedule: {e}")))?;
         let pieces = lens
             .into_iter()
             .map(|len| Piece {
-                registration: scratch.clone(),
+                registration: Some(scratch.clone()),
+                memory: scratch_memory.clone(),
                 offset: 0,
                 len,
             })

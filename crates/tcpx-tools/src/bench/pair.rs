@@ -75,8 +75,10 @@ pub struct Sweep {
     pub verify: bool,
     /// Every wait gives up after this long.
     pub timeout: Duration,
-    /// "host" or "cuda" (reported).
+    /// "host" or "cuda": what the messages live in (reported with every row).
     pub memory: &'static str,
+    /// With `memory == "cuda"`: the GPU this process allocates its messages on.
+    pub gpu: usize,
 }
 
 impl Sweep {
@@ -139,8 +141,11 @@ pub fn drive(
     let conn = endpoint.connect(peer).map_err(peer_failure)?;
     let regions = alloc_slots(endpoint, &conn, sweep)?;
     if sweep.verify {
+        let mut pattern = vec![0u8; regions.first().map_or(0, Region::len)];
+        fill_pattern(&mut pattern);
         for region in &regions {
-            region.memory().with_bytes_mut(fill_pattern)?;
+            // Host or GPU memory alike (a copy to the GPU for CUDA regions).
+            region.write(0, &pattern)?;
         }
     }
     let ack = endpoint.alloc_host(ACK_BYTES)?;
@@ -225,8 +230,18 @@ fn alloc_slots(
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
     let slots = ((1usize << 30) / max).clamp(1, sweep.depth.max(1));
     let mut regions = Vec::with_capacity(slots);
+    let gpu = match sweep.memory {
+        "cuda" => Some(
+            tcpx::cuda::CudaDevice::new(sweep.gpu)
+                .with_context(|| format!("open GPU {} for --memory cuda", sweep.gpu))?,
+        ),
+        _ => None,
+    };
     for _ in 0..slots {
-        let region = endpoint.alloc_host(max)?;
+        let region = match &gpu {
+            Some(gpu) => endpoint.alloc_cuda_on(gpu, max)?,
+            None => endpoint.alloc_host(max)?,
+        };
         conn.register(&region)?;
         regions.push(region);
     }
@@ -240,12 +255,19 @@ fn fill_pattern(buf: &mut [u8]) {
 }
 
 fn verify_slot(region: &Region, len: usize) -> Result<(), Failure> {
-    let bad = region.memory().with_bytes(|b| {
-        let got = &b[..len];
+    let first_bad = |got: &[u8]| {
         got.iter()
             .enumerate()
             .position(|(i, &x)| x != (i as u32).wrapping_mul(2_654_435_761).rotate_right(13) as u8)
-    })?;
+    };
+    let bad = if region.kind() == tcpx::MemoryKind::Cuda {
+        // GPU memory: copy it back to the host first.
+        let mut back = vec![0u8; len];
+        region.read(0, &mut back)?;
+        first_bad(&back)
+    } else {
+        region.memory().with_bytes(|b| first_bad(&b[..len]))?
+    };
     match bad {
         None => Ok(()),
         Some(i) => Err(Failure {

@@ -77,7 +77,8 @@ struct Common {
     /// Unmeasured messages per size.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
-    /// Memory to move: host (cuda needs the staged path, not in this build).
+    /// Memory to move: host, or cuda (device memory on `--gpu`, default GPU 0; staged
+    /// through pinned host memory when the plugin takes host memory only).
     #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
     memory: String,
     /// GPU(s) this process serves: `3`, or `0-7` / `0,1` for one process driving several
@@ -158,6 +159,20 @@ struct StackArgs {
     /// Bytes moved per repetition.
     #[arg(long, default_value = "1GiB")]
     bytes: String,
+    /// Chunk size: the most one plugin request carries.
+    #[arg(long, default_value = "512KiB")]
+    chunk: String,
+    /// Memory to move: host, or cuda (GPU to GPU, staged through pinned host memory by the
+    /// built-in socket plugin; the raw-TCP baseline stays host to host).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    memory: String,
+    /// With --memory cuda: the sender's and receiver's GPUs, `0,1` (one index: both ends on
+    /// that GPU). Default: 0,1 when there are two GPUs, else 0.
+    #[arg(long, value_parser = parse_gpus)]
+    gpu: Option<GpuList>,
+    /// Check the received bytes after each size's timed part (copied back from the GPU).
+    #[arg(long)]
+    verify: bool,
 }
 
 #[derive(Args, Debug)]
@@ -279,9 +294,15 @@ fn usage(e: impl Into<anyhow::Error>) -> Failure {
 }
 
 fn sweep(c: &Common) -> Result<Sweep, Failure> {
-    if c.memory == "cuda" {
+    let gpu = c
+        .gpu
+        .as_ref()
+        .and_then(|g| g.indices.first().copied())
+        .unwrap_or(0);
+    if c.memory == "cuda" && !tcpx::cuda::driver_available() {
         return Err(usage(anyhow::anyhow!(
-            "--memory cuda needs the staged CUDA path, which this build does not have yet; use --memory host"
+            "--memory cuda: no CUDA driver ({})",
+            tcpx::cuda::driver_status()
         )));
     }
     Ok(Sweep {
@@ -293,7 +314,8 @@ fn sweep(c: &Common) -> Result<Sweep, Failure> {
         baseline: c.baseline == "raw-tcp",
         verify: c.verify,
         timeout: Duration::from_secs(c.timeout.max(1)),
-        memory: "host",
+        memory: if c.memory == "cuda" { "cuda" } else { "host" },
+        gpu,
     })
 }
 
@@ -450,19 +472,44 @@ fn comm(args: CommArgs) -> Result<()> {
 
 fn stack(args: StackArgs) -> Result<()> {
     pin_loopback();
+    let gpus = match args.memory.as_str() {
+        "cuda" => {
+            if !tcpx::cuda::driver_available() {
+                anyhow::bail!(
+                    "--memory cuda: no CUDA driver ({})",
+                    tcpx::cuda::driver_status()
+                );
+            }
+            Some(match args.gpu.as_ref().map(|g| g.indices.as_slice()) {
+                Some([one]) => [*one, *one],
+                Some([a, b, ..]) => [*a, *b],
+                _ if tcpx::cuda::CudaDevice::count() >= 2 => [0, 1],
+                _ => [0, 0],
+            })
+        }
+        _ => None,
+    };
+    let chunk = sizes::parse_size(&args.chunk)?;
     let opts = tcpx_runtime::bench::throughput::ThroughputOptions {
         channels: args.channels,
+        chunk_bytes: u32::try_from(chunk).context("--chunk is too large")?,
         sizes: sizes::parse_sizes(&args.sizes)?,
         bytes_per_rep: sizes::parse_size(&args.bytes)?,
         reps: args.reps.max(1),
+        gpus,
+        verify: args.verify,
         ..Default::default()
     };
-    println!("# whole stack (2 endpoints, {} channels) vs raw TCP ({} streams), loopback; GB/s = 10^9 B/s", args.channels, args.channels);
+    let memory = match gpus {
+        Some([a, b]) => format!("GPU {a} → GPU {b} (staged through pinned host memory)"),
+        None => "host memory".to_string(),
+    };
+    println!("# whole stack (2 endpoints, {} channels, {memory}) vs raw TCP ({} streams, host), loopback; GB/s = 10^9 B/s{}", args.channels, args.channels, if args.verify { "; verified" } else { "" });
     println!(
         "{:>10} {:>10} {:>12} {:>7}",
         "size", "GB/s", "raw TCP", "ratio"
     );
-    for row in tcpx_runtime::bench::throughput::host_throughput(&opts)? {
+    for row in tcpx_runtime::bench::throughput::throughput(&opts)? {
         println!(
             "{:>10} {:>10.2} {:>12.2} {:>7.3}",
             sizes::format_size(row.size),

@@ -17,6 +17,8 @@
 //! * [`CudaStream`], [`CudaEvent`], [`AsyncCopy`]: stream-ordered copies between any two
 //!   [`SharedMemory`](crate::SharedMemory) handles; the memory counts as in flight until the copy
 //!   completes.
+//! * [`StagingRing`]: pinned host slots with a stream and per-slot events, through which the
+//!   runtime stages CUDA memory for host-only plugins.
 //! * [`unpack`]: the CPU reference gather and the GPU [`Unpacker`](unpack::Unpacker).
 //!
 //! ```
@@ -37,11 +39,13 @@
 mod buffer;
 mod device;
 mod driver;
+mod staging;
 pub mod unpack;
 
 pub use buffer::{AsyncCopy, CudaBuffer, DeviceAccessible, PinnedHostBuffer};
 pub use device::{CudaDevice, CudaEvent, CudaStream};
 pub use driver::{driver_available, driver_status, skip_reason, DriverStatus};
+pub use staging::StagingRing;
 
 /// Why a CUDA operation failed (the `kind` of an [`Error`](crate::Error) from this module).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,209 @@
+//! GPU tests of the staged path: CUDA memory moved through the built-in socket plugin (host
+//! memory only) by the engines' pinned rings, two endpoints in one process over loopback.
+//! Each test prints "skipped: no CUDA driver (…)" and passes where there is no driver (CI);
+//! on a GPU machine they run for real (scripts/gpu/run_gpu_suite.sh). With one GPU both
+//! endpoints use GPU 0; with two or more, endpoint a uses GPU 0 and b GPU 1.
+
+mod common;
+
+use common::{check, fill, loopback, pair, DEADLINE};
+use tcpx::cuda::{self, CudaDevice};
+use tcpx_runtime::{Connection, Endpoint, Error, Region, Segment};
+
+/// The GPUs of endpoints a and b, or `None` (after printing why) without a CUDA driver.
+fn gpus() -> Option<(CudaDevice, CudaDevice)> {
+    if let Some(why) = cuda::skip_reason() {
+        println!("{why}");
+        return None;
+    }
+    let a = CudaDevice::new(0).expect("CUDA device 0");
+    let b = if CudaDevice::count() >= 2 {
+        CudaDevice::new(1).expect("CUDA device 1")
+    } else {
+        a.clone()
+    };
+    println!("GPU a: {a:?}, GPU b: {b:?}");
+    Some((a, b))
+}
+
+/// A region of `len` bytes on `ep`: CUDA on `gpu`, else host; filled with `fill(seed)`
+/// when `seed` is given.
+fn region(ep: &Endpoint, gpu: Option<&CudaDevice>, len: usize, seed: Option<u64>) -> Region {
+    let r = match gpu {
+        Some(g) => ep.alloc_cuda_on(g, len.max(1)).expect("alloc_cuda"),
+        None => ep.alloc_host(len.max(1)).expect("alloc_host"),
+    };
+    if let Some(seed) = seed {
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes, seed);
+        r.write(0, &bytes).expect("write the source");
+    }
+    r
+}
+
+fn verify(r: &Region, len: usize, seed: u64, what: &str) {
+    let mut back = vec![0u8; len];
+    r.read(0, &mut back).expect("read back");
+    if let Err(at) = check(&back, seed) {
+        panic!("{what}: data differs at byte {at} of {len}");
+    }
+}
+
+/// Sends `len` bytes from `src` (on a) to `dst` (on b) and checks them.
+fn transfer(ab: &Connection, ba: &Connection, src: &Region, dst: &Region, len: usize, seed: u64) {
+    let rx = ba.recv(dst, 0, len).expect("post recv");
+    let tx = ab.send(src, 0, len).expect("post send");
+    assert_eq!(tx.wait(DEADLINE).expect("send"), len as u64);
+    assert_eq!(rx.wait(DEADLINE).expect("recv"), len as u64);
+    verify(
+        dst,
+        len,
+        seed,
+        &format!("{len} bytes on {} channels", ab.channels()),
+    );
+}
+
+const SIZES: [usize; 5] = [1, 4097, (1 << 20) + 3, 64 << 20, 256 << 20];
+
+#[test]
+fn without_a_driver_cuda_regions_are_a_clear_error() {
+    loopback();
+    if cuda::driver_available() {
+        println!("skipped: a CUDA driver is present");
+        return;
+    }
+    let (a, _b, _ab, _ba) = pair(1, 512 << 10);
+    let err = a.alloc_cuda(4096).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("no CUDA device"), "{err}");
+}
+
+#[test]
+fn gpu_to_gpu_all_sizes_on_1_4_8_channels() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    for channels in [1u16, 4, 8] {
+        let (a, b, ab, ba) = pair(channels, 512 << 10);
+        let max = *SIZES.iter().max().unwrap_or(&1);
+        let src = region(&a, Some(&ga), max, None);
+        let dst = region(&b, Some(&gb), max, None);
+        assert!(src.is_staged() && dst.is_staged());
+        for (i, &len) in SIZES.iter().enumerate() {
+            let seed = u64::from(channels) * 100 + i as u64;
+            let mut bytes = vec![0u8; len];
+            fill(&mut bytes, seed);
+            src.write(0, &bytes).expect("write");
+            let started = std::time::Instant::now();
+            transfer(&ab, &ba, &src, &dst, len, seed);
+            println!(
+                "GPU→GPU {len} bytes on {channels} channels: {:?}",
+                started.elapsed()
+            );
+        }
+        assert!(ab.error().is_none() && ba.error().is_none());
+    }
+}
+
+#[test]
+fn host_to_gpu_and_gpu_to_host() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    let (a, b, ab, ba) = pair(4, 512 << 10);
+    for (i, &len) in [1usize, 4097, (1 << 20) + 3, 64 << 20].iter().enumerate() {
+        let seed = 1000 + i as u64;
+        // host → GPU: the sender posts from host memory, the receiver stages.
+        let src = region(&a, None, len, Some(seed));
+        let dst = region(&b, Some(&gb), len, None);
+        transfer(&ab, &ba, &src, &dst, len, seed);
+        // GPU → host: the sender stages, the receiver takes host memory.
+        let src = region(&a, Some(&ga), len, Some(seed + 50));
+        let dst = region(&b, None, len, None);
+        transfer(&ab, &ba, &src, &dst, len, seed + 50);
+    }
+}
+
+#[test]
+fn both_directions_and_many_staged_transfers_in_flight() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    let (a, b, ab, ba) = pair(8, 256 << 10);
+    let len = (3 << 20) + 11;
+    let count = 12;
+    let mut posted = Vec::new();
+    for k in 0..count {
+        let seed = 5000 + k as u64;
+        let a_src = region(&a, Some(&ga), len, Some(seed));
+        let b_dst = region(&b, Some(&gb), len, None);
+        let b_src = region(&b, Some(&gb), len, Some(seed + 500));
+        let a_dst = region(&a, Some(&ga), len, None);
+        let r1 = ba.recv(&b_dst, 0, len).expect("recv b");
+        let r2 = ab.recv(&a_dst, 0, len).expect("recv a");
+        let s1 = ab.send(&a_src, 0, len).expect("send a");
+        let s2 = ba.send(&b_src, 0, len).expect("send b");
+        posted.push((seed, [r1, r2, s1, s2], b_dst, a_dst, a_src, b_src));
+    }
+    for (seed, transfers, b_dst, a_dst, _a_src, _b_src) in posted {
+        for t in transfers {
+            assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
+        }
+        verify(&b_dst, len, seed, "a → b");
+        verify(&a_dst, len, seed + 500, "b → a");
+    }
+}
+
+/// `region` cut into consecutive segments of the given lengths.
+fn segments<'r>(region: &'r Region, cuts: &[usize]) -> Vec<Segment<'r>> {
+    let mut at = 0;
+    cuts.iter()
+        .map(|&n| {
+            at += n;
+            Segment::new(region, at - n, n)
+        })
+        .collect()
+}
+
+#[test]
+fn vectored_staged_transfers_cut_differently_per_side() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    let (a, b, ab, ba) = pair(4, 128 << 10);
+    let len = (5 << 20) + 7;
+    let src = region(&a, Some(&ga), len, Some(77));
+    let dst = region(&b, Some(&gb), len, None);
+    let cut_a = [len / 3, len - len / 3];
+    let cut_b = [1000, len / 2 - 1000, len - len / 2];
+    let rx = ba.recv_vectored(&segments(&dst, &cut_b)).expect("recv");
+    let tx = ab.send_vectored(&segments(&src, &cut_a)).expect("send");
+    assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+    assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64);
+    verify(&dst, len, 77, "vectored");
+}
+
+#[test]
+fn cuda_memory_the_plugin_cannot_take_is_refused_clearly() {
+    loopback();
+    let Some((ga, _gb)) = gpus() else { return };
+    let (a, _b, ab, _ba) = pair(2, 512 << 10);
+    // CUDA memory handed over without the GPU: the socket plugin cannot take it directly.
+    let raw = ga.alloc(1 << 20).expect("alloc");
+    let err = a.register(tcpx::SharedMemory::new(raw)).unwrap_err();
+    assert!(err.to_string().contains("register_cuda"), "{err}");
+    // One transfer cannot mix staged CUDA segments with host ones.
+    let gpu = a.alloc_cuda(1 << 20).expect("alloc_cuda");
+    let host = a.alloc_host(1 << 20).expect("alloc_host");
+    let err = ab
+        .send_vectored(&[Segment::new(&gpu, 0, 4096), Segment::new(&host, 0, 4096)])
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(ref m) if m.contains("mix")),
+        "{err}"
+    );
+    // A second GPU on the same endpoint is refused (the engines stage through one GPU).
+    if CudaDevice::count() >= 2 {
+        let other = CudaDevice::new(1).expect("GPU 1");
+        let err = a.alloc_cuda_on(&other, 4096).unwrap_err();
+        assert!(err.to_string().contains("one endpoint per GPU"), "{err}");
+    }
+    // Nothing above broke the connection.
+    assert!(ab.error().is_none());
+}

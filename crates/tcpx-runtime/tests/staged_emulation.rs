@@ -1,0 +1,174 @@
+//! The staged path's engine logic without a GPU: regions registered with
+//! `Endpoint::register_staged_emulation` take the staged route (ring per lane, copies ahead on
+//! the send side, consume-after-copy on the receive side, FIFO slot reuse) with CPU copies
+//! standing in for the GPU's, each reported done one poll late. Same loopback pairs as the
+//! other end-to-end tests; the GPU version is `gpu_staged.rs`.
+
+mod common;
+
+use common::{check, fill, loopback, pair, DEADLINE};
+use tcpx_runtime::{Connection, Endpoint, Region, Segment};
+
+fn staged(ep: &Endpoint, len: usize, seed: Option<u64>) -> Region {
+    let memory = tcpx::SharedMemory::host(len.max(1)).expect("host memory");
+    let r = ep
+        .register_staged_emulation(memory)
+        .expect("register_staged_emulation");
+    assert!(r.is_staged());
+    if let Some(seed) = seed {
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes, seed);
+        r.write(0, &bytes).expect("write");
+    }
+    r
+}
+
+fn host(ep: &Endpoint, len: usize, seed: Option<u64>) -> Region {
+    let r = ep.alloc_host(len.max(1)).expect("alloc_host");
+    if let Some(seed) = seed {
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes, seed);
+        r.write(0, &bytes).expect("write");
+    }
+    r
+}
+
+fn verify(r: &Region, len: usize, seed: u64, what: &str) {
+    let mut back = vec![0u8; len];
+    r.read(0, &mut back).expect("read");
+    if let Err(at) = check(&back, seed) {
+        panic!("{what}: data differs at byte {at} of {len}");
+    }
+}
+
+fn transfer(ab: &Connection, ba: &Connection, src: &Region, dst: &Region, len: usize, seed: u64) {
+    let rx = ba.recv(dst, 0, len).expect("post recv");
+    let tx = ab.send(src, 0, len).expect("post send");
+    assert_eq!(tx.wait(DEADLINE).expect("send"), len as u64);
+    assert_eq!(rx.wait(DEADLINE).expect("recv"), len as u64);
+    verify(
+        dst,
+        len,
+        seed,
+        &format!("{len} bytes, {} channels", ab.channels()),
+    );
+}
+
+#[test]
+fn staged_to_staged_sizes_on_1_4_8_channels() {
+    loopback();
+    for channels in [1u16, 4, 8] {
+        let (a, b, ab, ba) = pair(channels, 256 << 10);
+        for (i, &len) in [1usize, 4097, (1 << 20) + 3, 24 << 20].iter().enumerate() {
+            let seed = u64::from(channels) * 10 + i as u64;
+            let src = staged(&a, len, Some(seed));
+            let dst = staged(&b, len, None);
+            transfer(&ab, &ba, &src, &dst, len, seed);
+        }
+        assert!(ab.error().is_none() && ba.error().is_none());
+    }
+}
+
+#[test]
+fn host_to_staged_and_staged_to_host() {
+    loopback();
+    let (a, b, ab, ba) = pair(4, 128 << 10);
+    for (i, &len) in [1usize, 4097, (3 << 20) + 5].iter().enumerate() {
+        let seed = 100 + i as u64;
+        let (src, dst) = (host(&a, len, Some(seed)), staged(&b, len, None));
+        transfer(&ab, &ba, &src, &dst, len, seed);
+        let (src, dst) = (staged(&a, len, Some(seed + 7)), host(&b, len, None));
+        transfer(&ab, &ba, &src, &dst, len, seed + 7);
+    }
+}
+
+/// Staged and direct transfers interleaved on the same lanes, many in flight, both ways:
+/// rings and windows share the lanes in posting order.
+#[test]
+fn staged_and_direct_transfers_interleave_in_order() {
+    loopback();
+    let (a, b, ab, ba) = pair(4, 64 << 10);
+    let len = (1 << 20) + 333;
+    let mut posted = Vec::new();
+    for k in 0..16u64 {
+        let seed = 1000 + k;
+        let stage_src = k % 2 == 0;
+        let stage_dst = k % 3 == 0;
+        let src = if stage_src {
+            staged(&a, len, Some(seed))
+        } else {
+            host(&a, len, Some(seed))
+        };
+        let dst = if stage_dst {
+            staged(&b, len, None)
+        } else {
+            host(&b, len, None)
+        };
+        let back_src = staged(&b, len, Some(seed + 50));
+        let back_dst = if k % 2 == 1 {
+            staged(&a, len, None)
+        } else {
+            host(&a, len, None)
+        };
+        let r1 = ba.recv(&dst, 0, len).expect("recv");
+        let r2 = ab.recv(&back_dst, 0, len).expect("recv back");
+        let s1 = ab.send(&src, 0, len).expect("send");
+        let s2 = ba.send(&back_src, 0, len).expect("send back");
+        posted.push((seed, [r1, r2, s1, s2], dst, back_dst, src, back_src));
+    }
+    for (seed, transfers, dst, back_dst, _src, _back_src) in posted {
+        for t in transfers {
+            assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
+        }
+        verify(&dst, len, seed, "a → b");
+        verify(&back_dst, len, seed + 50, "b → a");
+    }
+    assert!(ab.error().is_none() && ba.error().is_none());
+}
+
+#[test]
+fn vectored_staged_transfers_cut_differently_per_side() {
+    loopback();
+    let (a, b, ab, ba) = pair(4, 64 << 10);
+    let len = (2 << 20) + 7;
+    let src = staged(&a, len, Some(77));
+    let dst = staged(&b, len, None);
+    let cuts = |r: &Region, at: &[usize]| -> Vec<(usize, usize)> {
+        let _ = r;
+        let mut out = Vec::new();
+        let mut prev = 0;
+        for &x in at.iter().chain(std::iter::once(&len)) {
+            out.push((prev, x - prev));
+            prev = x;
+        }
+        out
+    };
+    let a_cuts = cuts(&src, &[len / 3]);
+    let b_cuts = cuts(&dst, &[1000, len / 2]);
+    let a_segs: Vec<_> = a_cuts
+        .iter()
+        .map(|&(o, n)| Segment::new(&src, o, n))
+        .collect();
+    let b_segs: Vec<_> = b_cuts
+        .iter()
+        .map(|&(o, n)| Segment::new(&dst, o, n))
+        .collect();
+    let rx = ba.recv_vectored(&b_segs).expect("recv");
+    let tx = ab.send_vectored(&a_segs).expect("send");
+    assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+    assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64);
+    verify(&dst, len, 77, "vectored");
+}
+
+#[test]
+fn a_transfer_cannot_mix_staged_and_host_segments() {
+    loopback();
+    let (a, _b, ab, _ba) = pair(2, 64 << 10);
+    let s = staged(&a, 8192, None);
+    let h = host(&a, 8192, None);
+    let err = ab
+        .send_vectored(&[Segment::new(&s, 0, 4096), Segment::new(&h, 0, 4096)])
+        .unwrap_err();
+    assert!(err.to_string().contains("mix"), "{err}");
+    assert!(ab.error().is_none());
+}
