@@ -69,6 +69,24 @@ fn staged_to_staged_sizes_on_1_4_8_channels() {
     }
 }
 
+/// Pre-registering a staged region is accepted (and registers nothing: only the rings meet
+/// the plugin), and one-sided use of it is refused with a clear error, not a plugin failure.
+#[test]
+fn staged_regions_preregister_as_a_no_op_and_refuse_one_sided_use() {
+    loopback();
+    let (a, b, ab, ba) = pair(2, 128 << 10);
+    let len = (2 << 20) + 11;
+    let src = staged(&a, len, Some(77));
+    let dst = staged(&b, len, None);
+    let before = (a.live_registrations(), b.live_registrations());
+    ab.register(&src).expect("register a staged source");
+    ba.register(&dst).expect("register a staged destination");
+    assert_eq!((a.live_registrations(), b.live_registrations()), before);
+    transfer(&ab, &ba, &src, &dst, len, 77);
+    let err = b.advertise(&dst).expect_err("advertising a staged region");
+    assert!(err.to_string().contains("staged CUDA region"), "{err}");
+}
+
 #[test]
 fn host_to_staged_and_staged_to_host() {
     loopback();

@@ -312,7 +312,12 @@ impl Connection {
 
     /// Registers `region` on this connection's comms now (both directions), instead of at
     /// its first transfer.
+    /// A staged CUDA region needs nothing here: the plugin never sees it, only the engines'
+    /// pinned rings, which are registered once per channel.
     pub fn register(&self, region: &Region) -> Result<()> {
+        if region.is_staged() {
+            return Ok(());
+        }
         self.registration(region, Direction::Send)?;
         self.registration(region, Direction::Recv)?;
         Ok(())
