@@ -247,6 +247,45 @@ impl SharedMemory {
         Ok(f(bytes))
     }
 
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` (host memory
+    /// both), as one operation in flight on each, like a plugin request would: the copy may
+    /// run while sends and receives are in flight on either memory (the bytes it races with
+    /// are the application's race, as with a plugin request on them), but not while the CPU
+    /// holds a slice of either (`Busy`). Packing small one-sided blocks relies on this: the
+    /// blocks' memory usually has other transfers in flight.
+    pub fn copy(
+        src: &SharedMemory,
+        src_offset: usize,
+        dst: &SharedMemory,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        const API: &str = "SharedMemory::copy";
+        for memory in [src, dst] {
+            if memory.kind() != MemoryKind::Host {
+                return Err(Error::invalid(
+                    API,
+                    format!("{:?} memory is not CPU-accessible", memory.kind()),
+                ));
+            }
+        }
+        src.check_range(API, src_offset, len)?;
+        dst.check_range(API, dst_offset, len)?;
+        let _reading = src.begin_operation(API)?;
+        let _writing = dst.begin_operation(API)?;
+        // SAFETY: both ranges lie inside host memory that outlives the tokens; no Rust slice
+        // of either exists (the tokens exclude CPU_ACCESS); only raw pointers are used, and
+        // `copy` (memmove) is correct even when both ranges overlap in one memory.
+        unsafe {
+            std::ptr::copy(
+                src.as_ptr().add(src_offset),
+                dst.as_ptr().add(dst_offset),
+                len,
+            );
+        }
+        Ok(())
+    }
+
     fn cpu_access(&self, api: &'static str) -> Result<CpuGuard<'_>> {
         if self.kind() != MemoryKind::Host {
             return Err(Error::invalid(

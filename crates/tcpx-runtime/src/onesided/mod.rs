@@ -55,8 +55,10 @@ pub mod wire;
 pub(crate) mod adverts;
 mod coalesce;
 pub(crate) mod inbox;
+pub(crate) mod pack;
 pub(crate) mod state;
 pub(crate) mod target;
 
 pub use descriptor::{Descriptor, DescriptorError, RemoteSegment};
+pub use pack::{PackStats, PACK_BYTES};
 pub use wire::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_NOTIFICATION};

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
+use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, Part};
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::{ControlConn, Message};
@@ -31,7 +32,16 @@ pub(crate) enum PendingKind {
     Read {
         pieces: Vec<Piece>,
         schedule: Schedule,
+        /// The pack buffer this side offered to receive into, and where its bytes go.
+        pack: Option<ReadPack>,
     },
+}
+
+/// A read initiator's side of a packed read it offered.
+pub(crate) struct ReadPack {
+    pub(crate) lease: PackLease,
+    /// The local list, in order: the pack buffer is scattered into it.
+    pub(crate) parts: Vec<Part>,
 }
 
 /// One operation this side initiated and the target has not answered yet.
@@ -75,6 +85,8 @@ pub(crate) struct Rma {
     pending: Mutex<Pending>,
     /// The discard region (registered for receives on first refusal) and its registration.
     scratch: Mutex<Option<(Region, Arc<Registration>)>>,
+    /// Pack buffers for batches of small blocks (see `pack`).
+    pub(crate) pack: PackPool,
 }
 
 impl Rma {
@@ -84,7 +96,9 @@ impl Rma {
         shared: Arc<EndpointShared>,
         writer: Arc<Mutex<ControlConn>>,
     ) -> Self {
+        let pack = PackPool::new(shared.config.pack_buffers);
         Self {
+            pack,
             link,
             main,
             shared,
@@ -216,6 +230,47 @@ impl Rma {
         .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
+    /// Whether a batch is worth packing and every block of it is host memory on both sides
+    /// (CUDA memory is not CPU-accessible: those batches stay unpacked). The remote kinds
+    /// come from the descriptors; the target checks its own regions again.
+    fn packable(&self, local: &[Segment<'_>], remote: &[RemoteSegment], plan: &Plan) -> bool {
+        let runs = plan.pieces.len().max(plan.remote_lens.len());
+        worth_packing(plan.len, runs, self.shared.config.pack_below)
+            && local
+                .iter()
+                .all(|s| s.region.memory().kind() == tcpx::MemoryKind::Host)
+            && remote
+                .iter()
+                .all(|r| r.descriptor.kind() == tcpx::MemoryKind::Host)
+    }
+
+    /// The packed form of a batch: a pack buffer's single piece for `direction` and the
+    /// contiguous schedule.
+    fn packed_job_parts(
+        &self,
+        lease: &PackLease,
+        len: u64,
+        direction: Direction,
+        op_id: u64,
+    ) -> Result<(Vec<Piece>, Schedule)> {
+        let registration = register_region(&self.link, &self.shared, lease.region(), direction)?;
+        let schedule = packed_schedule(
+            len,
+            self.shared.config.chunk_bytes,
+            self.link.channels,
+            op_id,
+        )
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        Ok((
+            vec![Piece {
+                registration,
+                offset: 0,
+                len,
+            }],
+            schedule,
+        ))
+    }
+
     /// Registers `op` unless the connection can no longer answer it.
     fn add_pending(&self, op_id: u64, op: PendingOp) -> Result<()> {
         let mut pending = self.pending();
@@ -238,23 +293,38 @@ impl Rma {
             check_notification(n)?;
         }
         let plan = self.plan(local, remote, Direction::Send)?;
+        // Packing: gathered here, on the submitting thread (the copies cost the caller, not
+        // the watcher or the engines), before anything is queued.
+        let pack = if self.packable(local, remote, &plan) {
+            self.pack.for_sender()?
+        } else {
+            None
+        };
+        if let Some(lease) = &pack {
+            gather(lease, &local_parts(local))?;
+        }
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
             op_id,
             entries: plan.entries,
             local_lens: plan.local_lens,
             notification: notification.map(<[u8]>::to_vec),
+            packed: pack.is_some(),
         };
         check_batch(request.payload_len(), request.entries.len())?;
-        let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
-        let job = new_job(
-            &self.link,
-            Direction::Send,
-            op_id,
-            plan.pieces,
-            schedule,
-            None,
-        );
+        let (pieces, schedule) = match &pack {
+            Some(lease) => self.packed_job_parts(lease, plan.len, Direction::Send, op_id)?,
+            None => (
+                plan.pieces,
+                self.schedule(&request.local_lens, &plan.remote_lens, op_id)?,
+            ),
+        };
+        let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+        if let Some(lease) = pack {
+            // Back to the pool once the sends are done (whatever the target answers).
+            self.pack.hold(job.clone(), lease);
+            self.pack.count_sent();
+        }
         let completion = Arc::new(Completion::default());
         let op = PendingOp {
             kind: PendingKind::Write { job: job.clone() },
@@ -286,11 +356,21 @@ impl Rma {
     pub(crate) fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
         self.usable()?;
         let plan = self.plan(local, remote, Direction::Recv)?;
+        // Offer to receive packed (a pooled buffer reserved for it); the target decides.
+        let pack = if self.packable(local, remote, &plan) {
+            self.pack.for_sender()?.map(|lease| ReadPack {
+                lease,
+                parts: local_parts(local),
+            })
+        } else {
+            None
+        };
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = ReadRequest {
             op_id,
             entries: plan.entries,
             local_lens: plan.local_lens,
+            pack: pack.is_some(),
         };
         check_batch(request.payload_len(), request.entries.len())?;
         let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
@@ -299,6 +379,7 @@ impl Rma {
             kind: PendingKind::Read {
                 pieces: plan.pieces,
                 schedule,
+                pack,
             },
             completion: completion.clone(),
             len: plan.len,
@@ -402,6 +483,18 @@ impl Rma {
         *scratch = Some((region, registration.clone()));
         Ok(registration)
     }
+}
+
+/// The local list as pack parts, in order (validated by `plan`).
+fn local_parts(local: &[Segment<'_>]) -> Vec<Part> {
+    local
+        .iter()
+        .map(|s| Part {
+            region: s.region.clone(),
+            offset: s.offset as u64,
+            len: s.len as u64,
+        })
+        .collect()
 }
 
 /// The lengths of the remote list as the target will cut it (coalesced, like the target).
