@@ -260,6 +260,18 @@ impl SharedMemory {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
+        Self::copy_ranges(src, dst, [(src_offset, dst_offset, len)])
+    }
+
+    /// [`SharedMemory::copy`] of many `(src_offset, dst_offset, len)` ranges between the same
+    /// two memories, marked in flight once for all of them (packing thousands of small blocks
+    /// pays the state atomics once, not per block). Stops at the first range outside either
+    /// memory, after copying the ranges before it.
+    pub fn copy_ranges(
+        src: &SharedMemory,
+        dst: &SharedMemory,
+        ranges: impl IntoIterator<Item = (usize, usize, usize)>,
+    ) -> Result<()> {
         const API: &str = "SharedMemory::copy";
         for memory in [src, dst] {
             if memory.kind() != MemoryKind::Host {
@@ -269,19 +281,22 @@ impl SharedMemory {
                 ));
             }
         }
-        src.check_range(API, src_offset, len)?;
-        dst.check_range(API, dst_offset, len)?;
         let _reading = src.begin_operation(API)?;
         let _writing = dst.begin_operation(API)?;
-        // SAFETY: both ranges lie inside host memory that outlives the tokens; no Rust slice
-        // of either exists (the tokens exclude CPU_ACCESS); only raw pointers are used, and
-        // `copy` (memmove) is correct even when both ranges overlap in one memory.
-        unsafe {
-            std::ptr::copy(
-                src.as_ptr().add(src_offset),
-                dst.as_ptr().add(dst_offset),
-                len,
-            );
+        for (src_offset, dst_offset, len) in ranges {
+            src.check_range(API, src_offset, len)?;
+            dst.check_range(API, dst_offset, len)?;
+            // SAFETY: both ranges lie inside host memory that outlives the tokens; no Rust
+            // slice of either exists (the tokens exclude CPU_ACCESS); only raw pointers are
+            // used, and `copy` (memmove) is correct even when both ranges overlap in one
+            // memory.
+            unsafe {
+                std::ptr::copy(
+                    src.as_ptr().add(src_offset),
+                    dst.as_ptr().add(dst_offset),
+                    len,
+                );
+            }
         }
         Ok(())
     }

@@ -5,6 +5,10 @@
 //!   the blocks into a pack buffer (memcpy); the flag travels in its marker (`WriteRequest`
 //!   for writes; for reads the initiator *offers* in `ReadRequest` and the target decides in
 //!   `ReadData`), so both sides derive the same contiguous schedule ([`packed_schedule`]).
+//! - Each side copies only if its own list is scattered: a side whose list is one run
+//!   already sends from / receives into it in place (the wire only needs both sides to cut
+//!   the total alike), so a contiguous staging buffer against scattered KV blocks costs one
+//!   copy, not two. Which side copies is local; only the flag travels.
 //! - The data receiver receives into a pack buffer and scatters into the blocks after the
 //!   receive job completed, on the acknowledger — before the write is acknowledged or its
 //!   notification delivered. A refused write's data lands in the pack buffer and is simply
@@ -276,37 +280,45 @@ pub(crate) struct Part {
 
 /// Copies `parts`, in order, into the pack buffer from offset 0 (the data sender).
 pub(crate) fn gather(pack: &PackLease, parts: &[Part]) -> Result<()> {
-    let mut at = 0usize;
-    for p in parts {
-        // Parts were validated against their regions and total at most PACK_BYTES.
-        let len = p.len as usize;
-        SharedMemory::copy(
-            p.region.memory(),
-            p.offset as usize,
-            pack.region().memory(),
-            at,
-            len,
-        )
-        .map_err(|e| Error::Internal(format!("packing a one-sided block: {e}")))?;
-        at += len;
-    }
-    Ok(())
+    copy_parts(pack, parts, true)
+        .map_err(|e| Error::Internal(format!("packing one-sided blocks: {e}")))
 }
 
 /// Copies the pack buffer, from offset 0, into `parts` in order (the data receiver).
 pub(crate) fn scatter(pack: &PackLease, parts: &[Part]) -> Result<()> {
+    copy_parts(pack, parts, false)
+        .map_err(|e| Error::Internal(format!("unpacking one-sided blocks: {e}")))
+}
+
+/// The copies of [`gather`] (`into_pack`) or [`scatter`]: consecutive parts of one region go
+/// in one [`SharedMemory::copy_ranges`] call (one pair of state updates per run of parts,
+/// not per block).
+fn copy_parts(pack: &PackLease, parts: &[Part], into_pack: bool) -> tcpx::Result<()> {
+    let buffer = pack.region().memory();
     let mut at = 0usize;
-    for p in parts {
-        let len = p.len as usize;
-        SharedMemory::copy(
-            pack.region().memory(),
-            at,
-            p.region.memory(),
-            p.offset as usize,
-            len,
-        )
-        .map_err(|e| Error::Internal(format!("unpacking a one-sided block: {e}")))?;
-        at += len;
+    let mut rest = parts;
+    while let Some(first) = rest.first() {
+        let same = rest
+            .iter()
+            .take_while(|p| p.region.memory().same_as(first.region.memory()))
+            .count();
+        let (group, tail) = rest.split_at(same);
+        let start = at;
+        // Parts were validated against their regions and total at most PACK_BYTES: every
+        // offset and length fits a usize.
+        let ranges = group.iter().scan(start, |pos, p| {
+            let here = *pos;
+            *pos += p.len as usize;
+            Some((p.offset as usize, here, p.len as usize))
+        });
+        let memory = first.region.memory();
+        if into_pack {
+            SharedMemory::copy_ranges(memory, buffer, ranges)?;
+        } else {
+            SharedMemory::copy_ranges(buffer, memory, ranges.map(|(o, h, l)| (h, o, l)))?;
+        }
+        at += group.iter().map(|p| p.len as usize).sum::<usize>();
+        rest = tail;
     }
     Ok(())
 }

@@ -32,7 +32,10 @@ pub(crate) enum PendingKind {
     Read {
         pieces: Vec<Piece>,
         schedule: Schedule,
-        /// The pack buffer this side offered to receive into, and where its bytes go.
+        /// This side offered to receive the data packed.
+        offered: bool,
+        /// The pack buffer it offered to receive into (none when its list is one run), and
+        /// where its bytes go.
         pack: Option<ReadPack>,
     },
 }
@@ -244,31 +247,39 @@ impl Rma {
                 .all(|r| r.descriptor.kind() == tcpx::MemoryKind::Host)
     }
 
-    /// The packed form of a batch: a pack buffer's single piece for `direction` and the
-    /// contiguous schedule.
-    fn packed_job_parts(
+    /// The packed form of a batch: the contiguous schedule, and this side's pieces — the
+    /// pack buffer's whole `len`, or `own` when this side's list is one run already (a
+    /// contiguous side needs no copy: the wire only needs both sides to cut `len` alike).
+    pub(crate) fn packed_job_parts(
         &self,
-        lease: &PackLease,
+        lease: Option<&PackLease>,
+        own: Vec<Piece>,
         len: u64,
         direction: Direction,
         op_id: u64,
     ) -> Result<(Vec<Piece>, Schedule)> {
-        let registration = register_region(&self.link, &self.shared, lease.region(), direction)?;
         let schedule = packed_schedule(
             len,
             self.shared.config.chunk_bytes,
             self.link.channels,
             op_id,
         )
-        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        Ok((
-            vec![Piece {
-                registration,
+        .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
+        let pieces = match lease {
+            Some(lease) => vec![Piece {
+                registration: register_region(&self.link, &self.shared, lease.region(), direction)?,
                 offset: 0,
                 len,
             }],
-            schedule,
-        ))
+            None if own.len() == 1 => own,
+            None => {
+                return Err(Error::Internal(format!(
+                    "packed operation #{op_id} without a pack buffer for {} pieces",
+                    own.len()
+                )))
+            }
+        };
+        Ok((pieces, schedule))
     }
 
     /// Registers `op` unless the connection can no longer answer it.
@@ -294,9 +305,14 @@ impl Rma {
         }
         let plan = self.plan(local, remote, Direction::Send)?;
         // Packing: gathered here, on the submitting thread (the copies cost the caller, not
-        // the watcher or the engines), before anything is queued.
-        let pack = if self.packable(local, remote, &plan) {
-            self.pack.for_sender()?
+        // the watcher or the engines), before anything is queued. A local list that is one
+        // run already is sent from in place; a scattered one needs a pooled buffer, or the
+        // batch goes unpacked.
+        let mut packed = self.packable(local, remote, &plan);
+        let pack = if packed && plan.pieces.len() > 1 {
+            let lease = self.pack.for_sender()?;
+            packed = lease.is_some();
+            lease
         } else {
             None
         };
@@ -309,21 +325,24 @@ impl Rma {
             entries: plan.entries,
             local_lens: plan.local_lens,
             notification: notification.map(<[u8]>::to_vec),
-            packed: pack.is_some(),
+            packed,
         };
         check_batch(request.payload_len(), request.entries.len())?;
-        let (pieces, schedule) = match &pack {
-            Some(lease) => self.packed_job_parts(lease, plan.len, Direction::Send, op_id)?,
-            None => (
+        let (pieces, schedule) = if packed {
+            self.packed_job_parts(pack.as_ref(), plan.pieces, plan.len, Direction::Send, op_id)?
+        } else {
+            (
                 plan.pieces,
                 self.schedule(&request.local_lens, &plan.remote_lens, op_id)?,
-            ),
+            )
         };
         let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+        if packed {
+            self.pack.count_sent();
+        }
         if let Some(lease) = pack {
             // Back to the pool once the sends are done (whatever the target answers).
             self.pack.hold(job.clone(), lease);
-            self.pack.count_sent();
         }
         let completion = Arc::new(Completion::default());
         let op = PendingOp {
@@ -356,12 +375,16 @@ impl Rma {
     pub(crate) fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
         self.usable()?;
         let plan = self.plan(local, remote, Direction::Recv)?;
-        // Offer to receive packed (a pooled buffer reserved for it); the target decides.
-        let pack = if self.packable(local, remote, &plan) {
-            self.pack.for_sender()?.map(|lease| ReadPack {
+        // Offer to receive packed (into place when the local list is one run, else into a
+        // pooled buffer reserved for it: none free, no offer); the target decides.
+        let mut offered = self.packable(local, remote, &plan);
+        let pack = if offered && plan.pieces.len() > 1 {
+            let pack = self.pack.for_sender()?.map(|lease| ReadPack {
                 lease,
                 parts: local_parts(local),
-            })
+            });
+            offered = pack.is_some();
+            pack
         } else {
             None
         };
@@ -370,7 +393,7 @@ impl Rma {
             op_id,
             entries: plan.entries,
             local_lens: plan.local_lens,
-            pack: pack.is_some(),
+            pack: offered,
         };
         check_batch(request.payload_len(), request.entries.len())?;
         let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
@@ -379,6 +402,7 @@ impl Rma {
             kind: PendingKind::Read {
                 pieces: plan.pieces,
                 schedule,
+                offered,
                 pack,
             },
             completion: completion.clone(),

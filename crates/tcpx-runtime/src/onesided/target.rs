@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::coalesce::coalesce;
-use super::pack::{gather, packed_schedule, scatter, worth_packing, PackLease, Part, PACK_BYTES};
+use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
 use super::state::{access_error, new_job, PendingKind, PendingOp, ReadPack, Rma};
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
@@ -61,7 +61,9 @@ pub(crate) enum TargetItem {
         job: Option<Arc<Job>>,
         op_id: u64,
         refusal: Option<Refusal>,
-        /// A packed read: the pack buffer the job sends from, gathered from these parts
+        /// The read travels packed (`ReadData` says so).
+        packed: bool,
+        /// A packed read's pack buffer (none when sent in place), gathered from these parts
         /// here (after every earlier write was scattered) before the job is queued.
         pack: Option<(PackLease, Vec<Part>)>,
     },
@@ -247,29 +249,33 @@ impl Rma {
                 (Vec::new(), Some(refusal))
             }
         };
-        let lease = self.pack.for_receiver()?;
-        let registration =
-            register_region(&self.link, &self.shared, lease.region(), Direction::Recv)?;
-        let schedule = packed_schedule(
-            total,
-            self.shared.config.chunk_bytes,
-            self.link.channels,
-            op_id,
-        )
-        .map_err(|e| self.violation(format!("packed write #{op_id}: {e}")))?;
-        let piece = Piece {
-            registration,
-            offset: 0,
-            len: total,
+        // An accepted list of one run is received in place; anything else (a scattered
+        // list, or a refused write's data) lands in a pack buffer.
+        let (own, pack) = match (&refusal, parts.as_slice()) {
+            (None, [part]) => {
+                let own = vec![Piece {
+                    registration: register_region(
+                        &self.link,
+                        &self.shared,
+                        &part.region,
+                        Direction::Recv,
+                    )?,
+                    // Validated: within the region, a usize.
+                    offset: part.offset as usize,
+                    len: total,
+                }];
+                (own, None)
+            }
+            _ => (Vec::new(), Some((self.pack.for_receiver()?, parts))),
         };
-        let job = new_job(
-            &self.link,
+        let (pieces, schedule) = self.packed_job_parts(
+            pack.as_ref().map(|(lease, _)| lease),
+            own,
+            total,
             Direction::Recv,
             op_id,
-            vec![piece],
-            schedule,
-            None,
-        );
+        )?;
+        let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
         submit_job(&self.link, &job);
         self.pack.count_received();
         let _ = acker.send(TargetItem::Write {
@@ -277,7 +283,7 @@ impl Rma {
             op_id,
             refusal,
             notification,
-            pack: Some((lease, parts)),
+            pack,
         });
         Ok(())
     }
@@ -346,6 +352,7 @@ impl Rma {
                     )),
                     op_id,
                     refusal: None,
+                    packed: false,
                     pack: None,
                 }
             }
@@ -355,6 +362,7 @@ impl Rma {
                     job: None,
                     op_id,
                     refusal: Some(refusal),
+                    packed: false,
                     pack: None,
                 }
             }
@@ -385,37 +393,30 @@ impl Rma {
         {
             return Ok(None);
         }
-        let Some(lease) = self.pack.for_sender()? else {
-            return Ok(None);
-        };
         let parts = self.parts(entries, regions, op_id)?;
-        let registration =
-            register_region(&self.link, &self.shared, lease.region(), Direction::Send)?;
-        let schedule = packed_schedule(
-            total,
-            self.shared.config.chunk_bytes,
-            self.link.channels,
-            op_id,
-        )
-        .map_err(|e| self.violation(format!("packed read #{op_id}: {e}")))?;
-        let piece = Piece {
-            registration,
-            offset: 0,
-            len: total,
+        // One run is sent from in place; a scattered list needs a pooled buffer.
+        let (own, pack) = if parts.len() == 1 {
+            (self.pieces(entries, regions, Direction::Send)?, None)
+        } else {
+            let Some(lease) = self.pack.for_sender()? else {
+                return Ok(None);
+            };
+            (Vec::new(), Some((lease, parts)))
         };
-        let job = new_job(
-            &self.link,
+        let (pieces, schedule) = self.packed_job_parts(
+            pack.as_ref().map(|(lease, _)| lease),
+            own,
+            total,
             Direction::Send,
             op_id,
-            vec![piece],
-            schedule,
-            None,
-        );
+        )?;
+        let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
         Ok(Some(TargetItem::ServeRead {
             job: Some(job),
             op_id,
             refusal: None,
-            pack: Some((lease, parts)),
+            packed: true,
+            pack,
         }))
     }
 
@@ -432,38 +433,38 @@ impl Rma {
     fn on_read_data(&self, op_id: u64, packed: bool, acker: &Sender<TargetItem>) -> Result<()> {
         let op = self.answered(op_id, "ReadData")?;
         match op.kind {
-            PendingKind::Read { pack: None, .. } if packed => Err(self.violation(format!(
-                "packed ReadData for read #{op_id}, which offered no pack buffer"
+            PendingKind::Read { offered: false, .. } if packed => Err(self.violation(format!(
+                "packed ReadData for read #{op_id}, which did not offer packing"
             ))),
             PendingKind::Read {
-                pack: Some(pack), ..
+                pieces, pack: None, ..
             } if packed => {
-                let registration = register_region(
-                    &self.link,
-                    &self.shared,
-                    pack.lease.region(),
-                    Direction::Recv,
-                )?;
-                let schedule = packed_schedule(
-                    op.len,
-                    self.shared.config.chunk_bytes,
-                    self.link.channels,
-                    op_id,
-                )
-                .map_err(|e| Error::Internal(format!("packed read #{op_id}: {e}")))?;
-                let piece = Piece {
-                    registration,
-                    offset: 0,
-                    len: op.len,
-                };
+                // This side's list is one run: the packed data lands in place.
+                let (pieces, schedule) =
+                    self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id)?;
                 let job = new_job(
                     &self.link,
                     Direction::Recv,
                     op_id,
-                    vec![piece],
+                    pieces,
                     schedule,
-                    None,
+                    Some(op.completion),
                 );
+                submit_job(&self.link, &job);
+                self.pack.count_received();
+                Ok(())
+            }
+            PendingKind::Read {
+                pack: Some(pack), ..
+            } if packed => {
+                let (pieces, schedule) = self.packed_job_parts(
+                    Some(&pack.lease),
+                    Vec::new(),
+                    op.len,
+                    Direction::Recv,
+                    op_id,
+                )?;
+                let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
                 submit_job(&self.link, &job);
                 self.pack.count_received();
                 let _ = acker.send(TargetItem::ScatterRead {
@@ -567,6 +568,7 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 job,
                 op_id,
                 refusal,
+                packed,
                 pack,
             } => {
                 // Packed: gathered here, after every earlier write of the peer landed and
@@ -581,7 +583,6 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                         continue;
                     }
                 }
-                let packed = pack.is_some();
                 let sent = {
                     let mut writer = rma.writer();
                     match (&job, refusal) {
@@ -603,8 +604,10 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                     if rma.link.is_failed() {
                         job.fail_with_link();
                     }
-                    if let Some((lease, _)) = pack {
+                    if packed {
                         rma.pack.count_sent();
+                    }
+                    if let Some((lease, _)) = pack {
                         // Back to the pool once the sends are done.
                         rma.pack.hold(job, lease);
                     }
