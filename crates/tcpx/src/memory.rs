@@ -409,4 +409,32 @@ mod tests {
         assert!(m.check_range("t", 1, 100).is_err());
         assert!(m.check_range("t", usize::MAX, 2).is_err());
     }
+
+    #[test]
+    fn copies_run_beside_operations_but_not_beside_cpu_slices() {
+        let a = SharedMemory::host(64).unwrap();
+        let b = SharedMemory::host(64).unwrap();
+        a.with_bytes_mut(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
+            .unwrap();
+        // An operation in flight on the source does not stop a copy (it is one too).
+        let op = a.begin_operation("test").unwrap();
+        SharedMemory::copy_ranges(&a, &b, [(0, 10, 4), (60, 0, 4)]).unwrap();
+        drop(op);
+        b.with_bytes(|m| {
+            assert_eq!(&m[10..14], &[0, 1, 2, 3]);
+            assert_eq!(&m[..4], &[60, 61, 62, 63]);
+        })
+        .unwrap();
+        // Overlapping ranges of one memory move like memmove.
+        SharedMemory::copy(&a, 0, &a, 2, 8).unwrap();
+        a.with_bytes(|m| assert_eq!(&m[..10], &[0, 1, 0, 1, 2, 3, 4, 5, 6, 7]))
+            .unwrap();
+        // Out of range: refused; a CPU slice out: Busy, and nothing copied.
+        assert!(SharedMemory::copy(&a, 60, &b, 0, 5).is_err());
+        let busy = b
+            .with_bytes(|_| SharedMemory::copy(&a, 0, &b, 0, 4))
+            .unwrap();
+        assert!(matches!(busy, Err(ref e) if matches!(e.kind(), ErrorKind::Busy(_))));
+        assert_eq!(a.in_flight() + b.in_flight(), 0);
+    }
 }
