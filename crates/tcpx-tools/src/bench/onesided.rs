@@ -206,6 +206,12 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
             drop(point);
         }
     }
+    // Which path the batches took (packed, fallbacks, pool growth), for the record.
+    eprintln!(
+        "# packing: initiator {:?}; target {:?}",
+        bench.ab.pack_stats(),
+        bench.ba.pack_stats()
+    );
     Ok(())
 }
 
