@@ -412,6 +412,18 @@ mod tests {
     }
 
     #[test]
+    fn packing_knobs_come_from_the_environment() {
+        let c = from(&[("TCPX_PACK_BELOW", "16K"), ("TCPX_PACK_BUFFERS", "3")]).unwrap();
+        assert_eq!((c.pack_below, c.pack_buffers), (16 << 10, 3));
+        let off = from(&[("TCPX_PACK_BELOW", "0")]).unwrap();
+        assert_eq!(off.pack_below, 0);
+        assert!(from(&[("TCPX_PACK_BUFFERS", "65")]).is_err());
+        assert!(from(&[("TCPX_PACK_BELOW", "lots")]).is_err());
+        let d = Config::default();
+        assert_eq!((d.pack_below, d.pack_buffers), (64 << 10, 8));
+    }
+
+    #[test]
     fn empty_environment_gives_the_defaults() {
         assert_eq!(from(&[]).unwrap(), Config::default());
     }
