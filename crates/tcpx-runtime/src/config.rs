@@ -18,6 +18,8 @@
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
+//! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
+//! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
 //! here: they pass through to the plugin untouched.
@@ -75,6 +77,15 @@ impl std::str::FromStr for Backoff {
     }
 }
 
+/// Default [`Config::pack_below`]. Measured on loopback (docs/RESULTS-onesided.md): packed
+/// scattered blocks beat unpacked ones clearly at 4–32 KiB, break even around 64 KiB, and
+/// lose from 128 KiB (the extra memcpy costs more than the plugin requests it saves).
+pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
+/// Default [`Config::pack_buffers`] (8 × 4 MiB at most, allocated on first use).
+pub const DEFAULT_PACK_BUFFERS: usize = 8;
+/// Largest [`Config::pack_buffers`].
+pub const MAX_PACK_BUFFERS: usize = 64;
+
 /// The configuration of an endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -104,6 +115,14 @@ pub struct Config {
     /// socket plugin, which copies inside `test` on the engine's own thread, so that one
     /// engine would cap a device at one core's copy bandwidth.
     pub engines_per_device: Option<usize>,
+    /// One-sided batches of host memory whose blocks average fewer bytes than this (after
+    /// merging contiguous ones) travel packed: gathered into one contiguous pack buffer,
+    /// sent as one transfer, scattered on arrival (see [`crate::onesided`]). `0` never packs.
+    /// Only the data sender's value matters (it decides; the receiver follows).
+    pub pack_below: u32,
+    /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
+    /// when all are in use, a data sender falls back to the unpacked transfer.
+    pub pack_buffers: usize,
 }
 
 impl Default for Config {
@@ -120,6 +139,8 @@ impl Default for Config {
             backoff: Backoff::Park,
             pin_engines: true,
             engines_per_device: None,
+            pack_below: DEFAULT_PACK_BELOW,
+            pack_buffers: DEFAULT_PACK_BUFFERS,
         }
     }
 }
@@ -205,6 +226,12 @@ impl Config {
         if let Some((name, v)) = get(&["TCPX_ENGINES_PER_NIC"]) {
             b = b.engines_per_device(parse_num(name, &v)?);
         }
+        if let Some((name, v)) = get(&["TCPX_PACK_BELOW"]) {
+            b = b.pack_below(parse_size(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_PACK_BUFFERS"]) {
+            b = b.pack_buffers(parse_num(name, &v)?);
+        }
         b.build()
     }
 
@@ -235,6 +262,12 @@ impl Config {
                     "engines_per_device {n} must be between 1 and 256"
                 )));
             }
+        }
+        if self.pack_buffers > MAX_PACK_BUFFERS {
+            return Err(Error::Config(format!(
+                "pack_buffers {} must be at most {MAX_PACK_BUFFERS}",
+                self.pack_buffers
+            )));
         }
         if matches!(&self.devices, Some(d) if d.is_empty()) {
             return Err(Error::Config("the device list is empty".into()));
@@ -317,6 +350,18 @@ impl ConfigBuilder {
         self
     }
 
+    /// Packing threshold for one-sided batches (see [`Config::pack_below`]).
+    pub fn pack_below(mut self, bytes: u32) -> Self {
+        self.config.pack_below = bytes;
+        self
+    }
+
+    /// Pack buffers per connection (see [`Config::pack_buffers`]).
+    pub fn pack_buffers(mut self, buffers: usize) -> Self {
+        self.config.pack_buffers = buffers;
+        self
+    }
+
     /// The configuration, validated.
     pub fn build(self) -> Result<Config> {
         self.config.validate()?;
@@ -364,6 +409,18 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_vars(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn packing_knobs_come_from_the_environment() {
+        let c = from(&[("TCPX_PACK_BELOW", "16K"), ("TCPX_PACK_BUFFERS", "3")]).unwrap();
+        assert_eq!((c.pack_below, c.pack_buffers), (16 << 10, 3));
+        let off = from(&[("TCPX_PACK_BELOW", "0")]).unwrap();
+        assert_eq!(off.pack_below, 0);
+        assert!(from(&[("TCPX_PACK_BUFFERS", "65")]).is_err());
+        assert!(from(&[("TCPX_PACK_BELOW", "lots")]).is_err());
+        let d = Config::default();
+        assert_eq!((d.pack_below, d.pack_buffers), (64 << 10, 8));
     }
 
     #[test]

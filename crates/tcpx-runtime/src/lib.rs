@@ -64,6 +64,6 @@ pub use endpoint::backend::{BackendInfo, BackendOrigin};
 pub use endpoint::{Connection, Endpoint, Segment};
 pub use engine::stats::ChannelStats;
 pub use error::{Direction, Error, Result};
-pub use onesided::{Descriptor, RemoteSegment};
+pub use onesided::{Descriptor, PackStats, RemoteSegment};
 pub use registry::Region;
 pub use transfer::Transfer;

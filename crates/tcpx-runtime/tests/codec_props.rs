@@ -94,27 +94,33 @@ fn onesided_message() -> impl Strategy<Value = Message> {
             any::<u64>(),
             entries(),
             lens(),
-            proptest::option::of(blob())
+            proptest::option::of(blob()),
+            any::<bool>(),
         )
-            .prop_map(
-                |(op_id, entries, local_lens, notification)| Message::WriteRequest(WriteRequest {
+            .prop_map(|(op_id, entries, local_lens, notification, packed)| {
+                Message::WriteRequest(WriteRequest {
                     op_id,
                     entries,
                     local_lens,
                     notification,
+                    packed,
                 })
-            ),
-        (any::<u64>(), entries(), lens()).prop_map(|(op_id, entries, local_lens)| {
-            Message::ReadRequest(ReadRequest {
-                op_id,
-                entries,
-                local_lens,
-            })
-        }),
+            }),
+        (any::<u64>(), entries(), lens(), any::<bool>()).prop_map(
+            |(op_id, entries, local_lens, pack)| {
+                Message::ReadRequest(ReadRequest {
+                    op_id,
+                    entries,
+                    local_lens,
+                    pack,
+                })
+            }
+        ),
         blob().prop_map(|bytes| Message::Notify { bytes }),
         (any::<u64>(), proptest::option::of(refusal()))
             .prop_map(|(op_id, refusal)| Message::WriteAck { op_id, refusal }),
-        any::<u64>().prop_map(|op_id| Message::ReadData { op_id }),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(op_id, packed)| Message::ReadData { op_id, packed }),
         (any::<u64>(), refusal())
             .prop_map(|(op_id, refusal)| Message::ReadRefused { op_id, refusal }),
     ]
@@ -340,4 +346,48 @@ fn ready_is_a_bare_twelve_byte_header() {
     Message::Ready.encode(&mut wire).unwrap();
     assert_eq!(wire.len(), HEADER_LEN);
     assert_eq!(&wire[..4], b"TXCP");
+}
+
+#[test]
+fn packing_flags_with_unknown_bits_are_refused() {
+    let messages = [
+        Message::WriteRequest(WriteRequest {
+            op_id: 7,
+            entries: Vec::new(),
+            local_lens: vec![4096],
+            notification: None,
+            packed: true,
+        }),
+        Message::ReadRequest(ReadRequest {
+            op_id: 7,
+            entries: Vec::new(),
+            local_lens: vec![4096],
+            pack: true,
+        }),
+        Message::ReadData {
+            op_id: 7,
+            packed: true,
+        },
+    ];
+    for msg in messages {
+        let mut wire = Vec::new();
+        msg.encode(&mut wire).unwrap();
+        let mut payload = wire[HEADER_LEN..].to_vec();
+        // The flag byte is the last one of each payload.
+        let last = payload.len() - 1;
+        assert_eq!(payload[last], 1);
+        let frame = |payload: Vec<u8>| Frame {
+            version: PROTOCOL_VERSION,
+            kind: msg.kind(),
+            payload,
+        };
+        assert_eq!(Message::decode(&frame(payload.clone())).unwrap(), msg);
+        for bad in [2u8, 3, 0x80, 0xff] {
+            payload[last] = bad;
+            assert!(
+                Message::decode(&frame(payload.clone())).is_err(),
+                "{bad:#x}"
+            );
+        }
+    }
 }

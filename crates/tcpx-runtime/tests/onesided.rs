@@ -421,8 +421,10 @@ fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
         .unwrap();
     assert_eq!(tx.wait(DEADLINE).unwrap(), 8 << 20);
     assert_eq!(wait_notifications(&b, 1), [b"last".to_vec()]);
-    assert_pattern(&dst, 0, 8 << 20, 11, "after detached writes");
+    // The detached reads' sends from `dst` may still be finishing on the target (the CPU may
+    // not touch memory with requests in flight): wait for them before looking.
     assert!(eventually(DEADLINE, || ab.in_flight() == 0 && ba.in_flight() == 0));
+    assert_pattern(&dst, 0, 8 << 20, 11, "after detached writes");
 }
 
 #[test]
@@ -631,4 +633,308 @@ fn a_read_sees_every_earlier_write_of_the_same_connection() {
             &format!("read after write, round {round}"),
         );
     }
+}
+
+// ---- Packing: batches of small scattered host blocks travel through pack buffers. ----
+
+/// `n` non-overlapping blocks of 1..=`max_block` bytes at random offsets of a region of
+/// `region_len` bytes, in random (not address) order; returns (offset, len) per block.
+fn scattered(rng: &mut Rng, n: usize, max_block: usize, region_len: usize) -> Vec<(usize, usize)> {
+    // Slots of max_block bytes, each block at a random place inside its own slot.
+    let slots = region_len / max_block;
+    assert!(n <= slots);
+    let mut order: Vec<usize> = (0..slots).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    order[..n]
+        .iter()
+        .map(|&slot| {
+            let len = 1 + rng.below(max_block as u64) as usize;
+            let at = rng.below((max_block - len) as u64 + 1) as usize;
+            (slot * max_block + at, len)
+        })
+        .collect()
+}
+
+/// Asserts stream byte k of `src` (its first `sum(len)` bytes) sits in `blocks` of `dst`.
+fn assert_blocks(dst: &Region, blocks: &[(usize, usize)], src: &[u8], what: &str) {
+    let got = snapshot(dst);
+    let mut pos = 0;
+    for (i, &(o, l)) in blocks.iter().enumerate() {
+        assert!(
+            got[o..o + l] == src[pos..pos + l],
+            "{what}: block {i} ({l} bytes at {o}) differs"
+        );
+        pos += l;
+    }
+}
+
+#[test]
+fn scattered_small_blocks_are_written_and_read_packed_exactly() {
+    loopback();
+    let (a, b, ab, ba) = pair(3, 128 << 10);
+    let mut rng = Rng(11);
+    const REGION: usize = 16 << 20;
+    let t0 = b.alloc_host(REGION).unwrap();
+    let t1 = b.alloc_host(REGION).unwrap();
+    let d = [b.advertise(&t0).unwrap(), b.advertise(&t1).unwrap()];
+    for round in 0..10u64 {
+        // Random blocks of 1 B..64 KiB across two regions (each region's blocks disjoint).
+        let n = 2 + rng.below(100) as usize;
+        let blocks = scattered(&mut rng, n, 64 << 10, REGION);
+        let which: Vec<usize> = blocks.iter().map(|_| rng.below(2) as usize).collect();
+        let total: usize = blocks.iter().map(|b| b.1).sum();
+        let seed = 2000 + round;
+        let src = source(&a, total, seed);
+        // The local side is scattered too: the same lengths at random places of a bigger
+        // region, in another order than the address order.
+        let staging = a.alloc_host(n * (64 << 10)).unwrap();
+        let local_blocks: Vec<(usize, usize)> = {
+            let slots = scattered(&mut rng, n, 64 << 10, n * (64 << 10));
+            slots
+                .iter()
+                .zip(&blocks)
+                .map(|(&(o, _), &(_, l))| ((o / (64 << 10)) * (64 << 10), l))
+                .collect()
+        };
+        let stream = snapshot(&src);
+        staging
+            .memory()
+            .with_bytes_mut(|m| {
+                let mut pos = 0;
+                for &(o, l) in &local_blocks {
+                    m[o..o + l].copy_from_slice(&stream[pos..pos + l]);
+                    pos += l;
+                }
+            })
+            .unwrap();
+        let local: Vec<Segment<'_>> = local_blocks
+            .iter()
+            .map(|&(o, l)| Segment::new(&staging, o, l))
+            .collect();
+        let remote: Vec<RemoteSegment> = blocks
+            .iter()
+            .zip(&which)
+            .map(|(&(o, l), &w)| RemoteSegment::new(d[w], o as u64, l as u64))
+            .collect();
+        let (sent, received) = (ab.pack_stats().packed_sent, ba.pack_stats().packed_received);
+        let tx = ab.write(&local, &remote, None).unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), total as u64, "write {round}");
+        assert_eq!(
+            ab.pack_stats().packed_sent,
+            sent + 1,
+            "write {round} packed"
+        );
+        assert_eq!(ba.pack_stats().packed_received, received + 1);
+        let got = [snapshot(&t0), snapshot(&t1)];
+        let mut pos = 0;
+        for (&(o, l), &w) in blocks.iter().zip(&which) {
+            assert!(
+                got[w][o..o + l] == stream[pos..pos + l],
+                "write {round}: block of {l} bytes at {o} in region {w}"
+            );
+            pos += l;
+        }
+
+        // Read it back into another scattered local list, packed as well.
+        let back = a.alloc_host(n * (64 << 10)).unwrap();
+        let local: Vec<Segment<'_>> = local_blocks
+            .iter()
+            .map(|&(o, l)| Segment::new(&back, o, l))
+            .collect();
+        let (sent, received) = (ba.pack_stats().packed_sent, ab.pack_stats().packed_received);
+        let rx = ab.read(&local, &remote).unwrap();
+        assert_eq!(rx.wait(DEADLINE).unwrap(), total as u64, "read {round}");
+        assert_eq!(ba.pack_stats().packed_sent, sent + 1, "read {round} packed");
+        assert_eq!(ab.pack_stats().packed_received, received + 1);
+        assert_blocks(&back, &local_blocks, &stream, &format!("read {round}"));
+    }
+    assert_eq!(b.access_refusals(), 0);
+    assert_eq!(ab.pack_stats().fallbacks, 0);
+}
+
+#[test]
+fn a_refused_packed_write_changes_no_byte_and_keeps_the_lanes_in_step() {
+    loopback();
+    let (a, b, ab, ba) = pair(2, 64 << 10);
+    let dst = b.alloc_host(8 << 20).unwrap();
+    dst.memory().with_bytes_mut(|m| fill(m, 5)).unwrap();
+    let before = snapshot(&dst);
+    let d = b.advertise(&dst).unwrap();
+    const BLOCK: usize = 4096;
+    const N: usize = 512;
+    let src = source(&a, BLOCK * N, 6);
+    let local = [Segment::new(&src, 0, BLOCK * N)];
+    // Every other 4 KiB slot; the last entry carries a wrong key.
+    let mut remote: Vec<RemoteSegment> = (0..N)
+        .map(|i| RemoteSegment::new(d, (i * 2 * BLOCK) as u64, BLOCK as u64))
+        .collect();
+    let forged = Descriptor::from_bytes(&{
+        let mut bytes = d.to_bytes();
+        bytes[18] ^= 1;
+        bytes
+    })
+    .unwrap();
+    remote[N - 1] = RemoteSegment::new(forged, ((N - 1) * 2 * BLOCK) as u64, BLOCK as u64);
+    let received = ba.pack_stats().packed_received;
+    let tx = ab.write(&local, &remote, Some(b"must not arrive")).unwrap();
+    let (index, why) = access_error(tx.wait(DEADLINE));
+    assert_eq!(index, N - 1);
+    assert!(why.contains("key"), "{why:?}");
+    assert_eq!(
+        ba.pack_stats().packed_received,
+        received + 1,
+        "the refused write travelled packed"
+    );
+    assert!(
+        snapshot(&dst) == before,
+        "a refused packed write changed target memory"
+    );
+    // The lanes are still in step: the good list lands exactly, with its notification.
+    remote[N - 1] = RemoteSegment::new(d, ((N - 1) * 2 * BLOCK) as u64, BLOCK as u64);
+    let tx = ab.write(&local, &remote, Some(b"landed")).unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * N) as u64);
+    assert_eq!(wait_notifications(&b, 1), [b"landed".to_vec()]);
+    let blocks: Vec<(usize, usize)> = (0..N).map(|i| (i * 2 * BLOCK, BLOCK)).collect();
+    assert_blocks(
+        &dst,
+        &blocks,
+        &snapshot(&src),
+        "write after a packed refusal",
+    );
+    assert_eq!(ab.pack_stats().packed_sent, 2);
+}
+
+#[test]
+fn a_packed_writes_notification_is_never_delivered_before_its_data() {
+    loopback();
+    let (a, b, ab, ba) = pair(4, 64 << 10);
+    const N: usize = 16;
+    const BLOCK: usize = 4096;
+    const BLOCKS: usize = 1024;
+    let targets: Vec<Region> = (0..N)
+        .map(|_| b.alloc_host(2 * BLOCK * BLOCKS).unwrap())
+        .collect();
+    let descriptors: Vec<Descriptor> = targets.iter().map(|r| b.advertise(r).unwrap()).collect();
+    let sources: Vec<Region> = (0..N)
+        .map(|i| source(&a, BLOCK * BLOCKS, 400 + i as u64))
+        .collect();
+    let streams: Vec<Vec<u8>> = sources.iter().map(snapshot).collect();
+    // Every other slot, in reverse order: nothing coalesces.
+    let blocks: Vec<(usize, usize)> = (0..BLOCKS).rev().map(|i| (i * 2 * BLOCK, BLOCK)).collect();
+    let order = std::thread::scope(|s| {
+        let checker = s.spawn(|| {
+            let mut order = Vec::new();
+            let deadline = Instant::now() + DEADLINE;
+            while order.len() < N && Instant::now() < deadline {
+                for (_, bytes) in b.notifications() {
+                    let i: usize = String::from_utf8(bytes).unwrap().parse().unwrap();
+                    assert_blocks(
+                        &targets[i],
+                        &blocks,
+                        &streams[i],
+                        &format!("packed write {i} at its notification"),
+                    );
+                    order.push(i);
+                }
+                std::thread::yield_now();
+            }
+            order
+        });
+        let transfers: Vec<_> = (0..N)
+            .map(|i| {
+                let remote: Vec<RemoteSegment> = blocks
+                    .iter()
+                    .map(|&(o, l)| RemoteSegment::new(descriptors[i], o as u64, l as u64))
+                    .collect();
+                ab.write(
+                    &[Segment::new(&sources[i], 0, BLOCK * BLOCKS)],
+                    &remote,
+                    Some(i.to_string().as_bytes()),
+                )
+                .unwrap()
+            })
+            .collect();
+        for t in &transfers {
+            assert_eq!(t.wait(DEADLINE).unwrap(), (BLOCK * BLOCKS) as u64);
+        }
+        checker.join().unwrap()
+    });
+    assert_eq!(
+        order,
+        (0..N).collect::<Vec<_>>(),
+        "notifications in send order"
+    );
+    assert_eq!(ba.pack_stats().packed_received, N as u64);
+    // The initiator's side is contiguous: sent packed from in place, no buffer needed.
+    let s = ab.pack_stats();
+    assert_eq!((s.packed_sent, s.buffers), (N as u64, 0), "{s:?}");
+}
+
+#[test]
+fn an_exhausted_pack_pool_falls_back_and_every_write_still_lands() {
+    loopback();
+    // One pack buffer per connection on both sides: back-to-back packed writes find it in
+    // use (the sender falls back) and the target may have to allocate past its pool.
+    let one = |c: tcpx_runtime::Config| tcpx_runtime::Config {
+        pack_buffers: 1,
+        ..c
+    };
+    let (a, b, ab, ba) = pair_with(one(config(2, 128 << 10)), one(config(2, 128 << 10)));
+    const N: usize = 8;
+    const BLOCK: usize = 4096;
+    const BLOCKS: usize = 1024;
+    let dst = b.alloc_host(N * 2 * BLOCK * BLOCKS).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    // Scattered on both sides (every other 4 KiB slot), so the sender needs a buffer.
+    let sources: Vec<Region> = (0..N)
+        .map(|i| source(&a, 2 * BLOCK * BLOCKS, 500 + i as u64))
+        .collect();
+    let local_blocks: Vec<(usize, usize)> = (0..BLOCKS).map(|k| (k * 2 * BLOCK, BLOCK)).collect();
+    let streams: Vec<Vec<u8>> = sources
+        .iter()
+        .map(|src| {
+            let bytes = snapshot(src);
+            local_blocks
+                .iter()
+                .flat_map(|&(o, l)| bytes[o..o + l].to_vec())
+                .collect()
+        })
+        .collect();
+    let lists: Vec<Vec<(usize, usize)>> = (0..N)
+        .map(|i| {
+            (0..BLOCKS)
+                .map(|k| ((i * BLOCKS + k) * 2 * BLOCK, BLOCK))
+                .collect()
+        })
+        .collect();
+    let transfers: Vec<_> = (0..N)
+        .map(|i| {
+            let remote: Vec<RemoteSegment> = lists[i]
+                .iter()
+                .map(|&(o, l)| RemoteSegment::new(d, o as u64, l as u64))
+                .collect();
+            let local: Vec<Segment<'_>> = local_blocks
+                .iter()
+                .map(|&(o, l)| Segment::new(&sources[i], o, l))
+                .collect();
+            ab.write(&local, &remote, None).unwrap()
+        })
+        .collect();
+    for t in &transfers {
+        assert_eq!(t.wait(DEADLINE).unwrap(), (BLOCK * BLOCKS) as u64);
+    }
+    for i in 0..N {
+        assert_blocks(&dst, &lists[i], &streams[i], &format!("write {i}"));
+    }
+    let s = ab.pack_stats();
+    assert!(s.packed_sent >= 1, "{s:?}");
+    assert!(
+        s.fallbacks >= 1,
+        "back-to-back writes found the only buffer in use: {s:?}"
+    );
+    assert_eq!(s.packed_sent + s.fallbacks, N as u64, "{s:?}");
+    assert!(s.buffers <= 1, "{s:?}");
+    assert_eq!(ba.pack_stats().packed_received, s.packed_sent);
 }

@@ -247,6 +247,60 @@ impl SharedMemory {
         Ok(f(bytes))
     }
 
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` (host memory
+    /// both), as one operation in flight on each, like a plugin request would: the copy may
+    /// run while sends and receives are in flight on either memory (the bytes it races with
+    /// are the application's race, as with a plugin request on them), but not while the CPU
+    /// holds a slice of either (`Busy`). Packing small one-sided blocks relies on this: the
+    /// blocks' memory usually has other transfers in flight.
+    pub fn copy(
+        src: &SharedMemory,
+        src_offset: usize,
+        dst: &SharedMemory,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        Self::copy_ranges(src, dst, [(src_offset, dst_offset, len)])
+    }
+
+    /// [`SharedMemory::copy`] of many `(src_offset, dst_offset, len)` ranges between the same
+    /// two memories, marked in flight once for all of them (packing thousands of small blocks
+    /// pays the state atomics once, not per block). Stops at the first range outside either
+    /// memory, after copying the ranges before it.
+    pub fn copy_ranges(
+        src: &SharedMemory,
+        dst: &SharedMemory,
+        ranges: impl IntoIterator<Item = (usize, usize, usize)>,
+    ) -> Result<()> {
+        const API: &str = "SharedMemory::copy";
+        for memory in [src, dst] {
+            if memory.kind() != MemoryKind::Host {
+                return Err(Error::invalid(
+                    API,
+                    format!("{:?} memory is not CPU-accessible", memory.kind()),
+                ));
+            }
+        }
+        let _reading = src.begin_operation(API)?;
+        let _writing = dst.begin_operation(API)?;
+        for (src_offset, dst_offset, len) in ranges {
+            src.check_range(API, src_offset, len)?;
+            dst.check_range(API, dst_offset, len)?;
+            // SAFETY: both ranges lie inside host memory that outlives the tokens; no Rust
+            // slice of either exists (the tokens exclude CPU_ACCESS); only raw pointers are
+            // used, and `copy` (memmove) is correct even when both ranges overlap in one
+            // memory.
+            unsafe {
+                std::ptr::copy(
+                    src.as_ptr().add(src_offset),
+                    dst.as_ptr().add(dst_offset),
+                    len,
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn cpu_access(&self, api: &'static str) -> Result<CpuGuard<'_>> {
         if self.kind() != MemoryKind::Host {
             return Err(Error::invalid(
@@ -354,5 +408,33 @@ mod tests {
         assert!(m.check_range("t", 0, 100).is_ok());
         assert!(m.check_range("t", 1, 100).is_err());
         assert!(m.check_range("t", usize::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn copies_run_beside_operations_but_not_beside_cpu_slices() {
+        let a = SharedMemory::host(64).unwrap();
+        let b = SharedMemory::host(64).unwrap();
+        a.with_bytes_mut(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
+            .unwrap();
+        // An operation in flight on the source does not stop a copy (it is one too).
+        let op = a.begin_operation("test").unwrap();
+        SharedMemory::copy_ranges(&a, &b, [(0, 10, 4), (60, 0, 4)]).unwrap();
+        drop(op);
+        b.with_bytes(|m| {
+            assert_eq!(&m[10..14], &[0, 1, 2, 3]);
+            assert_eq!(&m[..4], &[60, 61, 62, 63]);
+        })
+        .unwrap();
+        // Overlapping ranges of one memory move like memmove.
+        SharedMemory::copy(&a, 0, &a, 2, 8).unwrap();
+        a.with_bytes(|m| assert_eq!(&m[..10], &[0, 1, 0, 1, 2, 3, 4, 5, 6, 7]))
+            .unwrap();
+        // Out of range: refused; a CPU slice out: Busy, and nothing copied.
+        assert!(SharedMemory::copy(&a, 60, &b, 0, 5).is_err());
+        let busy = b
+            .with_bytes(|_| SharedMemory::copy(&a, 0, &b, 0, 4))
+            .unwrap();
+        assert!(matches!(busy, Err(ref e) if matches!(e.kind(), ErrorKind::Busy(_))));
+        assert_eq!(a.in_flight() + b.in_flight(), 0);
     }
 }

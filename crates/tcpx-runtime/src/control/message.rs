@@ -14,7 +14,7 @@
 //! | `ReadRequest` | 0x0101 | see [`crate::onesided::ReadRequest`] |
 //! | `Notify` | 0x0102 | u32 length + bytes (at most 64 KiB) |
 //! | `WriteAck` | 0x0103 | op_id u64, u8 0 = done / 1 = refused, then index u32 + reason u8 |
-//! | `ReadData` | 0x0104 | op_id u64 |
+//! | `ReadData` | 0x0104 | op_id u64, packed u8 (0 / 1) |
 //! | `ReadRefused` | 0x0105 | op_id u64, index u32, reason u8 |
 //! | reserved | 0x0106–0x01FF | later one-sided operations |
 //! | reserved | 0xF000–0xFFFF | experimental extensions |
@@ -250,6 +250,8 @@ pub enum Message {
     ReadData {
         /// The read's operation id.
         op_id: u64,
+        /// The data travels packed (one contiguous transfer; the initiator scatters it).
+        packed: bool,
     },
     /// The target refused a read; no data follows.
     ReadRefused {
@@ -355,7 +357,10 @@ impl Message {
                     }
                 }
             }
-            Self::ReadData { op_id } => w.u64(*op_id),
+            Self::ReadData { op_id, packed } => {
+                w.u64(*op_id);
+                w.u8(u8::from(*packed));
+            }
             Self::ReadRefused { op_id, refusal } => {
                 w.u64(*op_id);
                 write_refusal(&mut w, refusal);
@@ -438,6 +443,16 @@ impl Message {
             }
             MessageType::ReadData => Self::ReadData {
                 op_id: r.u64("op_id")?,
+                packed: match r.u8("packed")? {
+                    0 => false,
+                    1 => true,
+                    _ => {
+                        return Err(WireError::Invalid {
+                            field: "packed",
+                            why: "neither 0 nor 1",
+                        })
+                    }
+                },
             },
             MessageType::ReadRefused => Self::ReadRefused {
                 op_id: r.u64("op_id")?,

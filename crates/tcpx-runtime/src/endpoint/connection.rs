@@ -202,6 +202,12 @@ impl Connection {
             .collect()
     }
 
+    /// Packing counters of the one-sided half: batches of small blocks moved through pack
+    /// buffers, and fallbacks (see [`crate::onesided`]).
+    pub fn pack_stats(&self) -> crate::onesided::PackStats {
+        self.rma.pack.stats()
+    }
+
     /// The error that failed the connection, if it failed.
     pub fn error(&self) -> Option<Error> {
         self.link.failure().cloned()

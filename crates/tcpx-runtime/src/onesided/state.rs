@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
+use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, Part};
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::{ControlConn, Message};
@@ -31,7 +32,19 @@ pub(crate) enum PendingKind {
     Read {
         pieces: Vec<Piece>,
         schedule: Schedule,
+        /// This side offered to receive the data packed.
+        offered: bool,
+        /// The pack buffer it offered to receive into (none when its list is one run), and
+        /// where its bytes go.
+        pack: Option<ReadPack>,
     },
+}
+
+/// A read initiator's side of a packed read it offered.
+pub(crate) struct ReadPack {
+    pub(crate) lease: PackLease,
+    /// The local list, in order: the pack buffer is scattered into it.
+    pub(crate) parts: Vec<Part>,
 }
 
 /// One operation this side initiated and the target has not answered yet.
@@ -75,6 +88,8 @@ pub(crate) struct Rma {
     pending: Mutex<Pending>,
     /// The discard region (registered for receives on first refusal) and its registration.
     scratch: Mutex<Option<(Region, Arc<Registration>)>>,
+    /// Pack buffers for batches of small blocks (see `pack`).
+    pub(crate) pack: PackPool,
 }
 
 impl Rma {
@@ -84,7 +99,9 @@ impl Rma {
         shared: Arc<EndpointShared>,
         writer: Arc<Mutex<ControlConn>>,
     ) -> Self {
+        let pack = PackPool::new(shared.config.pack_buffers);
         Self {
+            pack,
             link,
             main,
             shared,
@@ -222,6 +239,55 @@ impl Rma {
         .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
+    /// Whether a batch is worth packing and every block of it is host memory on both sides
+    /// (CUDA memory is not CPU-accessible: those batches stay unpacked). The remote kinds
+    /// come from the descriptors; the target checks its own regions again.
+    fn packable(&self, local: &[Segment<'_>], remote: &[RemoteSegment], plan: &Plan) -> bool {
+        let runs = plan.pieces.len().max(plan.remote_lens.len());
+        worth_packing(plan.len, runs, self.shared.config.pack_below)
+            && local
+                .iter()
+                .all(|s| s.region.memory().kind() == tcpx::MemoryKind::Host)
+            && remote
+                .iter()
+                .all(|r| r.descriptor.kind() == tcpx::MemoryKind::Host)
+    }
+
+    /// The packed form of a batch: the contiguous schedule, and this side's pieces — the
+    /// pack buffer's whole `len`, or `own` when this side's list is one run already (a
+    /// contiguous side needs no copy: the wire only needs both sides to cut `len` alike).
+    pub(crate) fn packed_job_parts(
+        &self,
+        lease: Option<&PackLease>,
+        own: Vec<Piece>,
+        len: u64,
+        direction: Direction,
+        op_id: u64,
+    ) -> Result<(Vec<Piece>, Schedule)> {
+        let schedule = packed_schedule(
+            len,
+            self.shared.config.chunk_bytes,
+            self.link.channels,
+            op_id,
+        )
+        .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
+        let pieces = match lease {
+            Some(lease) => vec![Piece {
+                registration: register_region(&self.link, &self.shared, lease.region(), direction)?,
+                offset: 0,
+                len,
+            }],
+            None if own.len() == 1 => own,
+            None => {
+                return Err(Error::Internal(format!(
+                    "packed operation #{op_id} without a pack buffer for {} pieces",
+                    own.len()
+                )))
+            }
+        };
+        Ok((pieces, schedule))
+    }
+
     /// Registers `op` unless the connection can no longer answer it.
     fn add_pending(&self, op_id: u64, op: PendingOp) -> Result<()> {
         let mut pending = self.pending();
@@ -244,23 +310,46 @@ impl Rma {
             check_notification(n)?;
         }
         let plan = self.plan(local, remote, Direction::Send)?;
+        // Packing: gathered here, on the submitting thread (the copies cost the caller, not
+        // the watcher or the engines), before anything is queued. A local list that is one
+        // run already is sent from in place; a scattered one needs a pooled buffer, or the
+        // batch goes unpacked.
+        let mut packed = self.packable(local, remote, &plan);
+        let pack = if packed && plan.pieces.len() > 1 {
+            let lease = self.pack.for_sender()?;
+            packed = lease.is_some();
+            lease
+        } else {
+            None
+        };
+        if let Some(lease) = &pack {
+            gather(lease, &local_parts(local))?;
+        }
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
             op_id,
             entries: plan.entries,
             local_lens: plan.local_lens,
             notification: notification.map(<[u8]>::to_vec),
+            packed,
         };
         check_batch(request.payload_len(), request.entries.len())?;
-        let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
-        let job = new_job(
-            &self.link,
-            Direction::Send,
-            op_id,
-            plan.pieces,
-            schedule,
-            None,
-        );
+        let (pieces, schedule) = if packed {
+            self.packed_job_parts(pack.as_ref(), plan.pieces, plan.len, Direction::Send, op_id)?
+        } else {
+            (
+                plan.pieces,
+                self.schedule(&request.local_lens, &plan.remote_lens, op_id)?,
+            )
+        };
+        let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+        if packed {
+            self.pack.count_sent();
+        }
+        if let Some(lease) = pack {
+            // Back to the pool once the sends are done (whatever the target answers).
+            self.pack.hold(job.clone(), lease);
+        }
         let completion = Arc::new(Completion::default());
         let op = PendingOp {
             kind: PendingKind::Write { job: job.clone() },
@@ -292,11 +381,25 @@ impl Rma {
     pub(crate) fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
         self.usable()?;
         let plan = self.plan(local, remote, Direction::Recv)?;
+        // Offer to receive packed (into place when the local list is one run, else into a
+        // pooled buffer reserved for it: none free, no offer); the target decides.
+        let mut offered = self.packable(local, remote, &plan);
+        let pack = if offered && plan.pieces.len() > 1 {
+            let pack = self.pack.for_sender()?.map(|lease| ReadPack {
+                lease,
+                parts: local_parts(local),
+            });
+            offered = pack.is_some();
+            pack
+        } else {
+            None
+        };
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = ReadRequest {
             op_id,
             entries: plan.entries,
             local_lens: plan.local_lens,
+            pack: offered,
         };
         check_batch(request.payload_len(), request.entries.len())?;
         let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id)?;
@@ -305,6 +408,8 @@ impl Rma {
             kind: PendingKind::Read {
                 pieces: plan.pieces,
                 schedule,
+                offered,
+                pack,
             },
             completion: completion.clone(),
             len: plan.len,
@@ -408,6 +513,18 @@ impl Rma {
         *scratch = Some((region, registration.clone()));
         Ok((memory, registration))
     }
+}
+
+/// The local list as pack parts, in order (validated by `plan`).
+fn local_parts(local: &[Segment<'_>]) -> Vec<Part> {
+    local
+        .iter()
+        .map(|s| Part {
+            region: s.region.clone(),
+            offset: s.offset as u64,
+            len: s.len as u64,
+        })
+        .collect()
 }
 
 /// The lengths of the remote list as the target will cut it (coalesced, like the target).

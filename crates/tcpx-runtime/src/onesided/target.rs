@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::coalesce::coalesce;
-use super::state::{access_error, new_job, PendingKind, PendingOp, Rma};
+use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
+use super::state::{access_error, new_job, PendingKind, PendingOp, ReadPack, Rma};
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
 use crate::endpoint::connection::{register_region, submit_job};
@@ -27,7 +28,7 @@ use crate::engine::job::{Job, Piece};
 use crate::error::{Direction, Error, Result};
 use crate::registry::Region;
 use crate::schedule::Schedule;
-use crate::transfer::Transfer;
+use crate::transfer::{Completion, Transfer};
 
 /// Most chunks a refused write may carry into the discard region (one piece each); a peer
 /// asking for more is treated as hostile (128 GiB at the default 512 KiB chunks).
@@ -46,6 +47,9 @@ pub(crate) enum TargetItem {
         op_id: u64,
         refusal: Option<Refusal>,
         notification: Option<Vec<u8>>,
+        /// A packed write: the pack buffer it lands in, and where to scatter it (empty
+        /// when refused: the bytes stay in the buffer).
+        pack: Option<(PackLease, Vec<Part>)>,
     },
     /// A standalone notification.
     Notify(Vec<u8>),
@@ -57,6 +61,19 @@ pub(crate) enum TargetItem {
         job: Option<Arc<Job>>,
         op_id: u64,
         refusal: Option<Refusal>,
+        /// The read travels packed (`ReadData` says so).
+        packed: bool,
+        /// A packed read's pack buffer (none when sent in place), gathered from these parts
+        /// here (after every earlier write was scattered) before the job is queued.
+        pack: Option<(PackLease, Vec<Part>)>,
+    },
+    /// Initiator side: a packed read's receive job (into a pack buffer); scatter it into the
+    /// local list once done, then complete the application's transfer.
+    ScatterRead {
+        job: Arc<Job>,
+        pack: ReadPack,
+        completion: Arc<Completion>,
+        len: u64,
     },
     /// Initiator side: a write the target answered while this side's send job was still
     /// finishing; complete it once the job is done (the watcher never waits on data).
@@ -79,7 +96,7 @@ impl Rma {
                 Ok(())
             }
             Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, acker),
-            Message::ReadData { op_id } => self.on_read_data(op_id),
+            Message::ReadData { op_id, packed } => self.on_read_data(op_id, packed, acker),
             Message::ReadRefused { op_id, refusal } => {
                 let op = self.answered(op_id, "ReadRefused")?;
                 op.completion.finish(Err(access_error(&self.link, refusal)));
@@ -152,7 +169,11 @@ impl Rma {
             entries,
             local_lens,
             notification,
+            packed,
         } = request;
+        if packed {
+            return self.on_packed_write(op_id, &entries, &local_lens, notification, acker);
+        }
         let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
         let (pieces, schedule, refusal) = match self.shared.adverts.validate(&entries) {
             Ok(regions) => (
@@ -173,6 +194,102 @@ impl Rma {
             op_id,
             refusal,
             notification,
+            pack: None,
+        });
+        Ok(())
+    }
+
+    /// The total of a packed request, checked: both lists agree, and it fits a pack buffer.
+    fn packed_total(&self, entries: &[RemoteEntry], peer_lens: &[u64], op_id: u64) -> Result<u64> {
+        let total = entries.iter().try_fold(0u64, |a, e| a.checked_add(e.len));
+        let peer_total = peer_lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
+        if total.is_none_or(|t| t == 0 || t > PACK_BYTES) || peer_total != total {
+            return Err(self.violation(format!(
+                "packed request #{op_id}: empty, past {PACK_BYTES} bytes, or the lists disagree"
+            )));
+        }
+        Ok(total.unwrap_or(0))
+    }
+
+    /// Where a packed batch's bytes go (or come from) in validated `regions`, merged runs in
+    /// stream order; every region must be host memory (the initiator checked the
+    /// descriptors' kind, so anything else is a protocol violation).
+    fn parts(&self, entries: &[RemoteEntry], regions: &[Region], op_id: u64) -> Result<Vec<Part>> {
+        let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
+        let mut parts = Vec::with_capacity(runs.len());
+        for run in runs {
+            let region = regions
+                .get(run.first)
+                .ok_or_else(|| Error::Internal("validated region missing".into()))?;
+            if region.memory().kind() != tcpx::MemoryKind::Host {
+                return Err(self.violation(format!(
+                    "packed request #{op_id} names {:?} memory",
+                    region.memory().kind()
+                )));
+            }
+            parts.push(Part {
+                region: region.clone(),
+                offset: run.offset,
+                len: run.len,
+            });
+        }
+        Ok(parts)
+    }
+
+    /// Target: a packed write. Received whole into a pack buffer (refused or not: the data
+    /// is on the wire with the same contiguous schedule either way); the acknowledger
+    /// scatters it, unless refused, before acknowledging.
+    fn on_packed_write(
+        &self,
+        op_id: u64,
+        entries: &[RemoteEntry],
+        peer_lens: &[u64],
+        notification: Option<Vec<u8>>,
+        acker: &Sender<TargetItem>,
+    ) -> Result<()> {
+        let total = self.packed_total(entries, peer_lens, op_id)?;
+        let (parts, refusal) = match self.shared.adverts.validate(entries) {
+            Ok(regions) => (self.parts(entries, &regions, op_id)?, None),
+            Err(refusal) => {
+                tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "packed one-sided write refused; not scattering it");
+                (Vec::new(), Some(refusal))
+            }
+        };
+        // An accepted list of one run is received in place; anything else (a scattered
+        // list, or a refused write's data) lands in a pack buffer.
+        let (own, pack) = match (&refusal, parts.as_slice()) {
+            (None, [part]) => {
+                let own = vec![Piece {
+                    registration: register_region(
+                        &self.link,
+                        &self.shared,
+                        &part.region,
+                        Direction::Recv,
+                    )?,
+                    // Validated: within the region, a usize.
+                    offset: part.offset as usize,
+                    len: total,
+                }];
+                (own, None)
+            }
+            _ => (Vec::new(), Some((self.pack.for_receiver()?, parts))),
+        };
+        let (pieces, schedule) = self.packed_job_parts(
+            pack.as_ref().map(|(lease, _)| lease),
+            own,
+            total,
+            Direction::Recv,
+            op_id,
+        )?;
+        let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+        submit_job(&self.link, &job);
+        self.pack.count_received();
+        let _ = acker.send(TargetItem::Write {
+            job,
+            op_id,
+            refusal,
+            notification,
+            pack,
         });
         Ok(())
     }
@@ -216,9 +333,19 @@ impl Rma {
             op_id,
             entries,
             local_lens,
+            pack,
         } = request;
+        let validated = self.shared.adverts.validate(&entries);
+        if pack {
+            if let Ok(regions) = &validated {
+                if let Some(item) = self.packed_read(op_id, &entries, &local_lens, regions)? {
+                    let _ = acker.send(item);
+                    return Ok(());
+                }
+            }
+        }
         let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
-        let item = match self.shared.adverts.validate(&entries) {
+        let item = match validated {
             Ok(regions) => {
                 let pieces = self.pieces(&entries, &regions, Direction::Send)?;
                 TargetItem::ServeRead {
@@ -232,6 +359,8 @@ impl Rma {
                     )),
                     op_id,
                     refusal: None,
+                    packed: false,
+                    pack: None,
                 }
             }
             Err(refusal) => {
@@ -240,11 +369,62 @@ impl Rma {
                     job: None,
                     op_id,
                     refusal: Some(refusal),
+                    packed: false,
+                    pack: None,
                 }
             }
         };
         let _ = acker.send(item);
         Ok(())
+    }
+
+    /// Target: an accepted read the initiator offered to receive packed. This side sends the
+    /// data, so it decides: packed when its own rule says so, every region is host memory
+    /// and a pooled buffer is free; `None` serves it unpacked.
+    fn packed_read(
+        &self,
+        op_id: u64,
+        entries: &[RemoteEntry],
+        peer_lens: &[u64],
+        regions: &[Region],
+    ) -> Result<Option<TargetItem>> {
+        let total = self.packed_total(entries, peer_lens, op_id)?;
+        let own_runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len))).len();
+        if !worth_packing(
+            total,
+            own_runs.max(peer_lens.len()),
+            self.shared.config.pack_below,
+        ) || regions
+            .iter()
+            .any(|r| r.memory().kind() != tcpx::MemoryKind::Host)
+        {
+            return Ok(None);
+        }
+        let parts = self.parts(entries, regions, op_id)?;
+        // One run is sent from in place; a scattered list needs a pooled buffer.
+        let (own, pack) = if parts.len() == 1 {
+            (self.pieces(entries, regions, Direction::Send)?, None)
+        } else {
+            let Some(lease) = self.pack.for_sender()? else {
+                return Ok(None);
+            };
+            (Vec::new(), Some((lease, parts)))
+        };
+        let (pieces, schedule) = self.packed_job_parts(
+            pack.as_ref().map(|(lease, _)| lease),
+            own,
+            total,
+            Direction::Send,
+            op_id,
+        )?;
+        let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+        Ok(Some(TargetItem::ServeRead {
+            job: Some(job),
+            op_id,
+            refusal: None,
+            packed: true,
+            pack,
+        }))
     }
 
     fn answered(&self, op_id: u64, what: &str) -> Result<super::state::PendingOp> {
@@ -255,11 +435,56 @@ impl Rma {
         })
     }
 
-    /// Initiator: the target accepted a read and queued its data; queue the receive.
-    fn on_read_data(&self, op_id: u64) -> Result<()> {
+    /// Initiator: the target accepted a read and queued its data; queue the receive (into
+    /// the pack buffer offered, if the target packed: the acknowledger scatters it).
+    fn on_read_data(&self, op_id: u64, packed: bool, acker: &Sender<TargetItem>) -> Result<()> {
         let op = self.answered(op_id, "ReadData")?;
         match op.kind {
-            PendingKind::Read { pieces, schedule } => {
+            PendingKind::Read { offered: false, .. } if packed => Err(self.violation(format!(
+                "packed ReadData for read #{op_id}, which did not offer packing"
+            ))),
+            PendingKind::Read {
+                pieces, pack: None, ..
+            } if packed => {
+                // This side's list is one run: the packed data lands in place.
+                let (pieces, schedule) =
+                    self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id)?;
+                let job = new_job(
+                    &self.link,
+                    Direction::Recv,
+                    op_id,
+                    pieces,
+                    schedule,
+                    Some(op.completion),
+                );
+                submit_job(&self.link, &job);
+                self.pack.count_received();
+                Ok(())
+            }
+            PendingKind::Read {
+                pack: Some(pack), ..
+            } if packed => {
+                let (pieces, schedule) = self.packed_job_parts(
+                    Some(&pack.lease),
+                    Vec::new(),
+                    op.len,
+                    Direction::Recv,
+                    op_id,
+                )?;
+                let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+                submit_job(&self.link, &job);
+                self.pack.count_received();
+                let _ = acker.send(TargetItem::ScatterRead {
+                    job,
+                    pack,
+                    completion: op.completion,
+                    len: op.len,
+                });
+                Ok(())
+            }
+            PendingKind::Read {
+                pieces, schedule, ..
+            } => {
                 let job = new_job(
                     &self.link,
                     Direction::Recv,
@@ -350,13 +575,27 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 job,
                 op_id,
                 refusal,
+                packed,
+                pack,
             } => {
+                // Packed: gathered here, after every earlier write of the peer landed and
+                // was scattered, and before the job is queued.
+                if let (Some((lease, parts)), Some(job)) = (&pack, &job) {
+                    if let Err(e) = gather(lease, parts) {
+                        rma.link.fail(e);
+                        job.fail_with_link();
+                        if let Some((lease, _)) = pack {
+                            lease.poison();
+                        }
+                        continue;
+                    }
+                }
                 let sent = {
                     let mut writer = rma.writer();
                     match (&job, refusal) {
                         (Some(job), _) => {
                             submit_job(&rma.link, job);
-                            writer.send(&Message::ReadData { op_id })
+                            writer.send(&Message::ReadData { op_id, packed })
                         }
                         (None, Some(refusal)) => {
                             writer.send(&Message::ReadRefused { op_id, refusal })
@@ -372,7 +611,30 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                     if rma.link.is_failed() {
                         job.fail_with_link();
                     }
+                    if packed {
+                        rma.pack.count_sent();
+                    }
+                    if let Some((lease, _)) = pack {
+                        // Back to the pool once the sends are done.
+                        rma.pack.hold(job, lease);
+                    }
                 }
+            }
+            TargetItem::ScatterRead {
+                job,
+                pack,
+                completion,
+                len,
+            } => {
+                let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+                let landed =
+                    Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
+                let outcome = landed.and_then(|_| scatter(&pack.lease, &pack.parts).map(|_| len));
+                if outcome.is_err() && !job.is_finished() {
+                    // The job may still post into the buffer: never reuse it.
+                    pack.lease.poison();
+                }
+                completion.finish(outcome);
             }
             TargetItem::Complete { job, op, refusal } => {
                 complete_write(&rma.link, &job, op, refusal)
@@ -382,10 +644,24 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 op_id,
                 refusal,
                 notification,
+                pack,
             } => {
                 let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
                 let landed =
                     Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
+                // A packed write's bytes reach the application's memory here, before the
+                // notification and the acknowledgement (a refused one's never do).
+                let landed = match (&pack, landed) {
+                    (Some((lease, parts)), Ok(n)) if refusal.is_none() => {
+                        scatter(lease, parts).map(|_| n)
+                    }
+                    (_, landed) => landed,
+                };
+                if let Some((lease, _)) = pack {
+                    if !job.is_finished() {
+                        lease.poison();
+                    }
+                }
                 match landed {
                     Ok(_) => {
                         if refusal.is_none() {

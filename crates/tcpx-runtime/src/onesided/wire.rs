@@ -3,17 +3,18 @@
 //!
 //! | message | payload |
 //! |---|---|
-//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes) |
-//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens |
+//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes), flags u8 (bit 0: packed) |
+//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens, flags u8 (bit 0: packing offered) |
 //! | `Notify` 0x0102 | u32 length + bytes |
 //! | `WriteAck` 0x0103 | op_id u64, u8 0 = done / 1 = refused then a refusal |
-//! | `ReadData` 0x0104 | op_id u64 |
+//! | `ReadData` 0x0104 | op_id u64, u8 0 = unpacked / 1 = packed |
 //! | `ReadRefused` 0x0105 | op_id u64, refusal |
 //!
 //! *entries* is a u32 count then per entry region_id u64, key u64, offset u64, len u64;
 //! *local lens* is a u32 count then u64 lengths; a *refusal* is the entry index u32 and a
 //! reason code u8 ([`RefusalReason`]). Counts are checked against the bytes present before
-//! anything is allocated; a notification longer than [`MAX_NOTIFICATION`] is refused.
+//! anything is allocated; a notification longer than [`MAX_NOTIFICATION`] is refused; a flag
+//! byte with an unknown bit set is refused.
 
 use crate::control::wire::{Reader, TooLong, WireError, Writer};
 
@@ -47,6 +48,9 @@ pub struct WriteRequest {
     pub local_lens: Vec<u64>,
     /// Delivered to the target application once every byte has landed.
     pub notification: Option<Vec<u8>>,
+    /// The data travels packed: one contiguous transfer of the total length, which the
+    /// target receives into a pack buffer and scatters (the initiator decided).
+    pub packed: bool,
 }
 
 /// A one-sided read: the target answers `ReadData` (and sends) or `ReadRefused`.
@@ -58,6 +62,23 @@ pub struct ReadRequest {
     pub entries: Vec<RemoteEntry>,
     /// The initiator's (coalesced) segment lengths, in stream order.
     pub local_lens: Vec<u64>,
+    /// The initiator can receive the data packed (it holds a pack buffer for it); the
+    /// target, which sends the data, decides and says so in `ReadData`.
+    pub pack: bool,
+}
+
+/// Bit 0 of a request's flag byte.
+const FLAG_PACKED: u8 = 1;
+
+fn read_flags(r: &mut Reader<'_>) -> Result<bool, WireError> {
+    match r.u8("flags")? {
+        0 => Ok(false),
+        FLAG_PACKED => Ok(true),
+        _ => Err(WireError::Invalid {
+            field: "flags",
+            why: "unknown flag bits",
+        }),
+    }
 }
 
 /// Why a target refused a request.
@@ -230,6 +251,7 @@ impl WriteRequest {
             + self.local_lens.len() * 8
             + 1
             + self.notification.as_ref().map_or(0, |n| 4 + n.len())
+            + 1
     }
 
     pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), TooLong> {
@@ -243,6 +265,7 @@ impl WriteRequest {
                 write_blob(w, bytes)?;
             }
         }
+        w.u8(if self.packed { FLAG_PACKED } else { 0 });
         Ok(())
     }
 
@@ -260,11 +283,13 @@ impl WriteRequest {
                 })
             }
         };
+        let packed = read_flags(r)?;
         Ok(Self {
             op_id,
             entries,
             local_lens,
             notification,
+            packed,
         })
     }
 }
@@ -272,13 +297,15 @@ impl WriteRequest {
 impl ReadRequest {
     /// Encoded payload bytes (to check the frame cap before sending).
     pub fn payload_len(&self) -> usize {
-        8 + 4 + self.entries.len() * ENTRY_BYTES + 4 + self.local_lens.len() * 8
+        8 + 4 + self.entries.len() * ENTRY_BYTES + 4 + self.local_lens.len() * 8 + 1
     }
 
     pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), TooLong> {
         w.u64(self.op_id);
         write_entries(w, &self.entries)?;
-        write_lens(w, &self.local_lens)
+        write_lens(w, &self.local_lens)?;
+        w.u8(if self.pack { FLAG_PACKED } else { 0 });
+        Ok(())
     }
 
     pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
@@ -286,6 +313,7 @@ impl ReadRequest {
             op_id: r.u64("op_id")?,
             entries: read_entries(r)?,
             local_lens: read_lens(r)?,
+            pack: read_flags(r)?,
         })
     }
 }

@@ -115,14 +115,20 @@ struct Bench {
 }
 
 fn config(o: &Options) -> Result<Config> {
-    Ok(Config::builder()
+    // Packing knobs come from the environment (TCPX_PACK_BELOW=0 measures the unpacked
+    // path in the same build); everything else from the flags.
+    let env = Config::from_env()?;
+    let config = Config::builder()
         .backend(Backend::Builtin)
         .control_addr("127.0.0.1:0".parse().expect("literal"))
         .channels(o.channels)
         .chunk_bytes(o.chunk_bytes)
         .timeout(o.timeout)
         .backoff(Backoff::Park)
-        .build()?)
+        .pack_below(env.pack_below)
+        .pack_buffers(env.pack_buffers)
+        .build()?;
+    Ok(config)
 }
 
 /// Runs the sweep, handing each row to `on_row` as it is measured.
@@ -200,6 +206,12 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
             drop(point);
         }
     }
+    // Which path the batches took (packed, fallbacks, pool growth), for the record.
+    eprintln!(
+        "# packing: initiator {:?}; target {:?}",
+        bench.ab.pack_stats(),
+        bench.ba.pack_stats()
+    );
     Ok(())
 }
 

@@ -1,0 +1,387 @@
+//! Packing small scattered blocks: a one-sided batch of many small host-memory blocks travels
+//! as one contiguous transfer through pack buffers, instead of one plugin request per block.
+//!
+//! - The data sender decides ([`worth_packing`], [`crate::Config::pack_below`]) and gathers
+//!   the blocks into a pack buffer (memcpy); the flag travels in its marker (`WriteRequest`
+//!   for writes; for reads the initiator *offers* in `ReadRequest` and the target decides in
+//!   `ReadData`), so both sides derive the same contiguous schedule ([`packed_schedule`]).
+//! - Each side copies only if its own list is scattered: a side whose list is one run
+//!   already sends from / receives into it in place (the wire only needs both sides to cut
+//!   the total alike), so a contiguous staging buffer against scattered KV blocks costs one
+//!   copy, not two. Which side copies is local; only the flag travels.
+//! - The data receiver receives into a pack buffer and scatters into the blocks after the
+//!   receive job completed, on the acknowledger — before the write is acknowledged or its
+//!   notification delivered. A refused write's data lands in the pack buffer and is simply
+//!   not scattered (the contiguous schedule is the same either way: the lanes stay in step).
+//! - Pack buffers ([`PACK_BYTES`] each) come from a per-connection pool, allocated on first
+//!   use up to [`crate::Config::pack_buffers`] and registered once per direction on the RMA
+//!   link (the registration is cached on the link by region). A sender finding the pool
+//!   empty falls back to the unpacked transfer (counted in [`PackStats::fallbacks`]); a
+//!   receiver must follow the sender, so it allocates a one-off buffer past the pool
+//!   ([`PackStats::overflows`]), bounded by what the peer's own pool lets it send.
+//! - A buffer goes back to the pool only once the job using it finished: a sender's lease is
+//!   held next to its job ([`PackPool::hold`]) and reclaimed when the job is done; a lease of
+//!   a job that may still run (the connection failed) is poisoned and never reused.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use tcpx::SharedMemory;
+
+use crate::engine::job::Job;
+use crate::error::{Error, Result};
+use crate::registry::Region;
+use crate::schedule::Schedule;
+
+/// Bytes of one pack buffer, and the most a packed transfer may carry (both sides know it:
+/// a packed request past it is a protocol violation). 1024 blocks of 4 KiB fit.
+pub const PACK_BYTES: u64 = 4 << 20;
+
+/// Whether a data sender packs a batch of `total` bytes cut into `runs` pieces (the larger
+/// of both sides' merged run counts, which sets the number of plugin requests unpacked):
+/// packing is on, there is more than one run, the batch fits a pack buffer, and the average
+/// run is smaller than `pack_below`.
+pub(crate) fn worth_packing(total: u64, runs: usize, pack_below: u32) -> bool {
+    pack_below > 0
+        && runs > 1
+        && total > 0
+        && total <= PACK_BYTES
+        && total / (runs as u64) < u64::from(pack_below)
+}
+
+/// The schedule of a packed transfer of `total` bytes: the same on both sides (one contiguous
+/// segment each), rotated by the operation id like every one-sided schedule.
+pub(crate) fn packed_schedule(
+    total: u64,
+    chunk_bytes: u32,
+    channels: u16,
+    op_id: u64,
+) -> std::result::Result<Schedule, crate::schedule::ScheduleError> {
+    Schedule::vectored(&[total], &[total], chunk_bytes, channels).map(|s| s.rotated(op_id))
+}
+
+/// Packing counters of one connection (both roles), from [`crate::Connection::pack_stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PackStats {
+    /// Packed transfers this side sent (writes it initiated, reads it served).
+    pub packed_sent: u64,
+    /// Packed transfers this side received and scattered (writes it served, reads it
+    /// initiated; refused writes included, though not scattered).
+    pub packed_received: u64,
+    /// Batches worth packing sent unpacked because every pooled buffer was in use.
+    pub fallbacks: u64,
+    /// One-off buffers a receiver allocated past its pool to follow a packing sender.
+    pub overflows: u64,
+    /// Pooled buffers allocated so far (at most [`crate::Config::pack_buffers`] alive).
+    pub buffers: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    packed_sent: AtomicU64,
+    packed_received: AtomicU64,
+    fallbacks: AtomicU64,
+    overflows: AtomicU64,
+    buffers: AtomicU64,
+}
+
+struct PoolInner {
+    free: Mutex<Vec<Region>>,
+    /// Pooled buffers alive (free or leased).
+    pooled: AtomicUsize,
+}
+
+/// One connection's pack buffers (see the module docs).
+pub(crate) struct PackPool {
+    cap: usize,
+    inner: Arc<PoolInner>,
+    /// Senders' leases waiting for their job to finish.
+    held: Mutex<Vec<(Arc<Job>, PackLease)>>,
+    counters: Counters,
+}
+
+/// A pack buffer in use; back to the pool on drop (unless poisoned or one-off).
+pub(crate) struct PackLease {
+    region: Region,
+    pool: Option<Weak<PoolInner>>,
+    poisoned: bool,
+}
+
+impl PackLease {
+    /// The buffer.
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// Never reuse this buffer: a job that may still post on it is not known to be done.
+    pub(crate) fn poison(mut self) {
+        self.poisoned = true;
+    }
+}
+
+impl Drop for PackLease {
+    fn drop(&mut self) {
+        let Some(pool) = self.pool.take().and_then(|w| w.upgrade()) else {
+            return;
+        };
+        // Belt and braces: a buffer with a request still in flight is never reused.
+        if self.poisoned || self.region.memory().in_flight() > 0 {
+            pool.pooled.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        pool.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.region.clone());
+    }
+}
+
+impl PackPool {
+    /// An empty pool of at most `cap` buffers.
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            inner: Arc::new(PoolInner {
+                free: Mutex::new(Vec::new()),
+                pooled: AtomicUsize::new(0),
+            }),
+            held: Mutex::new(Vec::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, Vec<(Arc<Job>, PackLease)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `lease` until `job` (which sends from it) finished.
+    pub(crate) fn hold(&self, job: Arc<Job>, lease: PackLease) {
+        self.held().push((job, lease));
+    }
+
+    /// Returns the leases of finished jobs to the pool.
+    pub(crate) fn reclaim(&self) {
+        let done: Vec<PackLease> = {
+            let mut held = self.held();
+            let mut done = Vec::new();
+            let mut i = 0;
+            while i < held.len() {
+                if held[i].0.is_finished() {
+                    done.push(held.swap_remove(i).1);
+                } else {
+                    i += 1;
+                }
+            }
+            done
+        };
+        drop(done);
+    }
+
+    /// A pooled buffer: a free one, or a new one while fewer than the cap are alive.
+    fn pooled(&self) -> Result<Option<PackLease>> {
+        self.reclaim();
+        let reused = self
+            .inner
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        if let Some(region) = reused {
+            return Ok(Some(self.lease(region, true)));
+        }
+        let grown = self
+            .inner
+            .pooled
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .is_ok();
+        if !grown {
+            return Ok(None);
+        }
+        match allocate() {
+            Ok(region) => {
+                self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(self.lease(region, true)))
+            }
+            Err(e) => {
+                self.inner.pooled.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    fn lease(&self, region: Region, pooled: bool) -> PackLease {
+        PackLease {
+            region,
+            pool: pooled.then(|| Arc::downgrade(&self.inner)),
+            poisoned: false,
+        }
+    }
+
+    /// A buffer for a data sender (or a read initiator offering to receive packed), or
+    /// `None` when every pooled buffer is in use: the caller goes unpacked.
+    pub(crate) fn for_sender(&self) -> Result<Option<PackLease>> {
+        let lease = self.pooled()?;
+        if lease.is_none() {
+            self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(lease)
+    }
+
+    /// A buffer for a receiver that must follow a packing sender: pooled if one is free or
+    /// the pool may grow, else a one-off buffer dropped after use.
+    pub(crate) fn for_receiver(&self) -> Result<PackLease> {
+        if let Some(lease) = self.pooled()? {
+            return Ok(lease);
+        }
+        self.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        Ok(self.lease(allocate()?, false))
+    }
+
+    /// Counts a packed transfer sent.
+    pub(crate) fn count_sent(&self) {
+        self.counters.packed_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a packed transfer received.
+    pub(crate) fn count_received(&self) {
+        self.counters
+            .packed_received
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters.
+    pub(crate) fn stats(&self) -> PackStats {
+        let c = &self.counters;
+        PackStats {
+            packed_sent: c.packed_sent.load(Ordering::Relaxed),
+            packed_received: c.packed_received.load(Ordering::Relaxed),
+            fallbacks: c.fallbacks.load(Ordering::Relaxed),
+            overflows: c.overflows.load(Ordering::Relaxed),
+            buffers: c.buffers.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn allocate() -> Result<Region> {
+    // PACK_BYTES is 4 MiB: it fits a usize.
+    let memory = SharedMemory::host(PACK_BYTES as usize)
+        .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
+    Ok(Region::new(memory))
+}
+
+/// One block of a packed batch on this side: `len` bytes at `offset` in `region`.
+pub(crate) struct Part {
+    pub(crate) region: Region,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+/// Copies `parts`, in order, into the pack buffer from offset 0 (the data sender).
+pub(crate) fn gather(pack: &PackLease, parts: &[Part]) -> Result<()> {
+    copy_parts(pack, parts, true)
+        .map_err(|e| Error::Internal(format!("packing one-sided blocks: {e}")))
+}
+
+/// Copies the pack buffer, from offset 0, into `parts` in order (the data receiver).
+pub(crate) fn scatter(pack: &PackLease, parts: &[Part]) -> Result<()> {
+    copy_parts(pack, parts, false)
+        .map_err(|e| Error::Internal(format!("unpacking one-sided blocks: {e}")))
+}
+
+/// The copies of [`gather`] (`into_pack`) or [`scatter`]: consecutive parts of one region go
+/// in one [`SharedMemory::copy_ranges`] call (one pair of state updates per run of parts,
+/// not per block).
+fn copy_parts(pack: &PackLease, parts: &[Part], into_pack: bool) -> tcpx::Result<()> {
+    let buffer = pack.region().memory();
+    let mut at = 0usize;
+    let mut rest = parts;
+    while let Some(first) = rest.first() {
+        let same = rest
+            .iter()
+            .take_while(|p| p.region.memory().same_as(first.region.memory()))
+            .count();
+        let (group, tail) = rest.split_at(same);
+        let start = at;
+        // Parts were validated against their regions and total at most PACK_BYTES: every
+        // offset and length fits a usize.
+        let ranges = group.iter().scan(start, |pos, p| {
+            let here = *pos;
+            *pos += p.len as usize;
+            Some((p.offset as usize, here, p.len as usize))
+        });
+        let memory = first.region.memory();
+        if into_pack {
+            SharedMemory::copy_ranges(memory, buffer, ranges)?;
+        } else {
+            SharedMemory::copy_ranges(buffer, memory, ranges.map(|(o, h, l)| (h, o, l)))?;
+        }
+        at += group.iter().map(|p| p.len as usize).sum::<usize>();
+        rest = tail;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_packs_small_blocks_only() {
+        assert!(worth_packing(4 << 20, 1024, 64 << 10));
+        assert!(
+            !worth_packing(4 << 20, 1, 64 << 10),
+            "one run is contiguous already"
+        );
+        assert!(!worth_packing(4 << 20, 1024, 0), "0 turns packing off");
+        assert!(
+            !worth_packing(8 << 20, 64, 64 << 10),
+            "128 KiB blocks stay unpacked"
+        );
+        assert!(
+            !worth_packing(PACK_BYTES + 1, 1 << 20, 64 << 10),
+            "past a pack buffer"
+        );
+    }
+
+    #[test]
+    fn a_full_pool_says_so_and_refills_on_drop() {
+        let pool = PackPool::new(1);
+        let a = pool.for_sender().unwrap().expect("first buffer");
+        assert!(pool.for_sender().unwrap().is_none());
+        let overflow = pool.for_receiver().unwrap();
+        drop(overflow);
+        drop(a);
+        let again = pool.for_sender().unwrap().expect("returned buffer");
+        again.poison();
+        let fresh = pool
+            .for_sender()
+            .unwrap()
+            .expect("a poisoned buffer frees its slot");
+        drop(fresh);
+        let s = pool.stats();
+        assert_eq!((s.fallbacks, s.overflows, s.buffers), (1, 1, 2));
+    }
+
+    #[test]
+    fn gather_then_scatter_round_trips() {
+        let src = Region::new(SharedMemory::host(64).unwrap());
+        src.memory()
+            .with_bytes_mut(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
+            .unwrap();
+        let dst = Region::new(SharedMemory::host(64).unwrap());
+        let pool = PackPool::new(1);
+        let pack = pool.for_sender().unwrap().unwrap();
+        let part = |region: &Region, offset, len| Part {
+            region: region.clone(),
+            offset,
+            len,
+        };
+        gather(&pack, &[part(&src, 40, 3), part(&src, 1, 5)]).unwrap();
+        scatter(&pack, &[part(&dst, 0, 4), part(&dst, 60, 4)]).unwrap();
+        let got = dst.memory().with_bytes(|b| b.to_vec()).unwrap();
+        assert_eq!(&got[..4], &[40, 41, 42, 1]);
+        assert_eq!(&got[60..], &[2, 3, 4, 5]);
+    }
+}
