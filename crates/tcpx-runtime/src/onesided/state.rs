@@ -273,7 +273,13 @@ impl Rma {
         .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
         let pieces = match lease {
             Some(lease) => vec![Piece {
-                registration: register_region(&self.link, &self.shared, lease.region(), direction)?,
+                registration: Some(register_region(
+                    &self.link,
+                    &self.shared,
+                    lease.region(),
+                    direction,
+                )?),
+                memory: lease.region().memory().clone(),
                 offset: 0,
                 len,
             }],

@@ -260,12 +260,13 @@ impl Rma {
         let (own, pack) = match (&refusal, parts.as_slice()) {
             (None, [part]) => {
                 let own = vec![Piece {
-                    registration: register_region(
+                    registration: Some(register_region(
                         &self.link,
                         &self.shared,
                         &part.region,
                         Direction::Recv,
-                    )?,
+                    )?),
+                    memory: part.region.memory().clone(),
                     // Validated: within the region, a usize.
                     offset: part.offset as usize,
                     len: total,
