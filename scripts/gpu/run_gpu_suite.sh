@@ -2,7 +2,7 @@
 # GPU suite: the GPU test binaries (crates/tcpx/tests/gpu_*.rs and the runtime's staged-path
 # tests crates/tcpx-runtime/tests/gpu_staged.rs), the unpack benchmark
 # (crates/tcpx/examples/gpu_unpack_bench.rs), GPU→GPU through the whole stack
-# (tcpx-bench stack --memory cuda, 8 channels, 1 MiB..256 MiB, verified) and, with two or more
+# (tcpx-bench stack --memory cuda, 16 channels of 1 MiB chunks, 1 MiB..256 MiB, verified) and, with two or more
 # GPUs, NCCL's Socket transport as the P2 baseline (scripts/gpu/nccl_socket_baseline.py), run
 # from a folder of prebuilt binaries on a machine with a GPU, with a summary table at the end
 # (about 2-4 minutes on an H100/H200).
@@ -24,7 +24,7 @@
 #   scripts/gpu/run_gpu_suite.sh run [DIR] [BENCH ARGS...]
 #     - runs every DIR/gpu_* test binary (--test-threads=1 --nocapture), then
 #       DIR/gpu_unpack_bench with BENCH ARGS (default: --mib 256 --frag 4096 --mixed), then
-#       DIR/tcpx-bench stack --memory cuda (8 channels, 1MiB..256MiB, --verify; loopback only),
+#       DIR/tcpx-bench stack --memory cuda (16 channels, 1 MiB chunks, 1MiB..256MiB, --verify; loopback only),
 #       then the NCCL Socket baseline when there are >= 2 GPUs (needs python3 + PyTorch);
 #       logs to ${OUT:-DIR}/logs/, prints a table; exits non-zero if anything failed.
 #     - SKIP_NCCL=1 skips the NCCL baseline; STACK_ARGS="..." replaces the stack arguments.
@@ -115,7 +115,7 @@ run)
     fi
     # GPU→GPU through the whole stack (two endpoints in this process, loopback only).
     slog="$logs/tcpx-bench-stack-cuda.log"
-    read -r -a stack_args <<<"${STACK_ARGS:---channels 8 --sizes 1MiB..256MiB --reps 3 --bytes 1GiB --verify}"
+    read -r -a stack_args <<<"${STACK_ARGS:---channels 16 --chunk 1MiB --sizes 1MiB..256MiB --reps 3 --bytes 1GiB --verify}"
     if [ -x "$dir/tcpx-bench" ]; then
         echo "== tcpx-bench stack --memory cuda ${stack_args[*]}"
         TCPX_SOCKET_IFNAME=lo timeout 240 "$dir/tcpx-bench" stack --memory cuda "${stack_args[@]}" 2>&1 | tee "$slog"
@@ -148,7 +148,7 @@ run)
     echo "| nccl_socket_baseline.py | $nstatus | | | | |"
     grep '^RESULT' "$blog" 2>/dev/null
     echo
-    echo "GPU→GPU, whole stack (staged), 8 channels vs raw TCP; GB/s = 10^9 B/s:"
+    echo "GPU→GPU, whole stack (staged), as run above, vs raw TCP; GB/s = 10^9 B/s:"
     grep -E '^ *[0-9]+(KiB|MiB|GiB) ' "$slog" 2>/dev/null
     ours="$(grep -E '^ *256MiB ' "$slog" 2>/dev/null | awk '{print $2}')"
     tuned="$(grep -o 'nccl_socket_tuned_gbps=[0-9.]*' "$nlog" 2>/dev/null | cut -d= -f2)"
