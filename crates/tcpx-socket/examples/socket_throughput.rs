@@ -2,7 +2,7 @@
 //! in flight) against one raw blocking TCP stream, measured side by side in the same run.
 //!
 //! ```text
-//! cargo run --release -p tcpx-socket --example throughput -- [MSG_MIB] [TOTAL_MIB] [REPS]
+//! cargo run --release -p tcpx-socket --example socket_throughput -- [MSG_MIB] [TOTAL_MIB] [REPS]
 //! ```
 //! Sockets per comm come from `TCPX_SOCKET_NSOCKS` (default 1). Traffic stays on 127.0.0.1.
 //! GB/s are 10^9 bytes per second; the figure printed is the median of REPS runs.
