@@ -81,6 +81,7 @@ fn refusal() -> impl Strategy<Value = Refusal> {
             Just(RefusalReason::WrongKey),
             Just(RefusalReason::Revoked),
             Just(RefusalReason::OutOfBounds),
+            Just(RefusalReason::UnsupportedMemory),
         ],
     )
         .prop_map(|(index, reason)| Refusal { index, reason })
@@ -389,5 +390,43 @@ fn packing_flags_with_unknown_bits_are_refused() {
                 "{bad:#x}"
             );
         }
+    }
+}
+
+#[test]
+fn refusal_reason_codes_are_one_to_five_and_nothing_else() {
+    let reasons = [
+        RefusalReason::UnknownRegion,
+        RefusalReason::WrongKey,
+        RefusalReason::Revoked,
+        RefusalReason::OutOfBounds,
+        RefusalReason::UnsupportedMemory,
+    ];
+    let msg = |reason| Message::ReadRefused {
+        op_id: 9,
+        refusal: Refusal { index: 3, reason },
+    };
+    let frame = |payload: Vec<u8>| Frame {
+        version: PROTOCOL_VERSION,
+        kind: msg(RefusalReason::UnknownRegion).kind(),
+        payload,
+    };
+    for (code, reason) in (1u8..).zip(reasons) {
+        let mut wire = Vec::new();
+        msg(reason).encode(&mut wire).unwrap();
+        let payload = wire[HEADER_LEN..].to_vec();
+        // The reason code is the last byte of a `ReadRefused` payload.
+        assert_eq!(payload[payload.len() - 1], code, "{reason:?}");
+        assert_eq!(Message::decode(&frame(payload)).unwrap(), msg(reason));
+    }
+    let mut wire = Vec::new();
+    msg(RefusalReason::UnsupportedMemory)
+        .encode(&mut wire)
+        .unwrap();
+    let mut payload = wire[HEADER_LEN..].to_vec();
+    let last = payload.len() - 1;
+    for bad in [0u8, 6, 7, 0x80, 0xff] {
+        payload[last] = bad;
+        assert!(Message::decode(&frame(payload.clone())).is_err(), "{bad}");
     }
 }

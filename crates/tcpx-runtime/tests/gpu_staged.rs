@@ -8,7 +8,7 @@ mod common;
 
 use common::{check, fill, loopback, pair, DEADLINE};
 use tcpx::cuda::{self, CudaDevice};
-use tcpx_runtime::{Connection, Endpoint, Error, Region, Segment};
+use tcpx_runtime::{Connection, Endpoint, Error, Region, RemoteSegment, Segment};
 
 /// The GPUs of endpoints a and b, or `None` (after printing why) without a CUDA driver.
 fn gpus() -> Option<(CudaDevice, CudaDevice)> {
@@ -206,4 +206,85 @@ fn cuda_memory_the_plugin_cannot_take_is_refused_clearly() {
     }
     // Nothing above broke the connection.
     assert!(ab.error().is_none());
+}
+
+/// One-sided WRITE (with a notification) and READ between GPU regions: the target's
+/// advertised CUDA memory is staged like the initiator's, on both sides through the engines'
+/// rings. Lists cut differently on each side, spread over two target regions, with gaps.
+#[test]
+fn one_sided_write_and_read_gpu_to_gpu() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    for channels in [1u16, 4] {
+        let (a, b, ab, _ba) = pair(channels, 512 << 10);
+        let len = (9 << 20) + 5;
+        let seed = 2000 + u64::from(channels);
+        let src = region(&a, Some(&ga), len, Some(seed));
+        let t0 = region(&b, Some(&gb), 16 << 20, None);
+        let t1 = region(&b, Some(&gb), 16 << 20, None);
+        assert!(src.is_staged() && t0.is_staged() && t1.is_staged());
+        let (d0, d1) = (b.advertise(&t0).unwrap(), b.advertise(&t1).unwrap());
+        assert_eq!(d0.kind(), tcpx::MemoryKind::Cuda);
+        // Stream order: [0, 3 MiB) → t0 at 1 MiB, [3 MiB, 3 MiB + 4097) → t1 at 0,
+        // the rest → t0 at 8 MiB + 1 (unaligned).
+        let first = 3 << 20;
+        let second = 4097;
+        let rest = len - first - second;
+        let remote = [
+            RemoteSegment::new(d0, 1 << 20, first as u64),
+            RemoteSegment::new(d1, 0, second as u64),
+            RemoteSegment::new(d0, (8 << 20) + 1, rest as u64),
+        ];
+        let local = segments(&src, &[len / 2, 1, len - len / 2 - 1]);
+        let started = std::time::Instant::now();
+        let tx = ab
+            .write(&local, &remote, Some(b"gpu write"))
+            .expect("write");
+        assert_eq!(tx.wait(DEADLINE).expect("write"), len as u64);
+        println!(
+            "one-sided GPU→GPU write of {len} bytes on {channels} channels: {:?}",
+            started.elapsed()
+        );
+        // The notification comes only after every byte landed in GPU memory.
+        let mut notes = Vec::new();
+        assert!(common::eventually(DEADLINE, || {
+            notes.extend(b.notifications());
+            !notes.is_empty()
+        }));
+        assert_eq!(notes[0].1, b"gpu write");
+        let mut expected = vec![0u8; len];
+        fill(&mut expected, seed);
+        let mut got = vec![0u8; rest];
+        for (r, at, from, n) in [
+            (&t0, 1 << 20, 0, first),
+            (&t1, 0, first, second),
+            (&t0, (8 << 20) + 1, first + second, rest),
+        ] {
+            r.read(at, &mut got[..n]).expect("read back");
+            assert!(
+                got[..n] == expected[from..from + n],
+                "write: {n} bytes at {at} on {channels} channels"
+            );
+        }
+
+        // Read the same list back into a fresh GPU region, cut another way.
+        let back = region(&a, Some(&ga), len, None);
+        let started = std::time::Instant::now();
+        let rx = ab
+            .read(&segments(&back, &[1000, len - 2000, 1000]), &remote)
+            .expect("read");
+        assert_eq!(rx.wait(DEADLINE).expect("read"), len as u64);
+        println!(
+            "one-sided GPU→GPU read of {len} bytes on {channels} channels: {:?}",
+            started.elapsed()
+        );
+        verify(
+            &back,
+            len,
+            seed,
+            &format!("one-sided read on {channels} channels"),
+        );
+        assert_eq!(b.access_refusals(), 0);
+        assert!(ab.error().is_none());
+    }
 }

@@ -463,10 +463,12 @@ pub(crate) fn register_region(
     direction: Direction,
 ) -> Result<Arc<Registration>> {
     if region.is_staged() {
-        // The plugin cannot take this memory: only the engines' staged path (two-sided
-        // transfers) moves it, through their pinned rings.
+        // The plugin cannot take this memory: only the engines' staged path moves it,
+        // through their pinned rings (two-sided and one-sided callers check `is_staged`
+        // and never come here with a staged region; this is the backstop).
         return Err(Error::Unsupported(
-            "a staged CUDA region (CUDA memory on a host-only plugin) moves only in two-sided              send / recv; one-sided operations on it are not supported yet"
+            "a staged CUDA region (CUDA memory on a host-only plugin) is never registered \
+             with the plugin: it moves through the engines' pinned rings"
                 .into(),
         ));
     }

@@ -333,7 +333,9 @@ impl Endpoint {
     /// [`Descriptor`] (hand it over out of band, [`Descriptor::to_bytes`]) lets a peer
     /// [`Connection::write`] into and [`Connection::read`] from the region, with no call on
     /// this side. The endpoint keeps the region alive until [`Endpoint::revoke`]; advertising
-    /// a region again gives it a fresh key and retires the old descriptor.
+    /// a region again gives it a fresh key and retires the old descriptor. A staged CUDA
+    /// region ([`Region::is_staged`]) is advertised as CUDA memory and served through the
+    /// engines' pinned rings; one request's list must not mix it with other memory.
     pub fn advertise(&self, region: &Region) -> Result<Descriptor> {
         self.shared.adverts.advertise(region)
     }

@@ -62,10 +62,19 @@ pub(crate) fn staging_of<'r>(
                 .into(),
         ));
     }
-    Ok(Some(match first.cuda_device() {
+    Ok(staging_for(first))
+}
+
+/// Where a staged region's copies run: its GPU, or the CPU for an emulated staged region
+/// ([`crate::Endpoint::register_staged_emulation`]); `None` for a region that is not staged.
+pub(crate) fn staging_for(region: &Region) -> Option<Staging> {
+    if !region.is_staged() {
+        return None;
+    }
+    Some(match region.cuda_device() {
         Some(device) => Staging::Cuda(device.clone()),
         None => Staging::Emulated,
-    }))
+    })
 }
 
 /// One transfer as the engines see it.

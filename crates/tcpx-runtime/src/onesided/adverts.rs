@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::descriptor::{random_key, Descriptor};
 use super::wire::{Refusal, RefusalReason, RemoteEntry};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::registry::Region;
 
 /// One advertised region. A revoked entry keeps its id and key (so a request naming it is
@@ -26,14 +26,9 @@ pub(crate) struct AdvertBook {
 
 impl AdvertBook {
     /// Advertises `region` (again: a region advertised twice gets a fresh key, and the old
-    /// descriptor stops working).
+    /// descriptor stops working). Staged regions are accepted: one-sided operations on them
+    /// move through the engines' pinned rings, never through a plugin registration.
     pub(crate) fn advertise(&self, region: &Region) -> Result<Descriptor> {
-        if region.is_staged() {
-            return Err(Error::Unsupported(
-                "a staged CUDA region (CUDA memory on a host-only plugin) cannot be advertised                  for one-sided access yet"
-                    .into(),
-            ));
-        }
         let key = random_key()?;
         let id = region.inner.id;
         self.lock().insert(
@@ -43,12 +38,16 @@ impl AdvertBook {
                 key,
             },
         );
-        Ok(Descriptor::new(
-            id,
-            region.len() as u64,
-            region.memory().kind(),
-            key,
-        ))
+        // A staged region is advertised as CUDA memory even when it is emulated (host memory
+        // taking the staged route): peers then treat it exactly like the GPU region it stands
+        // in for — in particular they never pack a batch naming it (staged memory never packs,
+        // see `pack`), so an emulation run exercises the same protocol as a GPU run.
+        let kind = if region.is_staged() {
+            tcpx::MemoryKind::Cuda
+        } else {
+            region.memory().kind()
+        };
+        Ok(Descriptor::new(id, region.len() as u64, kind, key))
     }
 
     /// Revokes `descriptor`; returns whether it was advertised and not yet revoked. Requests
@@ -64,8 +63,8 @@ impl AdvertBook {
         }
     }
 
-    /// Checks every entry; on success, each entry's region. On the first bad entry, the
-    /// refusal naming it (and the refusal is counted).
+    /// Checks every entry; on success, each entry's region (all staged or none). On the first
+    /// bad entry, the refusal naming it (and the refusal is counted).
     pub(crate) fn validate(&self, entries: &[RemoteEntry]) -> Result<Vec<Region>, Refusal> {
         let adverts = self.lock();
         let mut regions = Vec::with_capacity(entries.len());
@@ -93,6 +92,20 @@ impl AdvertBook {
                     self.count_refusal();
                     return Err(refuse(reason));
                 }
+            }
+        }
+        drop(adverts);
+        // One job moves the whole list, and a job is staged as a whole or not at all: a list
+        // mixing staged regions with others is refused, naming the first entry that differs
+        // from the first one.
+        if let Some(first) = regions.first() {
+            let staged = first.is_staged();
+            if let Some(index) = regions.iter().position(|r| r.is_staged() != staged) {
+                self.count_refusal();
+                return Err(Refusal {
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    reason: RefusalReason::UnsupportedMemory,
+                });
             }
         }
         Ok(regions)

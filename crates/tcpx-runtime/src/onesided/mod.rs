@@ -53,7 +53,22 @@
 //! write (before its notification and `WriteAck`), gathers a read it serves (after every
 //! earlier write was scattered) and scatters a read it initiated (before completing it).
 //! The watcher only builds jobs. A refused packed write lands in a pack buffer and is not
-//! scattered. A sender with no free pooled buffer sends unpacked; CUDA memory never packs.
+//! scattered. A sender with no free pooled buffer sends unpacked; CUDA memory and staged
+//! regions never pack.
+//!
+//! # Staged regions (CUDA memory on a host-only plugin)
+//! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs
+//! over it carry `staging` and unregistered pieces, and the engines copy every chunk through
+//! their pinned rings, exactly as for two-sided transfers. Staging is each side's own
+//! business (the wire carries the same chunks either way), so staged ↔ staged, staged ↔
+//! host and host ↔ staged all work. A job is staged as a whole or not at all, so each side's
+//! list must be all staged or none: the initiator refuses a mixed local list up front
+//! ([`crate::Error::InvalidArgument`]); a target refuses a mixed remote list with
+//! [`RefusalReason::UnsupportedMemory`] like any other refusal (the lanes stay in step, the
+//! discard region is host memory). A staged region is advertised as CUDA memory, emulated
+//! ones included, so initiators never pack a batch naming it; a packed request naming one
+//! is a protocol violation. A write's notification still follows its bytes: a staged
+//! receive chunk is retired only once its ring → memory copy is seen done.
 //!
 //! # Notifications
 //! Standalone ([`crate::Connection::notify`]) or attached to a write; delivered to

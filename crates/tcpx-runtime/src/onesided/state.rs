@@ -14,7 +14,8 @@ use crate::control::codec::MAX_PAYLOAD;
 use crate::control::{ControlConn, Message};
 use crate::endpoint::connection::{register_region, submit_job};
 use crate::endpoint::{EndpointShared, Segment};
-use crate::engine::job::{Job, Piece};
+use crate::engine::job::{staging_of, Job, Piece};
+use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
 use crate::registry::{Region, Registration};
@@ -32,6 +33,8 @@ pub(crate) enum PendingKind {
     Read {
         pieces: Vec<Piece>,
         schedule: Schedule,
+        /// Set when the local list is staged: the receive job copies through the rings.
+        staging: Option<Staging>,
         /// This side offered to receive the data packed.
         offered: bool,
         /// The pack buffer it offered to receive into (none when its list is one run), and
@@ -65,9 +68,12 @@ struct Pending {
     last_sweep: Option<Instant>,
 }
 
-/// A local list and a remote list checked, coalesced and registered.
+/// A local list and a remote list checked, coalesced and registered (or, staged, left to the
+/// engines' rings).
 struct Plan {
     pieces: Vec<Piece>,
+    /// Set when the local list is staged (all of it: a mixed list is refused).
+    staging: Option<Staging>,
     local_lens: Vec<u64>,
     entries: Vec<RemoteEntry>,
     remote_lens: Vec<u64>,
@@ -135,7 +141,8 @@ impl Rma {
         Ok(())
     }
 
-    /// Checks both lists, coalesces them and registers the local regions for `direction`.
+    /// Checks both lists, coalesces them and registers the local regions for `direction`
+    /// (staged regions are not registered: the plugin only ever sees the lanes' rings).
     fn plan(
         &self,
         local: &[Segment<'_>],
@@ -188,6 +195,14 @@ impl Rma {
                 "the local list holds {len} bytes and the remote list {remote_len}: they must be equal"
             )));
         }
+        // All staged or none, checked before anything is registered. Only a list naming a
+        // staged region goes through `staging_of`: other lists keep their direct route
+        // unchanged (a plugin taking CUDA pointers registers CUDA regions itself).
+        let staging = if local.iter().any(|s| s.region.is_staged()) {
+            staging_of(local.iter().map(|s| s.region), direction)?
+        } else {
+            None
+        };
         let local_runs = coalesce(
             local
                 .iter()
@@ -196,13 +211,18 @@ impl Rma {
         let mut pieces = Vec::with_capacity(local_runs.len());
         for Run { first, offset, len } in &local_runs {
             let region = local[*first].region;
-            pieces.push(Piece {
-                registration: Some(register_region(
+            // Staged regions never reach `register_region` (which refuses them).
+            let registration = match staging {
+                Some(_) => None,
+                None => Some(register_region(
                     &self.link,
                     &self.shared,
                     region,
                     direction,
                 )?),
+            };
+            pieces.push(Piece {
+                registration,
                 memory: region.memory().clone(),
                 // Within the region, so it fits a usize.
                 offset: *offset as usize,
@@ -222,6 +242,7 @@ impl Rma {
         Ok(Plan {
             local_lens: pieces.iter().map(|p| p.len).collect(),
             pieces,
+            staging,
             entries,
             remote_lens,
             len,
@@ -239,15 +260,18 @@ impl Rma {
         .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
-    /// Whether a batch is worth packing and every block of it is host memory on both sides
-    /// (CUDA memory is not CPU-accessible: those batches stay unpacked). The remote kinds
-    /// come from the descriptors; the target checks its own regions again.
+    /// Whether a batch is worth packing and every block of it is unstaged host memory on
+    /// both sides (CUDA memory is not CPU-accessible: those batches stay unpacked; staged
+    /// regions never pack either, emulated ones included, so that one rule covers every
+    /// staged region). The remote kinds come from the descriptors (a staged region is
+    /// advertised as CUDA memory); the target checks its own regions again.
     fn packable(&self, local: &[Segment<'_>], remote: &[RemoteSegment], plan: &Plan) -> bool {
         let runs = plan.pieces.len().max(plan.remote_lens.len());
-        worth_packing(plan.len, runs, self.shared.config.pack_below)
-            && local
-                .iter()
-                .all(|s| s.region.memory().kind() == tcpx::MemoryKind::Host)
+        plan.staging.is_none()
+            && worth_packing(plan.len, runs, self.shared.config.pack_below)
+            && local.iter().all(|s| {
+                !s.region.is_staged() && s.region.memory().kind() == tcpx::MemoryKind::Host
+            })
             && remote
                 .iter()
                 .all(|r| r.descriptor.kind() == tcpx::MemoryKind::Host)
@@ -348,7 +372,16 @@ impl Rma {
                 self.schedule(&request.local_lens, &plan.remote_lens, op_id)?,
             )
         };
-        let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+        let staging = if packed { None } else { plan.staging };
+        let job = new_job(
+            &self.link,
+            Direction::Send,
+            op_id,
+            pieces,
+            staging,
+            schedule,
+            None,
+        );
         if packed {
             self.pack.count_sent();
         }
@@ -414,6 +447,7 @@ impl Rma {
             kind: PendingKind::Read {
                 pieces: plan.pieces,
                 schedule,
+                staging: plan.staging,
                 offered,
                 pack,
             },
@@ -541,17 +575,26 @@ pub(crate) fn remote_lens(entries: &[RemoteEntry]) -> Vec<u64> {
         .collect()
 }
 
-/// A job on `link` counted in its in-flight transfers, with `schedule` published.
+/// A job on `link` counted in its in-flight transfers, with `schedule` published; `staging`
+/// set when its pieces are staged regions (`registration: None`: the lanes copy through
+/// their rings).
 pub(crate) fn new_job(
     link: &Arc<Link>,
     direction: Direction,
     op_id: u64,
     pieces: Vec<Piece>,
+    staging: Option<Staging>,
     schedule: Schedule,
     completion: Option<Arc<Completion>>,
 ) -> Arc<Job> {
-    // One-sided regions are never staged (`register_region` and `advertise` refuse them).
-    let mut job = Job::new(direction, link.clone(), op_id, pieces, None, Instant::now());
+    let mut job = Job::new(
+        direction,
+        link.clone(),
+        op_id,
+        pieces,
+        staging,
+        Instant::now(),
+    );
     if let Some(completion) = completion {
         job.completion = completion;
     }

@@ -24,7 +24,8 @@ use super::state::{access_error, new_job, PendingKind, PendingOp, ReadPack, Rma}
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
 use crate::endpoint::connection::{register_region, submit_job};
-use crate::engine::job::{Job, Piece};
+use crate::engine::job::{staging_for, Job, Piece};
+use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::registry::Region;
 use crate::schedule::Schedule;
@@ -132,33 +133,46 @@ impl Rma {
         .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
     }
 
-    /// Pieces of the coalesced `entries` in `regions` (validated), registered for `direction`.
+    /// Pieces of the coalesced `entries` in `regions` (validated), registered for `direction`;
+    /// or, when the regions are staged (validation made sure it is all of them or none), left
+    /// unregistered with the staging the job copies through (staged regions must never
+    /// reach `register_region` or the plugin).
     fn pieces(
         &self,
         entries: &[RemoteEntry],
         regions: &[Region],
         direction: Direction,
-    ) -> Result<Vec<Piece>> {
+    ) -> Result<(Vec<Piece>, Option<Staging>)> {
+        let staging = regions.first().and_then(staging_for);
+        if regions.iter().any(|r| r.is_staged() != staging.is_some()) {
+            return Err(Error::Internal(
+                "validated regions mix staged and other memory".into(),
+            ));
+        }
         let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
         let mut pieces = Vec::with_capacity(runs.len());
         for run in runs {
             let region = regions
                 .get(run.first)
                 .ok_or_else(|| Error::Internal("validated region missing".into()))?;
-            pieces.push(Piece {
-                registration: Some(register_region(
+            let registration = match staging {
+                Some(_) => None,
+                None => Some(register_region(
                     &self.link,
                     &self.shared,
                     region,
                     direction,
                 )?),
+            };
+            pieces.push(Piece {
+                registration,
                 memory: region.memory().clone(),
                 // Validated: offset + len lies within the region, a usize.
                 offset: run.offset as usize,
                 len: run.len,
             });
         }
-        Ok(pieces)
+        Ok((pieces, staging))
     }
 
     /// Target: a write. Its data is already on the way, so a receive job is queued either
@@ -175,19 +189,28 @@ impl Rma {
             return self.on_packed_write(op_id, &entries, &local_lens, notification, acker);
         }
         let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
-        let (pieces, schedule, refusal) = match self.shared.adverts.validate(&entries) {
-            Ok(regions) => (
-                self.pieces(&entries, &regions, Direction::Recv)?,
-                schedule,
-                None,
-            ),
+        // Refused (a mixed staged / other list included): the data goes to the discard
+        // region, host memory that is never staged.
+        let (pieces, staging, schedule, refusal) = match self.shared.adverts.validate(&entries) {
+            Ok(regions) => {
+                let (pieces, staging) = self.pieces(&entries, &regions, Direction::Recv)?;
+                (pieces, staging, schedule, None)
+            }
             Err(refusal) => {
                 tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "one-sided write refused; discarding its data");
                 let (pieces, schedule) = self.discard(&schedule, &local_lens, op_id)?;
-                (pieces, schedule, Some(refusal))
+                (pieces, None, schedule, Some(refusal))
             }
         };
-        let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+        let job = new_job(
+            &self.link,
+            Direction::Recv,
+            op_id,
+            pieces,
+            staging,
+            schedule,
+            None,
+        );
         submit_job(&self.link, &job);
         let _ = acker.send(TargetItem::Write {
             job,
@@ -212,8 +235,9 @@ impl Rma {
     }
 
     /// Where a packed batch's bytes go (or come from) in validated `regions`, merged runs in
-    /// stream order; every region must be host memory (the initiator checked the
-    /// descriptors' kind, so anything else is a protocol violation).
+    /// stream order; every region must be unstaged host memory (the initiator checked the
+    /// descriptors' kind, and staged regions are advertised as CUDA memory, so anything else
+    /// is a protocol violation).
     fn parts(&self, entries: &[RemoteEntry], regions: &[Region], op_id: u64) -> Result<Vec<Part>> {
         let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
         let mut parts = Vec::with_capacity(runs.len());
@@ -221,10 +245,14 @@ impl Rma {
             let region = regions
                 .get(run.first)
                 .ok_or_else(|| Error::Internal("validated region missing".into()))?;
-            if region.memory().kind() != tcpx::MemoryKind::Host {
+            if region.is_staged() || region.memory().kind() != tcpx::MemoryKind::Host {
                 return Err(self.violation(format!(
-                    "packed request #{op_id} names {:?} memory",
-                    region.memory().kind()
+                    "packed request #{op_id} names {} memory",
+                    if region.is_staged() {
+                        "staged".to_string()
+                    } else {
+                        format!("{:?}", region.memory().kind())
+                    }
                 )));
             }
             parts.push(Part {
@@ -282,7 +310,15 @@ impl Rma {
             Direction::Recv,
             op_id,
         )?;
-        let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+        let job = new_job(
+            &self.link,
+            Direction::Recv,
+            op_id,
+            pieces,
+            None,
+            schedule,
+            None,
+        );
         submit_job(&self.link, &job);
         self.pack.count_received();
         let _ = acker.send(TargetItem::Write {
@@ -348,13 +384,14 @@ impl Rma {
         let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
         let item = match validated {
             Ok(regions) => {
-                let pieces = self.pieces(&entries, &regions, Direction::Send)?;
+                let (pieces, staging) = self.pieces(&entries, &regions, Direction::Send)?;
                 TargetItem::ServeRead {
                     job: Some(new_job(
                         &self.link,
                         Direction::Send,
                         op_id,
                         pieces,
+                        staging,
                         schedule,
                         None,
                     )),
@@ -380,8 +417,9 @@ impl Rma {
     }
 
     /// Target: an accepted read the initiator offered to receive packed. This side sends the
-    /// data, so it decides: packed when its own rule says so, every region is host memory
-    /// and a pooled buffer is free; `None` serves it unpacked.
+    /// data, so it decides: packed when its own rule says so, every region is unstaged host
+    /// memory (staged regions never pack, emulated ones included) and a pooled buffer is
+    /// free; `None` serves it unpacked.
     fn packed_read(
         &self,
         op_id: u64,
@@ -397,14 +435,15 @@ impl Rma {
             self.shared.config.pack_below,
         ) || regions
             .iter()
-            .any(|r| r.memory().kind() != tcpx::MemoryKind::Host)
+            .any(|r| r.is_staged() || r.memory().kind() != tcpx::MemoryKind::Host)
         {
             return Ok(None);
         }
         let parts = self.parts(entries, regions, op_id)?;
         // One run is sent from in place; a scattered list needs a pooled buffer.
         let (own, pack) = if parts.len() == 1 {
-            (self.pieces(entries, regions, Direction::Send)?, None)
+            // Unstaged (checked above): registered pieces.
+            (self.pieces(entries, regions, Direction::Send)?.0, None)
         } else {
             let Some(lease) = self.pack.for_sender()? else {
                 return Ok(None);
@@ -418,7 +457,15 @@ impl Rma {
             Direction::Send,
             op_id,
         )?;
-        let job = new_job(&self.link, Direction::Send, op_id, pieces, schedule, None);
+        let job = new_job(
+            &self.link,
+            Direction::Send,
+            op_id,
+            pieces,
+            None,
+            schedule,
+            None,
+        );
         Ok(Some(TargetItem::ServeRead {
             job: Some(job),
             op_id,
@@ -447,7 +494,8 @@ impl Rma {
             PendingKind::Read {
                 pieces, pack: None, ..
             } if packed => {
-                // This side's list is one run: the packed data lands in place.
+                // This side's list is one run: the packed data lands in place (never staged:
+                // a staged list does not offer packing).
                 let (pieces, schedule) =
                     self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id)?;
                 let job = new_job(
@@ -455,6 +503,7 @@ impl Rma {
                     Direction::Recv,
                     op_id,
                     pieces,
+                    None,
                     schedule,
                     Some(op.completion),
                 );
@@ -472,7 +521,15 @@ impl Rma {
                     Direction::Recv,
                     op_id,
                 )?;
-                let job = new_job(&self.link, Direction::Recv, op_id, pieces, schedule, None);
+                let job = new_job(
+                    &self.link,
+                    Direction::Recv,
+                    op_id,
+                    pieces,
+                    None,
+                    schedule,
+                    None,
+                );
                 submit_job(&self.link, &job);
                 self.pack.count_received();
                 let _ = acker.send(TargetItem::ScatterRead {
@@ -484,13 +541,19 @@ impl Rma {
                 Ok(())
             }
             PendingKind::Read {
-                pieces, schedule, ..
+                pieces,
+                schedule,
+                staging,
+                ..
             } => {
+                // A staged read completes (`op.completion`) only once the receive job did,
+                // i.e. after every chunk's ring → memory copy was seen done.
                 let job = new_job(
                     &self.link,
                     Direction::Recv,
                     op_id,
                     pieces,
+                    staging,
                     schedule,
                     Some(op.completion),
                 );
@@ -648,6 +711,11 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 pack,
             } => {
                 let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+                // The receive job completes only once every chunk is in the application's
+                // memory: for a staged write (CUDA, or emulated) the lane retires a chunk
+                // only after its ring → memory copy was seen done (`consume_recv` in
+                // `engine/channel.rs` returns before a slot whose copy is still running), so
+                // the notification below never precedes the bytes it announces.
                 let landed =
                     Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
                 // A packed write's bytes reach the application's memory here, before the

@@ -92,6 +92,10 @@ pub enum RefusalReason {
     Revoked,
     /// Offset + length lies past the region's end.
     OutOfBounds,
+    /// The list mixes staged CUDA regions (CUDA memory on a host-only plugin, moved through
+    /// the engines' pinned rings) with other memory: one operation is staged as a whole or
+    /// not at all. The entry named is the first whose memory differs from the first entry's.
+    UnsupportedMemory,
 }
 
 impl RefusalReason {
@@ -101,6 +105,7 @@ impl RefusalReason {
             Self::WrongKey => 2,
             Self::Revoked => 3,
             Self::OutOfBounds => 4,
+            Self::UnsupportedMemory => 5,
         }
     }
 
@@ -110,6 +115,7 @@ impl RefusalReason {
             2 => Self::WrongKey,
             3 => Self::Revoked,
             4 => Self::OutOfBounds,
+            5 => Self::UnsupportedMemory,
             _ => return None,
         })
     }
@@ -122,6 +128,10 @@ impl std::fmt::Display for RefusalReason {
             Self::WrongKey => "wrong access key",
             Self::Revoked => "descriptor revoked",
             Self::OutOfBounds => "offset + length outside the region",
+            Self::UnsupportedMemory => {
+                "the list mixes staged CUDA regions with other memory (one operation is staged \
+                 as a whole or not at all: split it)"
+            }
         })
     }
 }
