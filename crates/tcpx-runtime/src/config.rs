@@ -113,7 +113,8 @@ pub struct Config {
     /// Engine threads per device; `None` chooses: one per device (one per NIC) for plugins
     /// that move the bytes on their own threads (TCPX), and one per channel for the built-in
     /// socket plugin, which copies inside `test` on the engine's own thread, so that one
-    /// engine would cap a device at one core's copy bandwidth.
+    /// engine would cap a device at one core's copy bandwidth (at most half the machine's
+    /// cores, so that two local endpoints do not oversubscribe it).
     pub engines_per_device: Option<usize>,
     /// One-sided batches of host memory whose blocks average fewer bytes than this (after
     /// merging contiguous ones) travel packed: gathered into one contiguous pack buffer,

@@ -37,8 +37,14 @@ fn sizes_from_one_byte_to_sixteen_mib_on_1_2_4_8_channels() {
     ];
     for channels in [1u16, 2, 4, 8] {
         // Small chunks so every size spans several channels.
-        let (a, b, ab, ba) = pair(channels, 64 * KIB as u32);
-        // The built-in plugin copies on the engine's thread: one engine per channel.
+        // One engine per channel, explicitly: the automatic choice caps engines at half the
+        // cores, and these transfers must cross several engines on any machine.
+        let cfg = || {
+            let mut c = config(channels, 64 * KIB as u32);
+            c.engines_per_device = Some(usize::from(channels));
+            c
+        };
+        let (a, b, ab, ba) = pair_with(cfg(), cfg());
         assert_eq!(a.engines().len(), usize::from(channels));
         for (i, &len) in sizes.iter().enumerate() {
             roundtrip(&a, &b, &ab, &ba, len, u64::from(channels) * 100 + i as u64);
@@ -249,6 +255,23 @@ fn bad_ranges_are_refused_before_anything_is_posted() {
     assert!(ab.send(&src, usize::MAX, 2).is_err());
     assert!(ab.send_vectored(&[]).is_err());
     assert_eq!(ab.in_flight(), 0);
+}
+
+/// The automatic engine count of the built-in plugin: one per channel (it copies on the
+/// engine's thread), at most half the cores (two local endpoints share the machine).
+#[test]
+fn automatic_engines_follow_channels_up_to_half_the_cores() {
+    loopback();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for channels in [1u16, 4, 8] {
+        let ep = tcpx_runtime::Endpoint::new(config(channels, 64 * KIB as u32)).unwrap();
+        let want = usize::from(channels).min((cores / 2).max(1));
+        assert_eq!(
+            ep.engines().len(),
+            want,
+            "{channels} channels, {cores} cores"
+        );
+    }
 }
 
 #[test]

@@ -319,8 +319,9 @@ impl Rma {
             schedule,
             None,
         );
-        submit_job(&self.link, &job);
+        // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
+        submit_job(&self.link, &job);
         let _ = acker.send(TargetItem::Write {
             job,
             op_id,
@@ -507,8 +508,9 @@ impl Rma {
                     schedule,
                     Some(op.completion),
                 );
-                submit_job(&self.link, &job);
+                // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
+                submit_job(&self.link, &job);
                 Ok(())
             }
             PendingKind::Read {
@@ -530,8 +532,9 @@ impl Rma {
                     schedule,
                     None,
                 );
-                submit_job(&self.link, &job);
+                // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
+                submit_job(&self.link, &job);
                 let _ = acker.send(TargetItem::ScatterRead {
                     job,
                     pack,
@@ -658,6 +661,11 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                     let mut writer = rma.writer();
                     match (&job, refusal) {
                         (Some(job), _) => {
+                            // Counted before `ReadData` leaves: the initiator may complete
+                            // the read (and look at the counters) before this thread runs on.
+                            if packed {
+                                rma.pack.count_sent();
+                            }
                             submit_job(&rma.link, job);
                             writer.send(&Message::ReadData { op_id, packed })
                         }
@@ -674,9 +682,6 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 if let Some(job) = job {
                     if rma.link.is_failed() {
                         job.fail_with_link();
-                    }
-                    if packed {
-                        rma.pack.count_sent();
                     }
                     if let Some((lease, _)) = pack {
                         // Back to the pool once the sends are done.
