@@ -35,24 +35,16 @@ pub(crate) struct Piece {
 /// Whether a transfer over `regions` in `direction` is staged, and on which GPU.
 ///
 /// A transfer is staged as a whole (every chunk through the ring) or not at all, so its
-/// regions must all be staged CUDA regions or none. Receiving into CUDA memory directly needs
-/// the plugin's unpack step (TCPX delivers fragments into a bounce buffer), which the engines
-/// do not run yet: refused with [`Error::Unsupported`] rather than delivering garbage.
+/// regions must all be staged CUDA regions or none. Unstaged CUDA regions (a plugin that takes
+/// CUDA pointers) go direct; a receive into them runs the unpack step where the comm has an
+/// UNPACK device handle ([`direct_cuda_of`], [`super::unpack`]).
 pub(crate) fn staging_of<'r>(
     regions: impl Iterator<Item = &'r Region> + Clone,
-    direction: Direction,
+    // Both directions stage alike; kept for the callers' symmetry with `direct_cuda_of`.
+    _direction: Direction,
 ) -> Result<Option<Staging>> {
     let mut staged = regions.clone().filter(|r| r.is_staged());
     let Some(first) = staged.next() else {
-        if direction == Direction::Recv
-            && regions.clone().any(|r| r.kind() == tcpx::MemoryKind::Cuda)
-        {
-            return Err(Error::Unsupported(
-                "receiving into CUDA memory through a plugin that takes CUDA pointers needs \
-                 the unpack step (TCPX), which the runtime does not run yet"
-                    .into(),
-            ));
-        }
         return Ok(None);
     };
     if regions.clone().any(|r| !r.is_staged()) {
@@ -63,6 +55,23 @@ pub(crate) fn staging_of<'r>(
         ));
     }
     Ok(staging_for(first))
+}
+
+/// The GPU of a direct (unstaged) receive into CUDA memory: the first CUDA region's device,
+/// `None` for sends, staged transfers and host-only ones. Engines use it to set up the lane's
+/// unpack step ([`super::unpack`]) and to pick the route of each chunk.
+pub(crate) fn direct_cuda_of<'r>(
+    mut regions: impl Iterator<Item = &'r Region>,
+    direction: Direction,
+    staging: Option<&Staging>,
+) -> Option<tcpx::cuda::CudaDevice> {
+    if direction != Direction::Recv || staging.is_some() {
+        return None;
+    }
+    regions.find_map(|r| match r.kind() {
+        tcpx::MemoryKind::Cuda if !r.is_staged() => r.cuda_device().cloned(),
+        _ => None,
+    })
 }
 
 /// Where a staged region's copies run: its GPU, or the CPU for an emulated staged region
@@ -89,6 +98,9 @@ pub(crate) struct Job {
     /// Set when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
     /// through the channel's pinned ring. `None` for direct transfers.
     pub(crate) staging: Option<Staging>,
+    /// Set on a direct receive with CUDA segments (a plugin taking CUDA pointers): their GPU.
+    /// The receive lane routes those segments' chunks through its unpack step.
+    pub(crate) cuda_dst: Option<tcpx::cuda::CudaDevice>,
     /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
     /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
     /// before it is set.
@@ -117,6 +129,7 @@ impl Job {
             len,
             pieces,
             staging,
+            cuda_dst: None,
             schedule: OnceLock::new(),
             remaining: AtomicU64::new(0),
             completion: Arc::new(Completion::default()),
