@@ -16,7 +16,7 @@ use std::sync::Once;
 
 use common::{check, fill, loopback, pair, DEADLINE};
 use tcpx::cuda::{self, CudaDevice};
-use tcpx_runtime::{Connection, Endpoint, Region};
+use tcpx_runtime::{Connection, Endpoint, Region, RemoteSegment, Segment};
 
 /// Chunk size: devmem mode refuses receives into CUDA memory over 4 MiB.
 const CHUNK: u32 = 512 << 10;
@@ -170,4 +170,55 @@ fn one_large_receive_wraps_the_slots() {
     let src = region(&a, Some(&g), len, Some(77));
     let dst = region(&b, Some(&g), len, None);
     transfer(&ab, &ba, &src, &dst, len, 77);
+}
+
+/// One-sided WRITE into an advertised GPU region (the target's lane unpacks, in place) with a
+/// notification, then READ back into a fresh GPU region (the initiator's lane unpacks).
+#[test]
+fn one_sided_write_and_read_into_gpu_memory() {
+    let Some(g) = gpu() else { return };
+    for channels in [1u16, 4] {
+        let (a, b, ab, _ba) = pair(channels, CHUNK);
+        let len = (9 << 20) + 5;
+        let seed = 2000 + u64::from(channels);
+        let src = region(&a, Some(&g), len, Some(seed));
+        let target = region(&b, Some(&g), 16 << 20, None);
+        let d = b.advertise(&target).expect("advertise");
+        assert_eq!(d.kind(), tcpx::MemoryKind::Cuda);
+        let at = (1 << 20) + 1;
+        let remote = [RemoteSegment::new(d, at as u64, len as u64)];
+        let tx = ab
+            .write(
+                &[Segment::new(&src, 0, len)],
+                &remote,
+                Some(b"unpacked write"),
+            )
+            .expect("write");
+        assert_eq!(tx.wait(DEADLINE).expect("write"), len as u64);
+        // The notification comes only after every byte landed in GPU memory.
+        let mut notes = Vec::new();
+        assert!(common::eventually(DEADLINE, || {
+            notes.extend(b.notifications());
+            !notes.is_empty()
+        }));
+        assert_eq!(notes[0].1, b"unpacked write");
+        let mut got = vec![0u8; len];
+        target.read(at, &mut got).expect("read the target");
+        if let Err(off) = check(&got, seed) {
+            panic!("one-sided write on {channels} channels differs at byte {off}");
+        }
+        let back = region(&a, Some(&g), len, None);
+        let rx = ab
+            .read(&[Segment::new(&back, 0, len)], &remote)
+            .expect("read");
+        assert_eq!(rx.wait(DEADLINE).expect("read"), len as u64);
+        verify(
+            &back,
+            len,
+            seed,
+            &format!("one-sided read on {channels} channels"),
+        );
+        assert_eq!(b.access_refusals(), 0);
+        assert!(ab.error().is_none());
+    }
 }

@@ -17,7 +17,7 @@ use super::setup::Established;
 use super::watch;
 use super::EndpointShared;
 use crate::control::{ControlConn, EndpointInfo, Message};
-use crate::engine::job::{direct_cuda_of, staging_of, Job, Piece};
+use crate::engine::job::{staging_of, Job, Piece};
 use crate::engine::stats::ChannelStats;
 use crate::engine::{Command, NewChannel, Signal};
 use crate::error::{Direction, Error, Result};
@@ -382,6 +382,7 @@ impl Connection {
                 memory: s.region.memory().clone(),
                 offset: s.offset,
                 len: s.len as u64,
+                cuda: s.region.cuda_device().cloned(),
             });
         }
 
@@ -391,21 +392,14 @@ impl Connection {
         };
         let mut next = order.lock().unwrap_or_else(|p| p.into_inner());
         let seq = *next;
-        let cuda_dst = direct_cuda_of(
-            segments.iter().map(|s| s.region),
-            direction,
-            staging.as_ref(),
-        );
-        let mut job = Job::new(
+        let job = Arc::new(Job::new(
             direction,
             self.link.clone(),
             seq,
             pieces,
             staging,
             Instant::now(),
-        );
-        job.cuda_dst = cuda_dst;
-        let job = Arc::new(job);
+        ));
         let transfer = Transfer::new(job.completion.clone(), direction, job.len);
         self.link.in_flight.fetch_add(1, Ordering::AcqRel);
         *next += 1;

@@ -30,6 +30,9 @@ pub(crate) struct Piece {
     pub(crate) offset: usize,
     /// Length of the segment.
     pub(crate) len: u64,
+    /// The GPU of a CUDA region (`None` for host memory): a direct receive into it runs the
+    /// lane's unpack step ([`Job::cuda_dst`]).
+    pub(crate) cuda: Option<tcpx::cuda::CudaDevice>,
 }
 
 /// Whether a transfer over `regions` in `direction` is staged, and on which GPU.
@@ -37,7 +40,7 @@ pub(crate) struct Piece {
 /// A transfer is staged as a whole (every chunk through the ring) or not at all, so its
 /// regions must all be staged CUDA regions or none. Unstaged CUDA regions (a plugin that takes
 /// CUDA pointers) go direct; a receive into them runs the unpack step where the comm has an
-/// UNPACK device handle ([`direct_cuda_of`], [`super::unpack`]).
+/// UNPACK device handle ([`Job::cuda_dst`], [`super::unpack`]).
 pub(crate) fn staging_of<'r>(
     regions: impl Iterator<Item = &'r Region> + Clone,
     // Both directions stage alike; kept for the callers' symmetry with `direct_cuda_of`.
@@ -55,23 +58,6 @@ pub(crate) fn staging_of<'r>(
         ));
     }
     Ok(staging_for(first))
-}
-
-/// The GPU of a direct (unstaged) receive into CUDA memory: the first CUDA region's device,
-/// `None` for sends, staged transfers and host-only ones. Engines use it to set up the lane's
-/// unpack step ([`super::unpack`]) and to pick the route of each chunk.
-pub(crate) fn direct_cuda_of<'r>(
-    mut regions: impl Iterator<Item = &'r Region>,
-    direction: Direction,
-    staging: Option<&Staging>,
-) -> Option<tcpx::cuda::CudaDevice> {
-    if direction != Direction::Recv || staging.is_some() {
-        return None;
-    }
-    regions.find_map(|r| match r.kind() {
-        tcpx::MemoryKind::Cuda if !r.is_staged() => r.cuda_device().cloned(),
-        _ => None,
-    })
 }
 
 /// Where a staged region's copies run: its GPU, or the CPU for an emulated staged region
@@ -98,8 +84,9 @@ pub(crate) struct Job {
     /// Set when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
     /// through the channel's pinned ring. `None` for direct transfers.
     pub(crate) staging: Option<Staging>,
-    /// Set on a direct receive with CUDA segments (a plugin taking CUDA pointers): their GPU.
-    /// The receive lane routes those segments' chunks through its unpack step.
+    /// Set on a direct receive with CUDA segments (a plugin taking CUDA pointers): their GPU
+    /// (that of the first one). The receive lane routes those segments' chunks through its
+    /// unpack step. Computed from the pieces at creation: two-sided and one-sided alike.
     pub(crate) cuda_dst: Option<tcpx::cuda::CudaDevice>,
     /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
     /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
@@ -121,6 +108,13 @@ impl Job {
         submitted: Instant,
     ) -> Self {
         let len = pieces.iter().map(|p| p.len).sum();
+        let cuda_dst = match (direction, &staging) {
+            (Direction::Recv, None) => pieces.iter().find_map(|p| match p.memory.kind() {
+                tcpx::MemoryKind::Cuda => p.cuda.clone(),
+                tcpx::MemoryKind::Host => None,
+            }),
+            _ => None,
+        };
         Self {
             direction,
             deadline: submitted + link.timeout,
@@ -129,7 +123,7 @@ impl Job {
             len,
             pieces,
             staging,
-            cuda_dst: None,
+            cuda_dst,
             schedule: OnceLock::new(),
             remaining: AtomicU64::new(0),
             completion: Arc::new(Completion::default()),
