@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU suite: the GPU test binaries (crates/tcpx/tests/gpu_*.rs and the runtime's staged-path
-# tests crates/tcpx-runtime/tests/gpu_staged.rs), the unpack benchmark
+# tests crates/tcpx-runtime/tests/gpu_staged.rs and gpu_unpack_path.rs), the unpack benchmark
 # (crates/tcpx/examples/gpu_unpack_bench.rs), GPU→GPU through the whole stack
 # (tcpx-bench stack --memory cuda, 16 channels of 1 MiB chunks, 1 MiB..256 MiB, verified) and, with two or more
 # GPUs, NCCL's Socket transport as the P2 baseline (scripts/gpu/nccl_socket_baseline.py), run
@@ -11,7 +11,7 @@
 #   scripts/gpu/run_gpu_suite.sh build [DIR]          # DIR defaults to .device-cuda
 #     - cargo test --release --no-run for the gpu_* tests and cargo build --release for the
 #       benchmarks (honours CARGO_TARGET_DIR), then copies them, stripped, to DIR as
-#       DIR/gpu_buffers, DIR/gpu_unpack, DIR/gpu_staged, DIR/gpu_devmem (tcpx-socket's devmem
+#       DIR/gpu_buffers, DIR/gpu_unpack, DIR/gpu_staged, DIR/gpu_unpack_path (the runtime's receive lanes unpacking in devmem mode), DIR/gpu_devmem (tcpx-socket's devmem
 #       emulation end to end: TCPX_SOCKET_DEVMEM=1, bounce buffer, unpack kernel,
 #       irecvConsumed), DIR/gpu_devmem_no_driver (the same mode's no-driver failure path),
 #       DIR/gpu_unpack_bench, DIR/tcpx-bench.
@@ -47,13 +47,13 @@ build)
     mkdir -p "$dir"
     tests_json="$(cargo test --release -p tcpx --no-run --test gpu_buffers --test gpu_unpack \
         --test gpu_devmem --test devmem_no_driver --message-format=json)" || exit 1
-    tests_json+=$'\n'"$(cargo test --release -p tcpx-runtime --no-run --test gpu_staged \
+    tests_json+=$'\n'"$(cargo test --release -p tcpx-runtime --no-run --test gpu_staged --test gpu_unpack_path \
         --message-format=json)" || exit 1
     cargo build --release -p tcpx --example gpu_unpack_bench || exit 1
     cargo build --release -p tcpx-tools --bin tcpx-bench || exit 1
     # devmem_no_driver is copied as gpu_devmem_no_driver so `run` picks it up (it hides the
     # driver with TCPX_CUDA_DISABLE=1 itself and must pass on the GPU machine too).
-    for name in gpu_buffers gpu_unpack gpu_staged gpu_devmem devmem_no_driver; do
+    for name in gpu_buffers gpu_unpack gpu_staged gpu_unpack_path gpu_devmem devmem_no_driver; do
         exe="$(printf '%s\n' "$tests_json" | grep -o "\"executable\":\"[^\"]*/deps/${name}-[^\"]*\"" \
             | tail -1 | cut -d'"' -f4)"
         [ -n "$exe" ] || { echo "no test binary for $name" >&2; exit 1; }

@@ -382,6 +382,7 @@ impl Connection {
                 memory: s.region.memory().clone(),
                 offset: s.offset,
                 len: s.len as u64,
+                cuda: s.region.cuda_device().cloned(),
             });
         }
 

@@ -12,7 +12,13 @@
 //! Staged transfers (CUDA memory on a host-only plugin, [`super::stage`]) take a second
 //! route through the same lanes, chosen per transfer (the job's `staging`): the lane copies
 //! into or out of its pinned ring around the plugin calls, and a staged receive is consumed
-//! only after its copy to the GPU completed. Host transfers pay one branch per post.
+//! only after its copy to the GPU completed. Host transfers pay one branch per post for each route.
+//!
+//! Direct receives into CUDA memory on a plugin whose comm hands out an UNPACK device handle
+//! (TCPX; tcpx-socket in devmem mode) take a third route ([`super::unpack`]): the plugin
+//! leaves the payload in its bounce buffer, so a done receive stays in the window until the
+//! lane's gather kernel has copied it into the destination, and is consumed then, FIFO. The
+//! route is chosen per transfer (the job's `cuda_dst`), then per segment (CUDA or host).
 //!
 //! Nothing here allocates, locks or touches a shared atomic per chunk: windows and queues are
 //! preallocated, the chunk is computed from the schedule, and a lane counts its own chunks of
@@ -28,6 +34,7 @@ use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest};
 use crate::engine::job::Job;
 use crate::engine::stage::{Ahead, LaneStage};
 use crate::engine::stats::ChannelCounters;
+use crate::engine::unpack::{LaneUnpack, UNPACK_FLAG};
 use crate::error::{Direction, Error};
 use crate::link::Link;
 use crate::schedule::Chunk;
@@ -44,7 +51,8 @@ pub(crate) struct Tag {
     len: u32,
     /// Chunk index in the transfer's schedule (for error messages).
     index: u64,
-    /// The ring slot of a staged chunk, [`NO_SLOT`] for a direct one.
+    /// The ring slot of a staged chunk, `UNPACK_FLAG | slot` for a receive gathered from the
+    /// plugin's bounce buffer (its unpack slot), [`NO_SLOT`] for a direct one.
     slot: u16,
 }
 
@@ -88,6 +96,14 @@ struct Lane<C, W> {
     track: Track,
     /// The pinned ring of staged transfers, made when the first one reaches the lane.
     stage: Option<Box<LaneStage>>,
+    /// Receive lane: the unpack step, set up when the first direct receive into CUDA memory
+    /// reaches the lane (`None` before, and for good on a comm without an UNPACK handle).
+    unpack: Option<Box<LaneUnpack>>,
+    /// Receive lane: whether the comm's device handle was looked at (once).
+    unpack_probed: bool,
+    /// Receive lane: irecvs posted on the comm so far, on every route: the plugin's unpack
+    /// slot of the k-th is `k mod 16`.
+    irecvs: u64,
 }
 
 /// The transfers a lane carries, oldest first: first those with chunks in flight (or with
@@ -222,12 +238,18 @@ impl Channel {
                 window: SendWindow::new(window).map_err(bad_window)?,
                 track: Track::new(),
                 stage: None,
+                unpack: None,
+                unpack_probed: false,
+                irecvs: 0,
             },
             recv: Lane {
                 comm: recv,
                 window: RecvWindow::new(window).map_err(bad_window)?,
                 track: Track::new(),
                 stage: None,
+                unpack: None,
+                unpack_probed: false,
+                irecvs: 0,
             },
             link,
             index,
@@ -478,11 +500,15 @@ impl Channel {
         if job.staging.is_some() {
             return self.post_recv_staged();
         }
+        if job.cuda_dst.is_some() {
+            return self.post_recv_unpack();
+        }
         let Some((region, offset)) = locate(job, index, &chunk) else {
             return Err(self.fail_internal("recv", "registration missing for a chunk"));
         };
         match lane.comm.irecv(region, offset, chunk.len as usize, 0) {
             Ok(Some(request)) => {
+                lane.irecvs += 1;
                 lane.track.posted(&chunk, channels);
                 let tag = Tag {
                     len: chunk.len,
@@ -549,6 +575,7 @@ impl Channel {
             .irecv(&stage.region, ring_offset, chunk.len as usize, 0)
         {
             Ok(Some(request)) => {
+                lane.irecvs += 1;
                 stage.slots.take();
                 if let Err(e) = stage
                     .ring
@@ -563,6 +590,79 @@ impl Channel {
                     index: chunk.index,
                     // Slots < window ≤ 16.
                     slot: slot as u16,
+                };
+                if lane.window.try_post(request, tag).is_err() {
+                    return Err(self.fail_internal("recv", "window refused a post"));
+                }
+                Ok(Post::Posted)
+            }
+            Ok(None) => Ok(Post::Busy),
+            Err(e) => Err(self.fail_plugin(Direction::Recv, e)),
+        }
+    }
+
+    /// Direct receive of a transfer with CUDA segments: sets up the lane's unpack step at the
+    /// first one, then posts the chunk into its destination. A chunk into CUDA memory on a comm
+    /// with an UNPACK handle records its unpack slot and destination (gathered once done);
+    /// anything else (a host segment, or a comm whose plugin writes CUDA memory itself) is a
+    /// plain direct receive.
+    // Out of line: keeps the host path's post loop as small as it was.
+    #[inline(never)]
+    fn post_recv_unpack(&mut self) -> Result<Post, LinkFailed> {
+        let channels = self.link.channels;
+        let index = self.index;
+        let lane = &mut self.recv;
+        let Some((job, chunk)) = lane.track.next_chunk(index) else {
+            return Ok(Post::Idle);
+        };
+        let Some(device) = job.cuda_dst.as_ref() else {
+            return Ok(Post::Idle);
+        };
+        let Some((region, offset)) = locate(job, index, &chunk) else {
+            return Err(self.fail_internal("recv", "registration missing for a chunk"));
+        };
+        let cuda = region.memory().kind() == tcpx::MemoryKind::Cuda;
+        if cuda && !lane.unpack_probed {
+            // Once per lane: binds the GPU's context to this engine thread, loads the kernel,
+            // follows the device handle. A failure fails the link (never a silent plain
+            // receive that would leave the destination unwritten).
+            match LaneUnpack::open(device, &lane.comm) {
+                Ok(unpack) => {
+                    lane.unpack = unpack.map(Box::new);
+                    lane.unpack_probed = true;
+                }
+                Err(e) => return Err(self.fail_staging(Direction::Recv, e)),
+            }
+        }
+        let unpack = match lane.unpack.as_deref_mut() {
+            Some(unpack) if cuda => Some(unpack),
+            _ => None,
+        };
+        if let Some(unpack) = unpack.as_ref() {
+            if unpack.device.ordinal() != device.ordinal() {
+                return Err(self.fail_internal("recv", "direct CUDA receives on two GPUs"));
+            }
+        }
+        match lane.comm.irecv(region, offset, chunk.len as usize, 0) {
+            Ok(Some(request)) => {
+                // TCPX's rule: the k-th irecv of a comm (counting from 0) uses slot k mod 16.
+                let unpack_slot = (lane.irecvs % tcpx::cuda::unpack::SLOTS as u64) as usize;
+                debug_assert_eq!(unpack_slot, lane.comm.unpack_slot(&request));
+                lane.irecvs += 1;
+                let slot = match unpack {
+                    Some(unpack) => {
+                        let dst = region.memory().as_ptr() as u64 + offset as u64;
+                        unpack.dst[unpack_slot] = (dst, u64::from(chunk.len));
+                        // Slots < 16: the flag keeps them apart from ring slots and NO_SLOT.
+                        UNPACK_FLAG | unpack_slot as u16
+                    }
+                    None => NO_SLOT,
+                };
+                lane.track.posted(&chunk, channels);
+                let tag = Tag {
+                    len: chunk.len,
+                    index: chunk.index,
+                    slot,
                 };
                 if lane.window.try_post(request, tag).is_err() {
                     return Err(self.fail_internal("recv", "window refused a post"));
@@ -613,14 +713,25 @@ impl Channel {
         let mut retired = 0;
         // Staged receives whose copies were queued on an earlier pass may be ready now (host
         // lanes never have a stage and skip this).
-        if self.recv.stage.is_some() {
+        if self.recv.stage.is_some() || self.recv.unpack.is_some() {
             retired += self.consume_recv()?;
         }
         loop {
             let comm = &mut self.recv.comm;
             let (size, expected, index, slot) =
                 match self.recv.window.test_head(|req| outcome(comm.test(req))) {
-                    None | Some(Release::NotReady) => return Ok(retired),
+                    None | Some(Release::NotReady) => {
+                        // The done receives this pass found go out in one launch.
+                        if self
+                            .recv
+                            .unpack
+                            .as_ref()
+                            .is_some_and(|u| !u.batch.is_empty())
+                        {
+                            self.launch_unpack()?;
+                        }
+                        return Ok(retired);
+                    }
                     Some(Release::Released(received)) => (
                         received.size,
                         received.data.len,
@@ -639,7 +750,11 @@ impl Channel {
                 return Err(self.fail_mismatch(what));
             }
             if slot != NO_SLOT {
-                self.drain_staged(slot, size)?;
+                if slot & UNPACK_FLAG != 0 {
+                    self.queue_unpack(slot & !UNPACK_FLAG, size)?;
+                } else {
+                    self.drain_staged(slot, size)?;
+                }
             }
             if slot == NO_SLOT && self.recv.window.awaiting_consume() == 1 {
                 // Host memory, nothing ahead of it (done receives are the window's prefix):
@@ -672,6 +787,39 @@ impl Channel {
         drained.map_err(|e| self.fail_staging(Direction::Recv, e))
     }
 
+    /// Unpack receive done: reads its fragment count and adds its gather to the lane's batch
+    /// (launched when the test pass ends). The receive keeps its window slot (and its
+    /// fragments and bounce pages) until the gather is seen done.
+    #[inline(never)]
+    fn queue_unpack(&mut self, slot: u16, size: usize) -> Result<(), LinkFailed> {
+        let Some(unpack) = self.recv.unpack.as_deref_mut() else {
+            return Err(self.fail_internal("recv", "an unpack receive has no unpack step"));
+        };
+        let slot = usize::from(slot);
+        // SAFETY: the queue was read from this lane's comm, which is open (the lane owns it).
+        let count = match unsafe { unpack.queue.slot_count(slot) } {
+            Ok(count) => count,
+            Err(e) => return Err(self.fail_unpack(e)),
+        };
+        let (dst, posted) = unpack.dst[slot];
+        // The plugin reported `size` ≤ posted bytes; the kernel checks every fragment against
+        // the posted length and skips (and reports) any that would write past it.
+        debug_assert!(size as u64 <= posted);
+        let entry = unpack.queue.entry(slot, count, dst, posted);
+        unpack.batch.push(entry);
+        Ok(())
+    }
+
+    /// Launches the batch of done unpack receives (one launch, one event).
+    #[inline(never)]
+    fn launch_unpack(&mut self) -> Result<(), LinkFailed> {
+        let launched = match self.recv.unpack.as_deref_mut() {
+            Some(unpack) => unpack.launch(),
+            None => return Ok(()),
+        };
+        launched.map_err(|e| self.fail_unpack(e))
+    }
+
     /// Consumes done receives from the head, in order, while their data is in place.
     #[inline(never)]
     fn consume_recv(&mut self) -> Result<u32, LinkFailed> {
@@ -681,7 +829,17 @@ impl Channel {
                 Some(received) => (received.size, received.data.slot),
                 None => return Ok(consumed),
             };
-            if slot != NO_SLOT {
+            if slot != NO_SLOT && slot & UNPACK_FLAG != 0 {
+                let gathered = match self.recv.unpack.as_deref_mut() {
+                    Some(unpack) => unpack.head_ready(),
+                    None => Ok(true),
+                };
+                match gathered {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(consumed),
+                    Err(e) => return Err(self.fail_unpack(e)),
+                }
+            } else if slot != NO_SLOT {
                 let copied = match self.recv.stage.as_deref_mut() {
                     Some(stage) => stage.ring.is_copied(usize::from(slot)),
                     None => Ok(true),
@@ -698,7 +856,11 @@ impl Channel {
             if let Err(e) = self.recv.comm.consumed(done.token) {
                 return Err(self.fail_plugin(Direction::Recv, e));
             }
-            if slot != NO_SLOT {
+            if slot != NO_SLOT && slot & UNPACK_FLAG != 0 {
+                if let Some(unpack) = self.recv.unpack.as_deref_mut() {
+                    unpack.ready = unpack.ready.saturating_sub(1);
+                }
+            } else if slot != NO_SLOT {
                 if let Some(stage) = self.recv.stage.as_deref_mut() {
                     stage.slots.release();
                 }
@@ -729,6 +891,9 @@ impl Channel {
         {
             stage.abandon();
         }
+        if let Some(unpack) = self.recv.unpack.as_deref_mut() {
+            unpack.abandon();
+        }
         drop(self.send.window.abandon());
         drop(self.recv.window.abandon());
         self.send.track.abandon();
@@ -753,6 +918,12 @@ impl Channel {
             source: Arc::new(source),
         });
         LinkFailed
+    }
+
+    /// The unpack step failed (a fragment count over the limit, an out-of-range fragment, a
+    /// CUDA error of the gather): the error names the channel and the peer.
+    fn fail_unpack(&mut self, source: tcpx::Error) -> LinkFailed {
+        self.fail_staging(Direction::Recv, source)
     }
 
     fn fail_mismatch(&mut self, what: String) -> LinkFailed {

@@ -30,29 +30,24 @@ pub(crate) struct Piece {
     pub(crate) offset: usize,
     /// Length of the segment.
     pub(crate) len: u64,
+    /// The GPU of a CUDA region (`None` for host memory): a direct receive into it runs the
+    /// lane's unpack step ([`Job::cuda_dst`]).
+    pub(crate) cuda: Option<tcpx::cuda::CudaDevice>,
 }
 
 /// Whether a transfer over `regions` in `direction` is staged, and on which GPU.
 ///
 /// A transfer is staged as a whole (every chunk through the ring) or not at all, so its
-/// regions must all be staged CUDA regions or none. Receiving into CUDA memory directly needs
-/// the plugin's unpack step (TCPX delivers fragments into a bounce buffer), which the engines
-/// do not run yet: refused with [`Error::Unsupported`] rather than delivering garbage.
+/// regions must all be staged CUDA regions or none. Unstaged CUDA regions (a plugin that takes
+/// CUDA pointers) go direct; a receive into them runs the unpack step where the comm has an
+/// UNPACK device handle ([`Job::cuda_dst`], [`super::unpack`]).
 pub(crate) fn staging_of<'r>(
     regions: impl Iterator<Item = &'r Region> + Clone,
-    direction: Direction,
+    // Both directions stage alike; kept for the callers' symmetry with `direct_cuda_of`.
+    _direction: Direction,
 ) -> Result<Option<Staging>> {
     let mut staged = regions.clone().filter(|r| r.is_staged());
     let Some(first) = staged.next() else {
-        if direction == Direction::Recv
-            && regions.clone().any(|r| r.kind() == tcpx::MemoryKind::Cuda)
-        {
-            return Err(Error::Unsupported(
-                "receiving into CUDA memory through a plugin that takes CUDA pointers needs \
-                 the unpack step (TCPX), which the runtime does not run yet"
-                    .into(),
-            ));
-        }
         return Ok(None);
     };
     if regions.clone().any(|r| !r.is_staged()) {
@@ -89,6 +84,10 @@ pub(crate) struct Job {
     /// Set when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
     /// through the channel's pinned ring. `None` for direct transfers.
     pub(crate) staging: Option<Staging>,
+    /// Set on a direct receive with CUDA segments (a plugin taking CUDA pointers): their GPU
+    /// (that of the first one). The receive lane routes those segments' chunks through its
+    /// unpack step. Computed from the pieces at creation: two-sided and one-sided alike.
+    pub(crate) cuda_dst: Option<tcpx::cuda::CudaDevice>,
     /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
     /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
     /// before it is set.
@@ -109,6 +108,13 @@ impl Job {
         submitted: Instant,
     ) -> Self {
         let len = pieces.iter().map(|p| p.len).sum();
+        let cuda_dst = match (direction, &staging) {
+            (Direction::Recv, None) => pieces.iter().find_map(|p| match p.memory.kind() {
+                tcpx::MemoryKind::Cuda => p.cuda.clone(),
+                tcpx::MemoryKind::Host => None,
+            }),
+            _ => None,
+        };
         Self {
             direction,
             deadline: submitted + link.timeout,
@@ -117,6 +123,7 @@ impl Job {
             len,
             pieces,
             staging,
+            cuda_dst,
             schedule: OnceLock::new(),
             remaining: AtomicU64::new(0),
             completion: Arc::new(Completion::default()),

@@ -20,6 +20,7 @@ pub(crate) mod job;
 pub(crate) mod pin;
 pub(crate) mod stage;
 pub(crate) mod stats;
+pub(crate) mod unpack;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -227,6 +227,7 @@ impl Rma {
                 // Within the region, so it fits a usize.
                 offset: *offset as usize,
                 len: *len,
+                cuda: region.cuda_device().cloned(),
             });
         }
         let entries: Vec<RemoteEntry> = remote
@@ -306,6 +307,7 @@ impl Rma {
                 memory: lease.region().memory().clone(),
                 offset: 0,
                 len,
+                cuda: lease.region().cuda_device().cloned(),
             }],
             None if own.len() == 1 => own,
             None => {

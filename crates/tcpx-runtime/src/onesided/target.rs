@@ -170,6 +170,7 @@ impl Rma {
                 // Validated: offset + len lies within the region, a usize.
                 offset: run.offset as usize,
                 len: run.len,
+                cuda: region.cuda_device().cloned(),
             });
         }
         Ok((pieces, staging))
@@ -298,6 +299,7 @@ impl Rma {
                     // Validated: within the region, a usize.
                     offset: part.offset as usize,
                     len: total,
+                    cuda: part.region.cuda_device().cloned(),
                 }];
                 (own, None)
             }
@@ -358,6 +360,7 @@ impl Rma {
                 memory: scratch_memory.clone(),
                 offset: 0,
                 len,
+                cuda: None,
             })
             .collect();
         Ok((pieces, schedule))

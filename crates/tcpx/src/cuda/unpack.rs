@@ -925,6 +925,126 @@ impl UnpackLaunch {
     }
 }
 
+// ------------------------------------------------------------------------------------------
+// The plugin's side of a receive comm: where its metadata and bounce buffer are.
+
+/// Where the fragments of a receive comm's completed receives are described and where their
+/// bytes lie: what an UNPACK (version 7) device handle leads to, read once per comm.
+#[derive(Debug, Clone, Copy)]
+pub struct UnpackQueue {
+    /// Device address of the metadata ([`tcpxUnpackMeta`], pinned host memory mapped into the
+    /// GPU): add [`slot_offset`] for an [`UnpackEntry::metas`].
+    pub meta_dev: u64,
+    /// Host address of the same page (reads of `cnt[slot]`).
+    meta_host: *const tcpxUnpackMeta,
+    /// Device address of the bounce buffer.
+    pub bounce: u64,
+}
+
+// SAFETY: `meta_host` is only read (volatile) through `slot_count`, whose caller vouches that
+// the comm (and so the page) is alive; the page belongs to the plugin, not to a thread.
+unsafe impl Send for UnpackQueue {}
+
+impl UnpackQueue {
+    /// Follows `recv`'s device handle: `None` when the comm has none or it is not of type
+    /// UNPACK (the plugin writes receive destinations itself); an error for an UNPACK handle
+    /// of another version than 7 or one that leads nowhere. Copies the 24-byte device struct
+    /// `{meta, bounce_buf, head}` to the host (a synchronous copy: call it once per comm) and
+    /// asks the driver for the host address of the meta page.
+    pub fn of(device: &CudaDevice, recv: &crate::RecvComm) -> Result<Option<Self>> {
+        const API: &str = "UnpackQueue::of";
+        let Some(h) = recv.device_handle() else {
+            return Ok(None);
+        };
+        if h.netDeviceType != tcpx_sys::NCCL_NET_DEVICE_UNPACK {
+            return Ok(None);
+        }
+        if h.netDeviceVersion != tcpx_sys::NCCL_NET_DEVICE_UNPACK_VERSION {
+            return Err(Error::invalid(
+                API,
+                format!(
+                    "UNPACK device handle of version {} (only {} is understood)",
+                    h.netDeviceVersion,
+                    tcpx_sys::NCCL_NET_DEVICE_UNPACK_VERSION
+                ),
+            ));
+        }
+        if h.handle.is_null() {
+            return Err(Error::invalid(API, "UNPACK device handle without a handle"));
+        }
+        let mut st = tcpx_sys::tcpxUnpackDeviceHandle {
+            meta: std::ptr::null_mut(),
+            bounce_buf: std::ptr::null_mut(),
+            head: 0,
+        };
+        // SAFETY: `h.handle` is the plugin's device pointer to its 24-byte struct, alive while
+        // the comm (borrowed here) is; the destination is a local of that size to which no
+        // reference is alive during the copy.
+        unsafe {
+            device.copy_raw(
+                (&mut st as *mut tcpx_sys::tcpxUnpackDeviceHandle) as u64,
+                h.handle as u64,
+                std::mem::size_of::<tcpx_sys::tcpxUnpackDeviceHandle>(),
+            )?
+        };
+        if st.meta.is_null() || st.bounce_buf.is_null() || st.meta as u64 % 16 != 0 {
+            return Err(Error::invalid(
+                API,
+                format!(
+                    "the device struct holds meta {:p} and bounce {:p}",
+                    st.meta, st.bounce_buf
+                ),
+            ));
+        }
+        device.bind()?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer into a local; the context is current; `st.meta` is the
+        // plugin's mapped pinned host allocation (the driver refuses anything else).
+        let rc = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut host as *mut *mut c_void).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                st.meta as u64,
+            )
+        };
+        check("cuPointerGetAttribute(HOST_POINTER)", rc, || {
+            format!("meta page {:p}, {}", st.meta, device.describe())
+        })?;
+        if host.is_null() {
+            return Err(Error::invalid(API, "the meta page has no host address"));
+        }
+        Ok(Some(Self {
+            meta_dev: st.meta as u64,
+            meta_host: host.cast_const().cast(),
+            bounce: st.bounce_buf as u64,
+        }))
+    }
+
+    /// `cnt[slot]`: the fragments of the receive in `slot`, once `test` reported it done
+    /// (checked against [`MAX_FRAGMENTS_PER_SLOT`]).
+    ///
+    /// # Safety
+    /// The comm this queue was read from must still be open (its meta page alive).
+    pub unsafe fn slot_count(&self, slot: usize) -> Result<u32> {
+        // SAFETY: the page is a live, 16-aligned tcpxUnpackMeta (checked in `of`; alive per the
+        // caller).
+        unsafe { read_slot_count(self.meta_host, slot) }
+    }
+
+    /// The [`UnpackEntry`] of the receive in `slot` with `count` fragments into
+    /// `dst..dst+dst_len` (the bounce length is unknown: `u64::MAX`).
+    pub fn entry(&self, slot: usize, count: u32, dst: u64, dst_len: u64) -> UnpackEntry {
+        UnpackEntry {
+            metas: self.meta_dev + slot_offset(slot) as u64,
+            count,
+            bounce: self.bounce,
+            bounce_len: u64::MAX,
+            dst,
+            dst_len,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,127 @@
+//! The unpack path of one receive lane: receives into CUDA memory through a plugin whose
+//! receive comm hands out an UNPACK device handle (GPUDirect-TCPX, or tcpx-socket with
+//! `TCPX_SOCKET_DEVMEM=1`; docs/ARCHITECTURE.md, data path step 4; docs/NCCL_NET_ABI.md §6).
+//!
+//! Such a plugin does not write the destination: the payload lands in its GPU bounce buffer
+//! and, once `test` reports the receive done, `cnt[slot]` `loadMeta` fragments in its meta page
+//! say where. The lane gathers them into the destination with the unpack kernel and only then
+//! calls `irecvConsumed` (the fragments and bounce pages stay the lane's until then).
+//!
+//! * A lane gets its [`LaneUnpack`] when the first receive into CUDA memory reaches it, once:
+//!   the GPU's context is bound to the engine thread, an [`Unpacker`] (kernel + stream) made,
+//!   and the comm's device handle followed to the meta page and bounce buffer
+//!   ([`UnpackQueue::of`]). A comm without an UNPACK handle gets none: its plugin writes CUDA
+//!   destinations itself (ptrSupport CUDA with netDeviceType HOST) and such receives are
+//!   plain direct ones.
+//! * Slots: the k-th irecv posted on a comm uses slot `k mod 16` (TCPX's `tail % 16`); the lane
+//!   counts its irecvs (every route: host, staged and unpack receives all advance the plugin's
+//!   tail) and records the slot, with [`UNPACK_FLAG`], in the window tag; the destination is
+//!   kept per slot in [`LaneUnpack::dst`] (no per-chunk allocation).
+//! * When `test` reports such a receive done, its entry (`cnt[slot]` fragments) joins
+//!   [`LaneUnpack::batch`]; when the lane's test pass ends, the batch — every done receive
+//!   found in that pass — goes out in one [`Unpacker::launch`] (one event). The receives stay
+//!   in the window; they are consumed and retired in FIFO order once their launch's event is
+//!   seen done (polled, never waited for), after [`Unpacker::check`] found no out-of-range
+//!   fragment.
+
+use std::collections::VecDeque;
+
+use tcpx::cuda::unpack::{UnpackEntry, UnpackLaunch, UnpackQueue, Unpacker, SLOTS};
+use tcpx::cuda::CudaDevice;
+use tcpx::RecvComm;
+
+/// Marks a window tag's slot as an unpack slot (`UNPACK_FLAG | slot`); ring slots of the
+/// staged path stay below it.
+pub(crate) const UNPACK_FLAG: u16 = 0x8000;
+
+/// A lane's unpack state (receive lanes only).
+pub(crate) struct LaneUnpack {
+    /// The GPU whose context the engine thread binds.
+    pub(crate) device: CudaDevice,
+    pub(crate) unpacker: Unpacker,
+    /// The comm's meta page and bounce buffer.
+    pub(crate) queue: UnpackQueue,
+    /// Destination (device address, bytes posted) of the receive in each slot.
+    pub(crate) dst: [(u64, u64); SLOTS],
+    /// Done receives whose gathers are not launched yet, oldest first.
+    pub(crate) batch: Vec<UnpackEntry>,
+    /// Launches not yet seen done, oldest first, with the receives each gathers.
+    pub(crate) launches: VecDeque<(UnpackLaunch, u32)>,
+    /// Receives at the window's head whose launch was seen done, not yet consumed.
+    pub(crate) ready: u32,
+}
+
+impl LaneUnpack {
+    /// The unpack state of `comm` for receives into memory of `device`; `None` when the comm
+    /// has no UNPACK device handle (its plugin writes destinations itself).
+    pub(crate) fn open(device: &CudaDevice, comm: &RecvComm) -> tcpx::Result<Option<Self>> {
+        device.bind()?;
+        let Some(queue) = UnpackQueue::of(device, comm)? else {
+            return Ok(None);
+        };
+        let unpacker = Unpacker::new(device)?;
+        Ok(Some(Self {
+            device: device.clone(),
+            unpacker,
+            queue,
+            dst: [(0, 0); SLOTS],
+            batch: Vec::with_capacity(SLOTS),
+            launches: VecDeque::with_capacity(SLOTS),
+            ready: 0,
+        }))
+    }
+
+    /// Queues the gathers of the batch in one launch.
+    pub(crate) fn launch(&mut self) -> tcpx::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every entry names the plugin's meta slot and bounce buffer of a receive that
+        // `test` reported done and that is not consumed before this launch is seen done (the
+        // lane consumes only then, and `abandon` waits for the stream before the requests are
+        // dropped), so metas and bounce pages stay valid; `dst..dst+dst_len` is the range the
+        // receive was posted into, kept alive and marked in flight by its job's pieces and
+        // registration until the receive is retired, which comes after the launch completes;
+        // nothing else writes it while the receive is in flight. `bounce_len` is unknown
+        // (u64::MAX), as with TCPX's handle; `dst_len` is the posted length.
+        let launch = unsafe { self.unpacker.launch(&self.batch)? };
+        self.launches.push_back((launch, self.batch.len() as u32));
+        self.batch.clear();
+        Ok(())
+    }
+
+    /// Whether the head receive's gather completed: `Ok(true)` when it may be consumed
+    /// (counted off [`Self::ready`] by the caller), `Ok(false)` while it runs or is not
+    /// launched yet. An out-of-range fragment reported by a completed launch is an error.
+    pub(crate) fn head_ready(&mut self) -> tcpx::Result<bool> {
+        if self.ready > 0 {
+            return Ok(true);
+        }
+        let Some((launch, receives)) = self.launches.front() else {
+            return Ok(false);
+        };
+        if !launch.is_done()? {
+            return Ok(false);
+        }
+        self.unpacker.check()?;
+        self.ready = *receives;
+        self.launches.pop_front();
+        Ok(self.ready > 0)
+    }
+
+    /// Waits for every queued gather and forgets every receive (the lane was abandoned; its
+    /// requests are dropped right after, which must not happen while a kernel reads their
+    /// fragments or writes their destinations).
+    pub(crate) fn abandon(&mut self) {
+        if let Err(e) = self
+            .device
+            .bind()
+            .and_then(|()| self.unpacker.stream().synchronize())
+        {
+            tracing::error!(target: "tcpx_runtime", error = %e, "unpack: waiting for gathers failed");
+        }
+        self.batch.clear();
+        self.launches.clear();
+        self.ready = 0;
+    }
+}
