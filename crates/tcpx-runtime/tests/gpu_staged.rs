@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{check, fill, loopback, pair, DEADLINE};
+use common::*;
 use tcpx::cuda::{self, CudaDevice};
-use tcpx_runtime::{Connection, Endpoint, Error, Region, RemoteSegment, Segment};
+use tcpx_runtime::{Endpoint, Error, Region, RemoteSegment, Segment};
 
 /// The GPUs of endpoints a and b, or `None` (after printing why) without a CUDA driver.
 fn gpus() -> Option<(CudaDevice, CudaDevice)> {
@@ -34,33 +34,9 @@ fn region(ep: &Endpoint, gpu: Option<&CudaDevice>, len: usize, seed: Option<u64>
         None => ep.alloc_host(len.max(1)).expect("alloc_host"),
     };
     if let Some(seed) = seed {
-        let mut bytes = vec![0u8; len];
-        fill(&mut bytes, seed);
-        r.write(0, &bytes).expect("write the source");
+        write_pattern(&r, len, seed);
     }
     r
-}
-
-fn verify(r: &Region, len: usize, seed: u64, what: &str) {
-    let mut back = vec![0u8; len];
-    r.read(0, &mut back).expect("read back");
-    if let Err(at) = check(&back, seed) {
-        panic!("{what}: data differs at byte {at} of {len}");
-    }
-}
-
-/// Sends `len` bytes from `src` (on a) to `dst` (on b) and checks them.
-fn transfer(ab: &Connection, ba: &Connection, src: &Region, dst: &Region, len: usize, seed: u64) {
-    let rx = ba.recv(dst, 0, len).expect("post recv");
-    let tx = ab.send(src, 0, len).expect("post send");
-    assert_eq!(tx.wait(DEADLINE).expect("send"), len as u64);
-    assert_eq!(rx.wait(DEADLINE).expect("recv"), len as u64);
-    verify(
-        dst,
-        len,
-        seed,
-        &format!("{len} bytes on {} channels", ab.channels()),
-    );
 }
 
 const SIZES: [usize; 5] = [1, 4097, (1 << 20) + 3, 64 << 20, 256 << 20];
@@ -94,7 +70,7 @@ fn gpu_to_gpu_all_sizes_on_1_4_8_channels() {
             fill(&mut bytes, seed);
             src.write(0, &bytes).expect("write");
             let started = std::time::Instant::now();
-            transfer(&ab, &ba, &src, &dst, len, seed);
+            send_verified(&ab, &ba, &src, &dst, len, seed);
             println!(
                 "GPU→GPU {len} bytes on {channels} channels: {:?}",
                 started.elapsed()
@@ -114,11 +90,11 @@ fn host_to_gpu_and_gpu_to_host() {
         // host → GPU: the sender posts from host memory, the receiver stages.
         let src = region(&a, None, len, Some(seed));
         let dst = region(&b, Some(&gb), len, None);
-        transfer(&ab, &ba, &src, &dst, len, seed);
+        send_verified(&ab, &ba, &src, &dst, len, seed);
         // GPU → host: the sender stages, the receiver takes host memory.
         let src = region(&a, Some(&ga), len, Some(seed + 50));
         let dst = region(&b, None, len, None);
-        transfer(&ab, &ba, &src, &dst, len, seed + 50);
+        send_verified(&ab, &ba, &src, &dst, len, seed + 50);
     }
 }
 
@@ -146,8 +122,8 @@ fn both_directions_and_many_staged_transfers_in_flight() {
         for t in transfers {
             assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
         }
-        verify(&b_dst, len, seed, "a → b");
-        verify(&a_dst, len, seed + 500, "b → a");
+        verify_region(&b_dst, len, seed, "a → b");
+        verify_region(&a_dst, len, seed + 500, "b → a");
     }
 }
 
@@ -176,7 +152,7 @@ fn vectored_staged_transfers_cut_differently_per_side() {
     let tx = ab.send_vectored(&segments(&src, &cut_a)).expect("send");
     assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
     assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64);
-    verify(&dst, len, 77, "vectored");
+    verify_region(&dst, len, 77, "vectored");
 }
 
 #[test]
@@ -278,7 +254,7 @@ fn one_sided_write_and_read_gpu_to_gpu() {
             "one-sided GPU→GPU read of {len} bytes on {channels} channels: {:?}",
             started.elapsed()
         );
-        verify(
+        verify_region(
             &back,
             len,
             seed,

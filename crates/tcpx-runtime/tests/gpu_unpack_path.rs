@@ -14,9 +14,9 @@ mod common;
 
 use std::sync::Once;
 
-use common::{check, fill, loopback, pair, DEADLINE};
+use common::*;
 use tcpx::cuda::{self, CudaDevice};
-use tcpx_runtime::{Connection, Endpoint, Region, RemoteSegment, Segment};
+use tcpx_runtime::{Endpoint, Region, RemoteSegment, Segment};
 
 /// Chunk size: devmem mode refuses receives into CUDA memory over 4 MiB.
 const CHUNK: u32 = 512 << 10;
@@ -47,33 +47,9 @@ fn region(ep: &Endpoint, gpu: Option<&CudaDevice>, len: usize, seed: Option<u64>
         "devmem mode takes CUDA pointers: no staging"
     );
     if let Some(seed) = seed {
-        let mut bytes = vec![0u8; len];
-        fill(&mut bytes, seed);
-        r.write(0, &bytes).expect("write the source");
+        write_pattern(&r, len, seed);
     }
     r
-}
-
-fn verify(r: &Region, len: usize, seed: u64, what: &str) {
-    let mut back = vec![0u8; len];
-    r.read(0, &mut back).expect("read back");
-    if let Err(at) = check(&back, seed) {
-        panic!("{what}: data differs at byte {at} of {len}");
-    }
-}
-
-/// Sends `len` bytes from `src` (on a) to `dst` (on b) and checks them.
-fn transfer(ab: &Connection, ba: &Connection, src: &Region, dst: &Region, len: usize, seed: u64) {
-    let rx = ba.recv(dst, 0, len).expect("post recv");
-    let tx = ab.send(src, 0, len).expect("post send");
-    assert_eq!(tx.wait(DEADLINE).expect("send"), len as u64);
-    assert_eq!(rx.wait(DEADLINE).expect("recv"), len as u64);
-    verify(
-        dst,
-        len,
-        seed,
-        &format!("{len} bytes on {} channels", ab.channels()),
-    );
 }
 
 const SIZES: [usize; 5] = [1, 4097, (1 << 20) + 3, 4 << 20, 64 << 20];
@@ -92,7 +68,7 @@ fn gpu_to_gpu_all_sizes_on_1_4_8_channels() {
             fill(&mut bytes, seed);
             src.write(0, &bytes).expect("write");
             let started = std::time::Instant::now();
-            transfer(&ab, &ba, &src, &dst, len, seed);
+            send_verified(&ab, &ba, &src, &dst, len, seed);
             println!(
                 "unpack path GPU→GPU {len} bytes on {channels} channels: {:?}",
                 started.elapsed()
@@ -111,15 +87,15 @@ fn host_to_gpu_and_host_destinations_still_work() {
         // host → GPU: the receive lane unpacks.
         let src = region(&a, None, len, Some(seed));
         let dst = region(&b, Some(&g), len, None);
-        transfer(&ab, &ba, &src, &dst, len, seed);
+        send_verified(&ab, &ba, &src, &dst, len, seed);
         // GPU → host: the plugin writes host destinations itself (cnt = 0).
         let src = region(&a, Some(&g), len, Some(seed + 50));
         let dst = region(&b, None, len, None);
-        transfer(&ab, &ba, &src, &dst, len, seed + 50);
+        send_verified(&ab, &ba, &src, &dst, len, seed + 50);
         // host → host on the same lanes, after their unpack step exists.
         let src = region(&a, None, len, Some(seed + 70));
         let dst = region(&b, None, len, None);
-        transfer(&ab, &ba, &src, &dst, len, seed + 70);
+        send_verified(&ab, &ba, &src, &dst, len, seed + 70);
     }
     assert!(ab.error().is_none() && ba.error().is_none());
 }
@@ -152,8 +128,8 @@ fn many_in_flight_both_directions_mixed_destinations() {
             for h in handles {
                 assert_eq!(h.wait(DEADLINE).expect("transfer"), len as u64);
             }
-            verify(&b_dst, len, seed, "a → b");
-            verify(&a_dst, len, seed + 500, "b → a");
+            verify_region(&b_dst, len, seed, "a → b");
+            verify_region(&a_dst, len, seed + 500, "b → a");
         }
         assert!(ab.error().is_none() && ba.error().is_none());
         println!("{count} transfers each way in flight on {channels} channels: ok");
@@ -169,7 +145,7 @@ fn one_large_receive_wraps_the_slots() {
     let len = 64 << 20;
     let src = region(&a, Some(&g), len, Some(77));
     let dst = region(&b, Some(&g), len, None);
-    transfer(&ab, &ba, &src, &dst, len, 77);
+    send_verified(&ab, &ba, &src, &dst, len, 77);
 }
 
 /// One-sided WRITE into an advertised GPU region (the target's lane unpacks, in place) with a
@@ -212,7 +188,7 @@ fn one_sided_write_and_read_into_gpu_memory() {
             .read(&[Segment::new(&back, 0, len)], &remote)
             .expect("read");
         assert_eq!(rx.wait(DEADLINE).expect("read"), len as u64);
-        verify(
+        verify_region(
             &back,
             len,
             seed,

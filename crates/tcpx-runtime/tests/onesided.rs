@@ -10,57 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use tcpx_runtime::{Connection, Descriptor, Endpoint, Error, Region, RemoteSegment, Segment};
 
-/// splitmix64: a small deterministic generator for the random lists.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Cuts `[0, total)` into random blocks (some contiguous, some with gaps) placed in a
-/// region of `region_len` bytes; returns (offset, len) per block.
-fn random_layout(
-    rng: &mut Rng,
-    total: usize,
-    region_len: usize,
-    max_block: usize,
-) -> Vec<(usize, usize)> {
-    let mut blocks = Vec::new();
-    let mut left = total;
-    let mut at = 0usize;
-    let slack = region_len - total;
-    let mut slack_left = slack;
-    while left > 0 {
-        let len = (1 + rng.below(max_block as u64) as usize).min(left);
-        if slack_left > 0 && rng.below(3) == 0 {
-            let gap = rng.below(slack_left as u64 + 1) as usize / 4;
-            at += gap;
-            slack_left -= gap;
-        }
-        blocks.push((at, len));
-        at += len;
-        left -= len;
-    }
-    blocks
-}
-
-fn snapshot(region: &Region) -> Vec<u8> {
-    region
-        .memory()
-        .with_bytes(|b| b.to_vec())
-        .expect("cpu access")
-}
-
 fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     assert!(
@@ -72,15 +21,6 @@ fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
         got.len()
     );
     got
-}
-
-fn access_error(result: tcpx_runtime::Result<u64>) -> (usize, String) {
-    match result {
-        Err(Error::Access {
-            descriptor, reason, ..
-        }) => (descriptor, reason),
-        other => panic!("expected an access error, got {other:?}"),
-    }
 }
 
 #[test]

@@ -12,49 +12,6 @@ use std::time::Instant;
 use common::*;
 use tcpx_runtime::{Descriptor, Endpoint, Error, Region, RemoteSegment, Segment};
 
-/// splitmix64: a small deterministic generator for the random lists.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Cuts `[0, total)` into random blocks of at most `max_block` bytes (some contiguous, some
-/// with gaps) placed in a region of `region_len` bytes; returns (offset, len) per block.
-fn random_layout(
-    rng: &mut Rng,
-    total: usize,
-    region_len: usize,
-    max_block: usize,
-) -> Vec<(usize, usize)> {
-    let mut blocks = Vec::new();
-    let mut left = total;
-    let mut at = 0usize;
-    let mut slack_left = region_len - total;
-    while left > 0 {
-        let len = (1 + rng.below(max_block as u64) as usize).min(left);
-        if slack_left > 0 && rng.below(3) == 0 {
-            let gap = rng.below(slack_left as u64 + 1) as usize / 4;
-            at += gap;
-            slack_left -= gap;
-        }
-        blocks.push((at, len));
-        at += len;
-        left -= len;
-    }
-    blocks
-}
-
 /// A region of `len` bytes on `ep`, staged (emulated) or plain host memory, zeroed.
 fn region(ep: &Endpoint, staged: bool, len: usize) -> Region {
     let r = if staged {
@@ -71,16 +28,8 @@ fn region(ep: &Endpoint, staged: bool, len: usize) -> Region {
 /// As [`region`], filled with `fill(seed)`.
 fn filled(ep: &Endpoint, staged: bool, len: usize, seed: u64) -> Region {
     let r = region(ep, staged, len);
-    let mut bytes = vec![0u8; len];
-    fill(&mut bytes, seed);
-    r.write(0, &bytes).expect("fill");
+    write_pattern(&r, len, seed);
     r
-}
-
-fn snapshot(region: &Region) -> Vec<u8> {
-    let mut bytes = vec![0u8; region.len()];
-    region.read(0, &mut bytes).expect("read back");
-    bytes
 }
 
 fn label(staged: bool) -> &'static str {
@@ -253,15 +202,6 @@ fn a_notification_into_staged_memory_follows_its_data() {
     loopback();
     notifications_follow_their_data(true);
     notifications_follow_their_data(false);
-}
-
-fn access_error(result: tcpx_runtime::Result<u64>) -> (usize, String) {
-    match result {
-        Err(Error::Access {
-            descriptor, reason, ..
-        }) => (descriptor, reason),
-        other => panic!("expected an access error, got {other:?}"),
-    }
 }
 
 #[test]

@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{check, fill, loopback, pair, DEADLINE};
-use tcpx_runtime::{Connection, Endpoint, Region, Segment};
+use common::*;
+use tcpx_runtime::{Endpoint, Region, Segment};
 
 fn staged(ep: &Endpoint, len: usize, seed: Option<u64>) -> Region {
     let memory = tcpx::SharedMemory::host(len.max(1)).expect("host memory");
@@ -16,9 +16,7 @@ fn staged(ep: &Endpoint, len: usize, seed: Option<u64>) -> Region {
         .expect("register_staged_emulation");
     assert!(r.is_staged());
     if let Some(seed) = seed {
-        let mut bytes = vec![0u8; len];
-        fill(&mut bytes, seed);
-        r.write(0, &bytes).expect("write");
+        write_pattern(&r, len, seed);
     }
     r
 }
@@ -26,32 +24,9 @@ fn staged(ep: &Endpoint, len: usize, seed: Option<u64>) -> Region {
 fn host(ep: &Endpoint, len: usize, seed: Option<u64>) -> Region {
     let r = ep.alloc_host(len.max(1)).expect("alloc_host");
     if let Some(seed) = seed {
-        let mut bytes = vec![0u8; len];
-        fill(&mut bytes, seed);
-        r.write(0, &bytes).expect("write");
+        write_pattern(&r, len, seed);
     }
     r
-}
-
-fn verify(r: &Region, len: usize, seed: u64, what: &str) {
-    let mut back = vec![0u8; len];
-    r.read(0, &mut back).expect("read");
-    if let Err(at) = check(&back, seed) {
-        panic!("{what}: data differs at byte {at} of {len}");
-    }
-}
-
-fn transfer(ab: &Connection, ba: &Connection, src: &Region, dst: &Region, len: usize, seed: u64) {
-    let rx = ba.recv(dst, 0, len).expect("post recv");
-    let tx = ab.send(src, 0, len).expect("post send");
-    assert_eq!(tx.wait(DEADLINE).expect("send"), len as u64);
-    assert_eq!(rx.wait(DEADLINE).expect("recv"), len as u64);
-    verify(
-        dst,
-        len,
-        seed,
-        &format!("{len} bytes, {} channels", ab.channels()),
-    );
 }
 
 #[test]
@@ -63,7 +38,7 @@ fn staged_to_staged_sizes_on_1_4_8_channels() {
             let seed = u64::from(channels) * 10 + i as u64;
             let src = staged(&a, len, Some(seed));
             let dst = staged(&b, len, None);
-            transfer(&ab, &ba, &src, &dst, len, seed);
+            send_verified(&ab, &ba, &src, &dst, len, seed);
         }
         assert!(ab.error().is_none() && ba.error().is_none());
     }
@@ -82,7 +57,7 @@ fn staged_regions_preregister_as_a_no_op_and_advertise_for_one_sided_use() {
     ab.register(&src).expect("register a staged source");
     ba.register(&dst).expect("register a staged destination");
     assert_eq!((a.live_registrations(), b.live_registrations()), before);
-    transfer(&ab, &ba, &src, &dst, len, 77);
+    send_verified(&ab, &ba, &src, &dst, len, 77);
     // One-sided access moves staged regions through the rings too (tests/onesided_staged.rs):
     // advertising succeeds, as CUDA memory (what the region stands in for: peers never pack
     // a batch naming it), and still registers nothing with the plugin.
@@ -99,9 +74,9 @@ fn host_to_staged_and_staged_to_host() {
     for (i, &len) in [1usize, 4097, (3 << 20) + 5].iter().enumerate() {
         let seed = 100 + i as u64;
         let (src, dst) = (host(&a, len, Some(seed)), staged(&b, len, None));
-        transfer(&ab, &ba, &src, &dst, len, seed);
+        send_verified(&ab, &ba, &src, &dst, len, seed);
         let (src, dst) = (staged(&a, len, Some(seed + 7)), host(&b, len, None));
-        transfer(&ab, &ba, &src, &dst, len, seed + 7);
+        send_verified(&ab, &ba, &src, &dst, len, seed + 7);
     }
 }
 
@@ -143,8 +118,8 @@ fn staged_and_direct_transfers_interleave_in_order() {
         for t in transfers {
             assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
         }
-        verify(&dst, len, seed, "a → b");
-        verify(&back_dst, len, seed + 50, "b → a");
+        verify_region(&dst, len, seed, "a → b");
+        verify_region(&back_dst, len, seed + 50, "b → a");
     }
     assert!(ab.error().is_none() && ba.error().is_none());
 }
@@ -180,7 +155,7 @@ fn vectored_staged_transfers_cut_differently_per_side() {
     let tx = ab.send_vectored(&a_segs).expect("send");
     assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
     assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64);
-    verify(&dst, len, 77, "vectored");
+    verify_region(&dst, len, 77, "vectored");
 }
 
 #[test]

@@ -147,3 +147,103 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// splitmix64: a small deterministic generator for random layouts.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `[0, n)`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Cuts `[0, total)` into random blocks of at most `max_block` bytes (some contiguous, some
+/// with gaps) placed in a region of `region_len` bytes; returns (offset, len) per block.
+pub fn random_layout(
+    rng: &mut Rng,
+    total: usize,
+    region_len: usize,
+    max_block: usize,
+) -> Vec<(usize, usize)> {
+    let mut blocks = Vec::new();
+    let mut left = total;
+    let mut at = 0usize;
+    let mut slack_left = region_len - total;
+    while left > 0 {
+        let len = (1 + rng.below(max_block as u64) as usize).min(left);
+        if slack_left > 0 && rng.below(3) == 0 {
+            let gap = rng.below(slack_left as u64 + 1) as usize / 4;
+            at += gap;
+            slack_left -= gap;
+        }
+        blocks.push((at, len));
+        at += len;
+        left -= len;
+    }
+    blocks
+}
+
+/// Every byte of `region` (host or CUDA memory), copied out.
+pub fn snapshot(region: &Region) -> Vec<u8> {
+    let mut bytes = vec![0u8; region.len()];
+    region.read(0, &mut bytes).expect("read the region back");
+    bytes
+}
+
+/// The descriptor index and reason of a one-sided access error; panics on anything else.
+pub fn access_error(result: tcpx_runtime::Result<u64>) -> (usize, String) {
+    match result {
+        Err(tcpx_runtime::Error::Access {
+            descriptor, reason, ..
+        }) => (descriptor, reason),
+        other => panic!("expected an access error, got {other:?}"),
+    }
+}
+
+/// Writes the pattern of `fill(seed)` over the first `len` bytes of `region` (host or CUDA).
+pub fn write_pattern(region: &Region, len: usize, seed: u64) {
+    let mut bytes = vec![0u8; len];
+    fill(&mut bytes, seed);
+    region.write(0, &bytes).expect("write the pattern");
+}
+
+/// Panics, naming `what`, unless the first `len` bytes of `region` (host or CUDA) hold the
+/// pattern of `fill(seed)`.
+pub fn verify_region(region: &Region, len: usize, seed: u64, what: &str) {
+    let mut back = vec![0u8; len];
+    region.read(0, &mut back).expect("read back");
+    if let Err(at) = check(&back, seed) {
+        panic!("{what}: data differs at byte {at} of {len}");
+    }
+}
+
+/// Sends `len` bytes of `src` over `ab` into `dst` over `ba` and checks they hold `fill(seed)`.
+pub fn send_verified(
+    ab: &Connection,
+    ba: &Connection,
+    src: &Region,
+    dst: &Region,
+    len: usize,
+    seed: u64,
+) {
+    let rx = ba.recv(dst, 0, len).expect("post recv");
+    let tx = ab.send(src, 0, len).expect("post send");
+    assert_eq!(tx.wait(DEADLINE).expect("send"), len as u64);
+    assert_eq!(rx.wait(DEADLINE).expect("recv"), len as u64);
+    verify_region(
+        dst,
+        len,
+        seed,
+        &format!("{len} bytes on {} channels", ab.channels()),
+    );
+}
