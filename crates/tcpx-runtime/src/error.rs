@@ -58,9 +58,10 @@ pub enum Error {
         /// The safe layer's error: API, plugin code and comm.
         source: Arc<tcpx::Error>,
     },
-    /// A CUDA call of the staged path failed on a channel (copy to or from the pinned ring,
-    /// event query, ring allocation or registration): the connection is failed.
-    #[error("channel {channel} ({direction}) to peer {peer}: CUDA staging: {source}")]
+    /// A CUDA step of a channel failed: the staged path (copy to or from the pinned ring,
+    /// event query, ring allocation or registration) or the unpack path (device handle,
+    /// fragment count, gather kernel, out-of-range fragment). The connection is failed.
+    #[error("channel {channel} ({direction}) to peer {peer}: CUDA staging or unpack: {source}")]
     Staging {
         /// The channel index within its connection.
         channel: u16,
