@@ -370,21 +370,20 @@ impl Connection {
             }
         }
         let staging = staging_of(segments.iter().map(|s| s.region), direction)?;
-        let mut pieces = Vec::with_capacity(segments.len());
-        for s in segments {
-            // Staged regions are never registered: the plugin only sees the engines' rings.
-            let registration = match staging {
-                Some(_) => None,
-                None => Some(self.registration(s.region, direction)?),
-            };
-            pieces.push(Piece {
-                registration,
-                memory: s.region.memory().clone(),
-                offset: s.offset,
-                len: s.len as u64,
-                cuda: s.region.cuda_device().cloned(),
-            });
-        }
+        let pieces = segments
+            .iter()
+            .map(|s| {
+                region_piece(
+                    &self.link,
+                    &self.shared,
+                    s.region,
+                    s.offset,
+                    s.len as u64,
+                    direction,
+                    staging.is_some(),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
 
         let order = match direction {
             Direction::Send => &self.send_order,
@@ -453,6 +452,32 @@ impl Connection {
     fn registration(&self, region: &Region, direction: Direction) -> Result<Arc<Registration>> {
         register_region(&self.link, &self.shared, region, direction)
     }
+}
+
+/// `len` bytes at `offset` in `region` as a piece of a job on `link` in `direction`:
+/// registered on the link's comms, unless the transfer is `staged` (the plugin then only sees
+/// the engines' rings, so a staged region is never registered).
+pub(crate) fn region_piece(
+    link: &Arc<Link>,
+    shared: &EndpointShared,
+    region: &Region,
+    offset: usize,
+    len: u64,
+    direction: Direction,
+    staged: bool,
+) -> Result<Piece> {
+    let registration = if staged {
+        None
+    } else {
+        Some(register_region(link, shared, region, direction)?)
+    };
+    Ok(Piece {
+        registration,
+        memory: region.memory().clone(),
+        offset,
+        len,
+        cuda: region.cuda_device().cloned(),
+    })
 }
 
 /// The registration of `region` on `link`'s comms in `direction`, made on first use and

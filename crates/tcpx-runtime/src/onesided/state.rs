@@ -12,7 +12,7 @@ use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, P
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::{ControlConn, Message};
-use crate::endpoint::connection::{register_region, submit_job};
+use crate::endpoint::connection::{region_piece, register_region, submit_job};
 use crate::endpoint::{EndpointShared, Segment};
 use crate::engine::job::{staging_of, Job, Piece};
 use crate::engine::stage::Staging;
@@ -210,25 +210,16 @@ impl Rma {
         );
         let mut pieces = Vec::with_capacity(local_runs.len());
         for Run { first, offset, len } in &local_runs {
-            let region = local[*first].region;
-            // Staged regions never reach `register_region` (which refuses them).
-            let registration = match staging {
-                Some(_) => None,
-                None => Some(register_region(
-                    &self.link,
-                    &self.shared,
-                    region,
-                    direction,
-                )?),
-            };
-            pieces.push(Piece {
-                registration,
-                memory: region.memory().clone(),
+            pieces.push(region_piece(
+                &self.link,
+                &self.shared,
+                local[*first].region,
                 // Within the region, so it fits a usize.
-                offset: *offset as usize,
-                len: *len,
-                cuda: region.cuda_device().cloned(),
-            });
+                *offset as usize,
+                *len,
+                direction,
+                staging.is_some(),
+            )?);
         }
         let entries: Vec<RemoteEntry> = remote
             .iter()
@@ -297,18 +288,15 @@ impl Rma {
         )
         .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
         let pieces = match lease {
-            Some(lease) => vec![Piece {
-                registration: Some(register_region(
-                    &self.link,
-                    &self.shared,
-                    lease.region(),
-                    direction,
-                )?),
-                memory: lease.region().memory().clone(),
-                offset: 0,
+            Some(lease) => vec![region_piece(
+                &self.link,
+                &self.shared,
+                lease.region(),
+                0,
                 len,
-                cuda: lease.region().cuda_device().cloned(),
-            }],
+                direction,
+                false,
+            )?],
             None if own.len() == 1 => own,
             None => {
                 return Err(Error::Internal(format!(

@@ -23,7 +23,7 @@ use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
 use super::state::{access_error, new_job, PendingKind, PendingOp, ReadPack, Rma};
 use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
-use crate::endpoint::connection::{register_region, submit_job};
+use crate::endpoint::connection::{region_piece, submit_job};
 use crate::engine::job::{staging_for, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
@@ -155,23 +155,16 @@ impl Rma {
             let region = regions
                 .get(run.first)
                 .ok_or_else(|| Error::Internal("validated region missing".into()))?;
-            let registration = match staging {
-                Some(_) => None,
-                None => Some(register_region(
-                    &self.link,
-                    &self.shared,
-                    region,
-                    direction,
-                )?),
-            };
-            pieces.push(Piece {
-                registration,
-                memory: region.memory().clone(),
+            pieces.push(region_piece(
+                &self.link,
+                &self.shared,
+                region,
                 // Validated: offset + len lies within the region, a usize.
-                offset: run.offset as usize,
-                len: run.len,
-                cuda: region.cuda_device().cloned(),
-            });
+                run.offset as usize,
+                run.len,
+                direction,
+                staging.is_some(),
+            )?);
         }
         Ok((pieces, staging))
     }
@@ -288,19 +281,16 @@ impl Rma {
         // list, or a refused write's data) lands in a pack buffer.
         let (own, pack) = match (&refusal, parts.as_slice()) {
             (None, [part]) => {
-                let own = vec![Piece {
-                    registration: Some(register_region(
-                        &self.link,
-                        &self.shared,
-                        &part.region,
-                        Direction::Recv,
-                    )?),
-                    memory: part.region.memory().clone(),
+                let own = vec![region_piece(
+                    &self.link,
+                    &self.shared,
+                    &part.region,
                     // Validated: within the region, a usize.
-                    offset: part.offset as usize,
-                    len: total,
-                    cuda: part.region.cuda_device().cloned(),
-                }];
+                    part.offset as usize,
+                    total,
+                    Direction::Recv,
+                    false,
+                )?];
                 (own, None)
             }
             _ => (Vec::new(), Some((self.pack.for_receiver()?, parts))),
