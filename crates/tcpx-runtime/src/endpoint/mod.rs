@@ -2,6 +2,8 @@
 //! engines, a control listener — and the door to [`Connection`]s.
 //!
 //! - [`backend`]: which plugin (explicit path, TCPX install paths, built-in socket plugin);
+//! - [`admission`]: who gets past the control listener (strangers are turned away
+//!   concurrently, each with its own deadline);
 //! - [`setup`]: the connection handshake over the control plane;
 //! - [`connection`]: a connected peer: transfers, registrations, close;
 //! - [`watch`]: the thread that keeps reading a connection's control stream.
@@ -9,19 +11,20 @@
 pub mod backend;
 pub mod connection;
 
+mod admission;
 mod ifaddr;
 mod setup;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tcpx::cuda::{CudaBuffer, CudaDevice};
 use tcpx::{ForeignMemory, MemoryKind, Net, SharedMemory};
 
 use crate::config::Config;
-use crate::control::{ControlConn, EndpointInfo, EndpointMetadata, Secret};
+use crate::control::{ControlConn, ControlError, EndpointInfo, EndpointMetadata, Secret};
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
@@ -29,6 +32,7 @@ use crate::onesided::adverts::AdvertBook;
 use crate::onesided::inbox::Inbox;
 use crate::onesided::Descriptor;
 use crate::registry::{Region, RegistrationCounter};
+use admission::{Admission, Policy, HELLO_LIMIT};
 use backend::{BackendInfo, BackendOrigin};
 pub use connection::{Connection, Segment};
 use setup::Side;
@@ -103,8 +107,10 @@ impl EndpointShared {
 /// ```
 pub struct Endpoint {
     shared: Arc<EndpointShared>,
-    listener: TcpListener,
     metadata: EndpointMetadata,
+    /// Turns strangers away and queues real peers for `accept`; stops (and closes what it
+    /// holds) when dropped.
+    admission: Admission,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -187,6 +193,15 @@ impl Endpoint {
             .local_addr()
             .map_err(|e| Error::Internal(format!("control listener address: {e}")))?;
         let ip = advertised_ip(config.control_addr.ip(), &names[0])?;
+        let secret = Secret::random();
+        let admission = Admission::start(
+            listener,
+            Policy {
+                secret,
+                require_secret: config.require_secret,
+                hello_timeout: config.timeout.min(HELLO_LIMIT),
+            },
+        )?;
         let info = EndpointInfo {
             ip,
             gpu_pci: config.gpu_pci.clone(),
@@ -199,7 +214,7 @@ impl Endpoint {
         let metadata = EndpointMetadata {
             info: info.clone(),
             control_addr: SocketAddr::new(ip, local.port()),
-            secret: Secret::random(),
+            secret,
         };
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
@@ -256,8 +271,8 @@ impl Endpoint {
                 gpu: OnceLock::new(),
                 plugin_cuda,
             }),
-            listener,
             metadata,
+            admission,
         })
     }
 
@@ -297,21 +312,58 @@ impl Endpoint {
 
     /// Waits (up to the configured timeout) for one peer to connect, then sets the
     /// connection up.
+    ///
+    /// Connections that are not a tcpx peer's — garbage, another protocol, a silent or
+    /// slowly dripping socket, an early close, a peer without this endpoint's secret when
+    /// [`Config::require_secret`] is on — are turned away (told why, closed, logged with
+    /// their address) while this keeps waiting; each gets its own short deadline and none
+    /// delays a real peer that arrives after it (see [`admission`]). Errors after a real
+    /// peer's `Hello` (incompatible settings, a failing plugin) end the call.
     pub fn accept(&self) -> Result<Connection> {
         self.accept_timeout(self.shared.config.timeout)
     }
 
-    /// [`Endpoint::accept`], waiting at most `wait` for the peer to arrive (set-up then has
-    /// the configured timeout).
+    /// [`Endpoint::accept`], waiting at most `wait` for a peer to arrive (set-up then has
+    /// the configured timeout). On timeout the error counts the connections turned away and
+    /// names the last one.
     pub fn accept_timeout(&self, wait: Duration) -> Result<Connection> {
-        let ctl = ControlConn::accept(&self.listener, wait)?;
-        setup::establish(
-            &self.shared,
-            ctl,
-            Side::Accepting {
-                own: self.metadata.secret,
-            },
-        )
+        let admission = &self.admission;
+        let deadline = Instant::now() + wait;
+        let rejected_before = admission.rejections.count();
+        loop {
+            let candidate = match admission.ready.recv_deadline(deadline) {
+                Ok(c) => c,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let rejected = admission.rejections.count() - rejected_before;
+                    return Err(ControlError::AcceptTimeout {
+                        local: self.metadata.control_addr,
+                        waited: wait,
+                        rejected,
+                        last_rejection: (rejected > 0)
+                            .then(|| admission.rejections.last())
+                            .flatten(),
+                    }
+                    .into());
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Internal(
+                        "the control listener's admission thread stopped".into(),
+                    ))
+                }
+            };
+            if candidate.is_gone() {
+                tracing::info!(target: "tcpx_runtime", peer = %candidate.peer, "admitted peer left before accept took it");
+                continue;
+            }
+            let ctl = ControlConn::from_stream(candidate.stream, self.shared.config.timeout)?;
+            return setup::establish(
+                &self.shared,
+                ctl,
+                Side::Accepted {
+                    hello: candidate.hello,
+                },
+            );
+        }
     }
 
     /// Connects to the endpoint `peer` describes, presenting its secret (so this works with

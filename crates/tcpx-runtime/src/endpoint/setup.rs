@@ -35,13 +35,13 @@ pub(crate) struct Established {
 }
 
 /// Which end of the control connection this side is.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) enum Side {
-    /// Accepted the control connection: reads the peer's `Hello` first and checks its
-    /// secret against this endpoint's own.
-    Accepting {
-        /// This endpoint's secret (from its metadata).
-        own: Secret,
+    /// Accepted the control connection; admission ([`super::admission`]) already read the
+    /// peer's `Hello` (and checked its secret): this side answers with its own.
+    Accepted {
+        /// The peer's `Hello`.
+        hello: Message,
     },
     /// Opened the control connection: sends `Hello` first, presenting `secret`.
     Connecting {
@@ -92,12 +92,7 @@ fn handshake(
             ctl.send(&Message::hello_presenting(shared.info.clone(), secret))?;
             ctl.recv_expecting(MessageType::Hello, left())?
         }
-        Side::Accepting { own } => {
-            let hello = ctl.recv_expecting(MessageType::Hello, left())?;
-            if let Message::Hello { secret, .. } = &hello {
-                check_secret(shared.config.require_secret, own, *secret)
-                    .map_err(|what| Error::Incompatible { peer, what })?;
-            }
+        Side::Accepted { hello } => {
             ctl.send(&Message::hello(shared.info.clone()))?;
             hello
         }
