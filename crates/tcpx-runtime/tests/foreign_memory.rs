@@ -171,3 +171,44 @@ fn connect_addr_needs_only_the_address_and_both_sides_see_the_peer_gpu() {
     let (ac, ca) = connect(&a, &c);
     assert_eq!((ac.peer_gpu(), ca.peer_gpu()), (None, Some(3)));
 }
+
+#[test]
+fn caller_owned_cuda_memory_is_recognised_and_staged_on_host_only_plugins() {
+    if let Some(why) = tcpx::cuda::skip_reason() {
+        println!("{why}");
+        return;
+    }
+    loopback();
+    let (a, b, ab, ba) = pair(2, 64 * KIB as u32);
+    let gpu = tcpx::cuda::CudaDevice::new(0).unwrap();
+    let len = 1 << 20;
+    // Allocated by "the caller" (here through tcpx, as a C or Python caller would through
+    // CUDA), and kept alive until the regions and connections are gone.
+    let src_buf = gpu.alloc(len).unwrap();
+    let dst_buf = gpu.alloc(len).unwrap();
+    let ptr = |b: &tcpx::cuda::CudaBuffer| b.device_ptr() as *mut u8;
+    // SAFETY: both buffers outlive the regions, the connections and every transfer below.
+    let (src, dst) = unsafe {
+        (
+            a.register_ptr(ptr(&src_buf), len).unwrap(),
+            b.register_ptr(ptr(&dst_buf), len).unwrap(),
+        )
+    };
+    assert_eq!(src.kind(), tcpx::MemoryKind::Cuda);
+    assert_eq!(src.cuda_device().map(|d| d.ordinal()), Some(0));
+    assert!(
+        src.is_staged(),
+        "the built-in plugin takes host memory only"
+    );
+    assert_eq!(src.as_ptr(), ptr(&src_buf));
+    write_pattern(&src, len, 5);
+    send_verified(&ab, &ba, &src, &dst, len, 5);
+    // A range running past the end of the allocation is refused.
+    // SAFETY: refused before anything is registered.
+    let past = unsafe { a.register_ptr(ptr(&src_buf).wrapping_add(4096), len) };
+    assert!(
+        matches!(past, Err(Error::InvalidArgument(ref why)) if why.contains("past")),
+        "{past:?}"
+    );
+    drop((src, dst, ab, ba));
+}

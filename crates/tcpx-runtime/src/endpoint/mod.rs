@@ -2,11 +2,11 @@
 //! engines, a control listener — and the door to [`Connection`]s.
 //!
 //! - [`backend`]: which plugin (explicit path, TCPX install paths, built-in socket plugin);
-//! - [`admission`]: who gets past the control listener (strangers are turned away
+//! - `admission`: who gets past the control listener (strangers are turned away
 //!   concurrently, each with its own deadline);
-//! - [`setup`]: the connection handshake over the control plane;
+//! - `setup`: the connection handshake over the control plane;
 //! - [`connection`]: a connected peer: transfers, registrations, close;
-//! - [`watch`]: the thread that keeps reading a connection's control stream.
+//! - `watch`: the thread that keeps reading a connection's control stream.
 
 pub mod backend;
 pub mod connection;
@@ -317,7 +317,7 @@ impl Endpoint {
     /// slowly dripping socket, an early close, a peer without this endpoint's secret when
     /// [`Config::require_secret`] is on — are turned away (told why, closed, logged with
     /// their address) while this keeps waiting; each gets its own short deadline and none
-    /// delays a real peer that arrives after it (see [`admission`]). Errors after a real
+    /// delays a real peer that arrives after it. Errors after a real
     /// peer's `Hello` (incompatible settings, a failing plugin) end the call.
     pub fn accept(&self) -> Result<Connection> {
         self.accept_timeout(self.shared.config.timeout)
@@ -395,8 +395,8 @@ impl Endpoint {
     /// pointers and is staged through pinned host memory otherwise. The region does not own
     /// the memory: dropping it frees nothing.
     ///
-    /// Errors: a null pointer, zero length, a range that wraps around, a CUDA pointer whose
-    /// range ends on another GPU or outside CUDA memory, or one on another GPU than this
+    /// Errors: a null pointer, zero length, a range that wraps around, a CUDA range that
+    /// runs past the end of its allocation, or CUDA memory on another GPU than this
     /// endpoint's other CUDA regions.
     ///
     /// # Safety
@@ -415,16 +415,19 @@ impl Endpoint {
         };
         // SAFETY: forwarded from this function's contract.
         let memory = unsafe { ForeignMemory::new(ptr, len, MemoryKind::Cuda) }.map_err(invalid)?;
-        // `new` checked that the range does not wrap, so its last byte's address exists.
-        let last = ptr.wrapping_add(len - 1);
-        let last_on = tcpx::cuda::pointer_device(last);
-        if last_on != Some(ordinal) {
+        // The range must lie inside one allocation of that GPU (`new` checked it does not
+        // wrap). The allocation's bounds come from the driver; should it not give them, the
+        // last byte at least must be device memory of the same GPU.
+        let start = ptr as u64;
+        let end = start + len as u64;
+        let fits = match tcpx::cuda::pointer_allocation(ptr) {
+            Some((base, size)) => base <= start && end <= base + size as u64,
+            None => tcpx::cuda::pointer_device(ptr.wrapping_add(len - 1)) == Some(ordinal),
+        };
+        if !fits {
             return Err(Error::InvalidArgument(format!(
-                "{len} bytes at {ptr:p} start in CUDA memory of GPU {ordinal} and end {}",
-                match last_on {
-                    Some(other) => format!("on GPU {other}"),
-                    None => "outside CUDA device memory".to_string(),
-                }
+                "{len} bytes at {ptr:p} start in CUDA memory of GPU {ordinal} and run past \
+                 the end of that allocation"
             )));
         }
         let device = CudaDevice::new(ordinal)
