@@ -335,6 +335,37 @@ fn an_endpoint_that_requires_its_secret_refuses_peers_without_it_and_keeps_accep
     assert_eq!(parsed.secret, meta.secret);
 }
 
+#[test]
+fn peers_that_arrive_before_accept_wait_for_it_and_those_that_gave_up_are_skipped() {
+    let _serial = serial();
+    loopback();
+    let server = Endpoint::new(server_config(Duration::from_secs(10), false)).unwrap();
+    let meta = server.metadata().clone();
+
+    // A peer that gives up (1 s set-up timeout) before anyone accepts: the next accept
+    // skips it instead of failing on it.
+    let impatient = Endpoint::new(server_config(Duration::from_secs(1), false)).unwrap();
+    let err = impatient.connect(&meta).unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let err = server
+        .accept_timeout(Duration::from_millis(500))
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+
+    // A patient peer that connects first, then accept comes: it is admitted, queued, and
+    // handed over.
+    let client = Endpoint::new(config(2, 64 * KIB as u32)).unwrap();
+    let (sc, cs) = std::thread::scope(|s| {
+        let connecting = s.spawn(|| client.connect(&meta));
+        std::thread::sleep(Duration::from_millis(300));
+        let sc = server
+            .accept_timeout(DEADLINE)
+            .expect("accept the queued peer");
+        (sc, connecting.join().unwrap().expect("connect"))
+    });
+    verified_both_ways(&server, &client, &sc, &cs);
+}
+
 fn refused_for_secret(err: &Error, why: &str) -> bool {
     let text = err.to_string();
     text.contains("secret") && text.contains(why) && text.contains("refused")

@@ -55,18 +55,19 @@ pub(crate) struct Candidate {
 }
 
 impl Candidate {
-    /// True when the peer closed the connection (or it failed) while it waited in the queue,
-    /// e.g. after its own set-up timeout: such a candidate is skipped, not handed over.
+    /// True when the peer gave up while it waited in the queue (e.g. after its own set-up
+    /// timeout): it closed the connection, it failed, or it sent something, which a peer
+    /// waiting for this side's `Hello` never does (one that gives up sends an `Error` first).
+    /// Such a candidate is skipped, not handed over.
     pub(crate) fn is_gone(&self) -> bool {
         let mut byte = [0u8; 1];
-        // The stream is still non-blocking here.
+        // The stream is still non-blocking here: "would block" means nothing arrived.
         match self.stream.peek(&mut byte) {
-            Ok(0) => true,
-            Ok(_) => false,
             Err(e) => !matches!(
                 e.kind(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
             ),
+            Ok(_) => true,
         }
     }
 }
