@@ -250,17 +250,22 @@ fn silent_strangers_do_not_delay_the_real_peer_and_leave_nothing_behind() {
     drop(real_peer(&server, &client));
     let (fds, threads_before) = (open_fds(), threads());
 
-    let strangers: Vec<Stranger> = (0..24)
+    // 48 strangers: half silent, the rest every other kind in turn (slow drips included).
+    let strangers: Vec<Stranger> = (0..48)
         .map(|i| {
-            let what = if i % 4 == 3 { "slow drip" } else { "silent" };
+            let what = if i % 2 == 0 {
+                "silent"
+            } else {
+                KINDS[(i as usize / 2) % KINDS.len()]
+            };
             stranger(addr, what, i)
         })
         .collect();
     let (sc, cs, took) = real_peer(&server, &client);
-    eprintln!("real peer connected in {took:?} behind 24 silent or dripping strangers");
+    eprintln!("real peer connected in {took:?} behind 48 strangers");
     assert!(
         took < hello_deadline / 4,
-        "the real peer took {took:?} behind 24 silent or dripping strangers \
+        "the real peer took {took:?} behind 48 strangers \
          (their deadline is {hello_deadline:?})"
     );
     verified_both_ways(&server, &client, &sc, &cs);
