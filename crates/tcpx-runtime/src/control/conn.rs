@@ -33,13 +33,17 @@ pub enum ControlError {
         /// The OS error.
         source: io::Error,
     },
-    /// No peer connected before the accept timeout.
-    #[error("control listener {local}: no peer connected within {waited:?}")]
+    /// No peer connected (and passed admission) before the accept timeout.
+    #[error("control listener {local}: no peer connected within {waited:?}{}", rejected_note(*.rejected, .last_rejection))]
     AcceptTimeout {
         /// The listener's address.
         local: SocketAddr,
         /// How long it waited.
         waited: Duration,
+        /// Connections rejected during the wait (bad or slow handshakes, missing secret).
+        rejected: u64,
+        /// The last of them: `peer: reason`.
+        last_rejection: Option<String>,
     },
     /// Accepting failed.
     #[error("control listener {local}: accept failed: {source}")]
@@ -137,6 +141,14 @@ pub enum ControlError {
     },
 }
 
+fn rejected_note(rejected: u64, last: &Option<String>) -> String {
+    match (rejected, last) {
+        (0, _) => String::new(),
+        (n, Some(last)) => format!(" ({n} connection(s) rejected; last: {last})"),
+        (n, None) => format!(" ({n} connection(s) rejected)"),
+    }
+}
+
 impl ControlError {
     /// The operation ran out of time (as opposed to failing).
     pub fn is_timeout(&self) -> bool {
@@ -202,6 +214,8 @@ impl ControlConn {
                         break Err(ControlError::AcceptTimeout {
                             local,
                             waited: timeout,
+                            rejected: 0,
+                            last_rejection: None,
                         });
                     }
                     thread::sleep(ACCEPT_POLL.min(deadline - now));

@@ -5,9 +5,10 @@
 //! - [`conn`]: [`ControlConn`], the blocking socket shell with a timeout on every operation;
 //! - [`metadata`]: [`EndpointMetadata`], the blob passed out of band to find a peer.
 //!
-//! A typical bootstrap: the receiving side sends `Hello`, then `ConnectHandles` with one
-//! listen handle per channel; the sending side answers `Hello`, connects its comms and sends
-//! `Ready`; either side ends with `Close` (or `Error`).
+//! A typical bootstrap: the connecting side sends `Hello` (presenting the secret from the
+//! accepting side's [`EndpointMetadata`]); the accepting side answers `Hello` once the first
+//! passed admission; both send `ConnectHandles` with one listen handle per channel, connect
+//! their comms and send `Ready`; either side ends with `Close` (or `Error`).
 
 pub mod codec;
 pub mod conn;
@@ -17,6 +18,9 @@ pub(crate) mod wire;
 
 pub use codec::{CodecError, Decoder, EncodeError, Frame, FrameHeader, PROTOCOL_VERSION};
 pub use conn::{ControlConn, ControlError};
-pub use message::{ConnectHandle, EndpointInfo, ErrorCode, Message, MessageError, MessageType};
+pub use message::{
+    ConnectHandle, EndpointInfo, ErrorCode, Message, MessageError, MessageType, Secret,
+    SECRET_BYTES,
+};
 pub use metadata::{EndpointMetadata, MetadataError};
 pub use wire::{TooLong, WireError};

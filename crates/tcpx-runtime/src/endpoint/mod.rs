@@ -2,26 +2,29 @@
 //! engines, a control listener — and the door to [`Connection`]s.
 //!
 //! - [`backend`]: which plugin (explicit path, TCPX install paths, built-in socket plugin);
-//! - [`setup`]: the connection handshake over the control plane;
+//! - `admission`: who gets past the control listener (strangers are turned away
+//!   concurrently, each with its own deadline);
+//! - `setup`: the connection handshake over the control plane;
 //! - [`connection`]: a connected peer: transfers, registrations, close;
-//! - [`watch`]: the thread that keeps reading a connection's control stream.
+//! - `watch`: the thread that keeps reading a connection's control stream.
 
 pub mod backend;
 pub mod connection;
 
+mod admission;
 mod ifaddr;
 mod setup;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tcpx::cuda::{CudaBuffer, CudaDevice};
-use tcpx::{MemoryKind, Net, SharedMemory};
+use tcpx::{ForeignMemory, MemoryKind, Net, SharedMemory};
 
 use crate::config::Config;
-use crate::control::{ControlConn, EndpointInfo, EndpointMetadata};
+use crate::control::{ControlConn, ControlError, EndpointInfo, EndpointMetadata, Secret};
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
@@ -29,8 +32,10 @@ use crate::onesided::adverts::AdvertBook;
 use crate::onesided::inbox::Inbox;
 use crate::onesided::Descriptor;
 use crate::registry::{Region, RegistrationCounter};
+use admission::{Admission, Policy, HELLO_LIMIT};
 use backend::{BackendInfo, BackendOrigin};
 pub use connection::{Connection, Segment};
+use setup::Side;
 
 /// What an endpoint's connections share: the plugin, the engines and the configuration.
 pub(crate) struct EndpointShared {
@@ -102,8 +107,10 @@ impl EndpointShared {
 /// ```
 pub struct Endpoint {
     shared: Arc<EndpointShared>,
-    listener: TcpListener,
     metadata: EndpointMetadata,
+    /// Turns strangers away and queues real peers for `accept`; stops (and closes what it
+    /// holds) when dropped.
+    admission: Admission,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -186,6 +193,15 @@ impl Endpoint {
             .local_addr()
             .map_err(|e| Error::Internal(format!("control listener address: {e}")))?;
         let ip = advertised_ip(config.control_addr.ip(), &names[0])?;
+        let secret = Secret::random();
+        let admission = Admission::start(
+            listener,
+            Policy {
+                secret,
+                require_secret: config.require_secret,
+                hello_timeout: config.timeout.min(HELLO_LIMIT),
+            },
+        )?;
         let info = EndpointInfo {
             ip,
             gpu_pci: config.gpu_pci.clone(),
@@ -193,10 +209,12 @@ impl Endpoint {
             plugin_name: backend.name.clone(),
             abi_version: backend.abi_version,
             chunk_bytes: config.chunk_bytes,
+            gpu_index: config.gpu_index,
         };
         let metadata = EndpointMetadata {
             info: info.clone(),
             control_addr: SocketAddr::new(ip, local.port()),
+            secret,
         };
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
@@ -253,8 +271,8 @@ impl Endpoint {
                 gpu: OnceLock::new(),
                 plugin_cuda,
             }),
-            listener,
             metadata,
+            admission,
         })
     }
 
@@ -294,21 +312,127 @@ impl Endpoint {
 
     /// Waits (up to the configured timeout) for one peer to connect, then sets the
     /// connection up.
+    ///
+    /// Connections that are not a tcpx peer's — garbage, another protocol, a silent or
+    /// slowly dripping socket, an early close, a peer without this endpoint's secret when
+    /// [`Config::require_secret`] is on — are turned away (told why, closed, logged with
+    /// their address) while this keeps waiting; each gets its own short deadline and none
+    /// delays a real peer that arrives after it. Errors after a real
+    /// peer's `Hello` (incompatible settings, a failing plugin) end the call.
     pub fn accept(&self) -> Result<Connection> {
         self.accept_timeout(self.shared.config.timeout)
     }
 
-    /// [`Endpoint::accept`], waiting at most `wait` for the peer to arrive (set-up then has
-    /// the configured timeout).
+    /// [`Endpoint::accept`], waiting at most `wait` for a peer to arrive (set-up then has
+    /// the configured timeout). On timeout the error counts the connections turned away and
+    /// names the last one.
     pub fn accept_timeout(&self, wait: Duration) -> Result<Connection> {
-        let ctl = ControlConn::accept(&self.listener, wait)?;
-        setup::establish(&self.shared, ctl)
+        let admission = &self.admission;
+        let deadline = Instant::now() + wait;
+        let rejected_before = admission.rejections.count();
+        loop {
+            let candidate = match admission.ready.recv_deadline(deadline) {
+                Ok(c) => c,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let rejected = admission.rejections.count() - rejected_before;
+                    return Err(ControlError::AcceptTimeout {
+                        local: self.metadata.control_addr,
+                        waited: wait,
+                        rejected,
+                        last_rejection: (rejected > 0)
+                            .then(|| admission.rejections.last())
+                            .flatten(),
+                    }
+                    .into());
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Internal(
+                        "the control listener's admission thread stopped".into(),
+                    ))
+                }
+            };
+            if candidate.is_gone() {
+                tracing::info!(target: "tcpx_runtime", peer = %candidate.peer, "admitted peer left before accept took it");
+                continue;
+            }
+            let ctl = ControlConn::from_stream(candidate.stream, self.shared.config.timeout)?;
+            return setup::establish(
+                &self.shared,
+                ctl,
+                Side::Accepted {
+                    hello: candidate.hello,
+                },
+            );
+        }
     }
 
-    /// Connects to the endpoint `peer` describes.
+    /// Connects to the endpoint `peer` describes, presenting its secret (so this works with
+    /// peers that [require it](crate::Config::require_secret)).
     pub fn connect(&self, peer: &EndpointMetadata) -> Result<Connection> {
-        let ctl = ControlConn::connect(peer.control_addr, self.shared.config.timeout)?;
-        setup::establish(&self.shared, ctl)
+        self.connect_presenting(peer.control_addr, Some(peer.secret))
+    }
+
+    /// Connects with the peer's control address alone (the control connection carries the
+    /// plugin handles, so nothing else is needed). Presents no secret: peers that
+    /// [require it](crate::Config::require_secret) refuse the connection.
+    pub fn connect_addr(&self, addr: SocketAddr) -> Result<Connection> {
+        self.connect_presenting(addr, None)
+    }
+
+    fn connect_presenting(&self, addr: SocketAddr, secret: Option<Secret>) -> Result<Connection> {
+        let ctl = ControlConn::connect(addr, self.shared.config.timeout)?;
+        setup::establish(&self.shared, ctl, Side::Connecting { secret })
+    }
+
+    /// The GPU index this endpoint announces to peers ([`Config::gpu_index`]), if any.
+    pub fn gpu_index(&self) -> Option<u32> {
+        self.shared.config.gpu_index
+    }
+
+    /// Registers caller-owned memory: host memory, or a CUDA device pointer (recognised
+    /// through the driver, [`tcpx::cuda::pointer_device`]) which, like
+    /// [`register_cuda`](Self::register_cuda), goes to the plugin directly when it takes CUDA
+    /// pointers and is staged through pinned host memory otherwise. The region does not own
+    /// the memory: dropping it frees nothing.
+    ///
+    /// Errors: a null pointer, zero length, a range that wraps around, a CUDA range that
+    /// runs past the end of its allocation, or CUDA memory on another GPU than this
+    /// endpoint's other CUDA regions.
+    ///
+    /// # Safety
+    /// As [`ForeignMemory::new`]: `[ptr, ptr + len)` is one allocation (host, or CUDA device
+    /// memory) that stays valid, and is neither freed nor reused, until the returned
+    /// [`Region`], every clone of it, and every connection and transfer that used it are
+    /// dropped (transfers in flight and per-connection registrations hold clones); and no
+    /// Rust reference into it is held while transfers may be in flight.
+    pub unsafe fn register_ptr(&self, ptr: *mut u8, len: usize) -> Result<Region> {
+        let invalid = |e: tcpx::Error| Error::InvalidArgument(e.to_string());
+        let Some(ordinal) = tcpx::cuda::pointer_device(ptr) else {
+            // SAFETY: forwarded from this function's contract.
+            let memory =
+                unsafe { ForeignMemory::new(ptr, len, MemoryKind::Host) }.map_err(invalid)?;
+            return self.register(SharedMemory::new(memory));
+        };
+        // SAFETY: forwarded from this function's contract.
+        let memory = unsafe { ForeignMemory::new(ptr, len, MemoryKind::Cuda) }.map_err(invalid)?;
+        // The range must lie inside one allocation of that GPU (`new` checked it does not
+        // wrap). The allocation's bounds come from the driver; should it not give them, the
+        // last byte at least must be device memory of the same GPU.
+        let start = ptr as u64;
+        let end = start + len as u64;
+        let fits = match tcpx::cuda::pointer_allocation(ptr) {
+            Some((base, size)) => base <= start && end <= base + size as u64,
+            None => tcpx::cuda::pointer_device(ptr.wrapping_add(len - 1)) == Some(ordinal),
+        };
+        if !fits {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at {ptr:p} start in CUDA memory of GPU {ordinal} and run past \
+                 the end of that allocation"
+            )));
+        }
+        let device = CudaDevice::new(ordinal)
+            .map_err(|e| Error::Unsupported(format!("CUDA: opening GPU {ordinal}: {e}")))?;
+        self.register_on_gpu(SharedMemory::new(memory), device)
     }
 
     /// Makes `memory` usable for transfers on this endpoint's connections. Plugin
@@ -371,6 +495,11 @@ impl Endpoint {
     /// ([`Region::is_staged`]). All CUDA regions of one endpoint must live on one GPU.
     pub fn register_cuda(&self, buffer: CudaBuffer) -> Result<Region> {
         let device = buffer.device().clone();
+        self.register_on_gpu(SharedMemory::new(buffer), device)
+    }
+
+    /// Registers CUDA memory living on `device` (staged on host-only plugins).
+    fn register_on_gpu(&self, memory: SharedMemory, device: CudaDevice) -> Result<Region> {
         let gpu = self.shared.gpu.get_or_init(|| device.clone());
         if gpu.ordinal() != device.ordinal() {
             return Err(Error::InvalidArgument(format!(
@@ -382,13 +511,9 @@ impl Endpoint {
         }
         let staged = !self.shared.plugin_cuda;
         if staged {
-            tracing::debug!(target: "tcpx_runtime", gpu = device.ordinal(), len = buffer.len(), "CUDA region staged through pinned host memory");
+            tracing::debug!(target: "tcpx_runtime", gpu = device.ordinal(), len = memory.len(), "CUDA region staged through pinned host memory");
         }
-        Ok(Region::with_cuda(
-            SharedMemory::new(buffer),
-            Some(device),
-            staged,
-        ))
+        Ok(Region::with_cuda(memory, Some(device), staged))
     }
 
     /// Testing aid: registers host memory whose transfers take the staged path anyway, with
@@ -459,6 +584,14 @@ impl Endpoint {
     pub fn alloc_host(&self, len: usize) -> Result<Region> {
         let memory = SharedMemory::host(len).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         self.register(memory)
+    }
+}
+
+impl Region {
+    /// Base address of the region's memory (a device pointer for CUDA regions), for
+    /// pointer-to-offset arithmetic in bindings. Same as `region.memory().as_ptr()`.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.memory().as_ptr()
     }
 }
 

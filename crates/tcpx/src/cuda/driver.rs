@@ -154,6 +154,70 @@ fn probe() -> DriverStatus {
     }
 }
 
+/// Which GPU `ptr` lives on: `Some(ordinal)` for CUDA device memory, `None` for host memory
+/// (pageable, or pinned with `cuMemHostAlloc`), pointers CUDA does not know, and when no
+/// CUDA driver is usable. Never panics; the only CUDA work it may trigger is the one-time
+/// [`driver_status`] probe (dlopen, `cuInit`). Unified (managed) memory reports the device it
+/// was allocated for.
+pub fn pointer_device(ptr: *const u8) -> Option<usize> {
+    if ptr.is_null() || !driver_available() {
+        return None;
+    }
+    // Read into plain integers, not cudarc's enums: the driver may write values the enum
+    // does not list (newer memory types).
+    let memory_type: c_uint = pointer_attribute(
+        ptr,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    )?;
+    // CU_MEMORYTYPE_DEVICE = 2; CU_MEMORYTYPE_UNIFIED = 4 (managed memory).
+    if !(memory_type == 2 || memory_type == 4) {
+        return None;
+    }
+    let ordinal: c_int = pointer_attribute(
+        ptr,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    )?;
+    usize::try_from(ordinal).ok()
+}
+
+/// The CUDA allocation `ptr` points into, as (start address, length in bytes); `None` when
+/// `ptr` is not CUDA device memory or no driver is usable (as [`pointer_device`]). Lets a
+/// caller check that a range lies inside one allocation.
+pub fn pointer_allocation(ptr: *const u8) -> Option<(u64, usize)> {
+    pointer_device(ptr)?;
+    let start: sys::CUdeviceptr = pointer_attribute(
+        ptr,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+    )?;
+    let len: usize = pointer_attribute(
+        ptr,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    )?;
+    Some((start, len))
+}
+
+/// Plain-integer pointer attributes: `T` must be the C type the driver writes for
+/// `attribute` (`unsigned int` for MEMORY_TYPE, `int` for DEVICE_ORDINAL, `CUdeviceptr` for
+/// RANGE_START_ADDR, `size_t` for RANGE_SIZE). Callers checked the driver is available.
+fn pointer_attribute<T: Default + Copy>(
+    ptr: *const u8,
+    attribute: sys::CUpointer_attribute,
+) -> Option<T> {
+    let mut value = T::default();
+    // SAFETY: the driver is loaded and initialised (callers check `driver_available`);
+    // cuPointerGetAttribute writes one value of the attribute's C type, which is `T` (see
+    // above), into `value`, and only inspects the address, which need not be valid
+    // (unknown ones give CUDA_ERROR_INVALID_VALUE).
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut value as *mut T).cast(),
+            attribute,
+            ptr as sys::CUdeviceptr,
+        )
+    };
+    (rc == sys::CUresult::CUDA_SUCCESS).then_some(value)
+}
+
 /// Fails with [`CudaError::NoDriver`] unless the driver is usable; every driver entry point
 /// calls this before reaching `cudarc`.
 pub(crate) fn require(api: &'static str) -> Result<()> {
@@ -233,5 +297,34 @@ mod tests {
             ));
             assert!(err.to_string().contains("no usable CUDA driver"), "{err}");
         }
+    }
+
+    #[test]
+    fn host_pointers_are_on_no_gpu() {
+        let host = vec![1u8; 4096];
+        assert_eq!(pointer_device(host.as_ptr()), None);
+        assert_eq!(pointer_device(std::ptr::null()), None);
+        // An address nothing is mapped at: unknown to CUDA, and never dereferenced.
+        assert_eq!(pointer_device(0x10 as *const u8), None);
+        assert_eq!(pointer_allocation(host.as_ptr()), None);
+    }
+
+    #[test]
+    fn device_pointers_name_their_gpu_and_allocation() {
+        if let Some(why) = skip_reason() {
+            println!("{why}");
+            return;
+        }
+        let gpu = crate::cuda::CudaDevice::new(0).unwrap();
+        let buf = gpu.alloc(1 << 20).unwrap();
+        let base = buf.device_ptr() as *const u8;
+        assert_eq!(pointer_device(base), Some(0));
+        assert_eq!(pointer_device(base.wrapping_add(4095)), Some(0));
+        assert_eq!(
+            pointer_allocation(base.wrapping_add(100)),
+            Some((buf.device_ptr(), 1 << 20))
+        );
+        let pinned = crate::cuda::PinnedHostBuffer::new(&gpu, 4096).unwrap();
+        assert_eq!(pointer_device(pinned.as_slice().as_ptr()), None);
     }
 }
