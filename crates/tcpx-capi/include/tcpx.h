@@ -144,7 +144,8 @@ enum tcpx_status
      */
     TCPX_ERR_ACCESS = 13,
     /**
-     * The two endpoints cannot work together (channels, chunk size, plugin differ).
+     * The two endpoints cannot work together (channels, chunk size, plugin differ), or the
+     * peer requires its metadata's secret and was reached by address alone.
      */
     TCPX_ERR_INCOMPATIBLE = 14,
     /**
@@ -204,99 +205,6 @@ typedef enum tcpx_memory_kind tcpx_memory_kind;
 typedef int32_t tcpx_memory_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
-
-/**
- * Endpoint settings. Fill it with `tcpx_endpoint_options_init()` (every field "unset"), then
- * override what you need; unset fields come from the environment (`TCPX_NUM_CHANNELS`,
- * `TCPX_CHUNK_BYTES`, `TCPX_PLUGIN_PATH`, `TCPX_CONTROL_ADDR`, `TCPX_TIMEOUT_MS`,
- * `TCPX_GPU_INDEX`, ... see the README) or the defaults.
- */
-typedef struct tcpx_endpoint_options {
-    /**
-     * `sizeof(tcpx_endpoint_options)` as the host saw it; set by `tcpx_endpoint_options_init`.
-     */
-    uint32_t struct_size;
-    /**
-     * Channels (comm pairs) per connection; both peers must agree. 0: unset.
-     */
-    uint32_t channels;
-    /**
-     * Chunk size in bytes (one plugin request carries at most this); both peers must agree.
-     * 0: unset.
-     */
-    uint32_t chunk_bytes;
-    /**
-     * Requests in flight per comm (1..=16). 0: unset.
-     */
-    uint32_t window;
-    /**
-     * Connection set-up and per-transfer timeout, in milliseconds. 0: unset.
-     */
-    uint64_t timeout_ms;
-    /**
-     * Plugin: `"auto"`, `"builtin"` (the kernel-TCP socket plugin) or the path of an ncclNet
-     * plugin `.so`. NULL: unset.
-     */
-    const char *backend;
-    /**
-     * Control listener address, `"ip:port"` (port 0 picks a free one). NULL: unset.
-     */
-    const char *control_addr;
-    /**
-     * PCI bus id of this endpoint's GPU (`"0000:04:00.0"`), for core pinning. NULL: unset.
-     */
-    const char *gpu_pci;
-    /**
-     * GPU index this endpoint announces to peers (`tcpx_peer_info.gpu_index` on their side).
-     * -1: unset.
-     */
-    int32_t gpu_index;
-    /**
-     * Pin engine threads to NIC-local cores: 0 no, 1 yes, -1 unset.
-     */
-    int32_t pin_engines;
-} tcpx_endpoint_options;
-
-/**
- * An endpoint: one plugin, its progress engines and a control listener. The zero value
- * (`{0}`) is the null handle.
- */
-typedef struct tcpx_endpoint {
-    /**
-     * Opaque, generation-checked id.
-     */
-    uint64_t id;
-} tcpx_endpoint;
-
-/**
- * What an endpoint is (`tcpx_endpoint_get_info`).
- */
-typedef struct tcpx_endpoint_info {
-    /**
-     * The control address peers connect to (`tcpx_endpoint_connect_addr`), NUL-terminated.
-     */
-    char control_addr[TCPX_ADDRESS_MAX];
-    /**
-     * The plugin's name, NUL-terminated.
-     */
-    char plugin[TCPX_NAME_MAX];
-    /**
-     * Channels per connection.
-     */
-    uint32_t channels;
-    /**
-     * Chunk size in bytes.
-     */
-    uint32_t chunk_bytes;
-    /**
-     * Connection set-up and per-transfer timeout, in milliseconds.
-     */
-    uint64_t timeout_ms;
-    /**
-     * The GPU index this endpoint announces, or -1.
-     */
-    int32_t gpu_index;
-} tcpx_endpoint_info;
 
 /**
  * A connection to one peer endpoint. The zero value is the null handle.
@@ -409,6 +317,105 @@ typedef struct tcpx_connection_stats {
 } tcpx_connection_stats;
 
 /**
+ * Endpoint settings. Fill it with `tcpx_endpoint_options_init()` (every field "unset"), then
+ * override what you need; unset fields come from the environment (`TCPX_NUM_CHANNELS`,
+ * `TCPX_CHUNK_BYTES`, `TCPX_PLUGIN_PATH`, `TCPX_CONTROL_ADDR`, `TCPX_TIMEOUT_MS`,
+ * `TCPX_GPU_INDEX`, ... see the README) or the defaults.
+ */
+typedef struct tcpx_endpoint_options {
+    /**
+     * `sizeof(tcpx_endpoint_options)` as the host saw it; set by `tcpx_endpoint_options_init`.
+     */
+    uint32_t struct_size;
+    /**
+     * Channels (comm pairs) per connection; both peers must agree. 0: unset.
+     */
+    uint32_t channels;
+    /**
+     * Chunk size in bytes (one plugin request carries at most this); both peers must agree.
+     * 0: unset.
+     */
+    uint32_t chunk_bytes;
+    /**
+     * Requests in flight per comm (1..=16). 0: unset.
+     */
+    uint32_t window;
+    /**
+     * Connection set-up and per-transfer timeout, in milliseconds. 0: unset.
+     */
+    uint64_t timeout_ms;
+    /**
+     * Plugin: `"auto"`, `"builtin"` (the kernel-TCP socket plugin) or the path of an ncclNet
+     * plugin `.so`. NULL: unset.
+     */
+    const char *backend;
+    /**
+     * Control listener address, `"ip:port"` (port 0 picks a free one). NULL: unset.
+     */
+    const char *control_addr;
+    /**
+     * PCI bus id of this endpoint's GPU (`"0000:04:00.0"`), for core pinning. NULL: unset.
+     */
+    const char *gpu_pci;
+    /**
+     * GPU index this endpoint announces to peers (`tcpx_peer_info.gpu_index` on their side).
+     * -1: unset.
+     */
+    int32_t gpu_index;
+    /**
+     * Pin engine threads to NIC-local cores: 0 no, 1 yes, -1 unset.
+     */
+    int32_t pin_engines;
+    /**
+     * Refuse peers that connect without this endpoint's metadata secret (so that
+     * `tcpx_endpoint_connect_addr` is refused and only `tcpx_endpoint_connect` works): 0 no
+     * (the default), 1 yes, -1 unset (`TCPX_REQUIRE_SECRET`).
+     */
+    int32_t require_secret;
+} tcpx_endpoint_options;
+
+/**
+ * An endpoint: one plugin, its progress engines and a control listener. The zero value
+ * (`{0}`) is the null handle.
+ */
+typedef struct tcpx_endpoint {
+    /**
+     * Opaque, generation-checked id.
+     */
+    uint64_t id;
+} tcpx_endpoint;
+
+/**
+ * What an endpoint is (`tcpx_endpoint_get_info`).
+ */
+typedef struct tcpx_endpoint_info {
+    /**
+     * The control address peers connect to (`tcpx_endpoint_connect_addr`), NUL-terminated.
+     */
+    char control_addr[TCPX_ADDRESS_MAX];
+    /**
+     * The plugin's name, NUL-terminated.
+     */
+    char plugin[TCPX_NAME_MAX];
+    /**
+     * Channels per connection.
+     */
+    uint32_t channels;
+    /**
+     * Chunk size in bytes.
+     */
+    uint32_t chunk_bytes;
+    /**
+     * Connection set-up and per-transfer timeout, in milliseconds.
+     */
+    uint64_t timeout_ms;
+    /**
+     * The GPU index this endpoint announces, or -1.
+     */
+    int32_t gpu_index;
+} tcpx_endpoint_info;
+
+/**
  * One block of a peer's advertised memory: `len` bytes at `offset` in the region the
  * descriptor names.
  */
@@ -445,202 +452,6 @@ typedef struct tcpx_notification {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-/**
- * The message of the last call on this thread that failed (returned neither `TCPX_OK` nor
- * `TCPX_PENDING`): the function's name, then what failed and where (peer, channel, value).
- * An empty string when none failed yet.
- *
- * Never NULL. The text belongs to the library and stays valid until the next failing call
- * on this thread (copy it to keep it). Thread safety: each thread has its own message.
- */
-const char *tcpx_last_error(void);
-
-/**
- * A short static name for `status` (`"TCPX_ERR_TIMEOUT"`); `"TCPX_UNKNOWN_STATUS"` for values
- * this library does not define. Never NULL, never freed. Thread safety: any thread.
- */
-const char *tcpx_status_str(int32_t status);
-
-/**
- * The library's ABI version, `(major << 16) | minor` (compare with the header's
- * `TCPX_ABI_VERSION`). Thread safety: any thread.
- */
-uint32_t tcpx_abi_version(void);
-
-/**
- * Checks that this library can serve a host built against `abi_version` (pass
- * `TCPX_ABI_VERSION`, or use `TCPX_ABI_CHECK()`): the major versions must be equal and the
- * library's minor version at least the host's. Returns `TCPX_ERR_ABI_MISMATCH` with a message
- * naming both versions otherwise; the host must then not call anything else. Calling it is
- * optional but recommended, once, before anything else.
- * Thread safety: any thread, any number of times.
- */
-tcpx_status tcpx_init(uint32_t abi_version);
-
-/**
- * Fills `options` with "unset" in every field (so the environment or the defaults apply) and
- * its `struct_size`. Call it before setting fields. Thread safety: any thread.
- *
- * # Safety
- * `options` is NULL or points to writable memory for a `tcpx_endpoint_options`.
- */
-tcpx_status tcpx_endpoint_options_init(struct tcpx_endpoint_options *options);
-
-/**
- * Creates an endpoint: loads the plugin, starts the progress engines and binds the control
- * listener. `options` may be NULL (everything from the environment and the defaults).
- * On success `*endpoint` is the new handle; destroy it with `tcpx_endpoint_destroy`.
- * Thread safety: any thread; endpoints are independent.
- *
- * # Safety
- * `options` is NULL or an initialized `tcpx_endpoint_options` (see
- * `tcpx_endpoint_options_init`); `endpoint` points to writable memory for a handle.
- */
-tcpx_status tcpx_endpoint_create(const struct tcpx_endpoint_options *options,
-                                 struct tcpx_endpoint *endpoint);
-
-/**
- * Destroys an endpoint and everything made from it: its connections are closed at once
- * (their pending transfers fail with `TCPX_ERR_CLOSED`, and once this returns no plugin or
- * engine touches their memory any more), its regions are released and their descriptors
- * revoked, and their handles become stale. Transfer handles stay valid (they report the
- * failure) until released. Never blocks longer than the connections' timeout (each engine
- * is given that long to let go). An accept blocked in another thread on this endpoint
- * returns at its own timeout.
- * Thread safety: any thread; calls on the endpoint's objects racing with it fail with
- * `TCPX_ERR_STALE_HANDLE` or `TCPX_ERR_CLOSED`, never touch freed memory.
- */
-tcpx_status tcpx_endpoint_destroy(struct tcpx_endpoint endpoint);
-
-/**
- * Fills `*info` with the endpoint's control address, plugin, channels, chunk size, timeout and
- * GPU index. Thread safety: any thread.
- *
- * # Safety
- * `info` points to writable memory for a `tcpx_endpoint_info`.
- */
-tcpx_status tcpx_endpoint_get_info(struct tcpx_endpoint endpoint, struct tcpx_endpoint_info *info);
-
-/**
- * Copies the endpoint's metadata (what a peer passes to `tcpx_endpoint_connect`; at most
- * `TCPX_METADATA_MAX_BYTES`) into `buf`. `*len` is the buffer's capacity on entry and the
- * metadata's length on return; when the buffer is too small (or `buf` is NULL) nothing is
- * copied and `TCPX_ERR_BUFFER_TOO_SMALL` is returned with `*len` set to the size needed.
- * Thread safety: any thread.
- *
- * # Safety
- * `len` points to a readable and writable `size_t`; `buf` is NULL or points to `*len` writable
- * bytes.
- */
-tcpx_status tcpx_endpoint_metadata(struct tcpx_endpoint endpoint, uint8_t *buf, size_t *len);
-
-/**
- * Connects to the endpoint whose metadata (from its `tcpx_endpoint_metadata`) is
- * `metadata[0..len)`, waiting at most the configured timeout. `*connection` is the new handle.
- * Thread safety: any thread; several connects and accepts may run at once on one endpoint.
- *
- * # Safety
- * `metadata` points to `len` readable bytes; `connection` to writable memory for a handle.
- */
-tcpx_status tcpx_endpoint_connect(struct tcpx_endpoint endpoint,
-                                  const uint8_t *metadata,
-                                  size_t len,
-                                  struct tcpx_connection *connection);
-
-/**
- * Connects to the endpoint listening at control address `address` (`"ip:port"`, as in the
- * peer's `tcpx_endpoint_info.control_addr`), waiting at most the configured timeout. Peers
- * that require the metadata's secret refuse it (`TCPX_ERR_PROTOCOL`).
- * Thread safety: as `tcpx_endpoint_connect`.
- *
- * # Safety
- * `address` is a NUL-terminated string; `connection` points to writable memory for a handle.
- */
-tcpx_status tcpx_endpoint_connect_addr(struct tcpx_endpoint endpoint,
-                                       const char *address,
-                                       struct tcpx_connection *connection);
-
-/**
- * Waits at most `timeout_ms` for a peer to connect, then sets the connection up (within the
- * configured timeout). `*connection` is the new handle; `peer`, if not NULL, receives the
- * peer's control address and announced GPU index. `TCPX_ERR_TIMEOUT` when nobody came.
- * Thread safety: any thread; concurrent accepts each take a different peer.
- *
- * # Safety
- * `connection` points to writable memory for a handle; `peer` is NULL or points to writable
- * memory for a `tcpx_peer_info`.
- */
-tcpx_status tcpx_endpoint_accept(struct tcpx_endpoint endpoint,
-                                 uint32_t timeout_ms,
-                                 struct tcpx_connection *connection,
-                                 struct tcpx_peer_info *peer);
-
-/**
- * Registers caller-owned memory `[ptr, ptr + len)` with the endpoint: host memory, or a CUDA
- * device pointer (recognised through the CUDA driver, on the endpoint's GPU; staged through
- * pinned host memory when the plugin takes host memory only). `*region` is the new handle.
- * The memory stays the caller's: it must stay valid until `tcpx_region_destroy` succeeded
- * (or the endpoint was destroyed). Registration with the plugin happens per connection at
- * first use (or `tcpx_connection_register`).
- * Thread safety: any thread.
- *
- * # Safety
- * `[ptr, ptr + len)` is one allocation of host or CUDA memory that stays valid as said above;
- * `region` points to writable memory for a handle.
- */
-tcpx_status tcpx_endpoint_register(struct tcpx_endpoint endpoint,
-                                   void *ptr,
-                                   size_t len,
-                                   struct tcpx_region *region);
-
-/**
- * Allocates `len` bytes of zeroed, 4 KiB-aligned host memory owned by the library and
- * registers it. `tcpx_region_info` gives its address; `tcpx_region_destroy` frees it.
- * Thread safety: any thread.
- *
- * # Safety
- * `region` points to writable memory for a handle.
- */
-tcpx_status tcpx_endpoint_alloc_host(struct tcpx_endpoint endpoint,
-                                     size_t len,
-                                     struct tcpx_region *region);
-
-/**
- * Allocates `len` bytes of zeroed device memory on the endpoint's GPU (the GPU of its first
- * CUDA region, else the one whose PCI id is `gpu_pci`, else GPU 0) and registers it.
- * `TCPX_ERR_UNSUPPORTED` without a CUDA driver or device. Thread safety: any thread.
- *
- * # Safety
- * `region` points to writable memory for a handle.
- */
-tcpx_status tcpx_endpoint_alloc_cuda(struct tcpx_endpoint endpoint,
-                                     size_t len,
-                                     struct tcpx_region *region);
-
-/**
- * Describes a region: its base address (a device pointer for CUDA memory; for allocated
- * regions this is where the host reads and writes the data), its length and where it lives.
- * Each output may be NULL when not wanted. Thread safety: any thread.
- *
- * # Safety
- * Each non-NULL output points to writable memory of its type.
- */
-tcpx_status tcpx_region_info(struct tcpx_region region,
-                             void **ptr,
-                             size_t *len,
-                             tcpx_memory_kind *kind);
-
-/**
- * Releases a region: revokes its descriptor (peers' later one-sided requests on it are
- * refused), then deregisters caller-owned memory (which is the caller's to free once this
- * returned `TCPX_OK`) or frees allocated memory. Refused with `TCPX_ERR_BUSY`, the region left
- * usable (but revoked), while a transfer on it has not finished or the plugin still holds a
- * request on it (after a failed transfer, destroy the connection to abandon those).
- * Thread safety: any thread; a transfer submitted on the region by another thread at the same
- * moment makes one of the two calls fail (`TCPX_ERR_BUSY` or `TCPX_ERR_STALE_HANDLE`).
- */
-tcpx_status tcpx_region_destroy(struct tcpx_region region);
 
 /**
  * Fills `*peer` with the peer's control address, announced GPU index and channel count.
@@ -748,6 +559,203 @@ tcpx_status tcpx_connection_close(struct tcpx_connection connection);
  * return, which never block).
  */
 tcpx_status tcpx_connection_destroy(struct tcpx_connection connection);
+
+/**
+ * The library's ABI version, `(major << 16) | minor` (compare with the header's
+ * `TCPX_ABI_VERSION`). Thread safety: any thread.
+ */
+uint32_t tcpx_abi_version(void);
+
+/**
+ * Checks that this library can serve a host built against `abi_version` (pass
+ * `TCPX_ABI_VERSION`, or use `TCPX_ABI_CHECK()`): the major versions must be equal and the
+ * library's minor version at least the host's. Returns `TCPX_ERR_ABI_MISMATCH` with a message
+ * naming both versions otherwise; the host must then not call anything else. Calling it is
+ * optional but recommended, once, before anything else.
+ * Thread safety: any thread, any number of times.
+ */
+tcpx_status tcpx_init(uint32_t abi_version);
+
+/**
+ * Fills `options` with "unset" in every field (so the environment or the defaults apply) and
+ * its `struct_size`. Call it before setting fields. Thread safety: any thread.
+ *
+ * # Safety
+ * `options` is NULL or points to writable memory for a `tcpx_endpoint_options`.
+ */
+tcpx_status tcpx_endpoint_options_init(struct tcpx_endpoint_options *options);
+
+/**
+ * Creates an endpoint: loads the plugin, starts the progress engines and binds the control
+ * listener. `options` may be NULL (everything from the environment and the defaults).
+ * On success `*endpoint` is the new handle; destroy it with `tcpx_endpoint_destroy`.
+ * Thread safety: any thread; endpoints are independent.
+ *
+ * # Safety
+ * `options` is NULL or an initialized `tcpx_endpoint_options` (see
+ * `tcpx_endpoint_options_init`); `endpoint` points to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_create(const struct tcpx_endpoint_options *options,
+                                 struct tcpx_endpoint *endpoint);
+
+/**
+ * Destroys an endpoint and everything made from it: its connections are closed at once
+ * (their pending transfers fail with `TCPX_ERR_CLOSED`, and once this returns no plugin or
+ * engine touches their memory any more), its regions are released and their descriptors
+ * revoked, and their handles become stale. Transfer handles stay valid (they report the
+ * failure) until released. Never blocks longer than the connections' timeout (each engine
+ * is given that long to let go). An accept blocked in another thread on this endpoint
+ * returns at its own timeout.
+ * Thread safety: any thread; calls on the endpoint's objects racing with it fail with
+ * `TCPX_ERR_STALE_HANDLE` or `TCPX_ERR_CLOSED`, never touch freed memory.
+ */
+tcpx_status tcpx_endpoint_destroy(struct tcpx_endpoint endpoint);
+
+/**
+ * Fills `*info` with the endpoint's control address, plugin, channels, chunk size, timeout and
+ * GPU index. Thread safety: any thread.
+ *
+ * # Safety
+ * `info` points to writable memory for a `tcpx_endpoint_info`.
+ */
+tcpx_status tcpx_endpoint_get_info(struct tcpx_endpoint endpoint, struct tcpx_endpoint_info *info);
+
+/**
+ * Copies the endpoint's metadata (what a peer passes to `tcpx_endpoint_connect`; at most
+ * `TCPX_METADATA_MAX_BYTES`) into `buf`. `*len` is the buffer's capacity on entry and the
+ * metadata's length on return; when the buffer is too small (or `buf` is NULL) nothing is
+ * copied and `TCPX_ERR_BUFFER_TOO_SMALL` is returned with `*len` set to the size needed.
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `len` points to a readable and writable `size_t`; `buf` is NULL or points to `*len` writable
+ * bytes.
+ */
+tcpx_status tcpx_endpoint_metadata(struct tcpx_endpoint endpoint, uint8_t *buf, size_t *len);
+
+/**
+ * Connects to the endpoint whose metadata (from its `tcpx_endpoint_metadata`) is
+ * `metadata[0..len)`, waiting at most the configured timeout. `*connection` is the new handle.
+ * Thread safety: any thread; several connects and accepts may run at once on one endpoint.
+ *
+ * # Safety
+ * `metadata` points to `len` readable bytes; `connection` to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_connect(struct tcpx_endpoint endpoint,
+                                  const uint8_t *metadata,
+                                  size_t len,
+                                  struct tcpx_connection *connection);
+
+/**
+ * Connects to the endpoint listening at control address `address` (`"ip:port"`, as in the
+ * peer's `tcpx_endpoint_info.control_addr`), waiting at most the configured timeout. Peers
+ * created with `require_secret` refuse it (`TCPX_ERR_INCOMPATIBLE`); use
+ * `tcpx_endpoint_connect` with their metadata instead.
+ * Thread safety: as `tcpx_endpoint_connect`.
+ *
+ * # Safety
+ * `address` is a NUL-terminated string; `connection` points to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_connect_addr(struct tcpx_endpoint endpoint,
+                                       const char *address,
+                                       struct tcpx_connection *connection);
+
+/**
+ * Waits at most `timeout_ms` for a peer to connect, then sets the connection up (within the
+ * configured timeout). `*connection` is the new handle; `peer`, if not NULL, receives the
+ * peer's control address and announced GPU index. `TCPX_ERR_TIMEOUT` when nobody came.
+ * Thread safety: any thread; concurrent accepts each take a different peer.
+ *
+ * # Safety
+ * `connection` points to writable memory for a handle; `peer` is NULL or points to writable
+ * memory for a `tcpx_peer_info`.
+ */
+tcpx_status tcpx_endpoint_accept(struct tcpx_endpoint endpoint,
+                                 uint32_t timeout_ms,
+                                 struct tcpx_connection *connection,
+                                 struct tcpx_peer_info *peer);
+
+/**
+ * The message of the last call on this thread that failed (returned neither `TCPX_OK` nor
+ * `TCPX_PENDING`): the function's name, then what failed and where (peer, channel, value).
+ * An empty string when none failed yet.
+ *
+ * Never NULL. The text belongs to the library and stays valid until the next failing call
+ * on this thread (copy it to keep it). Thread safety: each thread has its own message.
+ */
+const char *tcpx_last_error(void);
+
+/**
+ * A short static name for `status` (`"TCPX_ERR_TIMEOUT"`); `"TCPX_UNKNOWN_STATUS"` for values
+ * this library does not define. Never NULL, never freed. Thread safety: any thread.
+ */
+const char *tcpx_status_str(int32_t status);
+
+/**
+ * Registers caller-owned memory `[ptr, ptr + len)` with the endpoint: host memory, or a CUDA
+ * device pointer (recognised through the CUDA driver, on the endpoint's GPU; staged through
+ * pinned host memory when the plugin takes host memory only). `*region` is the new handle.
+ * The memory stays the caller's: it must stay valid until `tcpx_region_destroy` succeeded
+ * (or the endpoint was destroyed). Registration with the plugin happens per connection at
+ * first use (or `tcpx_connection_register`).
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `[ptr, ptr + len)` is one allocation of host or CUDA memory that stays valid as said above;
+ * `region` points to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_register(struct tcpx_endpoint endpoint,
+                                   void *ptr,
+                                   size_t len,
+                                   struct tcpx_region *region);
+
+/**
+ * Allocates `len` bytes of zeroed, 4 KiB-aligned host memory owned by the library and
+ * registers it. `tcpx_region_info` gives its address; `tcpx_region_destroy` frees it.
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `region` points to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_alloc_host(struct tcpx_endpoint endpoint,
+                                     size_t len,
+                                     struct tcpx_region *region);
+
+/**
+ * Allocates `len` bytes of zeroed device memory on the endpoint's GPU (the GPU of its first
+ * CUDA region, else the one whose PCI id is `gpu_pci`, else GPU 0) and registers it.
+ * `TCPX_ERR_UNSUPPORTED` without a CUDA driver or device. Thread safety: any thread.
+ *
+ * # Safety
+ * `region` points to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_alloc_cuda(struct tcpx_endpoint endpoint,
+                                     size_t len,
+                                     struct tcpx_region *region);
+
+/**
+ * Describes a region: its base address (a device pointer for CUDA memory; for allocated
+ * regions this is where the host reads and writes the data), its length and where it lives.
+ * Each output may be NULL when not wanted. Thread safety: any thread.
+ *
+ * # Safety
+ * Each non-NULL output points to writable memory of its type.
+ */
+tcpx_status tcpx_region_info(struct tcpx_region region,
+                             void **ptr,
+                             size_t *len,
+                             tcpx_memory_kind *kind);
+
+/**
+ * Releases a region: revokes its descriptor (peers' later one-sided requests on it are
+ * refused), then deregisters caller-owned memory (which is the caller's to free once this
+ * returned `TCPX_OK`) or frees allocated memory. Refused with `TCPX_ERR_BUSY`, the region left
+ * usable (but revoked), while a transfer on it has not finished or the plugin still holds a
+ * request on it (after a failed transfer, destroy the connection to abandon those).
+ * Thread safety: any thread; a transfer submitted on the region by another thread at the same
+ * moment makes one of the two calls fail (`TCPX_ERR_BUSY` or `TCPX_ERR_STALE_HANDLE`).
+ */
+tcpx_status tcpx_region_destroy(struct tcpx_region region);
 
 /**
  * Advertises `region` for one-sided access by the endpoint's peers and writes its descriptor

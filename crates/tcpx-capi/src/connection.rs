@@ -6,8 +6,6 @@ use std::time::{Duration, Instant};
 
 use tcpx_runtime::{Connection, Segment, Transfer};
 
-#[allow(unused_imports)]
-use crate::compat::ConnectionCompat;
 use crate::convert::{array, fill_text, non_null, write_out};
 use crate::endpoint::ENDPOINTS;
 use crate::error::{guard, CapiError, CapiResult};

@@ -88,6 +88,7 @@ pub unsafe extern "C" fn tcpx_endpoint_options_init(
             gpu_pci: std::ptr::null(),
             gpu_index: -1,
             pin_engines: -1,
+            require_secret: -1,
         };
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(options, unset) };
@@ -165,7 +166,7 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
                 format!("options->gpu_index {i}: expected -1 (unset) or a GPU index"),
             ))
         }
-        i => set_gpu_index(&mut config, i as u32)?,
+        i => config.gpu_index = Some(i as u32),
     }
     match o.pin_engines {
         -1 => {}
@@ -178,12 +179,20 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
             ))
         }
     }
+    match o.require_secret {
+        -1 => {}
+        0 => config.require_secret = false,
+        1 => config.require_secret = true,
+        v => {
+            return Err(CapiError::new(
+                TCPX_ERR_CONFIG,
+                format!("options->require_secret {v}: expected -1 (unset), 0 or 1"),
+            ))
+        }
+    }
     config.validate()?;
     Ok(config)
 }
-
-#[allow(unused_imports)]
-use crate::compat::{set_gpu_index, EndpointCompat};
 
 /// The GPU index an endpoint announces, or -1.
 fn gpu_index_of(endpoint: &Endpoint) -> i32 {
@@ -352,7 +361,8 @@ pub unsafe extern "C" fn tcpx_endpoint_connect(
 
 /// Connects to the endpoint listening at control address `address` (`"ip:port"`, as in the
 /// peer's `tcpx_endpoint_info.control_addr`), waiting at most the configured timeout. Peers
-/// that require the metadata's secret refuse it (`TCPX_ERR_PROTOCOL`).
+/// created with `require_secret` refuse it (`TCPX_ERR_INCOMPATIBLE`); use
+/// `tcpx_endpoint_connect` with their metadata instead.
 /// Thread safety: as `tcpx_endpoint_connect`.
 ///
 /// # Safety

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tcpx_runtime::control::ControlError;
+use tcpx_runtime::control::{ControlError, ErrorCode};
 use tcpx_runtime::Error;
 
 use crate::tcpx_status::{self, *};
@@ -58,8 +58,13 @@ pub(crate) fn status_of(e: &Error) -> tcpx_status {
             ControlError::Protocol { .. }
             | ControlError::Malformed { .. }
             | ControlError::Encode { .. }
-            | ControlError::Unexpected { .. }
-            | ControlError::Remote { .. } => TCPX_ERR_PROTOCOL,
+            | ControlError::Unexpected { .. } => TCPX_ERR_PROTOCOL,
+            // The peer refused the set-up: it names why (a missing secret, a setting that
+            // differs) in the message.
+            ControlError::Remote { code, .. } if *code == ErrorCode::INCOMPATIBLE => {
+                TCPX_ERR_INCOMPATIBLE
+            }
+            ControlError::Remote { .. } => TCPX_ERR_PROTOCOL,
         },
         Error::Incompatible { .. } => TCPX_ERR_INCOMPATIBLE,
         Error::Timeout { .. } => TCPX_ERR_TIMEOUT,

@@ -36,7 +36,6 @@ mod memory;
 mod onesided;
 mod transfer;
 
-mod compat;
 mod convert;
 mod handles;
 
@@ -107,7 +106,8 @@ pub enum tcpx_status {
     /// The peer refused a one-sided operation (unknown or revoked descriptor, wrong key, out of
     /// bounds); nothing was written or read.
     TCPX_ERR_ACCESS = 13,
-    /// The two endpoints cannot work together (channels, chunk size, plugin differ).
+    /// The two endpoints cannot work together (channels, chunk size, plugin differ), or the
+    /// peer requires its metadata's secret and was reached by address alone.
     TCPX_ERR_INCOMPATIBLE = 14,
     /// The peer broke the control protocol or sent data that does not match.
     TCPX_ERR_PROTOCOL = 15,
@@ -196,6 +196,10 @@ pub struct tcpx_endpoint_options {
     pub gpu_index: i32,
     /// Pin engine threads to NIC-local cores: 0 no, 1 yes, -1 unset.
     pub pin_engines: i32,
+    /// Refuse peers that connect without this endpoint's metadata secret (so that
+    /// `tcpx_endpoint_connect_addr` is refused and only `tcpx_endpoint_connect` works): 0 no
+    /// (the default), 1 yes, -1 unset (`TCPX_REQUIRE_SECRET`).
+    pub require_secret: i32,
 }
 
 /// What an endpoint is (`tcpx_endpoint_get_info`).

@@ -11,8 +11,6 @@ use tcpx_core::MemoryKind;
 use tcpx_runtime::onesided::Descriptor;
 use tcpx_runtime::{Endpoint, Region, Transfer};
 
-#[allow(unused_imports)]
-use crate::compat::EndpointCompat;
 use crate::convert::{non_null, to_usize, write_out};
 use crate::endpoint::{endpoint, ENDPOINTS};
 use crate::error::{guard, CapiError, CapiResult};

@@ -371,6 +371,75 @@ static void scenario_arguments(link_t unused) {
     EXPECT(tcpx_endpoint_alloc_host(ep, 4096, &r), TCPX_ERR_STALE_HANDLE, "tcpx_endpoint_alloc_host");
 }
 
+/* ---------------------------------------------------------------- scenario: secret */
+
+static void *accept_refused(void *arg) {
+    tcpx_endpoint *ep = arg;
+    tcpx_connection c;
+    /* The address-only peer is turned away: this accept fails, naming the secret. */
+    tcpx_status st = tcpx_endpoint_accept(*ep, wait_ms(), &c, NULL);
+    if (st != TCPX_ERR_INCOMPATIBLE || strstr(tcpx_last_error(), "secret") == NULL) {
+        fprintf(stderr, "[%s] accept: %s: %s\n", g_role, tcpx_status_str(st), tcpx_last_error());
+        return (void *)1;
+    }
+    return NULL;
+}
+
+struct accept_job {
+    tcpx_endpoint ep;
+    tcpx_connection conn;
+    tcpx_status status;
+};
+
+static void *accept_job_run(void *arg) {
+    struct accept_job *j = arg;
+    j->status = tcpx_endpoint_accept(j->ep, wait_ms(), &j->conn, NULL);
+    if (j->status != TCPX_OK) fprintf(stderr, "[%s] accept: %s\n", g_role, tcpx_last_error());
+    return NULL;
+}
+
+/* An endpoint that requires its secret refuses address-only connects, and takes a connect with
+ * its metadata. */
+static void scenario_secret(link_t unused) {
+    (void)unused;
+    tcpx_endpoint_options o;
+    CHECK(tcpx_endpoint_options_init(&o));
+    o.backend = "builtin";
+    o.control_addr = "127.0.0.1:0";
+    o.channels = 2;
+    o.chunk_bytes = 256 * 1024;
+    o.require_secret = 1;
+    tcpx_endpoint guarded;
+    CHECK(tcpx_endpoint_create(&o, &guarded));
+    tcpx_endpoint client = make_endpoint(10000, -1);
+    tcpx_endpoint_info info;
+    CHECK(tcpx_endpoint_get_info(guarded, &info));
+
+    pthread_t th;
+    ASSERT(pthread_create(&th, NULL, accept_refused, &guarded) == 0, "pthread_create");
+    tcpx_connection c;
+    EXPECT(tcpx_endpoint_connect_addr(client, info.control_addr, &c), TCPX_ERR_INCOMPATIBLE,
+           "tcpx_endpoint_connect_addr");
+    ASSERT(strstr(tcpx_last_error(), "secret") != NULL, "%s", tcpx_last_error());
+    void *refused;
+    pthread_join(th, &refused);
+    ASSERT(refused == NULL, "the guarded endpoint did not refuse the address-only peer");
+
+    /* With the metadata (which carries the secret) it works. */
+    uint8_t meta[TCPX_METADATA_MAX_BYTES];
+    size_t len = sizeof meta;
+    CHECK(tcpx_endpoint_metadata(guarded, meta, &len));
+    struct accept_job job = {guarded, {0}, TCPX_ERR_INTERNAL};
+    ASSERT(pthread_create(&th, NULL, accept_job_run, &job) == 0, "pthread_create");
+    CHECK(tcpx_endpoint_connect(client, meta, len, &c));
+    pthread_join(th, NULL);
+    CHECK(job.status);
+    CHECK(tcpx_connection_destroy(c));
+    CHECK(tcpx_connection_destroy(job.conn));
+    CHECK(tcpx_endpoint_destroy(client));
+    CHECK(tcpx_endpoint_destroy(guarded));
+}
+
 /* ---------------------------------------------------------------- scenario: two-sided */
 
 #define THREADS 4
@@ -627,7 +696,8 @@ static void one_sided_target(link_t l) {
     await_peer(l, "refused");
     uint64_t refusals = 0;
     CHECK(tcpx_endpoint_access_refusals(ep, &refusals));
-    ASSERT(refusals >= 2, "refusals %llu", (unsigned long long)refusals);
+    ASSERT(refusals == 3, "refusals %llu, expected 3", (unsigned long long)refusals);
+    verify(k + 4096, 8192, 41, 0, "a refused write with a wrong key changed nothing");
     verify(own + 100, 1000, 42, 0, "a refused write changed nothing");
     EXPECT(tcpx_endpoint_notification(ep, 0, &n, note, sizeof note), TCPX_PENDING, "");
 
@@ -722,12 +792,27 @@ static void one_sided_initiator(link_t l) {
     EXPECT(tcpx_transfer_wait(t, wait_ms(), NULL), TCPX_ERR_ACCESS, "tcpx_transfer_wait");
     ASSERT(strstr(tcpx_last_error(), "refused") != NULL, "%s", tcpx_last_error());
     CHECK(tcpx_transfer_release(t));
+    /* A block beyond the region's end is caught here (the descriptor carries the length)... */
     tcpx_remote_segment beyond = rem[0];
     beyond.offset = KV_BYTES - 100;
     beyond.len = 1000;
+    EXPECT(tcpx_connection_read(c, &own_local, 1, &beyond, 1, &t), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_connection_read");
+    /* ...and by the target when the descriptor lies about it (length field, bytes 9..17). */
+    uint64_t forged_len = 2 * (uint64_t)KV_BYTES;
+    memcpy(beyond.descriptor + 9, &forged_len, sizeof forged_len);
+    beyond.offset = KV_BYTES + 4096;
     CHECK(tcpx_connection_read(c, &own_local, 1, &beyond, 1, &t));
     EXPECT(tcpx_transfer_wait(t, wait_ms(), NULL), TCPX_ERR_ACCESS, "tcpx_transfer_wait");
     CHECK(tcpx_transfer_release(t));
+    /* A wrong access key (bytes 18..26) is refused. */
+    tcpx_remote_segment wrong_key = rem[0];
+    wrong_key.descriptor[20] ^= 0x5a;
+    wrong_key.len = 1000;
+    CHECK(tcpx_connection_write(c, &own_local, 1, &wrong_key, 1, NULL, 0, &t));
+    EXPECT(tcpx_transfer_wait(t, wait_ms(), NULL), TCPX_ERR_ACCESS, "tcpx_transfer_wait");
+    CHECK(tcpx_transfer_release(t));
+    /* Refusals fail the operation, not the connection. */
     CHECK(tcpx_connection_status(c));
     signal_peer(l, "refused");
 
@@ -946,6 +1031,8 @@ int main(int argc, char **argv) {
     int passed = 0, failed = 0;
 #define RUN(...) (run_scenario(__VA_ARGS__) ? passed++ : failed++)
     RUN("arguments, handles and errors", "args", scenario_arguments, NULL, NULL, 0);
+    RUN("connect by address refused by an endpoint that requires its secret", "secret",
+        scenario_secret, NULL, NULL, 0);
     RUN("two-sided: contiguous, vectored, threaded, pending", "server", two_sided_server, "client",
         two_sided_client, 0);
     RUN("one-sided: write, read, notifications, refusals", "target", one_sided_target, "initiator",
