@@ -171,13 +171,15 @@ fn build(root: &Path) -> Result<Built> {
 
 fn pkg_config(libdir: &Path, includedir: &Path, native_libs: &str) -> String {
     format!(
-        "libdir={}\nincludedir={}\n\nName: tcpx\nDescription: GPU and host transfers over an \
-         ncclNet plugin (GPUDirect-TCPX or kernel TCP): the tcpx C API\nVersion: {}\n\
-         Libs: -L${{libdir}} -ltcpx\nLibs.private: {}\nCflags: -I${{includedir}}\n",
+        "libdir={}\nincludedir={}\n# What a static link of libtcpx.a needs after it:\n\
+         # cc app.o ${{libdir}}/libtcpx.a $(pkg-config --variable=static_libs tcpx)\n\
+         static_libs={}\n\nName: tcpx\nDescription: GPU and host transfers over an ncclNet \
+         plugin (GPUDirect-TCPX or kernel TCP): the tcpx C API\nVersion: {}\n\
+         Libs: -L${{libdir}} -ltcpx\nLibs.private: ${{static_libs}}\nCflags: -I${{includedir}}\n",
         libdir.display(),
         includedir.display(),
+        native_libs,
         env!("CARGO_PKG_VERSION"),
-        native_libs
     )
 }
 
