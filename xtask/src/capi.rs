@@ -289,7 +289,10 @@ fn test(root: &Path, out: &Path) -> Result<()> {
     println!("---- passed in {:.1}s", t.elapsed().as_secs_f64());
 
     println!("\n---- C++17 translation unit, static library");
-    run_limited(loopback(&mut Command::new(out.join("header_cxx"))), EXAMPLE_LIMIT)?;
+    run_limited(
+        loopback(&mut Command::new(out.join("header_cxx"))),
+        EXAMPLE_LIMIT,
+    )?;
 
     println!("\n---- C test program under valgrind (memcheck, definite leaks fail)");
     let t = Instant::now();
