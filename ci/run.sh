@@ -27,6 +27,11 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 section "tests (README: cargo xtask test)"
 cargo xtask test
 
+# The C API: the checked-in tcpx.h matches the source, then the C test program (two processes
+# over 127.0.0.1, plain and under valgrind), the C++17 header check and the C examples.
+section "C API: header drift, C tests, valgrind (cargo xtask capi --check --test)"
+cargo xtask capi --check --test
+
 # Two "nodes" as network namespaces with four veth data NICs each: the benchmark's data must
 # verify and every NIC must carry traffic (xtask fails otherwise). All traffic stays between the
 # two namespaces it creates, and removes, itself.
