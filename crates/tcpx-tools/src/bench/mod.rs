@@ -2,8 +2,10 @@
 
 pub mod baseline;
 pub mod onesided;
+pub mod overhead;
 pub mod pair;
 pub mod report;
 pub mod safe_layer;
 pub mod sizes;
+pub mod stack;
 pub mod stats;

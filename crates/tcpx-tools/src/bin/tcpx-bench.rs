@@ -490,7 +490,7 @@ fn stack(args: StackArgs) -> Result<()> {
         _ => None,
     };
     let chunk = sizes::parse_size(&args.chunk)?;
-    let opts = tcpx_runtime::bench::throughput::ThroughputOptions {
+    let opts = tcpx_tools::bench::stack::ThroughputOptions {
         channels: args.channels,
         chunk_bytes: u32::try_from(chunk).context("--chunk is too large")?,
         sizes: sizes::parse_sizes(&args.sizes)?,
@@ -509,7 +509,7 @@ fn stack(args: StackArgs) -> Result<()> {
         "{:>10} {:>10} {:>12} {:>7}",
         "size", "GB/s", "raw TCP", "ratio"
     );
-    for row in tcpx_runtime::bench::throughput::throughput(&opts)? {
+    for row in tcpx_tools::bench::stack::throughput(&opts)? {
         println!(
             "{:>10} {:>10.2} {:>12.2} {:>7.3}",
             sizes::format_size(row.size),
@@ -602,12 +602,12 @@ fn onesided(args: OnesidedArgs) -> Result<()> {
 }
 
 fn overhead(args: OverheadArgs) -> Result<()> {
-    let opts = tcpx_runtime::bench::overhead::OverheadOptions {
+    let opts = tcpx_tools::bench::overhead::OverheadOptions {
         channels: args.channels,
         transfers: args.transfers,
         ..Default::default()
     };
-    let r = tcpx_runtime::bench::overhead::engine_overhead(&opts)?;
+    let r = tcpx_tools::bench::overhead::engine_overhead(&opts)?;
     println!("{r:#?}");
     Ok(())
 }
