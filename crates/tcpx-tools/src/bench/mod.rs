@@ -1,6 +1,7 @@
 //! Benchmark building blocks.
 
 pub mod baseline;
+pub mod latency;
 pub mod onesided;
 pub mod overhead;
 pub mod pair;
