@@ -513,6 +513,81 @@ fn io_context(e: std::io::Error, what: &str, timeout: Duration) -> anyhow::Error
     }
 }
 
+/// How long one blocking socket call may sleep before the caller looks at its clock again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// `write_all` that fails once no byte has moved for `timeout` (each call sleeps at most
+/// [`POLL`], set on the socket beforehand), however the kernel splits the writes.
+fn write_all_by(s: &mut TcpStream, mut buf: &[u8], timeout: Duration, what: &str) -> Result<()> {
+    let mut progress = Instant::now();
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(0) => bail!("{what}: the peer closed the connection"),
+            Ok(n) => {
+                buf = &buf[n..];
+                progress = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if progress.elapsed() >= timeout {
+                    bail!(
+                        "{what}: timed out after {} s (--timeout)",
+                        timeout.as_secs_f64()
+                    );
+                }
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context(what.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// `read_exact` that fails once no byte has arrived for `timeout` (see [`write_all_by`]).
+fn read_exact_by(
+    s: &mut TcpStream,
+    mut buf: &mut [u8],
+    timeout: Duration,
+    what: &str,
+) -> Result<()> {
+    let mut progress = Instant::now();
+    while !buf.is_empty() {
+        match s.read(buf) {
+            Ok(0) => bail!("{what}: the peer closed the connection"),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                progress = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if progress.elapsed() >= timeout {
+                    bail!(
+                        "{what}: timed out after {} s (--timeout)",
+                        timeout.as_secs_f64()
+                    );
+                }
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context(what.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Short socket timeouts so that every blocking call comes back to [`write_all_by`] /
+/// [`read_exact_by`] in time to honour `--timeout`.
+fn poll_timeouts(s: &TcpStream) -> Result<()> {
+    s.set_read_timeout(Some(POLL))?;
+    s.set_write_timeout(Some(POLL))?;
+    Ok(())
+}
+
 fn remaining(deadline: Instant) -> Duration {
     deadline
         .saturating_duration_since(Instant::now())
@@ -523,36 +598,30 @@ fn baseline_send(addr: SocketAddr, size: usize, token: u64, sweep: &Sweep) -> Re
     let iters = sweep.iters_for(size);
     let plan = baseline_plan(size, iters, sweep.chunk, sweep.channels);
     let deadline = Instant::now() + sweep.timeout;
+    let timeout = sweep.timeout;
     let mut conns = Vec::with_capacity(plan.len());
     for i in 0..plan.len() {
         let mut s = TcpStream::connect_timeout(&addr, remaining(deadline))
-            .map_err(|e| io_context(e, &format!("connect stream {i}"), sweep.timeout))?;
+            .map_err(|e| io_context(e, &format!("connect stream {i}"), timeout))?;
         s.set_nodelay(true)?;
-        s.set_write_timeout(Some(remaining(deadline)))?;
-        s.write_all(&token.to_le_bytes()).map_err(|e| {
-            io_context(
-                e,
-                &format!("stream {i}: send the run's token"),
-                sweep.timeout,
-            )
-        })?;
+        poll_timeouts(&s)?;
+        write_all_by(
+            &mut s,
+            &token.to_le_bytes(),
+            remaining(deadline),
+            &format!("stream {i}: send the run's token"),
+        )?;
         conns.push(s);
     }
     // The server says GO on every stream once all of them are in: the clock starts then.
     for (i, s) in conns.iter_mut().enumerate() {
-        s.set_read_timeout(Some(remaining(deadline)))?;
         let mut go = [0u8; 1];
-        s.read_exact(&mut go).map_err(|e| {
-            io_context(
-                e,
-                &format!("stream {i}: wait for the server's GO"),
-                sweep.timeout,
-            )
-        })?;
-    }
-    let deadline = Instant::now() + sweep.timeout;
-    for s in &conns {
-        s.set_write_timeout(Some(sweep.timeout))?;
+        read_exact_by(
+            s,
+            &mut go,
+            remaining(deadline),
+            &format!("stream {i}: wait for the server's GO"),
+        )?;
     }
     let chunk = sweep.chunk.max(1);
     let t0 = Instant::now();
@@ -564,12 +633,11 @@ fn baseline_send(addr: SocketAddr, size: usize, token: u64, sweep: &Sweep) -> Re
             .map(|(i, (c, &bytes))| {
                 scope.spawn(move || -> Result<()> {
                     let buf = vec![0x5au8; chunk];
+                    let what = format!("stream {i}: write");
                     let mut left = bytes;
                     while left > 0 {
                         let n = left.min(chunk as u64) as usize;
-                        c.write_all(&buf[..n]).map_err(|e| {
-                            io_context(e, &format!("stream {i}: write"), sweep.timeout)
-                        })?;
+                        write_all_by(c, &buf[..n], timeout, &what)?;
                         left -= n as u64;
                     }
                     Ok(())
@@ -582,11 +650,13 @@ fn baseline_send(addr: SocketAddr, size: usize, token: u64, sweep: &Sweep) -> Re
         }
         Ok(())
     })?;
-    conns[0].set_read_timeout(Some(remaining(deadline)))?;
     let mut ack = [0u8; 1];
-    conns[0]
-        .read_exact(&mut ack)
-        .map_err(|e| io_context(e, "wait for the server's acknowledgement", sweep.timeout))?;
+    read_exact_by(
+        &mut conns[0],
+        &mut ack,
+        timeout,
+        "wait for the server's acknowledgement",
+    )?;
     Ok(t0.elapsed())
 }
 
@@ -709,12 +779,10 @@ fn baseline_receive(
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    let deadline = Instant::now() + sweep.timeout;
+    let timeout = sweep.timeout;
     for (i, c) in conns.iter_mut().enumerate() {
-        c.set_read_timeout(Some(sweep.timeout))?;
-        c.set_write_timeout(Some(sweep.timeout))?;
-        c.write_all(&[1])
-            .map_err(|e| io_context(e, &format!("stream {i}: send GO"), sweep.timeout))?;
+        poll_timeouts(c)?;
+        write_all_by(c, &[1], timeout, &format!("stream {i}: send GO"))?;
     }
     let chunk = sweep.chunk.max(1);
     std::thread::scope(|scope| -> Result<()> {
@@ -725,12 +793,11 @@ fn baseline_receive(
             .map(|(i, (c, &bytes))| {
                 scope.spawn(move || -> Result<()> {
                     let mut buf = vec![0u8; chunk];
+                    let what = format!("stream {i}: read");
                     let mut left = bytes;
                     while left > 0 {
                         let n = left.min(chunk as u64) as usize;
-                        c.read_exact(&mut buf[..n]).map_err(|e| {
-                            io_context(e, &format!("stream {i}: read"), sweep.timeout)
-                        })?;
+                        read_exact_by(c, &mut buf[..n], timeout, &what)?;
                         left -= n as u64;
                     }
                     Ok(())
@@ -743,10 +810,7 @@ fn baseline_receive(
         }
         Ok(())
     })?;
-    conns[0].set_write_timeout(Some(remaining(deadline)))?;
-    conns[0]
-        .write_all(&[1])
-        .map_err(|e| io_context(e, "send the acknowledgement", sweep.timeout))?;
+    write_all_by(&mut conns[0], &[1], timeout, "send the acknowledgement")?;
     Ok(())
 }
 

@@ -20,9 +20,9 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tcpx_runtime::control::metadata::EndpointMetadata;
 use tcpx_runtime::{Backend, Backoff, Config, Endpoint};
+use tcpx_tools::backend_choice;
 use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
 use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
-use tcpx_tools::backend_choice;
 
 /// Measure tcpx transfers against plain TCP in the same run.
 ///
@@ -404,7 +404,11 @@ fn check_chunk(text: &str) -> Result<u32, Failure> {
 /// the sweep.
 fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
     // The plan overrides are read (and refused when malformed) by every tool alike.
-    tcpx_topo::PlanRequest::from_env().map_err(|e| bad(e.to_string()))?;
+    let request = tcpx_topo::PlanRequest::from_env().map_err(|e| bad(e.to_string()))?;
+    if let Some(map) = &request.gpu_nic_map {
+        tcpx_topo::GpuNicMap::parse(tcpx_topo::GPU_NIC_MAP_VAR, map)
+            .map_err(|e| bad(e.to_string()))?;
+    }
     let mut config = Config::from_env().map_err(|e| bad(e.to_string()))?;
     if let Some(p) = &c.plugin {
         config.backend = Backend::Path(p.clone());
@@ -470,6 +474,8 @@ fn server(a: ServerArgs) -> Result<(), Failure> {
 }
 
 fn client(a: ClientArgs) -> Result<(), Failure> {
+    // Options first, so that a bad option is reported as such whatever --peer holds.
+    settings(&a.common, SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let peer = a.peer.trim().trim_start_matches(METADATA_PREFIX).trim();
     let peer: EndpointMetadata = peer
         .parse()
