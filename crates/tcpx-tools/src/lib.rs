@@ -36,3 +36,20 @@ pub fn backend_choice(flag: Option<&std::path::Path>, default: Backend) -> Resul
         None => env_backend()?.unwrap_or(default),
     })
 }
+
+/// An error and its causes as one line, each cause once: library errors often repeat their
+/// source's text in their own message, which `{:#}` would print twice (`X: X`).
+pub fn error_text(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}

@@ -337,6 +337,42 @@ fn established_on(port: u16) -> bool {
     })
 }
 
+/// Issue 14 item 8: an error whose source repeats its text is printed once (a stranger's
+/// `bad magic` used to appear twice in one line). A server is started and given garbage on its
+/// control port, then the real client's failure or the server's message is read.
+#[test]
+fn a_library_error_is_not_printed_twice() {
+    let server = Server::start(&["--timeout", "5"]);
+    let addr = format!("127.0.0.1:{}", server.port);
+    if let Ok(mut s) = TcpStream::connect(&addr) {
+        let _ = s.write_all(&[0xff; 64]);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = bench()
+        .args([
+            "client",
+            "--peer",
+            &server.peer,
+            "--sizes",
+            "4KiB",
+            "--timeout",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let (_, err) = server.wait();
+    let all = format!("{}\n{err}", text(&out.stderr));
+    for line in all.lines().filter(|l| l.starts_with("tcpx-bench: error:")) {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for (i, p) in parts.iter().enumerate() {
+            assert!(
+                p.len() < 12 || !parts[i + 1..].contains(p),
+                "`{p}` twice in: {line}"
+            );
+        }
+    }
+}
+
 /// Issue 14 item 4: a server frozen during the baseline makes the client fail within about
 /// `--timeout`, saying it timed out and in which phase.
 #[test]
@@ -425,8 +461,10 @@ fn strangers_on_the_baseline_port_are_dropped_and_the_run_completes() {
             0 => s.write_all(&[0xff; 64]),
             1 => s.write_all(b"TXCP\x01\x02\x03\x04junkjunkjunk"),
             2 => s.write_all(&(kind as u64).to_le_bytes()),
-            3 => Ok(drop(s.try_clone())), // instant close below
-            _ => s.write_all(&[7]),       // a drip that never finishes
+            // Instant close: dropped below without a byte.
+            3 => Ok(()),
+            // A drip that never finishes.
+            _ => s.write_all(&[7]),
         };
         if kind % 5 != 3 {
             held.push(s);

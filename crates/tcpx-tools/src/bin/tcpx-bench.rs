@@ -333,7 +333,7 @@ fn main() {
         Command::Latency(a) => latency(a),
     };
     if let Err(f) = result {
-        eprintln!("tcpx-bench: error: {:#}", f.error);
+        eprintln!("tcpx-bench: error: {}", tcpx_tools::error_text(&f.error));
         std::process::exit(f.code);
     }
 }

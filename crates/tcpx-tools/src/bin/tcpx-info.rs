@@ -35,7 +35,7 @@ struct Cli {
 fn main() {
     tcpx_tools::logging::init("warn");
     if let Err(err) = run(Cli::parse()) {
-        eprintln!("tcpx-info: error: {err:#}");
+        eprintln!("tcpx-info: error: {}", tcpx_tools::error_text(&err));
         std::process::exit(1);
     }
 }
