@@ -37,3 +37,8 @@ cargo xtask capi --check --test
 # two namespaces it creates, and removes, itself.
 section "multi-NIC striping between two network namespaces (cargo xtask bench --netns)"
 cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify
+
+# Hostile peers (issue 14 item 2): 200 junk connections to each port of a waiting tcpx-bench
+# server, then a verified client run; the server's fd and thread counts must not move.
+section "hostile connections against tcpx-bench server (scripts/ci/hostile.sh)"
+scripts/ci/hostile.sh

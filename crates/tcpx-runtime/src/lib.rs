@@ -17,8 +17,10 @@
 //! - [`onesided`]: one-sided write / read into a peer's advertised memory ([`Descriptor`],
 //!   [`Connection::write`], [`Connection::read`]) with notifications
 //!   ([`Connection::notify`], [`Endpoint::notifications`]), on comms of their own so that
-//!   engines can order them without disturbing two-sided traffic;
-//! - [`bench`]: the figures the tools print (whole stack vs raw TCP, engine overhead).
+//!   engines can order them without disturbing two-sided traffic.
+//!
+//! The benchmarks that drive this API (whole stack vs raw TCP, engine overhead) live in
+//! `tcpx-tools`, above it.
 //!
 //! The window, schedule and codec are sans-IO state machines (no sockets, no clock of their
 //! own), so they are tested exhaustively without a network; [`control::ControlConn`] and
@@ -55,9 +57,6 @@ pub mod endpoint;
 
 // One-sided write / read with notifications, on separate comms.
 pub mod onesided;
-
-// Benchmarks the tools call (figures, not tests).
-pub mod bench;
 
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};

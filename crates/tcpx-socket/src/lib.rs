@@ -54,6 +54,8 @@ mod cuda;
 mod device;
 mod devmem;
 mod handle;
+#[cfg(feature = "instant")]
+pub mod instant;
 mod listen;
 mod mr;
 mod object;

@@ -40,6 +40,14 @@ impl Row {
         self.fields.get(key).and_then(Value::as_f64).unwrap_or(0.0)
     }
 
+    /// A numeric field to `decimals` places, `-` when absent or null (no baseline).
+    pub fn opt(&self, key: &str, decimals: usize) -> String {
+        self.fields
+            .get(key)
+            .and_then(Value::as_f64)
+            .map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+    }
+
     /// The message size in bytes.
     pub fn bytes(&self) -> u64 {
         self.fields
@@ -191,13 +199,13 @@ pub fn single_table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:>10} {:>10.2} {:>10.1} {:>10.1} {:>12.2} {:>7.3}",
+            "{:>10} {:>10.2} {:>10.1} {:>10.1} {:>12} {:>7}",
             format_size(r.bytes()),
             r.num("gbps"),
             r.num("p50_us"),
             r.num("p99_us"),
-            r.num("baseline_gbps"),
-            r.num("ratio")
+            r.opt("baseline_gbps", 2),
+            r.opt("ratio", 3)
         );
     }
     out

@@ -78,6 +78,8 @@ pub struct Options {
     pub layout: Layout,
     /// Transfer timeout.
     pub timeout: Duration,
+    /// Plugin to run on.
+    pub backend: Backend,
 }
 
 /// One (op, block, batch) point.
@@ -119,7 +121,7 @@ fn config(o: &Options) -> Result<Config> {
     // path in the same build); everything else from the flags.
     let env = Config::from_env()?;
     let config = Config::builder()
-        .backend(Backend::Builtin)
+        .backend(o.backend.clone())
         .control_addr("127.0.0.1:0".parse().expect("literal"))
         .channels(o.channels)
         .chunk_bytes(o.chunk_bytes)

@@ -15,14 +15,23 @@ pub struct Row {
     pub p50_us: f64,
     /// 99th percentile latency, µs.
     pub p99_us: f64,
-    /// Baseline bandwidth in the same run (GB/s).
-    pub baseline_gbps: f64,
-    /// gbps / baseline_gbps.
-    pub ratio: f64,
+    /// Baseline bandwidth in the same run (GB/s); `None` without a baseline.
+    pub baseline_gbps: Option<f64>,
+    /// gbps / baseline_gbps; `None` without a baseline.
+    pub ratio: Option<f64>,
     /// Channels (comm pairs) used.
     pub channels: usize,
     /// "host" or "cuda".
     pub memory: &'static str,
+    /// Measured messages (0 where not counted).
+    pub messages: usize,
+    /// Page faults inside the timed window, both processes (server/client only).
+    pub timed_page_faults: Option<u64>,
+    /// Plugin registrations added inside the timed window, both processes (server/client
+    /// only): one-time work that should have been paid before the clock started.
+    pub timed_registrations: Option<u64>,
+    /// The received bytes were checked (after the timed window, never inside it).
+    pub verified: bool,
 }
 
 impl Row {
@@ -30,7 +39,7 @@ impl Row {
     pub fn new(
         bytes: usize,
         gbps: f64,
-        baseline_gbps: f64,
+        baseline_gbps: Option<f64>,
         latencies: &mut [std::time::Duration],
         channels: usize,
         memory: &'static str,
@@ -43,13 +52,13 @@ impl Row {
             p50_us,
             p99_us,
             baseline_gbps,
-            ratio: if baseline_gbps > 0.0 {
-                gbps / baseline_gbps
-            } else {
-                0.0
-            },
+            ratio: baseline_gbps.filter(|&b| b > 0.0).map(|b| gbps / b),
             channels,
             memory,
+            messages: latencies.len(),
+            timed_page_faults: None,
+            timed_registrations: None,
+            verified: false,
         }
     }
 }
@@ -63,15 +72,20 @@ pub fn print_header(path: &str, baseline: &str) {
     );
 }
 
+/// `-` for a figure that was not measured.
+pub fn or_dash(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
 /// Prints one table row.
 pub fn print_row(row: &Row) {
     println!(
-        "{:>10} {:>10.2} {:>10.1} {:>10.1} {:>12.2} {:>7.3}",
+        "{:>10} {:>10.2} {:>10.1} {:>10.1} {:>12} {:>7}",
         format_size(row.bytes),
         row.gbps,
         row.p50_us,
         row.p99_us,
-        row.baseline_gbps,
-        row.ratio
+        or_dash(row.baseline_gbps, 2),
+        or_dash(row.ratio, 3)
     );
 }

@@ -8,9 +8,12 @@ pub fn parse_size(text: &str) -> Result<usize> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: usize = digits
-        .parse()
-        .with_context(|| format!("`{text}` is not a size (e.g. 4096, 4KiB, 1MiB)"))?;
+    if digits.is_empty() {
+        bail!("`{text}` is not a size (e.g. 4096, 4KiB, 1MiB)");
+    }
+    let Ok(n) = digits.parse::<usize>() else {
+        bail!("`{text}` is too large");
+    };
     let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -19,7 +22,7 @@ pub fn parse_size(text: &str) -> Result<usize> {
         other => bail!("unknown unit `{other}` in `{text}` (use KiB, MiB or GiB)"),
     };
     n.checked_mul(mult)
-        .with_context(|| format!("`{text}` overflows"))
+        .with_context(|| format!("`{text}` is too large"))
 }
 
 /// Parses `A..B` (A, 2A, 4A, … up to B) or a comma list of sizes.

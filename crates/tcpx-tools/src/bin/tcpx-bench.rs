@@ -5,7 +5,11 @@
 //! against one TCP stream, in this process); `stack` (two endpoints in this process, N channels
 //! against N streams); `onesided` (one-sided write / read sweep over block and batch sizes
 //! against two-sided send / recv of the same bytes, two endpoints in this process);
-//! `overhead` (engine cost per request with a plugin that completes instantly).
+//! `overhead` (engine cost per request with a plugin that completes instantly); `latency`
+//! (one-way latency from ping-pong round trips, tcpx and raw TCP with TCP_NODELAY).
+//!
+//! Every subcommand checks its options the same way before doing anything: a bad value is
+//! one line on stderr and exit code 2.
 
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -15,7 +19,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tcpx_runtime::control::metadata::EndpointMetadata;
-use tcpx_runtime::{Backend, Config, Endpoint};
+use tcpx_runtime::{Backend, Backoff, Config, Endpoint};
+use tcpx_tools::backend_choice;
 use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
 use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
 
@@ -51,18 +56,23 @@ enum Command {
     Onesided(OnesidedArgs),
     /// Engine overhead: requests retired per second with a plugin that completes instantly.
     Overhead(OverheadArgs),
+    /// One-way latency (ping-pong round trip / 2, p50 and p99) through the whole stack and
+    /// through one raw TCP connection with TCP_NODELAY, two endpoints in this process.
+    Latency(LatencyArgs),
 }
 
 /// Settings both roles must share.
 #[derive(Args, Debug, Clone)]
 struct Common {
-    /// Channels (comm pairs each way); the baseline uses as many TCP streams.
-    #[arg(long, default_value_t = 4, env = "UCCL_TCPX_NUM_CHANNELS")]
-    channels: u16,
-    /// Chunk size: the most one plugin request carries.
-    #[arg(long, default_value = "512KiB", env = "UCCL_TCPX_CHUNK_BYTES")]
-    chunk: String,
-    /// Plugin requests in flight per comm (TCPX allows 16).
+    /// Channels (comm pairs each way); the baseline uses as many TCP streams. Default:
+    /// TCPX_NUM_CHANNELS, else UCCL_TCPX_NUM_CHANNELS, else 4.
+    #[arg(long)]
+    channels: Option<u16>,
+    /// Chunk size: the most one plugin request carries. Default: TCPX_CHUNK_BYTES, else
+    /// UCCL_TCPX_CHUNK_BYTES, else 512KiB.
+    #[arg(long)]
+    chunk: Option<String>,
+    /// Plugin requests in flight per comm, 1 to 16 (TCPX allows 16).
     #[arg(long, default_value_t = 16)]
     window: usize,
     /// Messages in flight at once (enough to keep every channel's window busy at mid sizes).
@@ -71,9 +81,14 @@ struct Common {
     /// Message sizes: a doubling range `A..B` or a comma list (KiB, MiB, GiB).
     #[arg(long, default_value = "4KiB..256MiB")]
     sizes: String,
-    /// Measured messages per size (capped so a size moves at most about 1 GiB).
+    /// Measured messages per size (raised to move at least --min-bytes, capped so a size
+    /// moves at most about 1 GiB).
     #[arg(long, default_value_t = 100)]
     iters: usize,
+    /// Every size moves at least this many bytes, measured side and baseline alike (small
+    /// sizes otherwise run too briefly to mean anything); 0 turns the floor off.
+    #[arg(long, default_value = "64MiB")]
+    min_bytes: String,
     /// Unmeasured messages per size.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
@@ -85,13 +100,15 @@ struct Common {
     /// (`--single-process`); reported with every row.
     #[arg(long, value_parser = parse_gpus)]
     gpu: Option<GpuList>,
-    /// Net plugin (default: a TCPX install if present, else the built-in socket plugin).
-    #[arg(long, env = "UCCL_TCPX_PLUGIN_PATH")]
+    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else a TCPX install
+    /// if present, else the built-in socket plugin.
+    #[arg(long)]
     plugin: Option<PathBuf>,
     /// In-run baseline: raw-tcp (same number of plain TCP streams) or none.
     #[arg(long, default_value = "raw-tcp", value_parser = ["raw-tcp", "none"])]
     baseline: String,
-    /// Fill messages with a pattern and check every byte at the server (slower).
+    /// Check every byte of every size at the server, after each size's timed part (the
+    /// figures do not include the checking).
     #[arg(long)]
     verify: bool,
     /// Seconds any single wait may take before the run fails.
@@ -131,13 +148,13 @@ struct CommArgs {
     /// Unmeasured messages per size.
     #[arg(long, default_value_t = 10)]
     warmup: usize,
-    /// Requests in flight per comm.
+    /// Requests in flight per comm, 1 to 16.
     #[arg(long, default_value_t = 16)]
     window: usize,
     /// Repetitions per size; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Net plugin instead of the built-in one.
+    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else the built-in one.
     #[arg(long)]
     plugin: Option<PathBuf>,
     /// Also write JSON lines here.
@@ -173,6 +190,9 @@ struct StackArgs {
     /// Check the received bytes after each size's timed part (copied back from the GPU).
     #[arg(long)]
     verify: bool,
+    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else the built-in one.
+    #[arg(long)]
+    plugin: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -216,6 +236,9 @@ struct OnesidedArgs {
     /// Also write one JSON object per row here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else the built-in one.
+    #[arg(long)]
+    plugin: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -226,6 +249,34 @@ struct OverheadArgs {
     /// Transfers per side per repetition.
     #[arg(long, default_value_t = 2000)]
     transfers: usize,
+}
+
+#[derive(Args, Debug)]
+struct LatencyArgs {
+    /// Message sizes.
+    #[arg(long, default_value = "4KiB,64KiB,1MiB")]
+    sizes: String,
+    /// Measured round trips per size.
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// Unmeasured round trips per size.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    /// Channels of the connection.
+    #[arg(long, default_value_t = 1)]
+    channels: u16,
+    /// Engine idle policy: spin (lowest latency, a core per engine), yield or park.
+    #[arg(long, default_value = "spin")]
+    backoff: String,
+    /// Seconds any single wait may take.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else the built-in one.
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// Also write one JSON object per row here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// GPUs named on the command line, as typed and as indices.
@@ -275,13 +326,14 @@ fn main() {
     let result = match cli.command {
         Command::Server(a) => server(a),
         Command::Client(a) => client(a),
-        Command::Comm(a) => comm(a).map_err(Failure::from),
-        Command::Stack(a) => stack(a).map_err(Failure::from),
-        Command::Onesided(a) => onesided(a).map_err(Failure::from),
-        Command::Overhead(a) => overhead(a).map_err(Failure::from),
+        Command::Comm(a) => comm(a),
+        Command::Stack(a) => stack(a),
+        Command::Onesided(a) => onesided(a),
+        Command::Overhead(a) => overhead(a),
+        Command::Latency(a) => latency(a),
     };
     if let Err(f) = result {
-        eprintln!("tcpx-bench: error: {:#}", f.error);
+        eprintln!("tcpx-bench: error: {}", tcpx_tools::error_text(&f.error));
         std::process::exit(f.code);
     }
 }
@@ -293,55 +345,123 @@ fn usage(e: impl Into<anyhow::Error>) -> Failure {
     }
 }
 
-fn sweep(c: &Common) -> Result<Sweep, Failure> {
+/// A usage error from a plain message.
+fn bad(msg: String) -> Failure {
+    usage(anyhow::anyhow!(msg))
+}
+
+/// `--flag` sizes: parsed, every one at least a byte.
+fn check_sizes(flag: &str, text: &str) -> Result<Vec<usize>, Failure> {
+    let list = sizes::parse_sizes(text).map_err(|e| bad(format!("{flag}: {e}")))?;
+    if list.is_empty() || list.contains(&0) {
+        return Err(bad(format!(
+            "{flag} {text}: every size must be at least 1 byte"
+        )));
+    }
+    Ok(list)
+}
+
+/// One size (`--chunk`, `--bytes`, …), at least `min`.
+fn check_size(flag: &str, text: &str, min: usize) -> Result<usize, Failure> {
+    let n = sizes::parse_size(text).map_err(|e| bad(format!("{flag}: {e}")))?;
+    if n < min {
+        return Err(bad(format!("{flag} {text}: must be at least {min} bytes")));
+    }
+    Ok(n)
+}
+
+/// A count that must be at least 1.
+fn check_count(flag: &str, n: usize) -> Result<usize, Failure> {
+    if n == 0 {
+        return Err(bad(format!("{flag} 0: must be at least 1")));
+    }
+    Ok(n)
+}
+
+/// Requests in flight per comm: TCPX's limit is 16.
+fn check_window(n: usize) -> Result<usize, Failure> {
+    if !(1..=16).contains(&n) {
+        return Err(bad(format!(
+            "--window {n}: must be between 1 and 16 (the TCPX per-comm limit)"
+        )));
+    }
+    Ok(n)
+}
+
+fn check_timeout(secs: u64) -> Result<Duration, Failure> {
+    if secs == 0 {
+        return Err(bad("--timeout 0: must be at least 1 second".into()));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+fn check_chunk(text: &str) -> Result<u32, Failure> {
+    let n = check_size("--chunk", text, 1)?;
+    u32::try_from(n).map_err(|_| bad(format!("--chunk {text}: must be below 4GiB")))
+}
+
+/// Everything the server and client agree on, checked once: the endpoint's configuration and
+/// the sweep.
+fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
+    // The plan overrides are read (and refused when malformed) by every tool alike.
+    let request = tcpx_topo::PlanRequest::from_env().map_err(|e| bad(e.to_string()))?;
+    if let Some(map) = &request.gpu_nic_map {
+        tcpx_topo::GpuNicMap::parse(tcpx_topo::GPU_NIC_MAP_VAR, map)
+            .map_err(|e| bad(e.to_string()))?;
+    }
+    let mut config = Config::from_env().map_err(|e| bad(e.to_string()))?;
+    if let Some(p) = &c.plugin {
+        config.backend = Backend::Path(p.clone());
+    }
+    if let Some(n) = c.channels {
+        config.channels = n;
+    }
+    if config.channels == 0 {
+        return Err(bad("--channels 0: must be at least 1".into()));
+    }
+    if let Some(text) = &c.chunk {
+        config.chunk_bytes = check_chunk(text)?;
+    }
+    config.window = check_window(c.window)?;
+    config.timeout = check_timeout(c.timeout)?;
+    config.control_addr = bind;
+    config.validate().map_err(|e| bad(e.to_string()))?;
     let gpu = c
         .gpu
         .as_ref()
         .and_then(|g| g.indices.first().copied())
         .unwrap_or(0);
     if c.memory == "cuda" && !tcpx::cuda::driver_available() {
-        return Err(usage(anyhow::anyhow!(
+        return Err(bad(format!(
             "--memory cuda: no CUDA driver ({})",
             tcpx::cuda::driver_status()
         )));
     }
-    Ok(Sweep {
-        sizes: sizes::parse_sizes(&c.sizes).map_err(usage)?,
-        iters: c.iters.max(1),
+    let sweep = Sweep {
+        sizes: check_sizes("--sizes", &c.sizes)?,
+        iters: check_count("--iters", c.iters)?,
+        min_bytes: check_size("--min-bytes", &c.min_bytes, 0)?,
         warmup: c.warmup,
-        depth: c.depth.max(1),
-        channels: usize::from(c.channels),
+        depth: check_count("--depth", c.depth)?,
+        channels: usize::from(config.channels),
+        chunk: config.chunk_bytes as usize,
         baseline: c.baseline == "raw-tcp",
         verify: c.verify,
-        timeout: Duration::from_secs(c.timeout.max(1)),
+        timeout: config.timeout,
         memory: if c.memory == "cuda" { "cuda" } else { "host" },
         gpu,
-    })
-}
-
-fn endpoint(c: &Common, bind: SocketAddr) -> Result<Endpoint, Failure> {
-    let chunk = sizes::parse_size(&c.chunk).map_err(usage)?;
-    let mut config = Config::from_env().map_err(usage)?;
-    config.backend = match &c.plugin {
-        Some(p) => Backend::Path(p.clone()),
-        None => config.backend,
     };
-    config.channels = c.channels;
-    config.chunk_bytes =
-        u32::try_from(chunk).map_err(|_| usage(anyhow::anyhow!("--chunk {chunk} is too large")))?;
-    config.window = c.window;
-    config.timeout = Duration::from_secs(c.timeout.max(1));
-    config.control_addr = bind;
-    config.validate().map_err(usage)?;
-    Ok(Endpoint::new(config)?)
+    Ok((config, sweep))
 }
 
 fn server(a: ServerArgs) -> Result<(), Failure> {
-    let sweep = sweep(&a.common)?;
+    let (config, sweep) = settings(&a.common, a.bind)?;
     let baseline_addr = SocketAddr::new(a.bind.ip(), a.bind.port().wrapping_add(1));
     let baseline = TcpListener::bind(baseline_addr)
         .with_context(|| format!("bind the baseline listener {baseline_addr}"))?;
-    let endpoint = endpoint(&a.common, a.bind)?;
+    // TODO(lead, after merging `endpoint`): turn on `ConfigBuilder::require_secret(true)` for
+    // this config (issue 14 item 2: tcpx-bench requires the secret in its metadata by default).
+    let endpoint = Endpoint::new(config)?;
     let hex = endpoint
         .metadata()
         .to_hex()
@@ -354,11 +474,12 @@ fn server(a: ServerArgs) -> Result<(), Failure> {
 }
 
 fn client(a: ClientArgs) -> Result<(), Failure> {
-    let sweep = sweep(&a.common)?;
+    // Options first, so that a bad option is reported as such whatever --peer holds.
+    settings(&a.common, SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let peer = a.peer.trim().trim_start_matches(METADATA_PREFIX).trim();
     let peer: EndpointMetadata = peer
         .parse()
-        .map_err(|e| usage(anyhow::anyhow!("--peer is not server metadata: {e}")))?;
+        .map_err(|e| bad(format!("--peer is not server metadata: {e}")))?;
     let bind = SocketAddr::new(
         if peer.control_addr.ip().is_loopback() {
             "127.0.0.1".parse().expect("literal")
@@ -367,7 +488,8 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
         },
         0,
     );
-    let endpoint = endpoint(&a.common, bind)?;
+    let (config, sweep) = settings(&a.common, bind)?;
+    let endpoint = Endpoint::new(config)?;
     let mut json = match &a.json {
         Some(p) => {
             Some(std::fs::File::create(p).with_context(|| format!("create {}", p.display()))?)
@@ -385,7 +507,22 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
                 .as_ref()
                 .map_or("-".to_string(), |g| g.text.clone())
         ),
-        &format!("raw TCP, {} streams", sweep.channels),
+        &if sweep.baseline {
+            format!("raw TCP, {} streams", sweep.channels)
+        } else {
+            "none".to_string()
+        },
+    );
+    println!(
+        "# every size moves at least {} ({} measured messages, raised to --min-bytes); \
+         one-time costs paid before timing; {}",
+        sizes::format_size(sweep.min_bytes),
+        sweep.iters,
+        if sweep.verify {
+            "every byte checked after each size's timed part (not in the figures)"
+        } else {
+            "not verified"
+        }
     );
     let gpu = a.common.gpu.as_ref().map(GpuList::json);
     let mut write_err = None;
@@ -428,57 +565,81 @@ fn pin_loopback() {
     }
 }
 
-fn comm(args: CommArgs) -> Result<()> {
+/// The JSON file of `--json`, created up front so a bad path fails before any measuring.
+fn json_file(path: Option<&PathBuf>) -> Result<Option<std::fs::File>, Failure> {
+    match path {
+        Some(p) => Ok(Some(std::fs::File::create(p).map_err(|e| {
+            bad(format!("--json {}: cannot create it: {e}", p.display()))
+        })?)),
+        None => Ok(None),
+    }
+}
+
+fn comm(args: CommArgs) -> Result<(), Failure> {
     pin_loopback();
-    let sizes = sizes::parse_sizes(&args.sizes)?;
-    let net = match &args.plugin {
-        Some(path) => tcpx::Net::load(path)?,
-        None => tcpx::Net::builtin()?,
+    let sizes = check_sizes("--sizes", &args.sizes)?;
+    let iters = check_count("--iters", args.iters)?;
+    let window = check_window(args.window)?;
+    let reps = check_count("--reps", args.reps)?;
+    let mut json = json_file(args.json.as_ref())?;
+    let choice = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
+    let net = match &choice {
+        Backend::Path(path) => {
+            tcpx::Net::load(path).with_context(|| format!("load the plugin {}", path.display()))?
+        }
+        Backend::Builtin => tcpx::Net::builtin()?,
+        Backend::Auto => tcpx_runtime::endpoint::backend::open(&Backend::Auto)?.0,
     };
     let mut pair =
         safe_layer::SafeLayerPair::connect(&net).context("connect the benchmark comm pair")?;
-    let mut json = match &args.json {
-        Some(path) => Some(
-            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
-        ),
-        None => None,
-    };
     report::print_header(
         &format!("{} (ncclNet {}), 1 comm", net.name(), net.abi_version()),
         "raw TCP, 1 stream",
     );
     for size in sizes {
-        let iters = args.iters.min(((1usize << 30) / size).max(8));
+        let iters = iters.min(((1usize << 30) / size).max(8));
         let (mut ours, mut base, mut latencies) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..args.reps.max(1) {
-            let m = pair.measure(size, args.warmup, iters, args.window)?;
+        for _ in 0..reps {
+            let m = pair
+                .measure(size, args.warmup, iters, window)
+                .with_context(|| format!("{size}-byte messages through the plugin"))?;
             ours.push(stats::gbps(size * iters, m.elapsed));
             latencies.extend(m.latencies);
             base.push(stats::gbps(
                 size * iters,
-                baseline::raw_tcp(size, iters, 1)?,
+                baseline::raw_tcp(size, iters, 1)
+                    .with_context(|| format!("raw-TCP baseline, {size}-byte messages"))?,
             ));
         }
         let gbps = stats::median(&mut ours);
         let baseline_gbps = stats::median(&mut base);
-        let row = report::Row::new(size, gbps, baseline_gbps, &mut latencies, 1, "host");
+        let row = report::Row::new(size, gbps, Some(baseline_gbps), &mut latencies, 1, "host");
         report::print_row(&row);
         if let Some(f) = json.as_mut() {
-            writeln!(f, "{}", serde_json::to_string(&row)?)?;
+            writeln!(f, "{}", serde_json::to_string(&row).context("row to JSON")?)
+                .context("writing --json")?;
         }
     }
     Ok(())
 }
 
-fn stack(args: StackArgs) -> Result<()> {
+fn stack(args: StackArgs) -> Result<(), Failure> {
     pin_loopback();
+    if args.channels == 0 {
+        return Err(bad("--channels 0: must be at least 1".into()));
+    }
+    let chunk = check_chunk(&args.chunk)?;
+    let sizes = check_sizes("--sizes", &args.sizes)?;
+    let bytes_per_rep = check_size("--bytes", &args.bytes, 1)?;
+    let reps = check_count("--reps", args.reps)?;
+    let backend = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
     let gpus = match args.memory.as_str() {
         "cuda" => {
             if !tcpx::cuda::driver_available() {
-                anyhow::bail!(
+                return Err(bad(format!(
                     "--memory cuda: no CUDA driver ({})",
                     tcpx::cuda::driver_status()
-                );
+                )));
             }
             Some(match args.gpu.as_ref().map(|g| g.indices.as_slice()) {
                 Some([one]) => [*one, *one],
@@ -489,15 +650,15 @@ fn stack(args: StackArgs) -> Result<()> {
         }
         _ => None,
     };
-    let chunk = sizes::parse_size(&args.chunk)?;
-    let opts = tcpx_runtime::bench::throughput::ThroughputOptions {
+    let opts = tcpx_tools::bench::stack::ThroughputOptions {
         channels: args.channels,
-        chunk_bytes: u32::try_from(chunk).context("--chunk is too large")?,
-        sizes: sizes::parse_sizes(&args.sizes)?,
-        bytes_per_rep: sizes::parse_size(&args.bytes)?,
-        reps: args.reps.max(1),
+        chunk_bytes: chunk,
+        sizes,
+        bytes_per_rep,
+        reps,
         gpus,
         verify: args.verify,
+        backend,
         ..Default::default()
     };
     let memory = match gpus {
@@ -509,7 +670,7 @@ fn stack(args: StackArgs) -> Result<()> {
         "{:>10} {:>10} {:>12} {:>7}",
         "size", "GB/s", "raw TCP", "ratio"
     );
-    for row in tcpx_runtime::bench::throughput::throughput(&opts)? {
+    for row in tcpx_tools::bench::stack::throughput(&opts)? {
         println!(
             "{:>10} {:>10.2} {:>12.2} {:>7.3}",
             sizes::format_size(row.size),
@@ -521,14 +682,15 @@ fn stack(args: StackArgs) -> Result<()> {
     Ok(())
 }
 
-fn onesided(args: OnesidedArgs) -> Result<()> {
+fn onesided(args: OnesidedArgs) -> Result<(), Failure> {
     use tcpx_tools::bench::onesided::{self as os, Layout, Op};
     pin_loopback();
     let ops = args
         .op
         .split(',')
         .map(str::parse)
-        .collect::<Result<Vec<Op>>>()?;
+        .collect::<Result<Vec<Op>>>()
+        .map_err(|e| bad(format!("--op: {e}")))?;
     let batches = args
         .batch
         .split(',')
@@ -537,34 +699,45 @@ fn onesided(args: OnesidedArgs) -> Result<()> {
                 .parse::<usize>()
                 .ok()
                 .filter(|&n| n > 0)
-                .with_context(|| format!("--batch: `{b}` is not a positive count"))
+                .ok_or_else(|| bad(format!("--batch: `{b}` is not a positive count")))
         })
-        .collect::<Result<Vec<_>>>()?;
-    let chunk = sizes::parse_size(&args.chunk)?;
+        .collect::<Result<Vec<_>, Failure>>()?;
+    if args.channels == 0 {
+        return Err(bad("--channels 0: must be at least 1".into()));
+    }
+    let chunk = check_chunk(&args.chunk)?;
+    let blocks = check_sizes("--block", &args.block)?;
+    let max_op_bytes = check_size("--max-op", &args.max_op, 1)?;
+    let smallest =
+        blocks.iter().min().copied().unwrap_or(0) * batches.iter().min().copied().unwrap_or(0);
+    if smallest > max_op_bytes {
+        return Err(bad(format!(
+            "--block {} × --batch {}: every operation is larger than --max-op {} \
+             (nothing to measure)",
+            args.block, args.batch, args.max_op
+        )));
+    }
+    let backend = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
     let opts = os::Options {
         channels: args.channels,
-        chunk_bytes: u32::try_from(chunk).context("--chunk is too large")?,
+        chunk_bytes: chunk,
         ops,
-        blocks: sizes::parse_sizes(&args.block)?,
+        blocks,
         batches,
-        bytes_per_point: sizes::parse_size(&args.bytes)?,
-        max_op_bytes: sizes::parse_size(&args.max_op)?,
-        depth: args.depth.max(1),
-        latency_iters: args.latency_iters.max(3),
-        reps: args.reps.max(1),
+        bytes_per_point: check_size("--bytes", &args.bytes, 1)?,
+        max_op_bytes,
+        depth: check_count("--depth", args.depth)?,
+        latency_iters: check_count("--latency-iters", args.latency_iters)?.max(3),
+        reps: check_count("--reps", args.reps)?,
         layout: if args.layout == "strided" {
             Layout::Strided
         } else {
             Layout::Contiguous
         },
-        timeout: Duration::from_secs(args.timeout.max(1)),
+        timeout: check_timeout(args.timeout)?,
+        backend,
     };
-    let mut json = match &args.json {
-        Some(path) => Some(
-            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let mut json = json_file(args.json.as_ref())?;
     println!(
         "# one-sided vs two-sided send/recv of the same bytes per op; 2 endpoints in this \
          process, {} channels (+{} one-sided), loopback, {} layout, {} ops in flight; \
@@ -596,18 +769,75 @@ fn onesided(args: OnesidedArgs) -> Result<()> {
         }
     })?;
     if let Some(e) = write_err {
-        return Err(anyhow::Error::from(e).context("writing --json"));
+        return Err(anyhow::Error::from(e).context("writing --json").into());
     }
     Ok(())
 }
 
-fn overhead(args: OverheadArgs) -> Result<()> {
-    let opts = tcpx_runtime::bench::overhead::OverheadOptions {
+fn overhead(args: OverheadArgs) -> Result<(), Failure> {
+    if args.channels == 0 {
+        return Err(bad("--channels 0: must be at least 1".into()));
+    }
+    let opts = tcpx_tools::bench::overhead::OverheadOptions {
         channels: args.channels,
-        transfers: args.transfers,
+        transfers: check_count("--transfers", args.transfers)?,
         ..Default::default()
     };
-    let r = tcpx_runtime::bench::overhead::engine_overhead(&opts)?;
+    let r = tcpx_tools::bench::overhead::engine_overhead(&opts)?;
     println!("{r:#?}");
+    Ok(())
+}
+
+fn latency(args: LatencyArgs) -> Result<(), Failure> {
+    use tcpx_tools::bench::latency as lat;
+    pin_loopback();
+    if args.channels == 0 {
+        return Err(bad("--channels 0: must be at least 1".into()));
+    }
+    let backoff: Backoff = args
+        .backoff
+        .parse()
+        .map_err(|e| bad(format!("--backoff {}: {e}", args.backoff)))?;
+    let opts = lat::Options {
+        sizes: check_sizes("--sizes", &args.sizes)?,
+        iters: check_count("--iters", args.iters)?,
+        warmup: args.warmup,
+        channels: args.channels,
+        chunk_bytes: tcpx_runtime::schedule::DEFAULT_CHUNK_BYTES,
+        backoff,
+        backend: backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?,
+        timeout: check_timeout(args.timeout)?,
+    };
+    let mut json = json_file(args.json.as_ref())?;
+    println!(
+        "# one-way latency = ping-pong round trip / 2, {} round trips after {} unmeasured; \
+         tcpx: 2 endpoints in this process, {} channel(s), engine backoff {:?}; raw TCP: one \
+         loopback connection, TCP_NODELAY, blocking reads",
+        opts.iters, opts.warmup, opts.channels, opts.backoff
+    );
+    println!(
+        "{:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
+        "size", "p50 µs", "p99 µs", "tcp p50 µs", "tcp p99 µs", "p50 ratio"
+    );
+    let mut write_err = None;
+    lat::run(&opts, |row| {
+        println!(
+            "{:>10} {:>10.1} {:>10.1} {:>12.1} {:>12.1} {:>9.2}",
+            sizes::format_size(row.bytes),
+            row.p50_us,
+            row.p99_us,
+            row.tcp_p50_us,
+            row.tcp_p99_us,
+            row.ratio
+        );
+        if let Some(f) = json.as_mut() {
+            if let Err(e) = writeln!(f, "{}", serde_json::to_string(row).expect("rows serialize")) {
+                write_err.get_or_insert(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(anyhow::Error::from(e).context("writing --json").into());
+    }
     Ok(())
 }

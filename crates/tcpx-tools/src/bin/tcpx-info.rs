@@ -15,13 +15,14 @@ use tcpx_topo::{NicCandidate, Plan, PlanRequest, Topology};
 /// Without --topology, the live machine is examined (hwloc) and the plugin's devices are the
 /// NIC candidates. With --topology, the plan is made for the machine that XML describes
 /// (e.g. one saved with `lstopo-no-graphics --of xml --whole-io`), considering all its NICs.
-/// Overrides honoured: TCPX_GPU_NIC_MAP, NCCL_GPUDIRECTTCPX_TX_BINDINGS / RX_BINDINGS,
+/// Overrides honoured: TCPX_PLUGIN_PATH / UCCL_TCPX_PLUGIN_PATH / TCPX_BACKEND, TCPX_GPU_NIC_MAP, NCCL_GPUDIRECTTCPX_TX_BINDINGS / RX_BINDINGS,
 /// TCPX_NUM_CHANNELS (or UCCL_TCPX_NUM_CHANNELS).
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
-    /// Net plugin to load (default: UCCL_TCPX_PLUGIN_PATH, else a TCPX install, else built-in).
-    #[arg(long, env = "UCCL_TCPX_PLUGIN_PATH")]
+    /// Net plugin to load. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH (or
+    /// TCPX_BACKEND), else a TCPX install, else the built-in one.
+    #[arg(long)]
     plugin: Option<PathBuf>,
     /// Plan for the machine described by this hwloc XML instead of this one.
     #[arg(long, value_name = "FILE.xml")]
@@ -34,7 +35,7 @@ struct Cli {
 fn main() {
     tcpx_tools::logging::init("warn");
     if let Err(err) = run(Cli::parse()) {
-        eprintln!("tcpx-info: error: {err:#}");
+        eprintln!("tcpx-info: error: {}", tcpx_tools::error_text(&err));
         std::process::exit(1);
     }
 }
@@ -45,10 +46,8 @@ fn run(cli: Cli) -> Result<()> {
     let (topology, devices, backend) = match &cli.topology {
         Some(path) => (Topology::from_xml_file(path)?, Vec::new(), None),
         None => {
-            let choice = match &cli.plugin {
-                Some(path) => Backend::Path(path.clone()),
-                None => Backend::Auto,
-            };
+            let choice = tcpx_tools::backend_choice(cli.plugin.as_deref(), Backend::Auto)
+                .context("choosing the net plugin")?;
             let (net, backend) = backend::open(&choice).context("loading the net plugin")?;
             let devices = net.devices()?;
             if request.nics.is_none() && !devices.is_empty() {

@@ -2,10 +2,10 @@
 //! completes instantly. Run in release:
 //!
 //! ```text
-//! cargo run --release -p tcpx-runtime --features bench-fake --example engine_overhead [channels] [chunk_bytes]
+//! cargo run --release -p tcpx-tools --example engine_overhead [channels] [chunk_bytes]
 //! ```
 
-use tcpx_runtime::bench::overhead::{engine_overhead, OverheadOptions};
+use tcpx_tools::bench::overhead::{engine_overhead, OverheadOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

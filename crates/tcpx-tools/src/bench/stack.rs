@@ -1,4 +1,4 @@
-//! Throughput through the whole stack against raw TCP, same streams, same run: host memory,
+//! `tcpx-bench stack`: throughput through the whole stack against raw TCP, same streams, same run: host memory,
 //! or GPU memory on both sides ([`ThroughputOptions::gpus`]), which the built-in socket plugin
 //! moves through the engines' pinned staging rings (the baseline stays host-to-host TCP).
 //!
@@ -17,12 +17,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::{gbps, median};
-use crate::config::{Backend, Backoff, Config};
-use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
-use crate::schedule::Schedule;
-use crate::transfer::Transfer;
+use anyhow::{anyhow, bail, Context, Result};
+use tcpx_runtime::schedule::Schedule;
+use tcpx_runtime::{Backend, Backoff, Config, Connection, Endpoint, Region, Transfer};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -55,7 +52,7 @@ impl Default for ThroughputOptions {
     fn default() -> Self {
         Self {
             channels: 4,
-            chunk_bytes: crate::schedule::DEFAULT_CHUNK_BYTES,
+            chunk_bytes: tcpx_runtime::schedule::DEFAULT_CHUNK_BYTES,
             sizes: vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
             bytes_per_rep: 1 << 30,
             reps: 3,
@@ -106,11 +103,7 @@ pub fn host_throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
 pub fn throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
     let config = Config::builder()
         .backend(opts.backend.clone())
-        .control_addr(
-            "127.0.0.1:0"
-                .parse()
-                .map_err(|_| Error::Internal("addr".into()))?,
-        )
+        .control_addr("127.0.0.1:0".parse().context("loopback address")?)
         .channels(opts.channels)
         .chunk_bytes(opts.chunk_bytes)
         .backoff(opts.backoff)
@@ -130,10 +123,10 @@ pub fn throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
             .map(|d| d.properties.name)
             .unwrap_or_default();
         if name != "lo" {
-            return Err(Error::Config(format!(
+            bail!(
                 "device {device} is {name:?}, not lo: set TCPX_SOCKET_IFNAME=lo before the \
                  first plugin use to keep this benchmark on loopback"
-            )));
+            );
         }
     }
     let meta = a.metadata().clone();
@@ -142,17 +135,15 @@ pub fn throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
         let ba = b.connect(&meta);
         let ab = accepted
             .join()
-            .map_err(|_| Error::Internal("accept thread panicked".into()))?;
-        Ok::<_, Error>((ab?, ba?))
+            .map_err(|_| anyhow!("accept thread panicked"))?;
+        Ok::<_, anyhow::Error>((ab?, ba?))
     })?;
     let max = opts.sizes.iter().copied().max().unwrap_or(0).max(1);
     let (src, dst) = match opts.gpus {
         None => (a.alloc_host(max)?, b.alloc_host(max)?),
         Some([ga, gb]) => {
-            let open = |i: usize| {
-                tcpx::cuda::CudaDevice::new(i)
-                    .map_err(|e| Error::Unsupported(format!("GPU {i}: {e}")))
-            };
+            let open =
+                |i: usize| tcpx::cuda::CudaDevice::new(i).with_context(|| format!("GPU {i}"));
             (
                 a.alloc_cuda_on(&open(ga)?, max)?,
                 b.alloc_cuda_on(&open(gb)?, max)?,
@@ -192,9 +183,7 @@ pub fn throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
             let mut back = vec![0u8; size];
             dst.read(0, &mut back)?;
             if let Some(at) = back.iter().zip(&pattern).position(|(x, y)| x != y) {
-                return Err(Error::Internal(format!(
-                    "verification failed: {size}-byte messages differ at byte {at}"
-                )));
+                bail!("verification failed: {size}-byte messages differ at byte {at}");
             }
         }
         rows.push(ThroughputRow {
@@ -209,10 +198,10 @@ pub fn throughput(opts: &ThroughputOptions) -> Result<Vec<ThroughputRow>> {
 }
 
 fn stack_once(
-    ab: &crate::Connection,
-    ba: &crate::Connection,
-    src: &crate::Region,
-    dst: &crate::Region,
+    ab: &Connection,
+    ba: &Connection,
+    src: &Region,
+    dst: &Region,
     size: usize,
     messages: usize,
 ) -> Result<(Duration, Duration)> {
@@ -242,7 +231,7 @@ fn stream_bytes(size: usize, messages: usize, chunk: u32, channels: u16) -> Resu
     let mut per = vec![0u64; usize::from(channels)];
     for m in 0..messages {
         let schedule = Schedule::contiguous(size as u64, chunk, channels)
-            .map_err(|e| Error::Config(e.to_string()))?
+            .map_err(|e| anyhow!("{e}"))?
             .rotated(m as u64);
         for (c, bytes) in per.iter_mut().enumerate() {
             // `c` < channels, a u16.
@@ -256,8 +245,7 @@ fn stream_bytes(size: usize, messages: usize, chunk: u32, channels: u16) -> Resu
 }
 
 fn tcp_once(per_stream: &[u64], chunk: usize, message: usize) -> Result<Duration> {
-    let io =
-        |what: &str, e: std::io::Error| Error::Internal(format!("raw TCP baseline: {what}: {e}"));
+    let io = |what: &str, e: std::io::Error| anyhow!("raw TCP baseline: {what}: {e}");
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| io("bind", e))?;
     let addr = listener.local_addr().map_err(|e| io("local_addr", e))?;
     let mut pairs = Vec::with_capacity(per_stream.len());
@@ -293,13 +281,13 @@ fn tcp_once(per_stream: &[u64], chunk: usize, message: usize) -> Result<Duration
     let start = Instant::now();
     for t in readers {
         t.join()
-            .map_err(|_| Error::Internal("reader panicked".into()))?
+            .map_err(|_| anyhow!("reader panicked"))?
             .map_err(|e| io("read", e))?;
     }
     let elapsed = start.elapsed();
     for t in writers {
         t.join()
-            .map_err(|_| Error::Internal("writer panicked".into()))?
+            .map_err(|_| anyhow!("writer panicked"))?
             .map_err(|e| io("write", e))?;
     }
     Ok(elapsed)
@@ -325,6 +313,21 @@ fn stream_chunks(
         left -= n as u64;
     }
     Ok(())
+}
+
+/// The median of `samples` (0 when empty; the mean of the middle two for even counts).
+pub(crate) fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    match samples.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => samples[n / 2],
+        n => (samples[n / 2 - 1] + samples[n / 2]) / 2.0,
+    }
+}
+
+/// 10^9 bytes per second.
+fn gbps(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / elapsed.as_secs_f64().max(1e-9) / 1e9
 }
 
 #[cfg(test)]

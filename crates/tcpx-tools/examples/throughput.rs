@@ -2,7 +2,7 @@
 //! streams, in the same run, over loopback. Run in release:
 //!
 //! ```text
-//! cargo run --release -p tcpx-runtime --example throughput \
+//! cargo run --release -p tcpx-tools --example throughput \
 //!     [spin|yield|park] [reps=N] [gib=N] [mib=1,4,...] [engines=one|all|both] [channels ...]
 //! ```
 //!
@@ -10,8 +10,8 @@
 //! with one engine per channel (what the built-in socket plugin gets by default, since it
 //! copies on the engine's thread).
 
-use tcpx_runtime::bench::throughput::{host_throughput, ThroughputOptions};
 use tcpx_runtime::Backoff;
+use tcpx_tools::bench::stack::{host_throughput, ThroughputOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Loopback only: the socket plugin must not pick another interface.

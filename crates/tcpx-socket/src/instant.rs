@@ -1,4 +1,5 @@
-//! A plugin that completes instantly: the edge under the engine-overhead benchmark.
+//! A plugin that completes instantly (feature `instant`): the edge under the engine-overhead
+//! benchmark (`tcpx-bench overhead`).
 //!
 //! Its comms are tokens; `connect`/`accept` succeed at once; `isend`/`irecv` hand out a
 //! request that encodes the posted size in the pointer value (nothing is allocated per
@@ -259,11 +260,8 @@ static TABLE: Table = Table(ncclNet_v8_t {
     irecvConsumed: Some(irecv_consumed),
 });
 
-/// The instant plugin as a [`tcpx::Net`].
-pub fn net() -> tcpx::Result<tcpx::Net> {
-    // SAFETY: every function in TABLE has the ncclNet v8 signature and behaves as documented
-    // above; the table and its name live for the whole process.
-    let plugin = unsafe { tcpx_sys::NetPlugin::from_static_v8(&TABLE.0) }
-        .map_err(|e| tcpx::Error::new("load", tcpx::ErrorKind::Load(e), NAME))?;
-    tcpx::Net::from_plugin(plugin)
+/// The instant plugin's ncclNet v8 table, for use without `dlopen`
+/// (`tcpx_sys::NetPlugin::from_static_v8`).
+pub fn table_v8() -> &'static ncclNet_v8_t {
+    &TABLE.0
 }

@@ -1,13 +1,21 @@
-//! Engine overhead: requests retired per second per engine thread, on the instant plugin
-//! ([`super::fake`]). Two endpoints in one process; one engine posts only sends, the other
+//! `tcpx-bench overhead`: requests retired per second per engine thread, on the instant
+//! plugin (`tcpx_socket::instant`). Two endpoints in one process; one engine posts only sends, the other
 //! only receives; each side is timed from its first submission to its last completion.
 
 use std::time::{Duration, Instant};
 
-use super::fake;
-use crate::config::{Backoff, Config};
-use crate::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use anyhow::{anyhow, Context, Result};
+use tcpx_runtime::{Backoff, Config, Endpoint, Transfer};
+
+/// The instant plugin (`tcpx_socket::instant`) as a [`tcpx::Net`].
+pub fn instant_net() -> Result<tcpx::Net> {
+    // SAFETY: the instant table implements the ncclNet v8 ABI as its module documents (every
+    // function checks its pointers and touches only its arguments and an atomic counter); the
+    // table and its name are statics that live for the whole process.
+    let plugin = unsafe { tcpx_sys::NetPlugin::from_static_v8(tcpx_socket::instant::table_v8()) }
+        .context("load the instant plugin")?;
+    tcpx::Net::from_plugin(plugin).context("initialise the instant plugin")
+}
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -53,16 +61,9 @@ pub struct OverheadReport {
 
 /// Runs the measurement.
 pub fn engine_overhead(opts: &OverheadOptions) -> Result<OverheadReport> {
-    let net = fake::net().map_err(|e| Error::Backend {
-        what: "loading the instant plugin".into(),
-        source: std::sync::Arc::new(e),
-    })?;
+    let net = instant_net()?;
     let config = Config::builder()
-        .control_addr(
-            "127.0.0.1:0"
-                .parse()
-                .map_err(|_| Error::Internal("addr".into()))?,
-        )
+        .control_addr("127.0.0.1:0".parse().context("loopback address")?)
         .channels(opts.channels)
         .chunk_bytes(opts.chunk_bytes)
         .backoff(opts.backoff)
@@ -76,8 +77,8 @@ pub fn engine_overhead(opts: &OverheadOptions) -> Result<OverheadReport> {
         let ba = b.connect(&meta);
         let ab = accepted
             .join()
-            .map_err(|_| Error::Internal("accept thread panicked".into()))?;
-        Ok::<_, Error>((ab?, ba?))
+            .map_err(|_| anyhow!("accept thread panicked"))?;
+        Ok::<_, anyhow::Error>((ab?, ba?))
     })?;
     let src = a.alloc_host(opts.transfer_bytes)?;
     let dst = b.alloc_host(opts.transfer_bytes)?;
@@ -93,10 +94,8 @@ pub fn engine_overhead(opts: &OverheadOptions) -> Result<OverheadReport> {
             let receiver =
                 s.spawn(|| timed(opts.transfers, || ba.recv(&dst, 0, opts.transfer_bytes)));
             let t_send = timed(opts.transfers, || ab.send(&src, 0, opts.transfer_bytes));
-            let t_recv = receiver
-                .join()
-                .map_err(|_| Error::Internal("receiver panicked".into()))?;
-            Ok::<_, Error>((t_send?, t_recv?))
+            let t_recv = receiver.join().map_err(|_| anyhow!("receiver panicked"))?;
+            Ok::<_, anyhow::Error>((t_send?, t_recv?))
         })?;
         if rep > 0 {
             send_rates.push(requests as f64 / t_send.as_secs_f64());
@@ -105,16 +104,18 @@ pub fn engine_overhead(opts: &OverheadOptions) -> Result<OverheadReport> {
     }
     Ok(OverheadReport {
         requests,
-        send_per_sec: super::median(&mut send_rates),
-        recv_per_sec: super::median(&mut recv_rates),
+        send_per_sec: super::stack::median(&mut send_rates),
+        recv_per_sec: super::stack::median(&mut recv_rates),
     })
 }
 
 /// Submits `n` transfers and waits for all; returns the time from first submission to last
 /// completion.
-fn timed(n: usize, mut submit: impl FnMut() -> Result<crate::Transfer>) -> Result<Duration> {
+fn timed(n: usize, mut submit: impl FnMut() -> tcpx_runtime::Result<Transfer>) -> Result<Duration> {
     let start = Instant::now();
-    let transfers = (0..n).map(|_| submit()).collect::<Result<Vec<_>>>()?;
+    let transfers = (0..n)
+        .map(|_| submit())
+        .collect::<tcpx_runtime::Result<Vec<_>>>()?;
     for t in &transfers {
         t.wait(Duration::from_secs(120))?;
     }

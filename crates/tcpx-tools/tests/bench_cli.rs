@@ -1,0 +1,487 @@
+//! `tcpx-bench` as a user (or an attacker) runs it: the built binary, real processes, real
+//! sockets on 127.0.0.1 only. Each test names the issue item it guards.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tcpx-bench");
+
+fn bench() -> Command {
+    let mut c = Command::new(BENCH);
+    c.env("TCPX_SOCKET_IFNAME", "lo")
+        .env("TCPX_LOG", "warn")
+        .env_remove("TCPX_PLUGIN_PATH")
+        .env_remove("UCCL_TCPX_PLUGIN_PATH")
+        .env_remove("TCPX_BACKEND")
+        .env_remove("TCPX_GPU_NIC_MAP")
+        .env_remove("TCPX_NUM_CHANNELS")
+        .env_remove("UCCL_TCPX_NUM_CHANNELS");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    bench().args(args).output().expect("run tcpx-bench")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Two free consecutive loopback ports (control, baseline).
+fn free_ports() -> u16 {
+    for _ in 0..100 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if port < 65535 && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no two consecutive free ports on 127.0.0.1");
+}
+
+/// A running server and the metadata it printed.
+struct Server {
+    child: Child,
+    peer: String,
+    port: u16,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Self {
+        let port = free_ports();
+        let bind = format!("127.0.0.1:{port}");
+        let mut child = bench()
+            .args(["server", "--bind", &bind])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start server");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines
+            .next()
+            .expect("server prints its metadata")
+            .expect("utf-8");
+        let peer = line
+            .strip_prefix("TCPX-BENCH-METADATA ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Self { child, peer, port }
+    }
+
+    fn wait(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (status.code(), err)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json_rows(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tcpx-bench-test-{}-{name}", std::process::id()))
+}
+
+/// Issue 16: registration, allocation and first touches are paid before any clock starts,
+/// and `--verify` checks after the timed part: inside every timed window, neither process
+/// adds a registration or takes more than a handful of page faults.
+#[test]
+fn one_time_costs_are_paid_before_the_timer_starts() {
+    let args = [
+        "--sizes",
+        "1MiB,4MiB",
+        "--iters",
+        "8",
+        "--min-bytes",
+        "16MiB",
+        "--verify",
+        "--timeout",
+        "30",
+    ];
+    let server = Server::start(&args);
+    let json = tmp("costs.json");
+    let out = bench()
+        .args(["client", "--peer", &server.peer, "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, err) = server.wait();
+    assert_eq!(code, Some(0), "server: {err}");
+    let rows = json_rows(&json);
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert_eq!(row["timed_registrations"], 0, "{row}");
+        let faults = row["timed_page_faults"].as_u64().expect("counted");
+        // A 1 MiB message into untouched memory alone is 256 first touches per slot.
+        assert!(
+            faults < 64,
+            "{faults} page faults inside the timed window: {row}"
+        );
+        assert_eq!(row["verified"], true, "{row}");
+    }
+    let _ = std::fs::remove_file(json);
+}
+
+/// Issue 14 item 3: one validation for every subcommand: exit 2, one line, the flag named,
+/// never a panic.
+#[test]
+fn bad_options_exit_2_with_one_line_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["comm", "--sizes", "0"], "--sizes"),
+        (&["comm", "--window", "0"], "--window"),
+        (&["comm", "--window", "17"], "--window"),
+        (&["server", "--window", "17", "--timeout", "1"], "--window"),
+        (&["server", "--window", "0", "--timeout", "1"], "--window"),
+        (&["server", "--sizes", "0", "--timeout", "1"], "--sizes"),
+        (&["server", "--depth", "0", "--timeout", "1"], "--depth"),
+        (&["client", "--peer", "00", "--sizes", "0"], "--sizes"),
+        (&["stack", "--sizes", "abc"], "--sizes"),
+        (&["stack", "--chunk", "0"], "--chunk"),
+        (&["onesided", "--block", "64GiB"], "--max-op"),
+        (&["onesided", "--max-op", "0"], "--max-op"),
+        (&["onesided", "--depth", "0"], "--depth"),
+        (&["onesided", "--op", "fly"], "--op"),
+        (&["latency", "--sizes", "0"], "--sizes"),
+    ];
+    for (args, flag) in cases {
+        let out = run(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?} should name {flag}: {err}");
+    }
+}
+
+/// Issue 14 item 8: messages say a thing once, in words.
+#[test]
+fn messages_are_plain_and_say_things_once() {
+    let out = run(&["stack", "--sizes", "abc"]);
+    let err = text(&out.stderr);
+    assert!(!err.contains("cannot parse integer"), "{err}");
+    assert!(err.contains("`abc` is not a size"), "{err}");
+    for args in [
+        &["client", "--peer", "zz"][..],
+        &["comm", "--window", "17"][..],
+        &["stack", "--sizes", "8KiB..4KiB"][..],
+    ] {
+        let err = text(&run(args).stderr);
+        let parts: Vec<&str> = err.trim().split(": ").collect();
+        for w in parts.windows(2) {
+            assert_ne!(w[0], w[1], "{args:?} repeats itself: {err}");
+        }
+        assert!(!err.contains("Some("), "{args:?}: {err}");
+    }
+}
+
+/// Issue 14 items 6 and 8: small sizes move at least --min-bytes; `--baseline none` prints
+/// `-`, not made-up zeros.
+#[test]
+fn small_sizes_move_min_bytes_and_no_baseline_prints_dashes() {
+    let args = [
+        "--sizes",
+        "4KiB",
+        "--iters",
+        "10",
+        "--min-bytes",
+        "4MiB",
+        "--baseline",
+        "none",
+        "--timeout",
+        "30",
+    ];
+    let server = Server::start(&args);
+    let json = tmp("small.json");
+    let out = bench()
+        .args(["client", "--peer", &server.peer, "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("4KiB"))
+        .unwrap_or_else(|| panic!("no 4KiB row: {stdout}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[cols.len() - 2..], ["-", "-"], "{row}");
+    let rows = json_rows(&json);
+    assert_eq!(rows[0]["messages"], 1024, "{}", rows[0]);
+    assert!(rows[0]["baseline_gbps"].is_null(), "{}", rows[0]);
+    drop(server);
+    let _ = std::fs::remove_file(json);
+}
+
+/// Issue 14 item 6: the latency mode measures tcpx and raw TCP one-way latency.
+#[test]
+fn latency_mode_reports_tcpx_and_raw_tcp() {
+    let json = tmp("latency.json");
+    let out = bench()
+        .args([
+            "latency",
+            "--sizes",
+            "4KiB",
+            "--iters",
+            "200",
+            "--warmup",
+            "20",
+            "--backoff",
+            "park",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_rows(&json);
+    assert_eq!(rows.len(), 1);
+    for key in ["p50_us", "p99_us", "tcp_p50_us", "tcp_p99_us", "ratio"] {
+        let v = rows[0][key].as_f64().unwrap();
+        assert!(v > 0.0 && v.is_finite(), "{key}: {}", rows[0]);
+    }
+    assert!(rows[0]["p99_us"].as_f64() >= rows[0]["p50_us"].as_f64());
+    let _ = std::fs::remove_file(json);
+}
+
+/// Issue 14 item 5: TCPX_PLUGIN_PATH, `--plugin` and TCPX_GPU_NIC_MAP mean the same to every
+/// tool.
+#[test]
+fn plugin_choice_and_overrides_are_honoured_by_every_tool() {
+    let missing = "/nonexistent/libnccl-net-missing.so";
+    let info = Command::new(env!("CARGO_BIN_EXE_tcpx-info"))
+        .env("TCPX_SOCKET_IFNAME", "lo")
+        .env("TCPX_PLUGIN_PATH", missing)
+        .output()
+        .unwrap();
+    assert!(!info.status.success(), "tcpx-info ignored TCPX_PLUGIN_PATH");
+    assert!(
+        text(&info.stderr).contains(missing),
+        "{}",
+        text(&info.stderr)
+    );
+    for args in [
+        &["stack", "--sizes", "4KiB", "--bytes", "4KiB", "--reps", "1"][..],
+        &["onesided", "--block", "4KiB", "--batch", "1", "--reps", "1"][..],
+        &["comm", "--sizes", "4KiB", "--iters", "8", "--reps", "1"][..],
+        &["latency", "--sizes", "4KiB", "--iters", "8"][..],
+    ] {
+        let out = bench()
+            .args(args)
+            .env("TCPX_PLUGIN_PATH", missing)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} ignored TCPX_PLUGIN_PATH");
+        assert!(
+            text(&out.stderr).contains(missing),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let out = bench()
+            .args(args)
+            .args(["--plugin", missing])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} --plugin");
+        assert!(
+            text(&out.stderr).contains(missing),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = bench()
+        .args(["server", "--bind", "127.0.0.1:0", "--timeout", "1"])
+        .env("TCPX_GPU_NIC_MAP", "garbage")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("TCPX_GPU_NIC_MAP"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Whether a TCP connection with local port `port` is established (from /proc/net/tcp).
+fn established_on(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table.lines().skip(1).any(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        cols.len() > 3
+            && cols[3] == "01"
+            && (cols[1].ends_with(&format!(":{port:04X}"))
+                || cols[2].ends_with(&format!(":{port:04X}")))
+    })
+}
+
+/// Issue 14 item 8: an error whose source repeats its text is printed once (a stranger's
+/// `bad magic` used to appear twice in one line). A server is started and given garbage on its
+/// control port, then the real client's failure or the server's message is read.
+#[test]
+fn a_library_error_is_not_printed_twice() {
+    let server = Server::start(&["--timeout", "5"]);
+    let addr = format!("127.0.0.1:{}", server.port);
+    if let Ok(mut s) = TcpStream::connect(&addr) {
+        let _ = s.write_all(&[0xff; 64]);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = bench()
+        .args([
+            "client",
+            "--peer",
+            &server.peer,
+            "--sizes",
+            "4KiB",
+            "--timeout",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let (_, err) = server.wait();
+    let all = format!("{}\n{err}", text(&out.stderr));
+    for line in all.lines().filter(|l| l.starts_with("tcpx-bench: error:")) {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for (i, p) in parts.iter().enumerate() {
+            assert!(
+                p.len() < 12 || !parts[i + 1..].contains(p),
+                "`{p}` twice in: {line}"
+            );
+        }
+    }
+}
+
+/// Issue 14 item 4: a server frozen during the baseline makes the client fail within about
+/// `--timeout`, saying it timed out and in which phase.
+#[test]
+fn a_frozen_server_during_the_baseline_fails_the_client_within_the_timeout() {
+    let args = [
+        "--sizes",
+        "16MiB",
+        "--iters",
+        "64",
+        "--min-bytes",
+        "1GiB",
+        "--timeout",
+        "3",
+    ];
+    let server = Server::start(&args);
+    let mut client = bench()
+        .args(["client", "--peer", &server.peer])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !established_on(server.port + 1) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no baseline phase seen"
+        );
+        if let Some(status) = client.try_wait().unwrap() {
+            panic!("client ended before the baseline: {status}");
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let frozen = Instant::now();
+    let status = client.wait().unwrap();
+    let waited = frozen.elapsed();
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let mut err = String::new();
+    client
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        !status.success(),
+        "the client finished against a frozen server"
+    );
+    assert!(
+        waited < Duration::from_secs(6),
+        "waited {waited:?} with --timeout 3: {err}"
+    );
+    assert!(err.contains("timed out"), "{err}");
+    assert!(err.contains("baseline"), "{err}");
+}
+
+/// Issue 14 item 2: strangers on the baseline port (port + 1) are dropped; the run's own
+/// streams (which carry the token learnt over the tcpx connection) complete, verified.
+#[test]
+fn strangers_on_the_baseline_port_are_dropped_and_the_run_completes() {
+    let args = [
+        "--sizes",
+        "1MiB",
+        "--iters",
+        "8",
+        "--min-bytes",
+        "8MiB",
+        "--verify",
+        "--timeout",
+        "20",
+    ];
+    let server = Server::start(&args);
+    let addr: SocketAddr = format!("127.0.0.1:{}", server.port + 1).parse().unwrap();
+    let mut held = Vec::new();
+    for kind in 0..30 {
+        let Ok(mut s) = TcpStream::connect(addr) else {
+            continue;
+        };
+        let _ = match kind % 5 {
+            0 => s.write_all(&[0xff; 64]),
+            1 => s.write_all(b"TXCP\x01\x02\x03\x04junkjunkjunk"),
+            2 => s.write_all(&(kind as u64).to_le_bytes()),
+            // Instant close: dropped below without a byte.
+            3 => Ok(()),
+            // A drip that never finishes.
+            _ => s.write_all(&[7]),
+        };
+        if kind % 5 != 3 {
+            held.push(s);
+        }
+    }
+    let out = bench()
+        .args(["client", "--peer", &server.peer])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, err) = server.wait();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("dropped a stranger"), "{err}");
+    assert!(
+        err.contains("127.0.0.1:"),
+        "strangers are logged with their address: {err}"
+    );
+    drop(held);
+}
