@@ -459,9 +459,12 @@ fn server(a: ServerArgs) -> Result<(), Failure> {
     let baseline_addr = SocketAddr::new(a.bind.ip(), a.bind.port().wrapping_add(1));
     let baseline = TcpListener::bind(baseline_addr)
         .with_context(|| format!("bind the baseline listener {baseline_addr}"))?;
-    // TODO(lead, after merging `endpoint`): turn on `ConfigBuilder::require_secret(true)` for
-    // this config (issue 14 item 2: tcpx-bench requires the secret in its metadata by default).
-    let endpoint = Endpoint::new(config)?;
+    // Only a client holding the metadata this server prints may connect (issue 14 item 2):
+    // a stranger who merely finds the port is refused without disturbing the wait.
+    let endpoint = Endpoint::new(Config {
+        require_secret: true,
+        ..config
+    })?;
     let hex = endpoint
         .metadata()
         .to_hex()
