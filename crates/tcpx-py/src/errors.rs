@@ -63,6 +63,10 @@ impl From<tcpx_runtime::Error> for Failure {
             E::PeerClosed { .. } | E::Control(_) | E::Setup { .. } | E::Mismatch { .. } => {
                 Kind::PeerLost
             }
+            // The plugin's word for "the other side went away" (connection reset, closed).
+            E::Plugin { .. } if e.plugin_code() == Some(tcpx::ResultCode::REMOTE_ERROR) => {
+                Kind::PeerLost
+            }
             E::Access { .. } => Kind::AccessRefused,
             E::InvalidArgument(_) | E::Config(_) => Kind::BadArgument,
             E::Unsupported(_) => Kind::Unsupported,
