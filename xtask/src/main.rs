@@ -11,6 +11,7 @@
 
 mod bench;
 mod bindgen_task;
+mod python;
 mod sysdeps;
 mod test_task;
 

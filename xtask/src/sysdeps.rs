@@ -8,7 +8,8 @@ use anyhow::{bail, Result};
 /// Packages the whole workspace needs to build and test.
 /// hwloc (tcpx-topo) needs libhwloc-dev and pkg-config, hwlocality links libudev through hwloc;
 /// bindgen loads libclang at run time; lstopo-no-graphics (hwloc-nox) validates fixtures;
-/// iproute2 drives the network-namespace runs.
+/// iproute2 drives the network-namespace runs; python3-venv holds the virtualenv the Python
+/// package (`crates/tcpx-py`) is built and tested in.
 pub const ALL: &[&str] = &[
     "pkg-config",
     "libhwloc-dev",
@@ -16,6 +17,7 @@ pub const ALL: &[&str] = &[
     "hwloc-nox",
     "libclang-dev",
     "iproute2",
+    "python3-venv",
 ];
 
 /// Makes sure every package in `packages` is installed.
