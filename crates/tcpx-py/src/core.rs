@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tcpx_runtime::control::EndpointMetadata;
-use tcpx_runtime::{Config, Connection, Descriptor, Endpoint, Region, RemoteSegment, Segment, Transfer};
+use tcpx_runtime::{
+    Config, Connection, Descriptor, Endpoint, Region, RemoteSegment, Segment, Transfer,
+};
 
 use crate::blob::Advert;
 use crate::errors::{Failure, Kind, Outcome};
@@ -40,6 +42,9 @@ pub struct Piece {
     /// Bytes.
     pub size: u64,
 }
+
+/// A delivered notification: the connection id (if still open), the peer, the bytes.
+pub type Delivered = (Option<u64>, SocketAddr, Vec<u8>);
 
 /// Which two-sided direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,16 +339,19 @@ impl Core {
         let resolved = self.resolve_all(pieces)?;
         let mut remote = Vec::with_capacity(blobs.len());
         for (i, (blob, (_, _, len))) in blobs.iter().zip(&resolved).enumerate() {
-            let advert = Advert::decode(blob).map_err(|f| {
-                Failure::new(f.kind, format!("blob {i}: {}", f.message))
-            })?;
+            let advert = Advert::decode(blob)
+                .map_err(|f| Failure::new(f.kind, format!("blob {i}: {}", f.message)))?;
             if *len as u64 > advert.len {
                 return Err(Failure::bad(format!(
                     "buffer {i}: {len} bytes but the peer advertised {}",
                     advert.len
                 )));
             }
-            remote.push(RemoteSegment::new(advert.descriptor, advert.offset, *len as u64));
+            remote.push(RemoteSegment::new(
+                advert.descriptor,
+                advert.offset,
+                *len as u64,
+            ));
         }
         let segments: Vec<Segment<'_>> = resolved
             .iter()
@@ -362,7 +370,7 @@ impl Core {
     }
 
     /// Notifications delivered so far, with the sending connection's id when it is known.
-    pub fn notifications(&self) -> Outcome<Vec<(Option<u64>, SocketAddr, Vec<u8>)>> {
+    pub fn notifications(&self) -> Outcome<Vec<Delivered>> {
         let got = self.endpoint()?.notifications();
         if got.is_empty() {
             return Ok(Vec::new());
@@ -430,13 +438,20 @@ impl Core {
         self.xfers.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let mrs = std::mem::take(&mut *self.mrs.write().unwrap_or_else(|p| p.into_inner()));
         drop(mrs);
-        let endpoint = self.endpoint.write().unwrap_or_else(|p| p.into_inner()).take();
+        let endpoint = self
+            .endpoint
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         drop(endpoint);
     }
 
     /// Whether [`Core::close`] ran.
     pub fn is_closed(&self) -> bool {
-        self.endpoint.read().unwrap_or_else(|p| p.into_inner()).is_none()
+        self.endpoint
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
     }
 }
 
@@ -445,11 +460,21 @@ impl Drop for Core {
         if FORKED.load(Ordering::Relaxed) {
             // Inherited from the parent: its threads do not exist here, and a lock they held
             // at fork() stays locked forever. Leak everything rather than touch it.
-            let endpoint = self.endpoint.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+            let endpoint = self
+                .endpoint
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             std::mem::forget(endpoint);
-            std::mem::forget(std::mem::take(self.conns.get_mut().unwrap_or_else(|p| p.into_inner())));
-            std::mem::forget(std::mem::take(self.mrs.get_mut().unwrap_or_else(|p| p.into_inner())));
-            std::mem::forget(std::mem::take(self.xfers.get_mut().unwrap_or_else(|p| p.into_inner())));
+            std::mem::forget(std::mem::take(
+                self.conns.get_mut().unwrap_or_else(|p| p.into_inner()),
+            ));
+            std::mem::forget(std::mem::take(
+                self.mrs.get_mut().unwrap_or_else(|p| p.into_inner()),
+            ));
+            std::mem::forget(std::mem::take(
+                self.xfers.get_mut().unwrap_or_else(|p| p.into_inner()),
+            ));
         }
     }
 }

@@ -30,7 +30,12 @@ fn pieces(list: Vec<(u64, u64, u64)>) -> Vec<Piece> {
 }
 
 impl PyCore {
-    fn transfer(&self, t: Outcome<tcpx_runtime::Transfer>, keep: Py<PyAny>, py: Python<'_>) -> PyResult<PyTransfer> {
+    fn transfer(
+        &self,
+        t: Outcome<tcpx_runtime::Transfer>,
+        keep: Py<PyAny>,
+        py: Python<'_>,
+    ) -> PyResult<PyTransfer> {
         let inner = raise(py, t)?;
         // Reap orphans that finished (under the GIL: their objects may be freed now).
         let mut orphans = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
@@ -69,7 +74,10 @@ impl PyCore {
     fn uccl_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let meta = raise(py, self.core.metadata())?;
         let gpu = self.core.gpu_index().map_or(-1, |g| g as i32);
-        Ok(PyBytes::new(py, &crate::blob::uccl_metadata(meta.control_addr, gpu)))
+        Ok(PyBytes::new(
+            py,
+            &crate::blob::uccl_metadata(meta.control_addr, gpu),
+        ))
     }
 
     /// (ip, port) of the control listener peers connect to.
@@ -102,7 +110,12 @@ impl PyCore {
             let core = self.core.clone();
             match py.detach(|| core.accept(slice)) {
                 Ok((id, peer, gpu)) => {
-                    return Ok((id, peer.ip().to_string(), peer.port(), gpu.map_or(-1, i64::from)))
+                    return Ok((
+                        id,
+                        peer.ip().to_string(),
+                        peer.port(),
+                        gpu.map_or(-1, i64::from),
+                    ))
                 }
                 Err(f) if f.kind == crate::errors::Kind::Timeout => {}
                 Err(f) => return Err(f.into_py(py)),
@@ -122,7 +135,8 @@ impl PyCore {
     fn connect(&self, py: Python<'_>, ip: &str, port: u16) -> PyResult<u64> {
         let ip: std::net::IpAddr = raise(
             py,
-            ip.parse().map_err(|_| Failure::bad(format!("not an IP address: {ip:?}"))),
+            ip.parse()
+                .map_err(|_| Failure::bad(format!("not an IP address: {ip:?}"))),
         )?;
         let core = self.core.clone();
         let addr = std::net::SocketAddr::new(ip, port);
@@ -137,13 +151,20 @@ impl PyCore {
                 .map_err(|e| Failure::bad(format!("endpoint metadata: {e}"))),
         )?;
         let core = self.core.clone();
-        raise(py, wait::blocking(py, move || core.connect_metadata(&meta))?)
+        raise(
+            py,
+            wait::blocking(py, move || core.connect_metadata(&meta))?,
+        )
     }
 
     /// (ip, port, gpu or -1) of a connection's peer.
     fn peer(&self, py: Python<'_>, conn_id: u64) -> PyResult<(String, u16, i64)> {
         let (addr, gpu) = raise(py, self.core.conn_peer(conn_id))?;
-        Ok((addr.ip().to_string(), addr.port(), gpu.map_or(-1, i64::from)))
+        Ok((
+            addr.ip().to_string(),
+            addr.port(),
+            gpu.map_or(-1, i64::from),
+        ))
     }
 
     /// Closes a connection; whether it existed.
@@ -165,17 +186,39 @@ impl PyCore {
     }
 
     #[pyo3(signature = (conn_id, pieces, keep, vectored=false))]
-    fn send(&self, py: Python<'_>, conn_id: u64, pieces: Vec<(u64, u64, u64)>, keep: Py<PyAny>, vectored: bool) -> PyResult<PyTransfer> {
+    fn send(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        keep: Py<PyAny>,
+        vectored: bool,
+    ) -> PyResult<PyTransfer> {
         self.two_sided(py, Way::Send, conn_id, pieces, keep, vectored)
     }
 
     #[pyo3(signature = (conn_id, pieces, keep, vectored=false))]
-    fn recv(&self, py: Python<'_>, conn_id: u64, pieces: Vec<(u64, u64, u64)>, keep: Py<PyAny>, vectored: bool) -> PyResult<PyTransfer> {
+    fn recv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        keep: Py<PyAny>,
+        vectored: bool,
+    ) -> PyResult<PyTransfer> {
         self.two_sided(py, Way::Recv, conn_id, pieces, keep, vectored)
     }
 
     #[pyo3(signature = (conn_id, pieces, blobs, keep, notification=None))]
-    fn write(&self, py: Python<'_>, conn_id: u64, pieces: Vec<(u64, u64, u64)>, blobs: Vec<Vec<u8>>, keep: Py<PyAny>, notification: Option<Vec<u8>>) -> PyResult<PyTransfer> {
+    fn write(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        blobs: Vec<Vec<u8>>,
+        keep: Py<PyAny>,
+        notification: Option<Vec<u8>>,
+    ) -> PyResult<PyTransfer> {
         let core = self.core.clone();
         let p = self::pieces(pieces);
         let t = py.detach(|| {
@@ -185,7 +228,14 @@ impl PyCore {
         self.transfer(t, keep, py)
     }
 
-    fn read(&self, py: Python<'_>, conn_id: u64, pieces: Vec<(u64, u64, u64)>, blobs: Vec<Vec<u8>>, keep: Py<PyAny>) -> PyResult<PyTransfer> {
+    fn read(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        blobs: Vec<Vec<u8>>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyTransfer> {
         let core = self.core.clone();
         let p = self::pieces(pieces);
         let t = py.detach(|| {
@@ -195,7 +245,13 @@ impl PyCore {
         self.transfer(t, keep, py)
     }
 
-    fn advertise<'py>(&self, py: Python<'py>, mr_id: u64, ptr: u64, size: u64) -> PyResult<Bound<'py, PyBytes>> {
+    fn advertise<'py>(
+        &self,
+        py: Python<'py>,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let blob = raise(py, self.core.advertise(Piece { mr_id, ptr, size }))?;
         Ok(PyBytes::new(py, &blob))
     }
@@ -206,11 +262,21 @@ impl PyCore {
 
     /// [(conn_id or None, ip, port, bytes)] delivered so far.
     #[allow(clippy::type_complexity)]
-    fn notifications<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Option<u64>, String, u16, Bound<'py, PyBytes>)>> {
+    fn notifications<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(Option<u64>, String, u16, Bound<'py, PyBytes>)>> {
         let got = raise(py, self.core.notifications())?;
         Ok(got
             .into_iter()
-            .map(|(id, peer, bytes)| (id, peer.ip().to_string(), peer.port(), PyBytes::new(py, &bytes)))
+            .map(|(id, peer, bytes)| {
+                (
+                    id,
+                    peer.ip().to_string(),
+                    peer.port(),
+                    PyBytes::new(py, &bytes),
+                )
+            })
             .collect())
     }
 
@@ -219,7 +285,10 @@ impl PyCore {
         let core = self.core.clone();
         py.detach(|| core.close());
         // The engines are stopped: nothing touches the orphans' memory any more.
-        self.orphans.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     #[getter]
@@ -229,7 +298,15 @@ impl PyCore {
 }
 
 impl PyCore {
-    fn two_sided(&self, py: Python<'_>, way: Way, conn_id: u64, pieces: Vec<(u64, u64, u64)>, keep: Py<PyAny>, vectored: bool) -> PyResult<PyTransfer> {
+    fn two_sided(
+        &self,
+        py: Python<'_>,
+        way: Way,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        keep: Py<PyAny>,
+        vectored: bool,
+    ) -> PyResult<PyTransfer> {
         let core = self.core.clone();
         let p = self::pieces(pieces);
         let t = py.detach(|| {
@@ -238,7 +315,9 @@ impl PyCore {
             } else {
                 match p.as_slice() {
                     [one] => core.two_sided(way, conn_id, *one),
-                    _ => Err(Failure::bad("a contiguous transfer takes exactly one buffer")),
+                    _ => Err(Failure::bad(
+                        "a contiguous transfer takes exactly one buffer",
+                    )),
                 }
             }
         });
@@ -286,7 +365,11 @@ impl PyTransfer {
             Some(Ok(_)) => "done".to_string(),
             Some(Err(e)) => format!("failed: {e}"),
         };
-        format!("<tcpx.Transfer {:?} of {} bytes, {state}>", self.inner.direction(), self.inner.len())
+        format!(
+            "<tcpx.Transfer {:?} of {} bytes, {state}>",
+            self.inner.direction(),
+            self.inner.len()
+        )
     }
 }
 

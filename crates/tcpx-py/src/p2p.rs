@@ -51,7 +51,12 @@ fn with_id(r: Outcome<u64>) -> (bool, u64) {
     }
 }
 
-fn zip_pieces(mr_id_v: &[u64], ptr_v: &[u64], size_v: &[u64], num_iovs: usize) -> Outcome<Vec<Piece>> {
+fn zip_pieces(
+    mr_id_v: &[u64],
+    ptr_v: &[u64],
+    size_v: &[u64],
+    num_iovs: usize,
+) -> Outcome<Vec<Piece>> {
     if mr_id_v.len() != num_iovs || ptr_v.len() != num_iovs || size_v.len() != num_iovs {
         return Err(Failure::bad(format!(
             "num_iovs is {num_iovs} but the lists have {}, {} and {} entries",
@@ -71,13 +76,21 @@ fn zip_pieces(mr_id_v: &[u64], ptr_v: &[u64], size_v: &[u64], num_iovs: usize) -
 
 impl P2pEndpoint {
     /// Submits without the GIL (a first use may register memory with the plugin).
-    fn submit(&self, py: Python<'_>, f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send) -> Outcome<tcpx_runtime::Transfer> {
+    fn submit(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
+    ) -> Outcome<tcpx_runtime::Transfer> {
         let core = &*self.core;
         py.detach(|| f(core))
     }
 
     /// Submits, then waits for completion (interruptible).
-    fn blocking(&self, py: Python<'_>, f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send) -> PyResult<bool> {
+    fn blocking(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
+    ) -> PyResult<bool> {
         let t = match self.submit(py, f) {
             Ok(t) => t,
             Err(e) => return Ok(flag(Err(e))),
@@ -85,7 +98,11 @@ impl P2pEndpoint {
         Ok(flag(wait::transfer(py, &t, None)?.map(|_| ())))
     }
 
-    fn asynchronous(&self, py: Python<'_>, f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send) -> (bool, u64) {
+    fn asynchronous(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
+    ) -> (bool, u64) {
         with_id(self.submit(py, f).map(|t| self.core.track(t)))
     }
 
@@ -121,7 +138,9 @@ impl P2pEndpoint {
     fn new(py: Python<'_>, local_gpu_idx: Option<u32>, num_cpus: Option<u32>) -> PyResult<Self> {
         let _ = num_cpus;
         let core = errors::raise(py, py.detach(|| Core::new(local_gpu_idx)))?;
-        Ok(Self { core: Arc::new(core) })
+        Ok(Self {
+            core: Arc::new(core),
+        })
     }
 
     /// UCCL's metadata: IPv4 (4 bytes), port (2, network order), GPU index (4, host order;
@@ -129,7 +148,10 @@ impl P2pEndpoint {
     fn get_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let meta = errors::raise(py, self.core.metadata())?;
         let gpu = self.core.gpu_index().map_or(-1, |g| g as i32);
-        Ok(PyBytes::new(py, &blob::uccl_metadata(meta.control_addr, gpu)))
+        Ok(PyBytes::new(
+            py,
+            &blob::uccl_metadata(meta.control_addr, gpu),
+        ))
     }
 
     /// Older UCCL name of [`get_metadata`](Self::get_metadata).
@@ -151,7 +173,13 @@ impl P2pEndpoint {
     /// (`remote_port=-1` cannot be resolved and fails: pass the peer's port), and
     /// `remote_gpu_idx` is informational (the peer's own announcement wins).
     #[pyo3(signature = (remote_ip_addr, remote_gpu_idx=-1, remote_port=-1))]
-    fn connect(&self, py: Python<'_>, remote_ip_addr: &Bound<'_, PyAny>, remote_gpu_idx: i64, remote_port: i64) -> PyResult<(bool, u64)> {
+    fn connect(
+        &self,
+        py: Python<'_>,
+        remote_ip_addr: &Bound<'_, PyAny>,
+        remote_gpu_idx: i64,
+        remote_port: i64,
+    ) -> PyResult<(bool, u64)> {
         let _ = remote_gpu_idx;
         if let Ok(bytes) = remote_ip_addr.cast::<PyBytes>() {
             return match target_of(bytes.as_bytes()) {
@@ -162,7 +190,11 @@ impl P2pEndpoint {
         let ip: String = remote_ip_addr.extract()?;
         let addr = match (ip.parse::<IpAddr>(), u16::try_from(remote_port)) {
             (Ok(ip), Ok(port)) if port != 0 => SocketAddr::new(ip, port),
-            (Err(_), _) => return Ok(with_id(Err(Failure::bad(format!("not an IP address: {ip:?}"))))),
+            (Err(_), _) => {
+                return Ok(with_id(Err(Failure::bad(format!(
+                    "not an IP address: {ip:?}"
+                )))))
+            }
             _ => {
                 return Ok(with_id(Err(Failure::bad(format!(
                     "remote_port {remote_port}: pass the peer's port (parse_metadata gives it)"
@@ -184,7 +216,11 @@ impl P2pEndpoint {
     fn remove_remote_endpoint(&self, py: Python<'_>, conn_id: u64) -> bool {
         let core = self.core.clone();
         let found = py.detach(|| core.remove_conn(conn_id));
-        flag(if found { Ok(()) } else { Err(Failure::bad(format!("unknown conn_id {conn_id}"))) })
+        flag(if found {
+            Ok(())
+        } else {
+            Err(Failure::bad(format!("unknown conn_id {conn_id}")))
+        })
     }
 
     /// Waits for a peer -> `(ok, ip, remote_gpu_idx, conn_id)` (`remote_gpu_idx` -1 when the
@@ -193,7 +229,9 @@ impl P2pEndpoint {
         loop {
             let core = self.core.clone();
             match py.detach(|| core.accept(wait::SLICE)) {
-                Ok((id, peer, gpu)) => return Ok((true, peer.ip().to_string(), gpu.map_or(-1, i64::from), id)),
+                Ok((id, peer, gpu)) => {
+                    return Ok((true, peer.ip().to_string(), gpu.map_or(-1, i64::from), id))
+                }
                 Err(f) if f.kind == Kind::Timeout => py.check_signals()?,
                 Err(f) => {
                     errors::remember(f);
@@ -209,7 +247,13 @@ impl P2pEndpoint {
     /// The memory must stay allocated until `dereg` and every transfer on it finished.
     #[pyo3(signature = (ptr, size, floatType=None))]
     #[allow(non_snake_case)]
-    fn reg(&self, py: Python<'_>, ptr: u64, size: u64, floatType: Option<&Bound<'_, PyAny>>) -> (bool, u64) {
+    fn reg(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        size: u64,
+        floatType: Option<&Bound<'_, PyAny>>,
+    ) -> (bool, u64) {
         let _ = floatType;
         let core = self.core.clone();
         // SAFETY: UCCL's contract, stated in the docstring: the caller keeps the memory
@@ -256,44 +300,136 @@ impl P2pEndpoint {
 
     /// Sends `size` bytes at `ptr` (inside `mr_id`) and waits -> ok. Pairs with the peer's
     /// `recv` of the same size, in order.
-    fn send(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64) -> PyResult<bool> {
-        self.blocking(py, |c| c.two_sided(Way::Send, conn_id, Piece { mr_id, ptr, size }))
+    fn send(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided(Way::Send, conn_id, Piece { mr_id, ptr, size })
+        })
     }
 
     /// Receives `size` bytes into `ptr` (inside `mr_id`) and waits -> ok.
-    fn recv(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64) -> PyResult<bool> {
-        self.blocking(py, |c| c.two_sided(Way::Recv, conn_id, Piece { mr_id, ptr, size }))
+    fn recv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided(Way::Recv, conn_id, Piece { mr_id, ptr, size })
+        })
     }
 
     /// `send` without waiting -> `(ok, transfer_id)`; finish with `poll_async`.
-    fn send_async(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64) -> (bool, u64) {
-        self.asynchronous(py, |c| c.two_sided(Way::Send, conn_id, Piece { mr_id, ptr, size }))
+    fn send_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided(Way::Send, conn_id, Piece { mr_id, ptr, size })
+        })
     }
 
     /// `recv` without waiting -> `(ok, transfer_id)`.
-    fn recv_async(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64) -> (bool, u64) {
-        self.asynchronous(py, |c| c.two_sided(Way::Recv, conn_id, Piece { mr_id, ptr, size }))
+    fn recv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided(Way::Recv, conn_id, Piece { mr_id, ptr, size })
+        })
     }
 
     /// Sends `num_iovs` buffers as one message and waits -> ok. Pairs with the peer's
     /// `recvv` (which may cut the bytes differently; the totals must match).
-    fn sendv(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, data_ptr_v: Vec<u64>, size_v: Vec<u64>, num_iovs: usize) -> PyResult<bool> {
-        self.blocking(py, |c| c.two_sided_v(Way::Send, conn_id, &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?))
+    fn sendv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided_v(
+                Way::Send,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
     }
 
     /// Receives one `sendv` message into `num_iovs` buffers and waits -> ok.
-    fn recvv(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, data_ptr_v: Vec<u64>, size_v: Vec<u64>, num_iovs: usize) -> PyResult<bool> {
-        self.blocking(py, |c| c.two_sided_v(Way::Recv, conn_id, &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?))
+    fn recvv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided_v(
+                Way::Recv,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
     }
 
     /// `sendv` without waiting -> `(ok, transfer_id)`.
-    fn sendv_async(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, data_ptr_v: Vec<u64>, size_v: Vec<u64>, num_iovs: usize) -> (bool, u64) {
-        self.asynchronous(py, |c| c.two_sided_v(Way::Send, conn_id, &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?))
+    fn sendv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided_v(
+                Way::Send,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
     }
 
     /// `recvv` without waiting -> `(ok, transfer_id)`.
-    fn recvv_async(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, data_ptr_v: Vec<u64>, size_v: Vec<u64>, num_iovs: usize) -> (bool, u64) {
-        self.asynchronous(py, |c| c.two_sided_v(Way::Recv, conn_id, &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?))
+    fn recvv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided_v(
+                Way::Recv,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
     }
 
     /// `(ok, is_done)` of an asynchronous transfer. Once `is_done`, the id is forgotten. A
@@ -317,15 +453,29 @@ impl P2pEndpoint {
     /// carries the registration's random access key; the peer's requests are checked against
     /// the registration on this side (no call needed here).
     #[pyo3(signature = (*args, conn_id=None, mr_id=None, ptr=None, size=None))]
-    fn advertise<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, conn_id: Option<u64>, mr_id: Option<u64>, ptr: Option<u64>, size: Option<u64>) -> PyResult<(bool, Bound<'py, PyBytes>)> {
+    fn advertise<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        conn_id: Option<u64>,
+        mr_id: Option<u64>,
+        ptr: Option<u64>,
+        size: Option<u64>,
+    ) -> PyResult<(bool, Bound<'py, PyBytes>)> {
         let vals = overload(args, [conn_id, mr_id, ptr, size])?;
         let r = (|| {
             let [conn, mr_id, ptr, size] = vals?;
             if let Some(c) = conn {
                 self.core.conn(c)?;
             }
-            let need = |v: Option<u64>, n: &str| v.ok_or_else(|| Failure::bad(format!("advertise: {n} missing")));
-            self.core.advertise(Piece { mr_id: need(mr_id, "mr_id")?, ptr: need(ptr, "ptr")?, size: need(size, "size")? })
+            let need = |v: Option<u64>, n: &str| {
+                v.ok_or_else(|| Failure::bad(format!("advertise: {n} missing")))
+            };
+            self.core.advertise(Piece {
+                mr_id: need(mr_id, "mr_id")?,
+                ptr: need(ptr, "ptr")?,
+                size: need(size, "size")?,
+            })
         })();
         Ok(match r {
             Ok(b) => (true, PyBytes::new(py, &b)),
@@ -340,29 +490,53 @@ impl P2pEndpoint {
     /// (`advertisev(conn_id, mr_id_v, ptr_v, size_v, num_iovs)` and without `conn_id`).
     #[pyo3(signature = (*args, conn_id=None, mr_id_v=None, ptr_v=None, size_v=None, num_iovs=None))]
     #[allow(clippy::too_many_arguments)]
-    fn advertisev<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, conn_id: Option<u64>, mr_id_v: Option<Vec<u64>>, ptr_v: Option<Vec<u64>>, size_v: Option<Vec<u64>>, num_iovs: Option<usize>) -> PyResult<(bool, Vec<Bound<'py, PyBytes>>)> {
+    fn advertisev<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        conn_id: Option<u64>,
+        mr_id_v: Option<Vec<u64>>,
+        ptr_v: Option<Vec<u64>>,
+        size_v: Option<Vec<u64>>,
+        num_iovs: Option<usize>,
+    ) -> PyResult<(bool, Vec<Bound<'py, PyBytes>>)> {
         let n = args.len();
         let with_conn = n == 5 || (conn_id.is_some() && n == 0);
         let mut it = args.iter();
         let mut next_u64 = |kw: Option<u64>| -> PyResult<Option<u64>> {
-            match it.next() { Some(v) => Ok(Some(v.extract()?)), None => Ok(kw) }
+            match it.next() {
+                Some(v) => Ok(Some(v.extract()?)),
+                None => Ok(kw),
+            }
         };
-        let conn = if with_conn { next_u64(conn_id)? } else { conn_id };
+        let conn = if with_conn {
+            next_u64(conn_id)?
+        } else {
+            conn_id
+        };
         let mut rest: Vec<Bound<'py, PyAny>> = it.collect();
         rest.reverse();
         let mut pop_vec = |kw: Option<Vec<u64>>| -> PyResult<Option<Vec<u64>>> {
-            match rest.pop() { Some(v) => Ok(Some(v.extract()?)), None => Ok(kw) }
+            match rest.pop() {
+                Some(v) => Ok(Some(v.extract()?)),
+                None => Ok(kw),
+            }
         };
         let mr_id_v = pop_vec(mr_id_v)?;
         let ptr_v = pop_vec(ptr_v)?;
         let size_v = pop_vec(size_v)?;
-        let num_iovs: Option<usize> = match rest.pop() { Some(v) => Some(v.extract()?), None => num_iovs };
+        let num_iovs: Option<usize> = match rest.pop() {
+            Some(v) => Some(v.extract()?),
+            None => num_iovs,
+        };
         let r = (|| {
             if let Some(c) = conn {
                 self.core.conn(c)?;
             }
             let (Some(m), Some(p), Some(s)) = (mr_id_v, ptr_v, size_v) else {
-                return Err(Failure::bad("advertisev: mr_id_v, ptr_v and size_v are required"));
+                return Err(Failure::bad(
+                    "advertisev: mr_id_v, ptr_v and size_v are required",
+                ));
             };
             let n = num_iovs.unwrap_or(m.len());
             zip_pieces(&m, &p, &s, n)?
@@ -382,48 +556,168 @@ impl P2pEndpoint {
     /// One-sided write of `size` bytes at `ptr` into the peer's advertised buffer (`meta`:
     /// its 64-byte blob) and wait -> ok. TCPX equivalent of RDMA-WRITE: the peer's engines
     /// place the bytes; no call is needed on the peer.
-    fn write(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64, meta: &[u8]) -> PyResult<bool> {
-        self.blocking(py, |c| c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None))
+    fn write(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
     }
 
     /// `write` without waiting -> `(ok, transfer_id)`.
-    fn write_async(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64, meta: &[u8]) -> (bool, u64) {
-        self.asynchronous(py, |c| c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None))
+    fn write_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
     }
 
     /// One-sided read of the peer's advertised buffer into `size` bytes at `ptr` and wait ->
     /// ok (TCPX equivalent of RDMA-READ).
-    fn read(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64, meta: &[u8]) -> PyResult<bool> {
-        self.blocking(py, |c| c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None))
+    fn read(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
     }
 
     /// `read` without waiting -> `(ok, transfer_id)`.
-    fn read_async(&self, py: Python<'_>, conn_id: u64, mr_id: u64, ptr: u64, size: u64, meta: &[u8]) -> (bool, u64) {
-        self.asynchronous(py, |c| c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None))
+    fn read_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
     }
 
     /// Vectored `write`: `num_iovs` local buffers into as many advertised blobs, one batch.
     #[allow(clippy::too_many_arguments)]
-    fn writev(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, ptr_v: Vec<u64>, size_v: Vec<u64>, meta_blob_v: Vec<Vec<u8>>, num_iovs: usize) -> PyResult<bool> {
-        self.blocking(py, |c| one_sided_v(c, true, conn_id, &mr_id_v, &ptr_v, &size_v, &meta_blob_v, num_iovs))
+    fn writev(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            one_sided_v(
+                c,
+                true,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
     }
 
     /// `writev` without waiting -> `(ok, transfer_id)`.
     #[allow(clippy::too_many_arguments)]
-    fn writev_async(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, ptr_v: Vec<u64>, size_v: Vec<u64>, meta_blob_v: Vec<Vec<u8>>, num_iovs: usize) -> (bool, u64) {
-        self.asynchronous(py, |c| one_sided_v(c, true, conn_id, &mr_id_v, &ptr_v, &size_v, &meta_blob_v, num_iovs))
+    fn writev_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            one_sided_v(
+                c,
+                true,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
     }
 
     /// Vectored `read`.
     #[allow(clippy::too_many_arguments)]
-    fn readv(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, ptr_v: Vec<u64>, size_v: Vec<u64>, meta_blob_v: Vec<Vec<u8>>, num_iovs: usize) -> PyResult<bool> {
-        self.blocking(py, |c| one_sided_v(c, false, conn_id, &mr_id_v, &ptr_v, &size_v, &meta_blob_v, num_iovs))
+    fn readv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            one_sided_v(
+                c,
+                false,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
     }
 
     /// `readv` without waiting -> `(ok, transfer_id)`.
     #[allow(clippy::too_many_arguments)]
-    fn readv_async(&self, py: Python<'_>, conn_id: u64, mr_id_v: Vec<u64>, ptr_v: Vec<u64>, size_v: Vec<u64>, meta_blob_v: Vec<Vec<u8>>, num_iovs: usize) -> (bool, u64) {
-        self.asynchronous(py, |c| one_sided_v(c, false, conn_id, &mr_id_v, &ptr_v, &size_v, &meta_blob_v, num_iovs))
+    fn readv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            one_sided_v(
+                c,
+                false,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
     }
 
     /// UCCL's `uccl_engine_send_notif`: sends `msg` (bytes or str, at most 64 KiB) to the
@@ -471,28 +765,47 @@ impl P2pEndpoint {
 
     fn __repr__(&self) -> String {
         match self.core.metadata() {
-            Ok(m) => format!("<tcpx.p2p Endpoint {} gpu={:?}>", m.control_addr, self.core.gpu_index()),
+            Ok(m) => format!(
+                "<tcpx.p2p Endpoint {} gpu={:?}>",
+                m.control_addr,
+                self.core.gpu_index()
+            ),
             Err(_) => "<tcpx.p2p Endpoint (closed)>".to_string(),
         }
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn one_sided_v(c: &Core, write: bool, conn_id: u64, mr_id_v: &[u64], ptr_v: &[u64], size_v: &[u64], metas: &[Vec<u8>], num_iovs: usize) -> Outcome<tcpx_runtime::Transfer> {
+fn one_sided_v(
+    c: &Core,
+    write: bool,
+    conn_id: u64,
+    mr_id_v: &[u64],
+    ptr_v: &[u64],
+    size_v: &[u64],
+    metas: &[Vec<u8>],
+    num_iovs: usize,
+) -> Outcome<tcpx_runtime::Transfer> {
     let pieces = zip_pieces(mr_id_v, ptr_v, size_v, num_iovs)?;
     let refs: Vec<&[u8]> = metas.iter().map(Vec::as_slice).collect();
     c.one_sided(write, conn_id, &pieces, &refs, None)
 }
 
 /// Resolves `advertise`'s two forms into [conn_id, mr_id, ptr, size].
-fn overload(args: &Bound<'_, PyTuple>, kw: [Option<u64>; 4]) -> PyResult<Outcome<[Option<u64>; 4]>> {
+fn overload(
+    args: &Bound<'_, PyTuple>,
+    kw: [Option<u64>; 4],
+) -> PyResult<Outcome<[Option<u64>; 4]>> {
     let pos: Vec<u64> = args.extract()?;
     let named = kw.iter().filter(|v| v.is_some()).count();
     let with_conn = pos.len() == 4 || kw[0].is_some() || pos.len() + named == 4;
     let mut out = kw;
     let start = if with_conn { 0 } else { 1 };
     if start + pos.len() > 4 {
-        return Ok(Err(Failure::bad(format!("advertise takes 3 or 4 arguments, got {}", pos.len()))));
+        return Ok(Err(Failure::bad(format!(
+            "advertise takes 3 or 4 arguments, got {}",
+            pos.len()
+        ))));
     }
     for (i, v) in pos.into_iter().enumerate() {
         out[start + i] = Some(v);
