@@ -176,3 +176,28 @@ def test_region_views_and_uccl_metadata(pair):
         c2 = other.connect(server.uccl_metadata)  # address-only metadata works too
         th.join(20)
         assert c2.peer == server.address and got["c"].peer[0] == "127.0.0.1"
+
+
+def test_endpoint_inherited_through_fork_is_closed_in_the_child(pair):
+    import os
+
+    client, server, conn, peer = pair
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: every call on the inherited endpoint raises Closed
+        code = 1
+        try:
+            client.register(np.zeros(16, np.uint8))
+        except tcpx.Closed:
+            code = 0
+        except BaseException:
+            code = 2
+        os.write(w, bytes([code]))
+        os._exit(0)  # no teardown of what the parent owns
+    os.close(w)
+    assert os.read(r, 1) == b"\0"
+    os.waitpid(pid, 0)
+    # The parent's endpoint is untouched.
+    t = peer.recv_async(np.zeros(8, np.uint8))
+    conn.send(np.ones(8, np.uint8), timeout=20)
+    assert t.wait(20) == 8
