@@ -25,10 +25,9 @@ pub fn test() -> Result<()> {
             .is_ok_and(|o| o.status.success())
     };
     if !bin.join("maturin").exists() || !have("numpy") || !have("pytest") {
-        run_command(
-            Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet", "maturin", "numpy", "pytest"]),
-        )?;
+        run_command(Command::new(&python).args([
+            "-m", "pip", "install", "--quiet", "maturin", "numpy", "pytest",
+        ]))?;
     }
     let path = format!(
         "{}:{}",

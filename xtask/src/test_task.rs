@@ -25,7 +25,14 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())
-        .args(["test", "--workspace", "--exclude", "xtask", "--exclude", "tcpx-py"])
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "xtask",
+            "--exclude",
+            "tcpx-py",
+        ])
         .args(args)
         // Tests pin themselves to `lo`; the environment is a second lock on the same door, so
         // no test traffic can ever leave loopback (see README, "Network rule").
