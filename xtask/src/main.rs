@@ -12,7 +12,11 @@
 
 mod bench;
 mod bindgen_task;
+<<<<<<< HEAD
 mod capi;
+=======
+mod python;
+>>>>>>> python
 mod sysdeps;
 mod test_task;
 

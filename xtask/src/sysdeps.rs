@@ -8,7 +8,8 @@ use anyhow::{bail, Result};
 /// Packages the whole workspace needs to build and test.
 /// hwloc (tcpx-topo) needs libhwloc-dev and pkg-config, hwlocality links libudev through hwloc;
 /// bindgen loads libclang at run time; lstopo-no-graphics (hwloc-nox) validates fixtures;
-/// iproute2 drives the network-namespace runs; valgrind checks the C API's test program.
+/// iproute2 drives the network-namespace runs; valgrind checks the C API's test program;
+/// python3-venv holds the virtualenv the Python package (`crates/tcpx-py`) is built and tested in.
 pub const ALL: &[&str] = &[
     "pkg-config",
     "libhwloc-dev",
@@ -17,6 +18,7 @@ pub const ALL: &[&str] = &[
     "libclang-dev",
     "iproute2",
     "valgrind",
+    "python3-venv",
 ];
 
 /// Makes sure every package in `packages` is installed.

@@ -25,11 +25,23 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())
-        .args(["test", "--workspace", "--exclude", "xtask"])
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "xtask",
+            "--exclude",
+            "tcpx-py",
+        ])
         .args(args)
         // Tests pin themselves to `lo`; the environment is a second lock on the same door, so
         // no test traffic can ever leave loopback (see README, "Network rule").
         .env("TCPX_SOCKET_IFNAME", "lo")
         .env("NCCL_SOCKET_IFNAME", "lo");
-    run_command(&mut cmd)
+    run_command(&mut cmd)?;
+    if args.is_empty() {
+        // The Python package (an extension module: built by maturin, tested by pytest).
+        crate::python::test()?;
+    }
+    Ok(())
 }

@@ -1,0 +1,369 @@
+"""tcpx: move GPU or host memory between machines over GPUDirect-TCPX (or kernel TCP).
+
+Two layers over one native engine (``tcpx-runtime``, whose threads never touch Python):
+
+* this module, the Pythonic layer: :class:`Endpoint`, :class:`Connection`,
+  :class:`Region`, :class:`Transfer`; numpy arrays, buffers and torch tensors (CPU and
+  CUDA) accepted directly, without copies; failures raise :class:`Error` subclasses;
+* :mod:`tcpx.p2p`: UCCL's ``p2p.Endpoint`` API (integer ids, raw pointers, ``ok`` flags),
+  so that ``from uccl import p2p`` scripts run with ``from tcpx import p2p``.
+
+Example::
+
+    import numpy as np, tcpx
+    with tcpx.Endpoint() as server, tcpx.Endpoint() as client:
+        conn = client.connect(server.metadata)          # metadata goes out of band
+        peer = server.accept()
+        rx = peer.recv_async(dst := np.empty(1 << 20, np.uint8))
+        conn.send(np.ones(1 << 20, np.uint8))
+        rx.wait(timeout=10)
+
+Behaviour: every blocking call releases the GIL and waits in 20 ms slices, checking for
+signals, so Ctrl-C raises ``KeyboardInterrupt`` (the interrupted transfer keeps running;
+its memory stays referenced until it finishes, and the connection stays usable). Endpoints
+close on ``close()``, on leaving a ``with`` block, on garbage collection and at interpreter
+exit. **fork()**: an endpoint does not survive into a child process (its engine threads do
+not exist there): in the child every call on an inherited endpoint raises
+:class:`Closed` and nothing of it is freed; create new endpoints in the child (or use the
+``spawn`` start method of multiprocessing).
+
+Configuration comes from the environment exactly as in Rust (``Config::from_env``):
+``TCPX_PLUGIN_PATH`` (else the TCPX install paths, else the built-in socket plugin),
+``TCPX_NUM_CHANNELS``, ``TCPX_CHUNK_BYTES``, ``TCPX_CONTROL_ADDR``, ``TCPX_TIMEOUT_MS``...
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._buffers import describe
+from ._errors import (
+    AccessRefused,
+    BadArgument,
+    Closed,
+    Error,
+    PeerLost,
+    TransferTimeout,
+    UnsupportedMemory,
+)
+from ._native import Transfer
+
+__all__ = [
+    "Endpoint",
+    "Connection",
+    "Region",
+    "Transfer",
+    "Error",
+    "TransferTimeout",
+    "PeerLost",
+    "AccessRefused",
+    "BadArgument",
+    "UnsupportedMemory",
+    "Closed",
+]
+
+_live: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for ep in list(_live):
+        ep.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_native._after_fork_in_child)
+
+
+class Region:
+    """Memory registered with an :class:`Endpoint` (``Endpoint.register``).
+
+    Holds the object whose memory it is, so the memory lives as long as the region (and as
+    long as any transfer using it). ``region[a:b]`` is a byte range of it, usable wherever a
+    region is. Closing (or garbage-collecting) it deregisters it.
+    """
+
+    __slots__ = ("_core", "mr_id", "ptr", "nbytes", "cuda", "readonly", "_keep", "__weakref__")
+
+    def __init__(self, core: "_native.Core", obj: Any) -> None:
+        self.mr_id: Optional[int] = None
+        info = describe(obj, writable=False)
+        self._core = core
+        self.ptr: int = info.ptr
+        self.nbytes: int = info.nbytes
+        self.cuda: bool = info.cuda
+        self.readonly: bool = info.readonly
+        self._keep = info.keep
+        self.mr_id: Optional[int] = core.reg(info.ptr, info.nbytes)
+
+    def __getitem__(self, s: slice) -> "RegionView":
+        if not isinstance(s, slice) or s.step not in (None, 1):
+            raise BadArgument("index a Region with a byte range, region[start:stop]")
+        start, stop, _ = s.indices(self.nbytes)
+        if stop <= start:
+            raise BadArgument(f"empty byte range [{start}:{stop}]")
+        return RegionView(self, start, stop - start)
+
+    def close(self) -> None:
+        """Deregisters now (transfers in flight finish first on their own)."""
+        mr, self.mr_id = getattr(self, "mr_id", None), None
+        if mr is not None:
+            try:
+                self._core.dereg(mr)
+            except Error:
+                pass  # the endpoint is closed: nothing left to release
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _piece(self) -> Tuple[int, int, int]:
+        if self.mr_id is None:
+            raise Closed("the region was closed")
+        return (self.mr_id, self.ptr, self.nbytes)
+
+    def __repr__(self) -> str:
+        kind = "cuda" if self.cuda else "host"
+        return f"<tcpx.Region {self.nbytes} bytes of {kind} memory at {self.ptr:#x}>"
+
+
+class RegionView:
+    """``nbytes`` bytes at ``offset`` in a :class:`Region` (``region[a:b]``)."""
+
+    __slots__ = ("region", "offset", "nbytes")
+
+    def __init__(self, region: Region, offset: int, nbytes: int) -> None:
+        self.region, self.offset, self.nbytes = region, offset, nbytes
+
+    def _piece(self) -> Tuple[int, int, int]:
+        mr, ptr, _ = self.region._piece()
+        return (mr, ptr + self.offset, self.nbytes)
+
+    @property
+    def readonly(self) -> bool:
+        return self.region.readonly
+
+
+Buffer = Any  # Region, RegionView, numpy array, torch tensor, buffer-protocol object
+
+
+class Connection:
+    """A connection to one peer (``Endpoint.connect`` / ``Endpoint.accept``).
+
+    Two-sided: the k-th ``send`` here pairs with the k-th ``recv`` there (same size); the
+    vectored forms pair with each other (the totals must match). One-sided: ``write`` /
+    ``read`` on the peer's advertised memory (``Endpoint.advertise`` there), no call on the
+    peer. Buffers are :class:`Region` (fastest: registered once), ``region[a:b]``, or any
+    array / tensor / buffer (registered for the call). Closing fails pending transfers.
+    """
+
+    def __init__(self, endpoint: "Endpoint", conn_id: int) -> None:
+        self._endpoint = endpoint
+        self._core = endpoint._core
+        self.conn_id = conn_id
+        ip, port, gpu = self._core.peer(conn_id)
+        self.peer: Tuple[str, int] = (ip, port)
+        """The peer's control address."""
+        self.peer_gpu: Optional[int] = None if gpu < 0 else gpu
+        """The GPU index the peer announced, if any."""
+
+    def _pieces(self, bufs: Iterable[Buffer], writable: bool) -> Tuple[List[Tuple[int, int, int]], List[Any]]:
+        pieces, keep = [], []
+        for b in bufs:
+            if not isinstance(b, (Region, RegionView)):
+                b = Region(self._core, b)
+            if writable and b.readonly:
+                raise BadArgument("cannot receive or read into read-only memory")
+            pieces.append(b._piece())
+            keep.append(b)
+        return pieces, keep
+
+    # Two-sided -----------------------------------------------------------------------
+    def send_async(self, buf: Buffer) -> Transfer:
+        """Starts sending ``buf``; returns its :class:`Transfer`."""
+        pieces, keep = self._pieces((buf,), False)
+        return self._core.send(self.conn_id, pieces, keep)
+
+    def recv_async(self, buf: Buffer) -> Transfer:
+        """Starts receiving into ``buf`` (the peer sends the same number of bytes)."""
+        pieces, keep = self._pieces((buf,), True)
+        return self._core.recv(self.conn_id, pieces, keep)
+
+    def send(self, buf: Buffer, timeout: Optional[float] = None) -> int:
+        """Sends ``buf`` and waits; returns the bytes sent."""
+        return self.send_async(buf).wait(timeout)
+
+    def recv(self, buf: Buffer, timeout: Optional[float] = None) -> int:
+        """Receives into ``buf`` and waits; returns the bytes received."""
+        return self.recv_async(buf).wait(timeout)
+
+    def sendv_async(self, bufs: Sequence[Buffer]) -> Transfer:
+        """Starts sending the concatenation of ``bufs`` as one message (peer: ``recvv``)."""
+        pieces, keep = self._pieces(bufs, False)
+        return self._core.send(self.conn_id, pieces, keep, vectored=True)
+
+    def recvv_async(self, bufs: Sequence[Buffer]) -> Transfer:
+        """Starts receiving one ``sendv`` message into ``bufs``, in order."""
+        pieces, keep = self._pieces(bufs, True)
+        return self._core.recv(self.conn_id, pieces, keep, vectored=True)
+
+    def sendv(self, bufs: Sequence[Buffer], timeout: Optional[float] = None) -> int:
+        """``sendv_async`` and wait."""
+        return self.sendv_async(bufs).wait(timeout)
+
+    def recvv(self, bufs: Sequence[Buffer], timeout: Optional[float] = None) -> int:
+        """``recvv_async`` and wait."""
+        return self.recvv_async(bufs).wait(timeout)
+
+    # One-sided -----------------------------------------------------------------------
+    @staticmethod
+    def _lists(local: Union[Buffer, Sequence[Buffer]], remote: Union[bytes, Sequence[bytes]]):
+        if isinstance(remote, (bytes, bytearray, memoryview)):
+            return [local], [bytes(remote)]
+        return list(local), [bytes(r) for r in remote]
+
+    def write_async(self, local, remote, notification: Optional[bytes] = None) -> Transfer:
+        """Starts writing ``local`` into the peer's advertised memory ``remote`` (its
+        64-byte blob; or lists of both, one batch). ``notification`` reaches the peer's
+        ``notifications()`` only after the data landed."""
+        bufs, blobs = self._lists(local, remote)
+        pieces, keep = self._pieces(bufs, False)
+        return self._core.write(self.conn_id, pieces, blobs, keep, notification)
+
+    def read_async(self, local, remote) -> Transfer:
+        """Starts reading the peer's advertised memory ``remote`` into ``local``."""
+        bufs, blobs = self._lists(local, remote)
+        pieces, keep = self._pieces(bufs, True)
+        return self._core.read(self.conn_id, pieces, blobs, keep)
+
+    def write(self, local, remote, notification: Optional[bytes] = None, timeout: Optional[float] = None) -> int:
+        """``write_async`` and wait."""
+        return self.write_async(local, remote, notification).wait(timeout)
+
+    def read(self, local, remote, timeout: Optional[float] = None) -> int:
+        """``read_async`` and wait."""
+        return self.read_async(local, remote).wait(timeout)
+
+    def notify(self, message: bytes) -> None:
+        """Sends a notification (at most 64 KiB), delivered after this side's earlier writes."""
+        self._core.notify(self.conn_id, bytes(message))
+
+    def close(self) -> None:
+        """Closes the connection (pending transfers fail with :class:`Closed`)."""
+        self._core.close_conn(self.conn_id)
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tcpx.Connection {self.conn_id} to {self.peer[0]}:{self.peer[1]}>"
+
+
+class Endpoint:
+    """This process's presence on the network: a plugin, its engines, a control listener.
+
+    ``Endpoint(gpu=None)``: ``gpu`` is the GPU index announced to peers. Hand
+    :attr:`metadata` to peers out of band; they :meth:`connect`, you :meth:`accept`.
+    """
+
+    def __init__(self, gpu: Optional[int] = None) -> None:
+        self._core = _native.Core(gpu)
+        _live.add(self)
+
+    @property
+    def metadata(self) -> bytes:
+        """Full metadata (address and this endpoint's secret) for ``connect``."""
+        return self._core.metadata()
+
+    @property
+    def uccl_metadata(self) -> bytes:
+        """UCCL's 10/22-byte metadata (address and GPU index, no secret)."""
+        return self._core.uccl_metadata()
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        """(ip, port) of the control listener."""
+        return self._core.address()
+
+    @property
+    def gpu(self) -> Optional[int]:
+        """The GPU index announced to peers."""
+        return self._core.gpu_index()
+
+    @property
+    def backend(self) -> str:
+        """The plugin in use and why it was chosen."""
+        return self._core.backend()
+
+    def connect(self, peer: Union[bytes, Tuple[str, int], str]) -> Connection:
+        """Connects to ``peer``: its :attr:`metadata` (or UCCL 10/22-byte metadata), an
+        ``(ip, port)`` tuple or ``"ip:port"``. Releases the GIL; Ctrl-C interrupts."""
+        if isinstance(peer, (bytes, bytearray, memoryview)):
+            peer = bytes(peer)
+            if len(peer) in (10, 22):
+                from .p2p import Endpoint as _P
+
+                ip, port, _ = _P.parse_metadata(peer)
+                conn_id = self._core.connect(ip, port)
+            else:
+                conn_id = self._core.connect_metadata(peer)
+        else:
+            if isinstance(peer, str):
+                host, _, port_s = peer.rpartition(":")
+                if not host or not port_s.isdigit():
+                    raise BadArgument(f"expected 'ip:port', got {peer!r}")
+                peer = (host.strip("[]"), int(port_s))
+            conn_id = self._core.connect(peer[0], int(peer[1]))
+        return Connection(self, conn_id)
+
+    def accept(self, timeout: Optional[float] = None) -> Connection:
+        """Waits for a peer (at most ``timeout`` seconds: :class:`TransferTimeout`)."""
+        conn_id, _, _, _ = self._core.accept(timeout)
+        return Connection(self, conn_id)
+
+    def register(self, obj: Any) -> Region:
+        """Registers an array / tensor / buffer for repeated use (no copy)."""
+        return Region(self._core, obj)
+
+    def advertise(self, buf: Union[Region, RegionView]) -> bytes:
+        """Exposes ``buf`` for the peers' one-sided ``write`` / ``read``; returns the
+        64-byte blob to hand them. Deregistering (closing) the region revokes it."""
+        if not isinstance(buf, (Region, RegionView)):
+            raise BadArgument("advertise a Region (Endpoint.register) or a byte range of one")
+        return self._core.advertise(*buf._piece())
+
+    def notifications(self) -> List[Tuple[Tuple[str, int], bytes]]:
+        """Takes the notifications delivered so far: [((peer ip, port), bytes)], in order."""
+        return [((ip, port), msg) for _, ip, port, msg in self._core.notifications()]
+
+    def close(self) -> None:
+        """Closes every connection and stops the engines (idempotent)."""
+        self._core.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<tcpx.Endpoint (closed)>"
+        ip, port = self.address
+        return f"<tcpx.Endpoint {ip}:{port} gpu={self.gpu}>"

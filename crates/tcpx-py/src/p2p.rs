@@ -1,0 +1,821 @@
+//! `tcpx.p2p.Endpoint`: UCCL's `uccl.p2p.Endpoint` surface (names, argument order, keyword
+//! names, defaults, return tuples), so that a UCCL p2p script runs with `from tcpx import p2p`.
+//!
+//! Like UCCL, calls report failure through an `ok` flag instead of raising; the reason is in
+//! `tcpx.p2p.last_error()` (per thread). Blocking calls release the GIL and wait in short
+//! slices, so Ctrl-C raises `KeyboardInterrupt`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+use tcpx_runtime::control::EndpointMetadata;
+
+use crate::blob;
+use crate::core::{Core, Piece, Way};
+use crate::errors::{self, Failure, Kind, Outcome};
+use crate::wait;
+
+/// UCCL's `p2p.Endpoint` over the tcpx runtime (TCPX when installed, else kernel TCP).
+///
+/// `Endpoint(local_gpu_idx=None, num_cpus=None)`: `local_gpu_idx` is announced to peers
+/// (`accept` returns it on their side; `get_metadata` carries it). `num_cpus` is accepted for
+/// compatibility and unused: the runtime sizes its progress engines itself (one pinned thread
+/// per NIC with TCPX; per channel, at most half the cores, with the socket plugin). The
+/// configuration otherwise comes from the environment exactly as in Rust
+/// (`Config::from_env`: `TCPX_PLUGIN_PATH`, `TCPX_NUM_CHANNELS`, `TCPX_CONTROL_ADDR`,
+/// `TCPX_TIMEOUT_MS`, ...).
+#[pyclass(frozen, module = "tcpx.p2p", name = "Endpoint")]
+pub struct P2pEndpoint {
+    core: Arc<Core>,
+}
+
+fn flag(r: Outcome<()>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(f) => {
+            errors::remember(f);
+            false
+        }
+    }
+}
+
+fn with_id(r: Outcome<u64>) -> (bool, u64) {
+    match r {
+        Ok(id) => (true, id),
+        Err(f) => {
+            errors::remember(f);
+            (false, 0)
+        }
+    }
+}
+
+fn zip_pieces(
+    mr_id_v: &[u64],
+    ptr_v: &[u64],
+    size_v: &[u64],
+    num_iovs: usize,
+) -> Outcome<Vec<Piece>> {
+    if mr_id_v.len() != num_iovs || ptr_v.len() != num_iovs || size_v.len() != num_iovs {
+        return Err(Failure::bad(format!(
+            "num_iovs is {num_iovs} but the lists have {}, {} and {} entries",
+            mr_id_v.len(),
+            ptr_v.len(),
+            size_v.len()
+        )));
+    }
+    Ok((0..num_iovs)
+        .map(|i| Piece {
+            mr_id: mr_id_v[i],
+            ptr: ptr_v[i],
+            size: size_v[i],
+        })
+        .collect())
+}
+
+impl P2pEndpoint {
+    /// Submits without the GIL (a first use may register memory with the plugin).
+    fn submit(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
+    ) -> Outcome<tcpx_runtime::Transfer> {
+        let core = &*self.core;
+        py.detach(|| f(core))
+    }
+
+    /// Submits, then waits for completion (interruptible).
+    fn blocking(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
+    ) -> PyResult<bool> {
+        let t = match self.submit(py, f) {
+            Ok(t) => t,
+            Err(e) => return Ok(flag(Err(e))),
+        };
+        Ok(flag(wait::transfer(py, &t, None)?.map(|_| ())))
+    }
+
+    fn asynchronous(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
+    ) -> (bool, u64) {
+        with_id(self.submit(py, f).map(|t| self.core.track(t)))
+    }
+
+    fn connect_to(&self, py: Python<'_>, target: Target) -> PyResult<(bool, u64)> {
+        let core = self.core.clone();
+        let r = wait::blocking(py, move || match target {
+            Target::Addr(a) => core.connect_addr(a),
+            Target::Full(m) => core.connect_metadata(&m),
+        })?;
+        Ok(with_id(r))
+    }
+}
+
+enum Target {
+    Addr(SocketAddr),
+    Full(Box<EndpointMetadata>),
+}
+
+/// UCCL metadata (10/22 bytes) or the runtime's full metadata.
+fn target_of(bytes: &[u8]) -> Outcome<Target> {
+    if bytes.len() == 10 || bytes.len() == 22 {
+        return Ok(Target::Addr(blob::parse_uccl_metadata(bytes)?.0));
+    }
+    EndpointMetadata::from_bytes(bytes)
+        .map(|m| Target::Full(Box::new(m)))
+        .map_err(|e| Failure::bad(format!("endpoint metadata ({} bytes): {e}", bytes.len())))
+}
+
+#[pymethods]
+impl P2pEndpoint {
+    #[new]
+    #[pyo3(signature = (local_gpu_idx=None, num_cpus=None))]
+    fn new(py: Python<'_>, local_gpu_idx: Option<u32>, num_cpus: Option<u32>) -> PyResult<Self> {
+        let _ = num_cpus;
+        let core = errors::raise(py, py.detach(|| Core::new(local_gpu_idx)))?;
+        Ok(Self {
+            core: Arc::new(core),
+        })
+    }
+
+    /// UCCL's metadata: IPv4 (4 bytes), port (2, network order), GPU index (4, host order;
+    /// -1 without one) = 10 bytes; 22 with IPv6.
+    fn get_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let meta = errors::raise(py, self.core.metadata())?;
+        let gpu = self.core.gpu_index().map_or(-1, |g| g as i32);
+        Ok(PyBytes::new(
+            py,
+            &blob::uccl_metadata(meta.control_addr, gpu),
+        ))
+    }
+
+    /// Older UCCL name of [`get_metadata`](Self::get_metadata).
+    fn get_endpoint_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.get_metadata(py)
+    }
+
+    /// `(ip, port, gpu_idx)` from UCCL metadata. Raises `ValueError` (`tcpx.BadArgument`) on
+    /// a length other than 10 or 22.
+    #[staticmethod]
+    fn parse_metadata(py: Python<'_>, metadata: &[u8]) -> PyResult<(String, u16, i32)> {
+        let (addr, gpu) = errors::raise(py, blob::parse_uccl_metadata(metadata))?;
+        Ok((addr.ip().to_string(), addr.port(), gpu))
+    }
+
+    /// `connect(remote_ip_addr, remote_gpu_idx, remote_port=-1) -> (ok, conn_id)`, or
+    /// `connect(metadata)` with the peer's `get_metadata()` bytes. The control connection
+    /// carries the plugin handles, so the address suffices; the port names the endpoint
+    /// (`remote_port=-1` cannot be resolved and fails: pass the peer's port), and
+    /// `remote_gpu_idx` is informational (the peer's own announcement wins).
+    #[pyo3(signature = (remote_ip_addr, remote_gpu_idx=-1, remote_port=-1))]
+    fn connect(
+        &self,
+        py: Python<'_>,
+        remote_ip_addr: &Bound<'_, PyAny>,
+        remote_gpu_idx: i64,
+        remote_port: i64,
+    ) -> PyResult<(bool, u64)> {
+        let _ = remote_gpu_idx;
+        if let Ok(bytes) = remote_ip_addr.cast::<PyBytes>() {
+            return match target_of(bytes.as_bytes()) {
+                Ok(t) => self.connect_to(py, t),
+                Err(f) => Ok(with_id(Err(f))),
+            };
+        }
+        let ip: String = remote_ip_addr.extract()?;
+        let addr = match (ip.parse::<IpAddr>(), u16::try_from(remote_port)) {
+            (Ok(ip), Ok(port)) if port != 0 => SocketAddr::new(ip, port),
+            (Err(_), _) => {
+                return Ok(with_id(Err(Failure::bad(format!(
+                    "not an IP address: {ip:?}"
+                )))))
+            }
+            _ => {
+                return Ok(with_id(Err(Failure::bad(format!(
+                    "remote_port {remote_port}: pass the peer's port (parse_metadata gives it)"
+                )))))
+            }
+        };
+        self.connect_to(py, Target::Addr(addr))
+    }
+
+    /// Newer UCCL name: connect with the peer's metadata bytes -> `(ok, conn_id)`.
+    fn add_remote_endpoint(&self, py: Python<'_>, metadata_bytes: &[u8]) -> PyResult<(bool, u64)> {
+        match target_of(metadata_bytes) {
+            Ok(t) => self.connect_to(py, t),
+            Err(f) => Ok(with_id(Err(f))),
+        }
+    }
+
+    /// Closes a connection -> ok.
+    fn remove_remote_endpoint(&self, py: Python<'_>, conn_id: u64) -> bool {
+        let core = self.core.clone();
+        let found = py.detach(|| core.remove_conn(conn_id));
+        flag(if found {
+            Ok(())
+        } else {
+            Err(Failure::bad(format!("unknown conn_id {conn_id}")))
+        })
+    }
+
+    /// Waits for a peer -> `(ok, ip, remote_gpu_idx, conn_id)` (`remote_gpu_idx` -1 when the
+    /// peer announced none). Interruptible with Ctrl-C.
+    fn accept(&self, py: Python<'_>) -> PyResult<(bool, String, i64, u64)> {
+        loop {
+            let core = self.core.clone();
+            match py.detach(|| core.accept(wait::SLICE)) {
+                Ok((id, peer, gpu)) => {
+                    return Ok((true, peer.ip().to_string(), gpu.map_or(-1, i64::from), id))
+                }
+                Err(f) if f.kind == Kind::Timeout => py.check_signals()?,
+                Err(f) => {
+                    errors::remember(f);
+                    return Ok((false, String::new(), -1, 0));
+                }
+            }
+        }
+    }
+
+    /// Registers `size` bytes at `ptr` (host or CUDA memory; the driver says which) ->
+    /// `(ok, mr_id)`. TCPX equivalent of an RDMA MR: nothing is pinned here; the plugin
+    /// registers the range per connection at first use. `floatType` (newer UCCL) is ignored.
+    /// The memory must stay allocated until `dereg` and every transfer on it finished.
+    #[pyo3(signature = (ptr, size, floatType=None))]
+    #[allow(non_snake_case)]
+    fn reg(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        size: u64,
+        floatType: Option<&Bound<'_, PyAny>>,
+    ) -> (bool, u64) {
+        let _ = floatType;
+        let core = self.core.clone();
+        // SAFETY: UCCL's contract, stated in the docstring: the caller keeps the memory
+        // allocated until dereg and until transfers on it finished.
+        with_id(py.detach(|| unsafe { core.reg(ptr, size) }))
+    }
+
+    /// Registers several buffers -> `(ok, [mr_id, ...])` (all or none).
+    fn regv(&self, py: Python<'_>, ptrs: Vec<u64>, sizes: Vec<u64>) -> (bool, Vec<u64>) {
+        if ptrs.len() != sizes.len() {
+            errors::remember(Failure::bad("ptrs and sizes must match"));
+            return (false, Vec::new());
+        }
+        let core = self.core.clone();
+        let r = py.detach(|| {
+            let mut ids = Vec::with_capacity(ptrs.len());
+            for (&p, &s) in ptrs.iter().zip(&sizes) {
+                // SAFETY: as in `reg`.
+                match unsafe { core.reg(p, s) } {
+                    Ok(id) => ids.push(id),
+                    Err(f) => {
+                        for id in ids {
+                            let _ = core.dereg(id);
+                        }
+                        return Err(f);
+                    }
+                }
+            }
+            Ok(ids)
+        });
+        match r {
+            Ok(ids) => (true, ids),
+            Err(f) => {
+                errors::remember(f);
+                (false, Vec::new())
+            }
+        }
+    }
+
+    /// Deregisters -> ok (revokes its advertisement; transfers in flight finish).
+    fn dereg(&self, mr_id: u64) -> bool {
+        flag(self.core.dereg(mr_id))
+    }
+
+    /// Sends `size` bytes at `ptr` (inside `mr_id`) and waits -> ok. Pairs with the peer's
+    /// `recv` of the same size, in order.
+    fn send(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided(Way::Send, conn_id, Piece { mr_id, ptr, size })
+        })
+    }
+
+    /// Receives `size` bytes into `ptr` (inside `mr_id`) and waits -> ok.
+    fn recv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided(Way::Recv, conn_id, Piece { mr_id, ptr, size })
+        })
+    }
+
+    /// `send` without waiting -> `(ok, transfer_id)`; finish with `poll_async`.
+    fn send_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided(Way::Send, conn_id, Piece { mr_id, ptr, size })
+        })
+    }
+
+    /// `recv` without waiting -> `(ok, transfer_id)`.
+    fn recv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided(Way::Recv, conn_id, Piece { mr_id, ptr, size })
+        })
+    }
+
+    /// Sends `num_iovs` buffers as one message and waits -> ok. Pairs with the peer's
+    /// `recvv` (which may cut the bytes differently; the totals must match).
+    fn sendv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided_v(
+                Way::Send,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
+    }
+
+    /// Receives one `sendv` message into `num_iovs` buffers and waits -> ok.
+    fn recvv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.two_sided_v(
+                Way::Recv,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
+    }
+
+    /// `sendv` without waiting -> `(ok, transfer_id)`.
+    fn sendv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided_v(
+                Way::Send,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
+    }
+
+    /// `recvv` without waiting -> `(ok, transfer_id)`.
+    fn recvv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        data_ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.two_sided_v(
+                Way::Recv,
+                conn_id,
+                &zip_pieces(&mr_id_v, &data_ptr_v, &size_v, num_iovs)?,
+            )
+        })
+    }
+
+    /// `(ok, is_done)` of an asynchronous transfer. Once `is_done`, the id is forgotten. A
+    /// failed transfer gives `(False, True)`; an unknown id `(False, False)`. Never blocks.
+    fn poll_async(&self, transfer_id: u64) -> (bool, bool) {
+        match self.core.poll(transfer_id) {
+            Ok(done) => (true, done),
+            Err(f) => {
+                let unknown = f.kind == Kind::BadArgument;
+                errors::remember(f);
+                (false, !unknown)
+            }
+        }
+    }
+
+    /// Exposes `size` bytes at `ptr` (inside `mr_id`) for the peer's one-sided `write` /
+    /// `read` -> `(ok, blob)`: a 64-byte blob, like UCCL's serialized FifoItem, to hand to the
+    /// peer. Both UCCL forms: `advertise(conn_id, mr_id, ptr, size)` and newer
+    /// `advertise(mr_id, ptr, size)`; `conn_id`, if given, must name a connection, but any
+    /// connection of this endpoint may use the blob. TCPX equivalent of an rkey: the blob
+    /// carries the registration's random access key; the peer's requests are checked against
+    /// the registration on this side (no call needed here).
+    #[pyo3(signature = (*args, conn_id=None, mr_id=None, ptr=None, size=None))]
+    fn advertise<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        conn_id: Option<u64>,
+        mr_id: Option<u64>,
+        ptr: Option<u64>,
+        size: Option<u64>,
+    ) -> PyResult<(bool, Bound<'py, PyBytes>)> {
+        let vals = overload(args, [conn_id, mr_id, ptr, size])?;
+        let r = (|| {
+            let [conn, mr_id, ptr, size] = vals?;
+            if let Some(c) = conn {
+                self.core.conn(c)?;
+            }
+            let need = |v: Option<u64>, n: &str| {
+                v.ok_or_else(|| Failure::bad(format!("advertise: {n} missing")))
+            };
+            self.core.advertise(Piece {
+                mr_id: need(mr_id, "mr_id")?,
+                ptr: need(ptr, "ptr")?,
+                size: need(size, "size")?,
+            })
+        })();
+        Ok(match r {
+            Ok(b) => (true, PyBytes::new(py, &b)),
+            Err(f) => {
+                errors::remember(f);
+                (false, PyBytes::new(py, b""))
+            }
+        })
+    }
+
+    /// `advertise` for `num_iovs` buffers -> `(ok, [blob, ...])`; both UCCL forms
+    /// (`advertisev(conn_id, mr_id_v, ptr_v, size_v, num_iovs)` and without `conn_id`).
+    #[pyo3(signature = (*args, conn_id=None, mr_id_v=None, ptr_v=None, size_v=None, num_iovs=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn advertisev<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        conn_id: Option<u64>,
+        mr_id_v: Option<Vec<u64>>,
+        ptr_v: Option<Vec<u64>>,
+        size_v: Option<Vec<u64>>,
+        num_iovs: Option<usize>,
+    ) -> PyResult<(bool, Vec<Bound<'py, PyBytes>>)> {
+        let n = args.len();
+        let with_conn = n == 5 || (conn_id.is_some() && n == 0);
+        let mut it = args.iter();
+        let mut next_u64 = |kw: Option<u64>| -> PyResult<Option<u64>> {
+            match it.next() {
+                Some(v) => Ok(Some(v.extract()?)),
+                None => Ok(kw),
+            }
+        };
+        let conn = if with_conn {
+            next_u64(conn_id)?
+        } else {
+            conn_id
+        };
+        let mut rest: Vec<Bound<'py, PyAny>> = it.collect();
+        rest.reverse();
+        let mut pop_vec = |kw: Option<Vec<u64>>| -> PyResult<Option<Vec<u64>>> {
+            match rest.pop() {
+                Some(v) => Ok(Some(v.extract()?)),
+                None => Ok(kw),
+            }
+        };
+        let mr_id_v = pop_vec(mr_id_v)?;
+        let ptr_v = pop_vec(ptr_v)?;
+        let size_v = pop_vec(size_v)?;
+        let num_iovs: Option<usize> = match rest.pop() {
+            Some(v) => Some(v.extract()?),
+            None => num_iovs,
+        };
+        let r = (|| {
+            if let Some(c) = conn {
+                self.core.conn(c)?;
+            }
+            let (Some(m), Some(p), Some(s)) = (mr_id_v, ptr_v, size_v) else {
+                return Err(Failure::bad(
+                    "advertisev: mr_id_v, ptr_v and size_v are required",
+                ));
+            };
+            let n = num_iovs.unwrap_or(m.len());
+            zip_pieces(&m, &p, &s, n)?
+                .into_iter()
+                .map(|piece| self.core.advertise(piece))
+                .collect::<Outcome<Vec<_>>>()
+        })();
+        Ok(match r {
+            Ok(blobs) => (true, blobs.iter().map(|b| PyBytes::new(py, b)).collect()),
+            Err(f) => {
+                errors::remember(f);
+                (false, Vec::new())
+            }
+        })
+    }
+
+    /// One-sided write of `size` bytes at `ptr` into the peer's advertised buffer (`meta`:
+    /// its 64-byte blob) and wait -> ok. TCPX equivalent of RDMA-WRITE: the peer's engines
+    /// place the bytes; no call is needed on the peer.
+    fn write(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
+    }
+
+    /// `write` without waiting -> `(ok, transfer_id)`.
+    fn write_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
+    }
+
+    /// One-sided read of the peer's advertised buffer into `size` bytes at `ptr` and wait ->
+    /// ok (TCPX equivalent of RDMA-READ).
+    fn read(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
+    }
+
+    /// `read` without waiting -> `(ok, transfer_id)`.
+    fn read_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id: u64,
+        ptr: u64,
+        size: u64,
+        meta: &[u8],
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+        })
+    }
+
+    /// Vectored `write`: `num_iovs` local buffers into as many advertised blobs, one batch.
+    #[allow(clippy::too_many_arguments)]
+    fn writev(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            one_sided_v(
+                c,
+                true,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
+    }
+
+    /// `writev` without waiting -> `(ok, transfer_id)`.
+    #[allow(clippy::too_many_arguments)]
+    fn writev_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            one_sided_v(
+                c,
+                true,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
+    }
+
+    /// Vectored `read`.
+    #[allow(clippy::too_many_arguments)]
+    fn readv(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> PyResult<bool> {
+        self.blocking(py, |c| {
+            one_sided_v(
+                c,
+                false,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
+    }
+
+    /// `readv` without waiting -> `(ok, transfer_id)`.
+    #[allow(clippy::too_many_arguments)]
+    fn readv_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        mr_id_v: Vec<u64>,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        meta_blob_v: Vec<Vec<u8>>,
+        num_iovs: usize,
+    ) -> (bool, u64) {
+        self.asynchronous(py, |c| {
+            one_sided_v(
+                c,
+                false,
+                conn_id,
+                &mr_id_v,
+                &ptr_v,
+                &size_v,
+                &meta_blob_v,
+                num_iovs,
+            )
+        })
+    }
+
+    /// UCCL's `uccl_engine_send_notif`: sends `msg` (bytes or str, at most 64 KiB) to the
+    /// peer of `conn_id` -> ok. It reaches the peer's `get_notifs()` after the data of every
+    /// `write` this side issued on the connection before it.
+    fn send_notif(&self, conn_id: u64, msg: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let bytes: Vec<u8> = match msg.cast::<PyBytes>() {
+            Ok(b) => b.as_bytes().to_vec(),
+            Err(_) => msg.extract::<String>()?.into_bytes(),
+        };
+        Ok(flag(self.core.notify(conn_id, &bytes)))
+    }
+
+    /// UCCL's `uccl_engine_get_notifs`: takes the notifications delivered so far ->
+    /// `[(conn_id, msg_bytes), ...]` in delivery order (`conn_id` -1 if its connection is
+    /// gone).
+    fn get_notifs<'py>(&self, py: Python<'py>) -> Vec<(i64, Bound<'py, PyBytes>)> {
+        match self.core.notifications() {
+            Ok(v) => v
+                .into_iter()
+                .map(|(id, _, b)| (id.map_or(-1, |i| i as i64), PyBytes::new(py, &b)))
+                .collect(),
+            Err(f) => {
+                errors::remember(f);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Closes every connection and stops the engines (also done on garbage collection and
+    /// at interpreter exit). Later calls fail with ok=False.
+    fn close(&self, py: Python<'_>) {
+        let core = self.core.clone();
+        py.detach(|| core.close());
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        match self.core.metadata() {
+            Ok(m) => format!(
+                "<tcpx.p2p Endpoint {} gpu={:?}>",
+                m.control_addr,
+                self.core.gpu_index()
+            ),
+            Err(_) => "<tcpx.p2p Endpoint (closed)>".to_string(),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_sided_v(
+    c: &Core,
+    write: bool,
+    conn_id: u64,
+    mr_id_v: &[u64],
+    ptr_v: &[u64],
+    size_v: &[u64],
+    metas: &[Vec<u8>],
+    num_iovs: usize,
+) -> Outcome<tcpx_runtime::Transfer> {
+    let pieces = zip_pieces(mr_id_v, ptr_v, size_v, num_iovs)?;
+    let refs: Vec<&[u8]> = metas.iter().map(Vec::as_slice).collect();
+    c.one_sided(write, conn_id, &pieces, &refs, None)
+}
+
+/// Resolves `advertise`'s two forms into [conn_id, mr_id, ptr, size].
+fn overload(
+    args: &Bound<'_, PyTuple>,
+    kw: [Option<u64>; 4],
+) -> PyResult<Outcome<[Option<u64>; 4]>> {
+    let pos: Vec<u64> = args.extract()?;
+    let named = kw.iter().filter(|v| v.is_some()).count();
+    let with_conn = pos.len() == 4 || kw[0].is_some() || pos.len() + named == 4;
+    let mut out = kw;
+    let start = if with_conn { 0 } else { 1 };
+    if start + pos.len() > 4 {
+        return Ok(Err(Failure::bad(format!(
+            "advertise takes 3 or 4 arguments, got {}",
+            pos.len()
+        ))));
+    }
+    for (i, v) in pos.into_iter().enumerate() {
+        out[start + i] = Some(v);
+    }
+    Ok(Ok(out))
+}
+
+/// The reason of this thread's last `ok = False` as `(exception class name, message)`, or
+/// None.
+#[pyfunction]
+pub fn last_error() -> Option<(&'static str, String)> {
+    errors::last()
+}
