@@ -4,6 +4,7 @@
 //! cargo xtask test              install missing system packages (root) and run every test
 //! cargo xtask bench [ARGS]      benchmark: loopback (default), --netns, or --nodes a,b over ssh
 //! cargo xtask bindgen [--check] regenerate tcpx-sys bindings, or fail when they drifted
+//! cargo xtask capi [--check] [--test]  C API: header (drift check), libtcpx, C tests
 //! cargo xtask sysdeps           install (or print how to install) the system packages
 //! ```
 //!
@@ -11,6 +12,7 @@
 
 mod bench;
 mod bindgen_task;
+mod capi;
 mod sysdeps;
 mod test_task;
 
@@ -31,6 +33,10 @@ Tasks:
                               SVG plot land in target/bench/. See `cargo xtask bench --help`.
   bindgen [--check]           Regenerate crates/tcpx-sys/src/bindings.rs from include/tcpx_net.h;
                               with --check, fail (exit 1) when the checked-in file has drifted.
+  capi [--check] [--test] [--install PREFIX]
+                              Generate crates/tcpx-capi/include/tcpx.h (cbindgen; --check fails
+                              on drift), build libtcpx.{so,a}, target/capi/tcpx.pc and the C
+                              examples and tests; --test runs them (also under valgrind).
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";
@@ -51,6 +57,7 @@ fn run() -> Result<()> {
         Some("test") => test_task::run(&rest),
         Some("bench") => bench::run(&rest),
         Some("bindgen") => bindgen_task::run(&rest),
+        Some("capi") => capi::run(&rest),
         Some("sysdeps") => sysdeps::ensure(sysdeps::ALL),
         Some("-h" | "--help" | "help") | None => {
             print!("{HELP}");

@@ -15,6 +15,8 @@
 //! | `TCPX_CONTROL_ADDR` | control listener (`ip:port`) | `0.0.0.0:0` |
 //! | `TCPX_DEVICES` | plugin devices to use (`0,1`) | all |
 //! | `TCPX_GPU_PCI` | PCI bus id of this endpoint's GPU | none |
+//! | `TCPX_GPU_INDEX` | GPU index announced to peers ([`Config::gpu_index`]) | none |
+//! | `TCPX_REQUIRE_SECRET` | accept only peers presenting this endpoint's metadata secret (`0`/`1`) | `0` |
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
@@ -124,6 +126,17 @@ pub struct Config {
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.
     pub pack_buffers: usize,
+    /// The GPU index this endpoint announces to peers in `Hello`
+    /// ([`Connection::peer_gpu`](crate::Connection::peer_gpu) on their side), if any. A label
+    /// for the application (e.g. the local rank's GPU); the runtime does not check it against
+    /// CUDA.
+    pub gpu_index: Option<u32>,
+    /// Accept only peers that present this endpoint's secret, i.e. that connected with its
+    /// [`EndpointMetadata`](crate::control::EndpointMetadata)
+    /// ([`Endpoint::connect`](crate::Endpoint::connect)); address-only connects
+    /// ([`Endpoint::connect_addr`](crate::Endpoint::connect_addr)) are then refused. Off by
+    /// default so that address-only (UCCL-style) connects work.
+    pub require_secret: bool,
 }
 
 impl Default for Config {
@@ -142,6 +155,8 @@ impl Default for Config {
             engines_per_device: None,
             pack_below: DEFAULT_PACK_BELOW,
             pack_buffers: DEFAULT_PACK_BUFFERS,
+            gpu_index: None,
+            require_secret: false,
         }
     }
 }
@@ -218,11 +233,13 @@ impl Config {
             );
         }
         if let Some((name, v)) = get(&["TCPX_PIN"]) {
-            b = b.pin_engines(match v.as_str() {
-                "1" | "true" | "yes" | "on" => true,
-                "0" | "false" | "no" | "off" => false,
-                _ => return Err(Error::Config(format!("{name}={v:?}: expected 0 or 1"))),
-            });
+            b = b.pin_engines(parse_bool(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_GPU_INDEX"]) {
+            b = b.gpu_index(parse_num(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_REQUIRE_SECRET"]) {
+            b = b.require_secret(parse_bool(name, &v)?);
         }
         if let Some((name, v)) = get(&["TCPX_ENGINES_PER_NIC"]) {
             b = b.engines_per_device(parse_num(name, &v)?);
@@ -363,10 +380,30 @@ impl ConfigBuilder {
         self
     }
 
+    /// GPU index announced to peers (see [`Config::gpu_index`]).
+    pub fn gpu_index(mut self, index: u32) -> Self {
+        self.config.gpu_index = Some(index);
+        self
+    }
+
+    /// Accept only peers presenting this endpoint's secret (see [`Config::require_secret`]).
+    pub fn require_secret(mut self, require: bool) -> Self {
+        self.config.require_secret = require;
+        self
+    }
+
     /// The configuration, validated.
     pub fn build(self) -> Result<Config> {
         self.config.validate()?;
         Ok(self.config)
+    }
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool> {
+    match v {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(Error::Config(format!("{name}={v:?}: expected 0 or 1"))),
     }
 }
 
@@ -457,8 +494,12 @@ mod tests {
             ("TCPX_BACKOFF", "spin"),
             ("TCPX_PIN", "0"),
             ("TCPX_ENGINES_PER_NIC", "4"),
+            ("TCPX_GPU_INDEX", "3"),
+            ("TCPX_REQUIRE_SECRET", "1"),
         ])
         .unwrap();
+        assert_eq!(c.gpu_index, Some(3));
+        assert!(c.require_secret);
         assert_eq!(c.backend, Backend::Builtin);
         assert_eq!(c.chunk_bytes, 256 << 10);
         assert_eq!(c.window, 8);
@@ -482,6 +523,8 @@ mod tests {
             ("TCPX_BACKOFF", "nap"),
             ("TCPX_CONTROL_ADDR", "localhost"),
             ("TCPX_ENGINES_PER_NIC", "0"),
+            ("TCPX_GPU_INDEX", "-1"),
+            ("TCPX_REQUIRE_SECRET", "maybe"),
         ] {
             let err = from(&[(var, value)]).unwrap_err().to_string();
             assert!(

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use tcpx_runtime::control::codec::{HEADER_LEN, MAGIC};
 use tcpx_runtime::control::{
     CodecError, Decoder, EndpointInfo, EndpointMetadata, ErrorCode, Frame, Message, MessageType,
-    PROTOCOL_VERSION,
+    Secret, PROTOCOL_VERSION, SECRET_BYTES,
 };
 use tcpx_runtime::onesided::{
     Descriptor, ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest,
@@ -28,25 +28,39 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
         ".{0,30}",
         any::<u8>(),
         any::<u32>(),
+        proptest::option::of(any::<u32>()),
     )
         .prop_map(
-            |(ip, gpu_pci, channels, plugin_name, abi_version, chunk_bytes)| EndpointInfo {
-                ip,
-                gpu_pci,
-                channels,
-                plugin_name,
-                abi_version,
-                chunk_bytes,
+            |(ip, gpu_pci, channels, plugin_name, abi_version, chunk_bytes, gpu_index)| {
+                EndpointInfo {
+                    ip,
+                    gpu_pci,
+                    channels,
+                    plugin_name,
+                    abi_version,
+                    chunk_bytes,
+                    gpu_index,
+                }
             },
         )
 }
 
+fn secret() -> impl Strategy<Value = Secret> {
+    any::<[u8; SECRET_BYTES]>().prop_map(Secret::from_bytes)
+}
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        (any::<u16>(), endpoint_info()).prop_map(|(protocol_version, endpoint)| Message::Hello {
-            protocol_version,
-            endpoint
-        }),
+        (
+            any::<u16>(),
+            endpoint_info(),
+            proptest::option::of(secret())
+        )
+            .prop_map(|(protocol_version, endpoint, secret)| Message::Hello {
+                protocol_version,
+                endpoint,
+                secret
+            }),
         proptest::collection::vec(any::<[u8; 128]>(), 0..10)
             .prop_map(|handles| Message::ConnectHandles { handles }),
         Just(Message::Ready),
@@ -309,8 +323,13 @@ proptest! {
     }
 
     #[test]
-    fn metadata_round_trips(info in endpoint_info(), addr_ip in ip(), port in any::<u16>()) {
-        let meta = EndpointMetadata { info, control_addr: SocketAddr::new(addr_ip, port) };
+    fn metadata_round_trips(
+        info in endpoint_info(),
+        addr_ip in ip(),
+        port in any::<u16>(),
+        secret in secret(),
+    ) {
+        let meta = EndpointMetadata { info, control_addr: SocketAddr::new(addr_ip, port), secret };
         let bytes = meta.to_bytes().unwrap();
         prop_assert_eq!(EndpointMetadata::from_bytes(&bytes).unwrap(), meta.clone());
         let hex = meta.to_hex().unwrap();
@@ -328,6 +347,7 @@ proptest! {
         let meta = EndpointMetadata {
             info,
             control_addr: SocketAddr::from(([127, 0, 0, 1], 7000)),
+            secret: Secret::random(),
         };
         let bytes = meta.to_bytes().unwrap();
         let cut = cut % bytes.len();

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tcpx_runtime::control::codec::{HEADER_LEN, MAGIC};
 use tcpx_runtime::control::{
     CodecError, ControlConn, ControlError, EndpointInfo, ErrorCode, Message, MessageType,
+    PROTOCOL_VERSION,
 };
 
 const STEP: Duration = Duration::from_secs(5);
@@ -28,6 +29,7 @@ fn info(channels: u16) -> EndpointInfo {
         plugin_name: "tcpx-socket".into(),
         abi_version: 8,
         chunk_bytes: 512 << 10,
+        gpu_index: None,
     }
 }
 
@@ -145,7 +147,7 @@ fn peer_closing_mid_frame_is_reported_as_truncation() {
     let mut client = TcpStream::connect_timeout(&addr, STEP).unwrap();
     let mut conn = ControlConn::accept(&l, STEP).unwrap();
     let mut header = MAGIC.to_vec();
-    header.extend_from_slice(&1u16.to_le_bytes());
+    header.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     header.extend_from_slice(&MessageType::Close.code().to_le_bytes());
     header.extend_from_slice(&100u32.to_le_bytes());
     client.write_all(&header).unwrap();

@@ -59,7 +59,7 @@ pub use comm::{ListenComm, MemoryRegion, PendingAccept, PendingConnect, RecvComm
 pub use device::{Device, DeviceType, Properties, PtrSupport};
 pub use error::{Error, ErrorKind, Result};
 pub use handle::ConnectHandle;
-pub use memory::{HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
+pub use memory::{ForeignMemory, HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
 pub use net::{Net, TCPX_INSTALL_PATHS};
 pub use request::{RecvRequest, SendRequest};
 pub use tcpx_sys::{AbiVersion, ResultCode};

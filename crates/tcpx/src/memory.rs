@@ -145,6 +145,76 @@ unsafe impl Memory for HostBuffer {
     }
 }
 
+/// Memory the caller owns (a host pointer or a CUDA device pointer), e.g. handed over from C
+/// or Python. This value does not own the allocation: dropping it frees nothing, and the
+/// caller keeps the allocation alive for as long as any [`SharedMemory`] built on it exists.
+pub struct ForeignMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: MemoryKind,
+}
+
+// SAFETY: the caller promised (`ForeignMemory::new`) an allocation valid for the life of this
+// value; it is plain bytes, and this type hands out no references into it.
+unsafe impl Send for ForeignMemory {}
+// SAFETY: as above; `&self` methods only return the address and length.
+unsafe impl Sync for ForeignMemory {}
+
+impl ForeignMemory {
+    /// Wraps caller-owned memory. Refuses a null pointer, zero length, and a range that wraps
+    /// around the address space.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` is one allocation of `kind` memory that stays valid, and is not
+    /// freed or reused, until this value and every clone of the [`SharedMemory`] (and of
+    /// anything built on it, such as a runtime `Region`) are dropped: transfers in flight
+    /// hold clones and may read or write the memory until they complete. While the memory is
+    /// shared, the caller must not hold Rust references into it either (write it through
+    /// [`SharedMemory::with_bytes_mut`], or through raw pointers only while no transfer is in
+    /// flight).
+    pub unsafe fn new(ptr: *mut u8, len: usize, kind: MemoryKind) -> Result<Self> {
+        const API: &str = "ForeignMemory::new";
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::invalid(API, "the pointer is null"))?;
+        if len == 0 {
+            return Err(Error::invalid(
+                API,
+                "the memory must hold at least one byte",
+            ));
+        }
+        if (ptr.as_ptr() as usize).checked_add(len).is_none() {
+            return Err(Error::invalid(
+                API,
+                format!("{len} bytes at {ptr:p} wrap around the address space"),
+            ));
+        }
+        Ok(Self { ptr, len, kind })
+    }
+}
+
+impl std::fmt::Debug for ForeignMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignMemory")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+// SAFETY: `new`'s contract makes the range valid `kind` memory for the life of this value and
+// of every SharedMemory holding it; this type never forms references into it.
+unsafe impl Memory for ForeignMemory {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+}
+
 const CPU_ACCESS: isize = -1;
 
 struct Shared {
@@ -400,6 +470,24 @@ mod tests {
         assert_eq!(m.with_bytes(|b| b[0]).unwrap(), 7);
         m.with_bytes(|_| assert!(m.begin_operation("test").is_err()))
             .unwrap();
+    }
+
+    #[test]
+    fn foreign_memory_refuses_null_empty_and_wrapping_ranges() {
+        let mut owned = vec![0u8; 64];
+        let p = owned.as_mut_ptr();
+        // SAFETY: `owned` outlives every value built on it in this test.
+        unsafe {
+            assert!(ForeignMemory::new(std::ptr::null_mut(), 8, MemoryKind::Host).is_err());
+            assert!(ForeignMemory::new(p, 0, MemoryKind::Host).is_err());
+            assert!(ForeignMemory::new(p, usize::MAX, MemoryKind::Host).is_err());
+            let m = SharedMemory::new(ForeignMemory::new(p, 64, MemoryKind::Host).unwrap());
+            assert_eq!((m.as_ptr(), m.len(), m.kind()), (p, 64, MemoryKind::Host));
+            m.with_bytes_mut(|b| b[63] = 9).unwrap();
+            drop(m);
+        }
+        // Dropping the SharedMemory freed nothing: the bytes are the caller's.
+        assert_eq!(owned[63], 9);
     }
 
     #[test]

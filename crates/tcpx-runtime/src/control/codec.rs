@@ -22,7 +22,7 @@ use super::wire::TooLong;
 pub const MAGIC: [u8; 4] = *b"TXCP";
 
 /// The protocol version this crate speaks (and the only one it accepts).
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;
@@ -338,22 +338,24 @@ mod tests {
 
     #[test]
     fn wrong_magic_is_reported() {
-        let err = decode_all(&header(*b"HTTP", 1, 3, 0)).unwrap_err();
+        let err = decode_all(&header(*b"HTTP", PROTOCOL_VERSION, 3, 0)).unwrap_err();
         assert_eq!(err, CodecError::BadMagic { found: *b"HTTP" });
         assert!(err.to_string().contains("does not speak"));
     }
 
     #[test]
     fn other_versions_are_refused() {
-        let err = decode_all(&header(MAGIC, 2, 3, 0)).unwrap_err();
-        assert_eq!(err, CodecError::UnsupportedVersion { found: 2 });
+        for other in [1, PROTOCOL_VERSION + 1, u16::MAX] {
+            let err = decode_all(&header(MAGIC, other, 3, 0)).unwrap_err();
+            assert_eq!(err, CodecError::UnsupportedVersion { found: other });
+        }
     }
 
     #[test]
     fn unknown_and_reserved_types_are_refused() {
-        let err = decode_all(&header(MAGIC, 1, 0x7777, 0)).unwrap_err();
+        let err = decode_all(&header(MAGIC, PROTOCOL_VERSION, 0x7777, 0)).unwrap_err();
         assert_eq!(err, CodecError::UnknownType { code: 0x7777 });
-        let err = decode_all(&header(MAGIC, 1, 0x0106, 0)).unwrap_err();
+        let err = decode_all(&header(MAGIC, PROTOCOL_VERSION, 0x0106, 0)).unwrap_err();
         assert!(matches!(
             err,
             CodecError::UnsupportedType { code: 0x0106, .. }
@@ -363,7 +365,7 @@ mod tests {
     #[test]
     fn length_over_cap_is_refused_before_allocating() {
         let mut decoder = Decoder::with_max_payload(16);
-        let bytes = header(MAGIC, 1, 3, 17);
+        let bytes = header(MAGIC, PROTOCOL_VERSION, 3, 17);
         let mut input = &bytes[..];
         let err = decoder.decode(&mut input).unwrap_err();
         assert_eq!(err, CodecError::TooLong { len: 17, max: 16 });
@@ -373,10 +375,10 @@ mod tests {
     #[test]
     fn decoder_stays_failed_after_an_error() {
         let mut decoder = Decoder::new();
-        let bad = header(*b"XXXX", 1, 3, 0);
+        let bad = header(*b"XXXX", PROTOCOL_VERSION, 3, 0);
         let mut input = &bad[..];
         assert!(decoder.decode(&mut input).is_err());
-        let good = header(MAGIC, 1, 3, 0);
+        let good = header(MAGIC, PROTOCOL_VERSION, 3, 0);
         let mut input = &good[..];
         assert_eq!(
             decoder.decode(&mut input).unwrap_err(),
@@ -386,7 +388,7 @@ mod tests {
 
     #[test]
     fn end_of_stream_inside_a_frame_is_truncation() {
-        let mut bytes = header(MAGIC, 1, 4, 8);
+        let mut bytes = header(MAGIC, PROTOCOL_VERSION, 4, 8);
         bytes.extend_from_slice(&[1, 2, 3]);
         let mut decoder = Decoder::new();
         let mut input = &bytes[..];
@@ -403,8 +405,8 @@ mod tests {
 
     #[test]
     fn two_frames_in_one_read_are_both_returned() {
-        let mut bytes = header(MAGIC, 1, 3, 0);
-        bytes.extend(header(MAGIC, 1, 3, 0));
+        let mut bytes = header(MAGIC, PROTOCOL_VERSION, 3, 0);
+        bytes.extend(header(MAGIC, PROTOCOL_VERSION, 3, 0));
         let mut decoder = Decoder::new();
         let mut input = &bytes[..];
         assert!(decoder.decode(&mut input).unwrap().is_some());

@@ -4,7 +4,7 @@
 //!
 //! | type | code | payload |
 //! |---|---|---|
-//! | `Hello` | 0x0001 | protocol_version u16, [`EndpointInfo`] |
+//! | `Hello` | 0x0001 | protocol_version u16, [`EndpointInfo`], secret (u8 0 = none, 1 = present then 16 bytes) |
 //! | `ConnectHandles` | 0x0002 | count u16, count × 128 bytes |
 //! | `Ready` | 0x0003 | empty |
 //! | `Close` | 0x0004 | reason str16 |
@@ -20,7 +20,9 @@
 //! | reserved | 0xF000–0xFFFF | experimental extensions |
 //!
 //! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
-//! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32.
+//! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32,
+//! gpu_index (u8 0 = none, 1 = present then u32) (protocol version 2 added `gpu_index` and the
+//! `Hello` secret).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects
@@ -151,6 +153,101 @@ pub struct EndpointInfo {
     pub abi_version: u8,
     /// Chunk size this endpoint schedules with.
     pub chunk_bytes: u32,
+    /// The GPU index this endpoint announces ([`Config::gpu_index`](crate::Config)), if any:
+    /// an application-level label (e.g. a rank's local GPU), not checked against CUDA.
+    pub gpu_index: Option<u32>,
+}
+
+/// Bytes in a [`Secret`].
+pub const SECRET_BYTES: usize = 16;
+
+/// A random per-endpoint secret: carried in the endpoint's out-of-band
+/// [`EndpointMetadata`](super::EndpointMetadata) and presented back in the connecting side's
+/// `Hello`, so that an endpoint with [`Config::require_secret`](crate::Config) only accepts
+/// peers that were given its metadata. `Debug` does not print it, and comparison takes the
+/// same time wherever the first difference lies.
+#[derive(Clone, Copy, Eq)]
+pub struct Secret([u8; SECRET_BYTES]);
+
+impl Secret {
+    /// A fresh secret from the operating system's random source (`/dev/urandom`), else from
+    /// the standard library's randomly seeded hasher keys mixed with the time.
+    pub fn random() -> Self {
+        use std::io::Read;
+        let mut bytes = [0u8; SECRET_BYTES];
+        let from_os = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .is_ok();
+        if !from_os {
+            use std::hash::{BuildHasher, Hasher};
+            for half in bytes.chunks_exact_mut(8) {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos()),
+                );
+                half.copy_from_slice(&h.finish().to_le_bytes());
+            }
+        }
+        Self(bytes)
+    }
+
+    /// The secret with these bytes.
+    pub const fn from_bytes(bytes: [u8; SECRET_BYTES]) -> Self {
+        Self(bytes)
+    }
+
+    /// Its bytes.
+    pub const fn to_bytes(self) -> [u8; SECRET_BYTES] {
+        self.0
+    }
+
+    pub(crate) fn write(&self, w: &mut Writer<'_>) {
+        w.bytes(&self.0);
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>, field: &'static str) -> Result<Self, WireError> {
+        Ok(Self(r.array::<SECRET_BYTES>(field)?))
+    }
+}
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        // No early exit: a stranger must not learn how many leading bytes it guessed.
+        self.0
+            .iter()
+            .zip(other.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+fn write_optional_secret(w: &mut Writer<'_>, secret: &Option<Secret>) {
+    match secret {
+        None => w.u8(0),
+        Some(s) => {
+            w.u8(1);
+            s.write(w);
+        }
+    }
+}
+
+fn read_optional_secret(r: &mut Reader<'_>) -> Result<Option<Secret>, WireError> {
+    match r.u8("secret")? {
+        0 => Ok(None),
+        1 => Ok(Some(Secret::read(r, "secret")?)),
+        _ => Err(WireError::Invalid {
+            field: "secret",
+            why: "presence flag is neither 0 nor 1",
+        }),
+    }
 }
 
 impl EndpointInfo {
@@ -167,6 +264,13 @@ impl EndpointInfo {
         w.str16("plugin_name", &self.plugin_name)?;
         w.u8(self.abi_version);
         w.u32(self.chunk_bytes);
+        match self.gpu_index {
+            None => w.u8(0),
+            Some(g) => {
+                w.u8(1);
+                w.u32(g);
+            }
+        }
         Ok(())
     }
 
@@ -182,13 +286,28 @@ impl EndpointInfo {
                 })
             }
         };
+        let channels = r.u16("channels")?;
+        let plugin_name = r.str16("plugin_name")?;
+        let abi_version = r.u8("abi_version")?;
+        let chunk_bytes = r.u32("chunk_bytes")?;
+        let gpu_index = match r.u8("gpu_index")? {
+            0 => None,
+            1 => Some(r.u32("gpu_index")?),
+            _ => {
+                return Err(WireError::Invalid {
+                    field: "gpu_index",
+                    why: "presence flag is neither 0 nor 1",
+                })
+            }
+        };
         Ok(Self {
             ip,
             gpu_pci,
-            channels: r.u16("channels")?,
-            plugin_name: r.str16("plugin_name")?,
-            abi_version: r.u8("abi_version")?,
-            chunk_bytes: r.u32("chunk_bytes")?,
+            channels,
+            plugin_name,
+            abi_version,
+            chunk_bytes,
+            gpu_index,
         })
     }
 }
@@ -202,6 +321,9 @@ pub enum Message {
         protocol_version: u16,
         /// The sender's endpoint description.
         endpoint: EndpointInfo,
+        /// The connecting side presents the secret from the metadata of the endpoint it
+        /// connects to; the accepting side sends none.
+        secret: Option<Secret>,
     },
     /// The receiving side's listen handles, one per channel, in channel order.
     ConnectHandles {
@@ -276,9 +398,16 @@ pub struct MessageError {
 impl Message {
     /// A `Hello` at this crate's protocol version.
     pub fn hello(endpoint: EndpointInfo) -> Self {
+        Self::hello_presenting(endpoint, None)
+    }
+
+    /// A `Hello` at this crate's protocol version that presents `secret` (the connecting
+    /// side's, taken from the peer's metadata).
+    pub fn hello_presenting(endpoint: EndpointInfo, secret: Option<Secret>) -> Self {
         Self::Hello {
             protocol_version: PROTOCOL_VERSION,
             endpoint,
+            secret,
         }
     }
 
@@ -311,9 +440,11 @@ impl Message {
             Self::Hello {
                 protocol_version,
                 endpoint,
+                secret,
             } => {
                 w.u16(*protocol_version);
                 endpoint.write(&mut w)?;
+                write_optional_secret(&mut w, secret);
             }
             Self::ConnectHandles { handles } => {
                 let count = u16::try_from(handles.len()).map_err(|_| TooLong {
@@ -383,6 +514,7 @@ impl Message {
             MessageType::Hello => Self::Hello {
                 protocol_version: r.u16("protocol_version")?,
                 endpoint: EndpointInfo::read(&mut r)?,
+                secret: read_optional_secret(&mut r)?,
             },
             MessageType::ConnectHandles => {
                 let count = usize::from(r.u16("handles")?);
@@ -487,6 +619,7 @@ mod tests {
             plugin_name: "GPUDirectTCPX_v7".into(),
             abi_version: 7,
             chunk_bytes: 512 << 10,
+            gpu_index: Some(3),
         }
     }
 
@@ -494,6 +627,23 @@ mod tests {
     fn hello_round_trips() {
         let msg = Message::hello(info());
         assert_eq!(roundtrip(&msg), msg);
+        let secret = Secret::random();
+        let msg = Message::hello_presenting(
+            EndpointInfo {
+                gpu_index: None,
+                ..info()
+            },
+            Some(secret),
+        );
+        assert_eq!(roundtrip(&msg), msg);
+    }
+
+    #[test]
+    fn secrets_are_random_compare_by_value_and_stay_out_of_logs() {
+        let (a, b) = (Secret::random(), Secret::random());
+        assert_ne!(a, b);
+        assert_eq!(a, Secret::from_bytes(a.to_bytes()));
+        assert_eq!(format!("{a:?}"), "Secret(..)");
     }
 
     #[test]

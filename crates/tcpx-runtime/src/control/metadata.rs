@@ -9,7 +9,11 @@
 //! | 1 | format version, [`METADATA_VERSION`] |
 //! | … | [`EndpointInfo`], encoded as in `Hello` |
 //! | 1 + 4/16 + 2 | control listener address: family tag, ip, port |
+//! | 16 | the endpoint's [`Secret`], presented back by peers that connect with this blob |
 //! | 4 | CRC-32 (IEEE) of all preceding bytes |
+//!
+//! Format version 2 added `gpu_index` (inside `EndpointInfo`) and the secret. Whoever holds
+//! the blob can connect to an endpoint that requires the secret: share it like a password.
 //!
 //! The checksum catches blobs damaged in copy-paste or truncated by a transport; the text
 //! form is lowercase hex.
@@ -18,14 +22,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use super::message::EndpointInfo;
+use super::message::{EndpointInfo, Secret};
 use super::wire::{Reader, TooLong, WireError, Writer};
 
 /// First four bytes of a metadata blob.
 pub const METADATA_MAGIC: [u8; 4] = *b"TXMD";
 
 /// Format version of the blob.
-pub const METADATA_VERSION: u8 = 1;
+pub const METADATA_VERSION: u8 = 2;
 
 /// Largest blob accepted or produced, in bytes (hex text is twice as long).
 pub const MAX_METADATA_BYTES: usize = 4096;
@@ -74,7 +78,7 @@ pub enum MetadataError {
 ///
 /// ```
 /// use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-/// use tcpx_runtime::control::{EndpointInfo, EndpointMetadata};
+/// use tcpx_runtime::control::{EndpointInfo, EndpointMetadata, Secret};
 ///
 /// let meta = EndpointMetadata {
 ///     info: EndpointInfo {
@@ -84,8 +88,10 @@ pub enum MetadataError {
 ///         plugin_name: "GPUDirectTCPX_v7".into(),
 ///         abi_version: 7,
 ///         chunk_bytes: 512 << 10,
+///         gpu_index: Some(0),
 ///     },
 ///     control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)), 7400),
+///     secret: Secret::random(),
 /// };
 /// let text = meta.to_hex().unwrap();
 /// assert_eq!(text.parse::<EndpointMetadata>().unwrap(), meta);
@@ -96,6 +102,10 @@ pub struct EndpointMetadata {
     pub info: EndpointInfo,
     /// Where its control listener accepts connections.
     pub control_addr: SocketAddr,
+    /// The endpoint's secret: [`Endpoint::connect`](crate::Endpoint::connect) presents it,
+    /// and an endpoint with [`Config::require_secret`](crate::Config) refuses peers that do
+    /// not.
+    pub secret: Secret,
 }
 
 impl EndpointMetadata {
@@ -107,6 +117,7 @@ impl EndpointMetadata {
         w.u8(METADATA_VERSION);
         self.info.write(&mut w)?;
         w.socket_addr(self.control_addr);
+        self.secret.write(&mut w);
         let crc = crc32(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         if out.len() > MAX_METADATA_BYTES {
@@ -150,8 +161,13 @@ impl EndpointMetadata {
         r.take("header", 5)?;
         let info = EndpointInfo::read(&mut r)?;
         let control_addr = r.socket_addr("control_addr")?;
+        let secret = Secret::read(&mut r, "secret")?;
         r.finish()?;
-        Ok(Self { info, control_addr })
+        Ok(Self {
+            info,
+            control_addr,
+            secret,
+        })
     }
 
     /// The blob as lowercase hex text.
@@ -244,8 +260,10 @@ mod tests {
                 plugin_name: "tcpx-socket".into(),
                 abi_version: 8,
                 chunk_bytes: 1 << 19,
+                gpu_index: None,
             },
             control_addr: "[::1]:9000".parse().unwrap(),
+            secret: Secret::random(),
         }
     }
 

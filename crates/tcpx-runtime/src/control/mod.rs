@@ -17,6 +17,9 @@ pub(crate) mod wire;
 
 pub use codec::{CodecError, Decoder, EncodeError, Frame, FrameHeader, PROTOCOL_VERSION};
 pub use conn::{ControlConn, ControlError};
-pub use message::{ConnectHandle, EndpointInfo, ErrorCode, Message, MessageError, MessageType};
+pub use message::{
+    ConnectHandle, EndpointInfo, ErrorCode, Message, MessageError, MessageType, Secret,
+    SECRET_BYTES,
+};
 pub use metadata::{EndpointMetadata, MetadataError};
 pub use wire::{TooLong, WireError};

@@ -182,6 +182,12 @@ impl Connection {
         &self.peer_info
     }
 
+    /// The GPU index the peer announced in its `Hello` (its
+    /// [`Config::gpu_index`](crate::Config)), if any.
+    pub fn peer_gpu(&self) -> Option<u32> {
+        self.peer_info.gpu_index
+    }
+
     /// Channels each way.
     pub fn channels(&self) -> u16 {
         self.link.channels

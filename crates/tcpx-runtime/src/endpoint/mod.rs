@@ -18,10 +18,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tcpx::cuda::{CudaBuffer, CudaDevice};
-use tcpx::{MemoryKind, Net, SharedMemory};
+use tcpx::{ForeignMemory, MemoryKind, Net, SharedMemory};
 
 use crate::config::Config;
-use crate::control::{ControlConn, EndpointInfo, EndpointMetadata};
+use crate::control::{ControlConn, EndpointInfo, EndpointMetadata, Secret};
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
@@ -31,6 +31,7 @@ use crate::onesided::Descriptor;
 use crate::registry::{Region, RegistrationCounter};
 use backend::{BackendInfo, BackendOrigin};
 pub use connection::{Connection, Segment};
+use setup::Side;
 
 /// What an endpoint's connections share: the plugin, the engines and the configuration.
 pub(crate) struct EndpointShared {
@@ -193,10 +194,12 @@ impl Endpoint {
             plugin_name: backend.name.clone(),
             abi_version: backend.abi_version,
             chunk_bytes: config.chunk_bytes,
+            gpu_index: config.gpu_index,
         };
         let metadata = EndpointMetadata {
             info: info.clone(),
             control_addr: SocketAddr::new(ip, local.port()),
+            secret: Secret::random(),
         };
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
@@ -302,13 +305,79 @@ impl Endpoint {
     /// the configured timeout).
     pub fn accept_timeout(&self, wait: Duration) -> Result<Connection> {
         let ctl = ControlConn::accept(&self.listener, wait)?;
-        setup::establish(&self.shared, ctl)
+        setup::establish(
+            &self.shared,
+            ctl,
+            Side::Accepting {
+                own: self.metadata.secret,
+            },
+        )
     }
 
-    /// Connects to the endpoint `peer` describes.
+    /// Connects to the endpoint `peer` describes, presenting its secret (so this works with
+    /// peers that [require it](crate::Config::require_secret)).
     pub fn connect(&self, peer: &EndpointMetadata) -> Result<Connection> {
-        let ctl = ControlConn::connect(peer.control_addr, self.shared.config.timeout)?;
-        setup::establish(&self.shared, ctl)
+        self.connect_presenting(peer.control_addr, Some(peer.secret))
+    }
+
+    /// Connects with the peer's control address alone (the control connection carries the
+    /// plugin handles, so nothing else is needed). Presents no secret: peers that
+    /// [require it](crate::Config::require_secret) refuse the connection.
+    pub fn connect_addr(&self, addr: SocketAddr) -> Result<Connection> {
+        self.connect_presenting(addr, None)
+    }
+
+    fn connect_presenting(&self, addr: SocketAddr, secret: Option<Secret>) -> Result<Connection> {
+        let ctl = ControlConn::connect(addr, self.shared.config.timeout)?;
+        setup::establish(&self.shared, ctl, Side::Connecting { secret })
+    }
+
+    /// The GPU index this endpoint announces to peers ([`Config::gpu_index`]), if any.
+    pub fn gpu_index(&self) -> Option<u32> {
+        self.shared.config.gpu_index
+    }
+
+    /// Registers caller-owned memory: host memory, or a CUDA device pointer (recognised
+    /// through the driver, [`tcpx::cuda::pointer_device`]) which, like
+    /// [`register_cuda`](Self::register_cuda), goes to the plugin directly when it takes CUDA
+    /// pointers and is staged through pinned host memory otherwise. The region does not own
+    /// the memory: dropping it frees nothing.
+    ///
+    /// Errors: a null pointer, zero length, a range that wraps around, a CUDA pointer whose
+    /// range ends on another GPU or outside CUDA memory, or one on another GPU than this
+    /// endpoint's other CUDA regions.
+    ///
+    /// # Safety
+    /// As [`ForeignMemory::new`]: `[ptr, ptr + len)` is one allocation (host, or CUDA device
+    /// memory) that stays valid, and is neither freed nor reused, until the returned
+    /// [`Region`], every clone of it, and every connection and transfer that used it are
+    /// dropped (transfers in flight and per-connection registrations hold clones); and no
+    /// Rust reference into it is held while transfers may be in flight.
+    pub unsafe fn register_ptr(&self, ptr: *mut u8, len: usize) -> Result<Region> {
+        let invalid = |e: tcpx::Error| Error::InvalidArgument(e.to_string());
+        let Some(ordinal) = tcpx::cuda::pointer_device(ptr) else {
+            // SAFETY: forwarded from this function's contract.
+            let memory =
+                unsafe { ForeignMemory::new(ptr, len, MemoryKind::Host) }.map_err(invalid)?;
+            return self.register(SharedMemory::new(memory));
+        };
+        // SAFETY: forwarded from this function's contract.
+        let memory = unsafe { ForeignMemory::new(ptr, len, MemoryKind::Cuda) }.map_err(invalid)?;
+        // `new` checked that the range does not wrap, so its last byte's address exists.
+        let last = ptr.wrapping_add(len - 1);
+        let last_on = tcpx::cuda::pointer_device(last);
+        if last_on != Some(ordinal) {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at {ptr:p} start in CUDA memory of GPU {ordinal} and end {}",
+                match last_on {
+                    Some(other) => format!("on GPU {other}"),
+                    None => "outside CUDA device memory".to_string(),
+                }
+            )));
+        }
+        let device = CudaDevice::new(ordinal)
+            .map_err(|e| Error::Unsupported(format!("CUDA: opening GPU {ordinal}: {e}")))?;
+        self.register_on_gpu(SharedMemory::new(memory), device)
     }
 
     /// Makes `memory` usable for transfers on this endpoint's connections. Plugin
@@ -371,6 +440,11 @@ impl Endpoint {
     /// ([`Region::is_staged`]). All CUDA regions of one endpoint must live on one GPU.
     pub fn register_cuda(&self, buffer: CudaBuffer) -> Result<Region> {
         let device = buffer.device().clone();
+        self.register_on_gpu(SharedMemory::new(buffer), device)
+    }
+
+    /// Registers CUDA memory living on `device` (staged on host-only plugins).
+    fn register_on_gpu(&self, memory: SharedMemory, device: CudaDevice) -> Result<Region> {
         let gpu = self.shared.gpu.get_or_init(|| device.clone());
         if gpu.ordinal() != device.ordinal() {
             return Err(Error::InvalidArgument(format!(
@@ -382,13 +456,9 @@ impl Endpoint {
         }
         let staged = !self.shared.plugin_cuda;
         if staged {
-            tracing::debug!(target: "tcpx_runtime", gpu = device.ordinal(), len = buffer.len(), "CUDA region staged through pinned host memory");
+            tracing::debug!(target: "tcpx_runtime", gpu = device.ordinal(), len = memory.len(), "CUDA region staged through pinned host memory");
         }
-        Ok(Region::with_cuda(
-            SharedMemory::new(buffer),
-            Some(device),
-            staged,
-        ))
+        Ok(Region::with_cuda(memory, Some(device), staged))
     }
 
     /// Testing aid: registers host memory whose transfers take the staged path anyway, with
@@ -459,6 +529,14 @@ impl Endpoint {
     pub fn alloc_host(&self, len: usize) -> Result<Region> {
         let memory = SharedMemory::host(len).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         self.register(memory)
+    }
+}
+
+impl Region {
+    /// Base address of the region's memory (a device pointer for CUDA regions), for
+    /// pointer-to-offset arithmetic in bindings. Same as `region.memory().as_ptr()`.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.memory().as_ptr()
     }
 }
 

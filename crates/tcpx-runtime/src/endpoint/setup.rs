@@ -1,7 +1,10 @@
 //! The connection handshake, symmetric on both sides:
 //!
-//! 1. `Hello` both ways; channel count, chunk size, plugin and protocol version must agree,
-//!    or the set-up fails with `INCOMPATIBLE` naming both values;
+//! 1. `Hello` both ways, the connecting side's first (presenting the secret from the
+//!    accepting side's metadata, if it has it): the accepting side answers only a `Hello`
+//!    that carries its secret when [`Config::require_secret`](crate::Config) is on, so a
+//!    stranger learns nothing. Channel count, chunk size, plugin and protocol version must
+//!    agree, or the set-up fails with `INCOMPATIBLE` naming both values;
 //! 2. each side listens once per channel (channel `c` on device `c mod devices`) — 2N
 //!    channels: N two-sided ones, then N for one-sided traffic (see [`crate::onesided`] for
 //!    why they are separate) — and sends `ConnectHandles`;
@@ -21,7 +24,7 @@ use tcpx::{ConnectHandle, ErrorKind, ListenComm, RecvComm, SendComm};
 
 use super::connection::Connection;
 use super::EndpointShared;
-use crate::control::{ControlConn, EndpointInfo, Message, MessageType, PROTOCOL_VERSION};
+use crate::control::{ControlConn, EndpointInfo, Message, MessageType, Secret, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
 
 /// The comms of a set-up connection, indexed by channel: `0..N` two-sided, `N..2N` one-sided.
@@ -31,11 +34,31 @@ pub(crate) struct Established {
     pub(crate) recvs: Vec<RecvComm>,
 }
 
+/// Which end of the control connection this side is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Side {
+    /// Accepted the control connection: reads the peer's `Hello` first and checks its
+    /// secret against this endpoint's own.
+    Accepting {
+        /// This endpoint's secret (from its metadata).
+        own: Secret,
+    },
+    /// Opened the control connection: sends `Hello` first, presenting `secret`.
+    Connecting {
+        /// The secret from the peer's metadata; `None` for address-only connects.
+        secret: Option<Secret>,
+    },
+}
+
 /// Runs the handshake on `ctl` and starts the connection.
-pub(crate) fn establish(shared: &Arc<EndpointShared>, mut ctl: ControlConn) -> Result<Connection> {
+pub(crate) fn establish(
+    shared: &Arc<EndpointShared>,
+    mut ctl: ControlConn,
+    side: Side,
+) -> Result<Connection> {
     let deadline = Instant::now() + shared.config.timeout;
     let peer = ctl.peer_addr();
-    match handshake(shared, &mut ctl, deadline) {
+    match handshake(shared, &mut ctl, side, deadline) {
         Ok(established) => {
             tracing::info!(target: "tcpx_runtime", %peer, channels = established.sends.len(), "connection established");
             Connection::start(shared.clone(), ctl, established)
@@ -58,16 +81,32 @@ pub(crate) fn establish(shared: &Arc<EndpointShared>, mut ctl: ControlConn) -> R
 fn handshake(
     shared: &EndpointShared,
     ctl: &mut ControlConn,
+    side: Side,
     deadline: Instant,
 ) -> Result<Established> {
     let peer = ctl.peer_addr();
     let left = || deadline.saturating_duration_since(Instant::now());
 
-    ctl.send(&Message::hello(shared.info.clone()))?;
+    let peer_hello = match side {
+        Side::Connecting { secret } => {
+            ctl.send(&Message::hello_presenting(shared.info.clone(), secret))?;
+            ctl.recv_expecting(MessageType::Hello, left())?
+        }
+        Side::Accepting { own } => {
+            let hello = ctl.recv_expecting(MessageType::Hello, left())?;
+            if let Message::Hello { secret, .. } = &hello {
+                check_secret(shared.config.require_secret, own, *secret)
+                    .map_err(|what| Error::Incompatible { peer, what })?;
+            }
+            ctl.send(&Message::hello(shared.info.clone()))?;
+            hello
+        }
+    };
     let Message::Hello {
         protocol_version,
         endpoint: peer_info,
-    } = ctl.recv_expecting(MessageType::Hello, left())?
+        ..
+    } = peer_hello
     else {
         return Err(Error::Internal(
             "recv_expecting returned another type".into(),
@@ -170,6 +209,29 @@ fn handshake(
     })
 }
 
+/// `Err` says why a peer's `Hello` does not get in: this endpoint requires its secret and the
+/// peer presented none, or another one.
+pub(crate) fn check_secret(
+    required: bool,
+    own: Secret,
+    presented: Option<Secret>,
+) -> std::result::Result<(), String> {
+    match presented {
+        _ if !required => Ok(()),
+        Some(s) if s == own => Ok(()),
+        Some(_) => Err(
+            "this endpoint requires its secret and the peer presented a wrong one \
+                        (connect with this endpoint's current metadata)"
+                .into(),
+        ),
+        None => Err(
+            "this endpoint requires its secret and the peer presented none \
+                     (connect with the endpoint's metadata, not its address alone)"
+                .into(),
+        ),
+    }
+}
+
 /// `Err` names the setting that differs, with both values.
 fn check_compatible(
     local: &EndpointInfo,
@@ -215,7 +277,21 @@ mod tests {
             plugin_name: "tcpx-socket".into(),
             abi_version: 8,
             chunk_bytes,
+            gpu_index: None,
         }
+    }
+
+    #[test]
+    fn secrets_are_checked_only_when_required() {
+        let own = Secret::random();
+        let other = Secret::random();
+        assert!(check_secret(false, own, None).is_ok());
+        assert!(check_secret(false, own, Some(other)).is_ok());
+        assert!(check_secret(true, own, Some(own)).is_ok());
+        let e = check_secret(true, own, Some(other)).unwrap_err();
+        assert!(e.contains("wrong"), "{e}");
+        let e = check_secret(true, own, None).unwrap_err();
+        assert!(e.contains("presented none"), "{e}");
     }
 
     #[test]

@@ -154,6 +154,48 @@ fn probe() -> DriverStatus {
     }
 }
 
+/// Which GPU `ptr` lives on: `Some(ordinal)` for CUDA device memory, `None` for host memory
+/// (pageable, or pinned with `cuMemHostAlloc`), pointers CUDA does not know, and when no
+/// CUDA driver is usable. Never panics; the only CUDA work it may trigger is the one-time
+/// [`driver_status`] probe (dlopen, `cuInit`). Unified (managed) memory reports the device it
+/// was allocated for.
+pub fn pointer_device(ptr: *const u8) -> Option<usize> {
+    if ptr.is_null() || !driver_available() {
+        return None;
+    }
+    let address = ptr as sys::CUdeviceptr;
+    // Read into plain integers, not cudarc's enums: the driver may write values the enum
+    // does not list (newer memory types).
+    let mut memory_type: c_uint = 0;
+    // SAFETY: the driver is loaded and initialised (checked above); cuPointerGetAttribute
+    // writes one `unsigned int` (CUmemorytype) for MEMORY_TYPE and only inspects `address`,
+    // which need not be a valid pointer (unknown ones give CUDA_ERROR_INVALID_VALUE).
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut memory_type as *mut c_uint).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            address,
+        )
+    };
+    // CU_MEMORYTYPE_DEVICE = 2; CU_MEMORYTYPE_UNIFIED = 4 (managed memory).
+    if rc != sys::CUresult::CUDA_SUCCESS || !(memory_type == 2 || memory_type == 4) {
+        return None;
+    }
+    let mut ordinal: c_int = -1;
+    // SAFETY: as above; DEVICE_ORDINAL writes one `int`.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut c_int).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            address,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    usize::try_from(ordinal).ok()
+}
+
 /// Fails with [`CudaError::NoDriver`] unless the driver is usable; every driver entry point
 /// calls this before reaching `cudarc`.
 pub(crate) fn require(api: &'static str) -> Result<()> {
@@ -233,5 +275,14 @@ mod tests {
             ));
             assert!(err.to_string().contains("no usable CUDA driver"), "{err}");
         }
+    }
+
+    #[test]
+    fn host_pointers_are_on_no_gpu() {
+        let host = vec![1u8; 4096];
+        assert_eq!(pointer_device(host.as_ptr()), None);
+        assert_eq!(pointer_device(std::ptr::null()), None);
+        // An address nothing is mapped at: unknown to CUDA, and never dereferenced.
+        assert_eq!(pointer_device(0x10 as *const u8), None);
     }
 }

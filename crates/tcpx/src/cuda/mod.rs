@@ -44,7 +44,7 @@ pub mod unpack;
 
 pub use buffer::{AsyncCopy, CudaBuffer, DeviceAccessible, PinnedHostBuffer};
 pub use device::{CudaDevice, CudaEvent, CudaStream};
-pub use driver::{driver_available, driver_status, skip_reason, DriverStatus};
+pub use driver::{driver_available, driver_status, pointer_device, skip_reason, DriverStatus};
 pub use staging::StagingRing;
 
 /// Why a CUDA operation failed (the `kind` of an [`Error`](crate::Error) from this module).

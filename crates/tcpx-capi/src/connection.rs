@@ -1,0 +1,349 @@
+//! Connections: peer info, two-sided send / receive (contiguous and vectored), statistics,
+//! close and destroy.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use tcpx_runtime::{Connection, Segment, Transfer};
+
+use crate::convert::{array, fill_text, non_null, write_out};
+use crate::endpoint::ENDPOINTS;
+use crate::error::{guard, CapiError, CapiResult};
+use crate::handles::Table;
+use crate::memory::{resolve, InUse};
+use crate::tcpx_status::{self, *};
+use crate::transfer::issue;
+use crate::{
+    tcpx_connection, tcpx_connection_stats, tcpx_peer_info, tcpx_region, tcpx_segment,
+    tcpx_transfer,
+};
+
+/// A connection, owned so that destroying it drops the runtime connection at once, whoever
+/// else holds the object: calls take the read lock for their (short) duration, destroy takes
+/// the write lock and empties it, so once destroy returns no engine works for it any more.
+pub(crate) struct ConnectionObj {
+    /// The id of the endpoint it was made on.
+    pub(crate) endpoint: u64,
+    conn: RwLock<Option<Connection>>,
+}
+
+pub(crate) static CONNECTIONS: Table<ConnectionObj> = Table::new(2, "tcpx_connection");
+
+impl ConnectionObj {
+    /// Runs `f` on the live connection.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&Connection) -> CapiResult<R>) -> CapiResult<R> {
+        let guard = self.conn.read().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(conn) => f(conn),
+            None => Err(CapiError::new(
+                TCPX_ERR_CLOSED,
+                "the connection was closed by this side",
+            )),
+        }
+    }
+
+    /// Drops the runtime connection now: pending transfers fail with `TCPX_ERR_CLOSED`, the
+    /// peer is told, the engines let go of its comms (each within the timeout).
+    pub(crate) fn shut_down(&self) {
+        let taken = self.conn.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(taken);
+    }
+}
+
+/// Hands a new connection of endpoint `endpoint` to C. If the endpoint was destroyed while the
+/// connection was being set up, the connection is closed and the call fails.
+pub(crate) fn adopt(endpoint: u64, conn: Connection) -> CapiResult<tcpx_connection> {
+    let obj = Arc::new(ConnectionObj {
+        endpoint,
+        conn: RwLock::new(Some(conn)),
+    });
+    let id = CONNECTIONS.insert(obj.clone());
+    // Checked after inserting: a destroy that ran before this saw no connection to close.
+    if ENDPOINTS.get(endpoint).is_err() {
+        let _ = CONNECTIONS.remove(id);
+        obj.shut_down();
+        return Err(CapiError::new(
+            TCPX_ERR_STALE_HANDLE,
+            "the endpoint was destroyed while the connection was being set up; it was closed",
+        ));
+    }
+    Ok(tcpx_connection { id })
+}
+
+/// What C learns about a connection's peer.
+pub(crate) fn peer_info(conn: &Connection) -> tcpx_peer_info {
+    let mut info = tcpx_peer_info {
+        address: [0; crate::TCPX_ADDRESS_MAX],
+        gpu_index: conn.peer_gpu().map_or(-1, |g| g as i32),
+        channels: u32::from(conn.channels()),
+    };
+    fill_text(&mut info.address, &conn.peer().to_string());
+    info
+}
+
+/// The connection `handle` names.
+pub(crate) fn connection(handle: tcpx_connection) -> CapiResult<Arc<ConnectionObj>> {
+    CONNECTIONS.get(handle.id)
+}
+
+/// Fills `*peer` with the peer's control address, announced GPU index and channel count.
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `peer` points to writable memory for a `tcpx_peer_info`.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_peer(
+    connection: tcpx_connection,
+    peer: *mut tcpx_peer_info,
+) -> tcpx_status {
+    guard("tcpx_connection_peer", || {
+        non_null(peer, "peer")?;
+        let info = self::connection(connection)?.with(|c| Ok(peer_info(c)))?;
+        // SAFETY: non-null (checked); writable (the caller's promise).
+        unsafe { write_out(peer, info) };
+        Ok(TCPX_OK)
+    })
+}
+
+/// Submits `segments` (resolved and marked in use) in `direction` and hands out the transfer.
+fn submit(
+    connection: tcpx_connection,
+    segments: &[tcpx_segment],
+    transfer: *mut tcpx_transfer,
+    post: impl FnOnce(&Connection, &[Segment<'_>]) -> tcpx_runtime::Result<Transfer>,
+) -> CapiResult<tcpx_status> {
+    non_null(transfer, "transfer (output)")?;
+    let conn = self::connection(connection)?;
+    let regions: Vec<InUse> = resolve(conn.endpoint, segments)?;
+    let pieces: Vec<Segment<'_>> = regions
+        .iter()
+        .zip(segments)
+        .map(|(r, s)| Segment::new(&r.region, s.offset as usize, s.len as usize))
+        .collect();
+    let started = conn.with(|c| Ok(post(c, &pieces)?))?;
+    for region in &regions {
+        region.track(&started);
+    }
+    let handle = issue(started);
+    // SAFETY: non-null (checked); writable (the caller's promise).
+    unsafe { write_out(transfer, handle) };
+    Ok(TCPX_OK)
+}
+
+/// Sends `len` bytes at `offset` in `region` (registered or allocated on this connection's
+/// endpoint); the peer posts a receive of the same length. `*transfer` tracks it (test / wait,
+/// then release). The memory must stay untouched until the transfer finished.
+/// Thread safety: any thread; several threads may post on one connection at once (each
+/// direction's transfers are matched with the peer's in the order they were posted).
+///
+/// # Safety
+/// `transfer` points to writable memory for a handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_send(
+    connection: tcpx_connection,
+    region: tcpx_region,
+    offset: u64,
+    len: u64,
+    transfer: *mut tcpx_transfer,
+) -> tcpx_status {
+    let seg = [tcpx_segment {
+        region,
+        offset,
+        len,
+    }];
+    guard("tcpx_connection_send", || {
+        submit(connection, &seg, transfer, |c, s| {
+            c.send(s[0].region, s[0].offset, s[0].len)
+        })
+    })
+}
+
+/// Receives `len` bytes into `region` at `offset`; the peer sends the same length.
+/// Thread safety: as `tcpx_connection_send`.
+///
+/// # Safety
+/// `transfer` points to writable memory for a handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_recv(
+    connection: tcpx_connection,
+    region: tcpx_region,
+    offset: u64,
+    len: u64,
+    transfer: *mut tcpx_transfer,
+) -> tcpx_status {
+    let seg = [tcpx_segment {
+        region,
+        offset,
+        len,
+    }];
+    guard("tcpx_connection_recv", || {
+        submit(connection, &seg, transfer, |c, s| {
+            c.recv(s[0].region, s[0].offset, s[0].len)
+        })
+    })
+}
+
+/// Sends the concatenation of `segments[0..count)` as one transfer; the peer receives it with
+/// `tcpx_connection_recv_vectored`, cut however it likes (the totals must match).
+/// Thread safety: as `tcpx_connection_send`.
+///
+/// # Safety
+/// `segments` points to `count` initialized segments; `transfer` to writable memory for a
+/// handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_send_vectored(
+    connection: tcpx_connection,
+    segments: *const tcpx_segment,
+    count: usize,
+    transfer: *mut tcpx_transfer,
+) -> tcpx_status {
+    guard("tcpx_connection_send_vectored", || {
+        non_null(segments, "segments")?;
+        // SAFETY: non-null (checked), `count` segments (the caller's promise).
+        let segs = unsafe { array(segments, count, "segments") }?;
+        submit(connection, segs, transfer, |c, s| c.send_vectored(s))
+    })
+}
+
+/// Receives one transfer into `segments[0..count)`, in order; the peer sends it with
+/// `tcpx_connection_send_vectored`. Thread safety: as `tcpx_connection_send`.
+///
+/// # Safety
+/// As `tcpx_connection_send_vectored`.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_recv_vectored(
+    connection: tcpx_connection,
+    segments: *const tcpx_segment,
+    count: usize,
+    transfer: *mut tcpx_transfer,
+) -> tcpx_status {
+    guard("tcpx_connection_recv_vectored", || {
+        non_null(segments, "segments")?;
+        // SAFETY: non-null (checked), `count` segments (the caller's promise).
+        let segs = unsafe { array(segments, count, "segments") }?;
+        submit(connection, segs, transfer, |c, s| c.recv_vectored(s))
+    })
+}
+
+/// Registers `region` with this connection's comms now rather than at its first transfer
+/// (takes the registration cost off the first transfer). Thread safety: any thread.
+#[no_mangle]
+pub extern "C" fn tcpx_connection_register(
+    connection: tcpx_connection,
+    region: tcpx_region,
+) -> tcpx_status {
+    guard("tcpx_connection_register", || {
+        let conn = self::connection(connection)?;
+        let seg = [tcpx_segment {
+            region,
+            offset: 0,
+            len: 0,
+        }];
+        let regions = resolve(conn.endpoint, &seg)?;
+        conn.with(|c| Ok(c.register(&regions[0].region)?))?;
+        Ok(TCPX_OK)
+    })
+}
+
+/// Fills `*stats` with the connection's counters summed over its channels. Thread safety: any
+/// thread (the counters are read without stopping the engines, so they are a recent, not an
+/// atomic, picture).
+///
+/// # Safety
+/// `stats` points to writable memory for a `tcpx_connection_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_get_stats(
+    connection: tcpx_connection,
+    stats: *mut tcpx_connection_stats,
+) -> tcpx_status {
+    guard("tcpx_connection_get_stats", || {
+        non_null(stats, "stats")?;
+        let out = self::connection(connection)?.with(|c| {
+            let mut out = tcpx_connection_stats {
+                channels: u32::from(c.channels()),
+                in_flight: c.in_flight() as u64,
+                ..Default::default()
+            };
+            for s in c.stats() {
+                out.bytes_sent += s.bytes_sent;
+                out.bytes_received += s.bytes_received;
+                out.sends += s.sends;
+                out.recvs += s.recvs;
+                out.busy += s.busy;
+            }
+            for s in c.one_sided_stats() {
+                out.one_sided_bytes_sent += s.bytes_sent;
+                out.one_sided_bytes_received += s.bytes_received;
+                out.busy += s.busy;
+            }
+            Ok(out)
+        })?;
+        // SAFETY: non-null (checked); writable (the caller's promise).
+        unsafe { write_out(stats, out) };
+        Ok(TCPX_OK)
+    })
+}
+
+/// `TCPX_OK` while the connection works; once it failed (peer gone, timeout, plugin error),
+/// the status of that failure, with `tcpx_last_error()` naming it. Thread safety: any thread.
+#[no_mangle]
+pub extern "C" fn tcpx_connection_status(connection: tcpx_connection) -> tcpx_status {
+    guard("tcpx_connection_status", || {
+        self::connection(connection)?.with(|c| match c.error() {
+            None => Ok(TCPX_OK),
+            Some(e) => Err(e.into()),
+        })
+    })
+}
+
+/// Closes gracefully: waits (at most the configured timeout) for the connection's pending
+/// transfers to finish, then closes it as `tcpx_connection_destroy` does. Returns
+/// `TCPX_ERR_TIMEOUT` if some were still pending (they then failed with `TCPX_ERR_CLOSED`); the
+/// handle is stale afterwards either way. Thread safety: any thread; posting on the connection
+/// from other threads meanwhile makes the wait longer, not unsafe.
+#[no_mangle]
+pub extern "C" fn tcpx_connection_close(connection: tcpx_connection) -> tcpx_status {
+    guard("tcpx_connection_close", || {
+        let conn = self::connection(connection)?;
+        let healthy = conn.with(|c| Ok(c.error().is_none()))?;
+        let mut outcome = Ok(TCPX_OK);
+        if healthy {
+            let limit = ENDPOINTS
+                .get(conn.endpoint)
+                .map(|e| e.endpoint.config().timeout)
+                .unwrap_or(Duration::from_secs(30));
+            let deadline = Instant::now() + limit;
+            // The read lock is taken per check, never across the sleep, so a concurrent
+            // destroy is not held up.
+            while conn.with(|c| Ok(c.in_flight()))? > 0 {
+                if Instant::now() >= deadline {
+                    outcome = Err(CapiError::new(
+                        TCPX_ERR_TIMEOUT,
+                        format!("transfers were still pending after {limit:?}; they were failed"),
+                    ));
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        }
+        let _ = CONNECTIONS.remove(connection.id);
+        conn.shut_down();
+        outcome
+    })
+}
+
+/// Closes the connection now: pending transfers fail with `TCPX_ERR_CLOSED`, the peer is
+/// told, and once this returns no engine touches the connection's memory any more (each engine
+/// is given the configured timeout to let go, so this never blocks longer). The handle is
+/// stale afterwards; transfer handles stay valid until released.
+/// Thread safety: any thread; calls racing with it on the same connection fail with
+/// `TCPX_ERR_STALE_HANDLE` or `TCPX_ERR_CLOSED` (destroy waits for calls already inside to
+/// return, which never block).
+#[no_mangle]
+pub extern "C" fn tcpx_connection_destroy(connection: tcpx_connection) -> tcpx_status {
+    guard("tcpx_connection_destroy", || {
+        let conn = CONNECTIONS.remove(connection.id)?;
+        conn.shut_down();
+        Ok(TCPX_OK)
+    })
+}

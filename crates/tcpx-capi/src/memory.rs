@@ -1,0 +1,306 @@
+//! Regions: caller-owned memory registered with an endpoint (host or CUDA), or memory the
+//! endpoint allocates; and the in-use accounting that keeps `tcpx_region_destroy` from
+//! releasing memory a transfer still uses.
+
+use std::ffi::c_void;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tcpx_core::MemoryKind;
+use tcpx_runtime::onesided::Descriptor;
+use tcpx_runtime::{Endpoint, Region, Transfer};
+
+use crate::convert::{non_null, to_usize, write_out};
+use crate::endpoint::{endpoint, ENDPOINTS};
+use crate::error::{guard, CapiError, CapiResult};
+use crate::handles::Table;
+use crate::tcpx_memory_kind::{self, *};
+use crate::tcpx_status::{self, *};
+use crate::{tcpx_endpoint, tcpx_region, tcpx_segment};
+
+/// Set in [`RegionObj::state`] while a destroy checks the region; the low bits count calls
+/// submitting a transfer on it.
+const DESTROYING: u64 = 1 << 63;
+/// Finished transfers are dropped from a region's list once it holds this many.
+const PRUNE_AT: usize = 32;
+
+/// A region and what keeps it from being destroyed under a transfer.
+pub(crate) struct RegionObj {
+    /// The id of the endpoint it belongs to.
+    pub(crate) endpoint: u64,
+    pub(crate) region: Region,
+    state: AtomicU64,
+    /// Transfers submitted on it, unfinished ones at least.
+    users: Mutex<Vec<Transfer>>,
+    /// Its current descriptor, if advertised (advertising again retires the previous one).
+    pub(crate) descriptor: Mutex<Option<Descriptor>>,
+}
+
+pub(crate) static REGIONS: Table<RegionObj> = Table::new(3, "tcpx_region");
+
+impl RegionObj {
+    fn new(endpoint: u64, region: Region) -> Self {
+        Self {
+            endpoint,
+            region,
+            state: AtomicU64::new(0),
+            users: Mutex::new(Vec::new()),
+            descriptor: Mutex::new(None),
+        }
+    }
+
+    /// Records `transfer` as using this region (until it finishes).
+    pub(crate) fn track(&self, transfer: &Transfer) {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if users.len() >= PRUNE_AT {
+            users.retain(|t| !t.is_finished());
+        }
+        users.push(transfer.clone());
+    }
+
+    /// Revokes the region's descriptor on `endpoint`, if it has one.
+    pub(crate) fn revoke_on(&self, endpoint: &Endpoint) {
+        let taken = self
+            .descriptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(d) = taken {
+            endpoint.revoke(&d);
+        }
+    }
+}
+
+/// A region marked as having a transfer submitted on it, for the guard's lifetime.
+pub(crate) struct InUse(Arc<RegionObj>);
+
+impl Deref for InUse {
+    type Target = RegionObj;
+    fn deref(&self) -> &RegionObj {
+        &self.0
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.state.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Looks up every segment's region, checks it belongs to endpoint `endpoint` and that the
+/// range lies inside it, and marks it in use.
+pub(crate) fn resolve(endpoint: u64, segments: &[tcpx_segment]) -> CapiResult<Vec<InUse>> {
+    if segments.is_empty() {
+        return Err(CapiError::invalid("the segment list is empty"));
+    }
+    let mut out = Vec::with_capacity(segments.len());
+    for (i, s) in segments.iter().enumerate() {
+        let obj = REGIONS
+            .get(s.region.id)
+            .map_err(|e| CapiError::new(e.status, format!("segment {i}: {}", e.message)))?;
+        if obj.state.fetch_add(1, Ordering::AcqRel) & DESTROYING != 0 {
+            obj.state.fetch_sub(1, Ordering::AcqRel);
+            return Err(CapiError::new(
+                TCPX_ERR_STALE_HANDLE,
+                format!("segment {i}: the region is being destroyed by another thread"),
+            ));
+        }
+        let in_use = InUse(obj);
+        if in_use.endpoint != endpoint {
+            return Err(CapiError::invalid(format!(
+                "segment {i}: the region belongs to another endpoint than the connection"
+            )));
+        }
+        let (offset, len) = (to_usize(s.offset, "offset")?, to_usize(s.len, "len")?);
+        let size = in_use.region.len();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(CapiError::invalid(format!(
+                "segment {i}: range {offset}+{len} lies outside the region of {size} bytes"
+            )));
+        }
+        out.push(in_use);
+    }
+    Ok(out)
+}
+
+fn adopt(
+    endpoint: tcpx_endpoint,
+    region: Region,
+    out: *mut tcpx_region,
+) -> CapiResult<tcpx_status> {
+    let id = REGIONS.insert(Arc::new(RegionObj::new(endpoint.id, region)));
+    // A destroy of the endpoint that ran meanwhile saw no region to release.
+    if ENDPOINTS.get(endpoint.id).is_err() {
+        let _ = REGIONS.remove(id);
+        return Err(CapiError::new(
+            TCPX_ERR_STALE_HANDLE,
+            "the endpoint was destroyed during the call",
+        ));
+    }
+    // SAFETY: the callers checked `out` for null; writable (the C caller's promise).
+    unsafe { write_out(out, tcpx_region { id }) };
+    Ok(TCPX_OK)
+}
+
+/// Registers caller-owned memory `[ptr, ptr + len)` with the endpoint: host memory, or a CUDA
+/// device pointer (recognised through the CUDA driver, on the endpoint's GPU; staged through
+/// pinned host memory when the plugin takes host memory only). `*region` is the new handle.
+/// The memory stays the caller's: it must stay valid until `tcpx_region_destroy` succeeded
+/// (or the endpoint was destroyed). Registration with the plugin happens per connection at
+/// first use (or `tcpx_connection_register`).
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `[ptr, ptr + len)` is one allocation of host or CUDA memory that stays valid as said above;
+/// `region` points to writable memory for a handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_endpoint_register(
+    endpoint: tcpx_endpoint,
+    ptr: *mut c_void,
+    len: usize,
+    region: *mut tcpx_region,
+) -> tcpx_status {
+    guard("tcpx_endpoint_register", || {
+        non_null(ptr, "ptr")?;
+        non_null(region, "region (output)")?;
+        if len == 0 {
+            return Err(CapiError::invalid("len is 0: cannot register empty memory"));
+        }
+        let obj = self::endpoint(endpoint)?;
+        // SAFETY: the memory's validity is the C caller's promise, passed on unchanged.
+        let registered = unsafe { obj.endpoint.register_ptr(ptr.cast(), len) }?;
+        adopt(endpoint, registered, region)
+    })
+}
+
+/// Allocates `len` bytes of zeroed, 4 KiB-aligned host memory owned by the library and
+/// registers it. `tcpx_region_info` gives its address; `tcpx_region_destroy` frees it.
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `region` points to writable memory for a handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_endpoint_alloc_host(
+    endpoint: tcpx_endpoint,
+    len: usize,
+    region: *mut tcpx_region,
+) -> tcpx_status {
+    guard("tcpx_endpoint_alloc_host", || {
+        non_null(region, "region (output)")?;
+        let obj = self::endpoint(endpoint)?;
+        let allocated = obj.endpoint.alloc_host(len)?;
+        adopt(endpoint, allocated, region)
+    })
+}
+
+/// Allocates `len` bytes of zeroed device memory on the endpoint's GPU (the GPU of its first
+/// CUDA region, else the one whose PCI id is `gpu_pci`, else GPU 0) and registers it.
+/// `TCPX_ERR_UNSUPPORTED` without a CUDA driver or device. Thread safety: any thread.
+///
+/// # Safety
+/// `region` points to writable memory for a handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_endpoint_alloc_cuda(
+    endpoint: tcpx_endpoint,
+    len: usize,
+    region: *mut tcpx_region,
+) -> tcpx_status {
+    guard("tcpx_endpoint_alloc_cuda", || {
+        non_null(region, "region (output)")?;
+        let obj = self::endpoint(endpoint)?;
+        let allocated = obj.endpoint.alloc_cuda(len)?;
+        adopt(endpoint, allocated, region)
+    })
+}
+
+/// Describes a region: its base address (a device pointer for CUDA memory; for allocated
+/// regions this is where the host reads and writes the data), its length and where it lives.
+/// Each output may be NULL when not wanted. Thread safety: any thread.
+///
+/// # Safety
+/// Each non-NULL output points to writable memory of its type.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_region_info(
+    region: tcpx_region,
+    ptr: *mut *mut c_void,
+    len: *mut usize,
+    kind: *mut tcpx_memory_kind,
+) -> tcpx_status {
+    guard("tcpx_region_info", || {
+        let obj = REGIONS.get(region.id)?;
+        let memory = obj.region.memory();
+        if !ptr.is_null() {
+            // SAFETY: non-null (checked); writable (the caller's promise).
+            unsafe { write_out(ptr, memory.as_ptr().cast()) };
+        }
+        if !len.is_null() {
+            // SAFETY: as above.
+            unsafe { write_out(len, memory.len()) };
+        }
+        if !kind.is_null() {
+            let k = match memory.kind() {
+                MemoryKind::Host => TCPX_MEMORY_HOST,
+                MemoryKind::Cuda => TCPX_MEMORY_CUDA,
+            };
+            // SAFETY: as above.
+            unsafe { write_out(kind, k) };
+        }
+        Ok(TCPX_OK)
+    })
+}
+
+/// Releases a region: revokes its descriptor (peers' later one-sided requests on it are
+/// refused), then deregisters caller-owned memory (which is the caller's to free once this
+/// returned `TCPX_OK`) or frees allocated memory. Refused with `TCPX_ERR_BUSY`, the region left
+/// usable (but revoked), while a transfer on it has not finished or the plugin still holds a
+/// request on it (after a failed transfer, destroy the connection to abandon those).
+/// Thread safety: any thread; a transfer submitted on the region by another thread at the same
+/// moment makes one of the two calls fail (`TCPX_ERR_BUSY` or `TCPX_ERR_STALE_HANDLE`).
+#[no_mangle]
+pub extern "C" fn tcpx_region_destroy(region: tcpx_region) -> tcpx_status {
+    guard("tcpx_region_destroy", || {
+        let obj = REGIONS.get(region.id)?;
+        if let Err(n) =
+            obj.state
+                .compare_exchange(0, DESTROYING, Ordering::AcqRel, Ordering::Acquire)
+        {
+            return Err(CapiError::new(
+                TCPX_ERR_BUSY,
+                if n & DESTROYING != 0 {
+                    "another thread is destroying this region".to_string()
+                } else {
+                    format!("{n} call(s) are submitting transfers on this region right now")
+                },
+            ));
+        }
+        let busy = |why: String| {
+            obj.state.store(0, Ordering::Release);
+            Err(CapiError::new(TCPX_ERR_BUSY, why))
+        };
+        let pending = {
+            let mut users = obj.users.lock().unwrap_or_else(|p| p.into_inner());
+            users.retain(|t| !t.is_finished());
+            users.len()
+        };
+        if pending > 0 {
+            return busy(format!(
+                "{pending} transfer(s) on this region have not finished: wait for them, or \
+                 destroy their connection"
+            ));
+        }
+        if let Ok(ep) = ENDPOINTS.get(obj.endpoint) {
+            obj.revoke_on(&ep.endpoint);
+        }
+        let requests = obj.region.memory().in_flight();
+        if requests > 0 {
+            return busy(format!(
+                "the plugin still holds {requests} request(s) on this memory (a failed transfer's, \
+                 or a peer's one-sided operation being served): destroy the connection to \
+                 abandon them"
+            ));
+        }
+        REGIONS.remove(region.id)?;
+        Ok(TCPX_OK)
+    })
+}
