@@ -360,6 +360,24 @@ Status Engine::connection(const std::string &agent, tcpx_connection &out) const 
     return NIXL_SUCCESS;
 }
 
+void Engine::forget(const std::string &agent, tcpx_connection conn) const {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(agent);
+        if (it == peers_.end() || it->second.conn.id != conn.id) return;
+        it->second.conn = tcpx_connection{0};
+    }
+    tcpx_connection_destroy(conn);
+}
+
+namespace {
+/// A submit failure that means the connection is gone (the peer closed it, or it was closed
+/// here), not that the request was bad: worth one retry on a fresh connection.
+bool connectionGone(tcpx_status s) {
+    return s == TCPX_ERR_PEER_CLOSED || s == TCPX_ERR_CLOSED || s == TCPX_ERR_STALE_HANDLE;
+}
+}  // namespace
+
 Status Engine::connect(const std::string &remote_agent) {
     return guarded("connect", [&] {
         // NIXL connects every engine to its own agent at creation; that connection is made
@@ -668,27 +686,30 @@ Status Engine::startTransfer(Request &req, const BackendOptionalArgs *opt) const
         }
         payload = wire::encodeNotif(wire::NotifKind::User, localAgent, opt->notifMsg);
     }
-    tcpx_connection conn{0};
-    Status ns = connection(req.agent, conn);
-    if (ns != NIXL_SUCCESS) return ns;
-    req.conn = conn;
-    req.failed = false;
-    req.notifPending = false;
-    tcpx_status st;
-    if (req.op == NIXL_WRITE) {
-        // The notification travels with the write and is delivered after its bytes landed.
-        st = tcpx_connection_write(conn, req.local.data(), req.local.size(), req.remote.data(),
-                                   req.remote.size(),
-                                   notify ? reinterpret_cast<const uint8_t *>(payload.data())
-                                          : nullptr,
-                                   payload.size(), &req.xfer);
-    } else {
-        st = tcpx_connection_read(conn, req.local.data(), req.local.size(), req.remote.data(),
-                                  req.remote.size(), &req.xfer);
-        if (notify) {
-            req.pendingNotif = std::move(payload);  // sent once the read completed
-            req.notifPending = true;
+    tcpx_status st = TCPX_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        tcpx_connection conn{0};
+        Status ns = connection(req.agent, conn);
+        if (ns != NIXL_SUCCESS) return ns;
+        req.conn = conn;
+        req.failed = false;
+        req.notifPending = false;
+        if (req.op == NIXL_WRITE) {
+            // The notification travels with the write and is delivered after its bytes landed.
+            st = tcpx_connection_write(
+                conn, req.local.data(), req.local.size(), req.remote.data(), req.remote.size(),
+                notify ? reinterpret_cast<const uint8_t *>(payload.data()) : nullptr,
+                payload.size(), &req.xfer);
+        } else {
+            st = tcpx_connection_read(conn, req.local.data(), req.local.size(), req.remote.data(),
+                                      req.remote.size(), &req.xfer);
+            if (notify && st == TCPX_OK) {
+                req.pendingNotif = payload;  // sent once the read completed
+                req.notifPending = true;
+            }
         }
+        if (!connectionGone(st)) break;
+        forget(req.agent, conn);  // closed under us (the peer disconnected): dial again
     }
     if (st != TCPX_OK) {
         req.xfer = tcpx_transfer{0};
@@ -780,12 +801,17 @@ Status Engine::genNotif(const std::string &remote_agent, const std::string &msg)
             logError("notification of " + std::to_string(msg.size()) + " bytes exceeds the limit");
             return NIXL_ERR_INVALID_PARAM;
         }
-        tcpx_connection conn{0};
-        Status ns = connection(remote_agent, conn);
-        if (ns != NIXL_SUCCESS) return ns;
         const std::string payload = wire::encodeNotif(wire::NotifKind::User, localAgent, msg);
-        const tcpx_status st = tcpx_connection_notify(
-            conn, reinterpret_cast<const uint8_t *>(payload.data()), payload.size());
+        tcpx_status st = TCPX_OK;
+        for (int attempt = 0; attempt < 2; attempt++) {
+            tcpx_connection conn{0};
+            Status ns = connection(remote_agent, conn);
+            if (ns != NIXL_SUCCESS) return ns;
+            st = tcpx_connection_notify(conn, reinterpret_cast<const uint8_t *>(payload.data()),
+                                        payload.size());
+            if (!connectionGone(st)) break;
+            forget(remote_agent, conn);
+        }
         if (st != TCPX_OK) {
             logError(failure("notification to agent '" + remote_agent + "'", st));
             return toNixl(st);

@@ -131,6 +131,9 @@ private:
     void tryBindLocked(const std::string &addr) const;
     /// The connection to send to `agent` on, dialing it when there is none (or it failed).
     Status connection(const std::string &agent, tcpx_connection &out) const;
+    /// Drops `conn` as the connection to `agent` (it failed on submit: the peer closed it), so
+    /// that the next `connection` dials afresh.
+    void forget(const std::string &agent, tcpx_connection conn) const;
     Status startTransfer(Request &req, const BackendOptionalArgs *opt_args) const;
     Status buildRequest(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
                         const std::string &agent, Request &req) const;
