@@ -193,6 +193,10 @@ class Agent:
         name = self.agent.add_remote_agent(md)
         return name.decode() if isinstance(name, bytes) else name
 
+    def connect(self, name):
+        self.agent.make_connection(name)
+        return True
+
     def remove_remote(self, name):
         self.agent.remove_remote_agent(name)
         return True
