@@ -69,7 +69,10 @@ pub fn run(args: &[String]) -> Result<()> {
         return probe(&root, src);
     }
     let plugins = build(&root)?;
-    println!("NIXL plugin: {}", plugins.join("libplugin_TCPX.so").display());
+    println!(
+        "NIXL plugin: {}",
+        plugins.join("libplugin_TCPX.so").display()
+    );
     if !o.test && o.bench.is_none() {
         println!("use it with: NIXL_PLUGIN_DIR={}", plugins.display());
         return Ok(());
@@ -108,11 +111,13 @@ fn build(root: &Path) -> Result<PathBuf> {
         sysdeps::ensure(&["g++"])?;
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run_command(
-        Command::new(&cargo)
-            .current_dir(root)
-            .args(["build", "--release", "-p", "tcpx-capi", "--lib"]),
-    )?;
+    run_command(Command::new(&cargo).current_dir(root).args([
+        "build",
+        "--release",
+        "-p",
+        "tcpx-capi",
+        "--lib",
+    ]))?;
     let out = root.join("target/nixl/plugins");
     std::fs::create_dir_all(&out)?;
     let lib = root.join("target/release/libtcpx.so");
@@ -126,10 +131,28 @@ fn build(root: &Path) -> Result<PathBuf> {
     let tmp = out.join(".libplugin_TCPX.so.new");
     run_command(
         Command::new(cxx())
-            .args(["-std=c++17", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC"])
-            .args(["-fvisibility=hidden", "-fvisibility-inlines-hidden", "-shared"])
-            .arg(format!("-I{}", root.join("integrations/nixl/include").display()))
-            .arg(format!("-I{}", root.join("crates/tcpx-capi/include").display()))
+            .args([
+                "-std=c++17",
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-fPIC",
+            ])
+            .args([
+                "-fvisibility=hidden",
+                "-fvisibility-inlines-hidden",
+                "-shared",
+            ])
+            .arg(format!(
+                "-I{}",
+                root.join("integrations/nixl/include").display()
+            ))
+            .arg(format!(
+                "-I{}",
+                root.join("crates/tcpx-capi/include").display()
+            ))
             .arg(src.join("engine.cpp"))
             .arg(src.join("plugin.cpp"))
             .arg("-o")
@@ -249,7 +272,10 @@ fn probe(root: &Path, src: &Path) -> Result<()> {
             .arg(format!("-I{}", api.join("backend").display()))
             .arg(format!("-I{}", src.join("src/core/telemetry").display()))
             .arg(format!("-I{}", src.join("src/utils").display()))
-            .arg(format!("-I{}", root.join("integrations/nixl/include").display()))
+            .arg(format!(
+                "-I{}",
+                root.join("integrations/nixl/include").display()
+            ))
             .arg(root.join("integrations/nixl/probe/abi_probe.cpp"))
             .arg("-o")
             .arg(&exe),

@@ -57,7 +57,15 @@ class Peer:
         self.call("init", name, backend, params or {}, mem)
 
     def call(self, cmd, *args, timeout=120):
+        self.send(cmd, *args)
+        return self.result(cmd, timeout)
+
+    def send(self, cmd, *args):
+        """Starts a command without waiting (pair with `result`), e.g. to run two agents'
+        commands at the same moment."""
         self.conn.send((cmd, args))
+
+    def result(self, cmd, timeout=120):
         if not self.conn.poll(timeout):
             raise TimeoutError(f"agent {self.name}: command {cmd} took more than {timeout} s")
         ok, value = self.conn.recv()

@@ -187,6 +187,39 @@ class Suite:
               "target's notification after the initiator reconnected")
         self.init.call("free", "r")
 
+    def test_simultaneous_connect(self):
+        """Two agents that know each other dial each other at the same moment: both keep
+        working, every notification arrives once, and WRITEs go both ways."""
+        a = Peer("sim-a", "TCPX", PARAMS, self.env)
+        b = Peer("sim-b", "TCPX", PARAMS, self.env)
+        try:
+            a.call("alloc", "m", 1 * MiB, 31)
+            b.call("alloc", "m", 1 * MiB, 32)
+            a.call("add_remote", b.call("metadata"))
+            b.call("add_remote", a.call("metadata"))
+            for round_ in range(3):
+                a.send("send_notif", "sim-b", f"a{round_}".encode())
+                b.send("send_notif", "sim-a", f"b{round_}".encode())
+                a.result("send_notif")
+                b.result("send_notif")
+            check(b.call("take_notifs", "sim-a", 3, 20) == [b"a0", b"a1", b"a2"], "a -> b notifications")
+            check(a.call("take_notifs", "sim-b", 3, 20) == [b"b0", b"b1", b"b2"], "b -> a notifications")
+            bl = blocks(16, 64 * KiB)
+            # Each writes its first half into the other's second half, at the same time.
+            half, other = bl[:8], bl[8:]
+            into_a, into_b = a.call("descs", "m", other), b.call("descs", "m", other)
+            a.send("xfer", "WRITE", "m", half, into_b, "sim-b", b"from a")
+            b.send("xfer", "WRITE", "m", half, into_a, "sim-a", b"from b")
+            a.result("xfer")
+            b.result("xfer")
+            check(b.call("wait_notif", "sim-a", b"from a", 20), "WRITE a -> b notification")
+            check(a.call("wait_notif", "sim-b", b"from b", 20), "WRITE b -> a notification")
+            check(b.call("verify", "m", other, 31, 1 * MiB, half) == 0, "a -> b data")
+            check(a.call("verify", "m", other, 32, 1 * MiB, half) == 0, "b -> a data")
+        finally:
+            a.close()
+            b.close()
+
     def test_peer_killed_mid_transfer(self):
         victim = Peer("victim", "TCPX", PARAMS, self.env)
         try:
@@ -246,6 +279,7 @@ ORDER = [
     "test_notifications_both_ways",
     "test_local_transfer",
     "test_disconnect_and_reconnect",
+    "test_simultaneous_connect",
     "test_peer_killed_mid_transfer",
     "test_vram_write_read_lists",
 ]
