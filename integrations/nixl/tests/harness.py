@@ -226,6 +226,16 @@ class Agent:
         self.regs[key] = self.agent.register_memory([(self.bufs[key][1], nbytes, dev, "")], self.mem)
         return True
 
+    def register_again(self, key):
+        """Registers buffer `key` a second time (NIXL accepts it; the backend counts it)."""
+        _, addr, n = self.bufs[key]
+        self.regs[key + "/again"] = self.agent.register_memory([(addr, n, 0, "")], self.mem)
+        return True
+
+    def deregister_again(self, key):
+        self.agent.deregister_memory(self.regs.pop(key + "/again"))
+        return True
+
     def free(self, key):
         self.agent.deregister_memory(self.regs.pop(key))
         host, addr, _ = self.bufs.pop(key)

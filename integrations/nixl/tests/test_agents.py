@@ -154,6 +154,21 @@ class Suite:
         check(self.init.call("verify", "back", remote, 99, 1 * MiB, local) == 0, "reverse WRITE data")
         self.init.call("free", "back")
 
+    def test_same_memory_registered_twice(self):
+        """NIXL lets the same range be registered twice; dropping one registration must leave
+        the other working (the backend counts references instead of revoking)."""
+        self.target.call("alloc", "twice", 1 * MiB)
+        self.target.call("register_again", "twice")
+        self.target.call("deregister_again", "twice")
+        publish(self.target, self.init)
+        self.init.call("alloc", "twice", 1 * MiB, 41)
+        bl = blocks(4, 256 * KiB)
+        rd = self.target.call("descs", "twice", bl)
+        self.init.call("xfer", "WRITE", "twice", bl, rd, "target", b"twice")
+        check(self.target.call("wait_notif", "initiator", b"twice", 20), "WRITE notification")
+        check(self.target.call("verify", "twice", bl, 41, 1 * MiB, bl) == 0, "data")
+        self.init.call("free", "twice")
+
     def test_local_transfer(self):
         self.init.call("alloc", "a", 1 * MiB, 5)
         self.init.call("alloc", "b", 1 * MiB)
@@ -277,6 +292,7 @@ ORDER = [
     "test_unknown_remote_agent",
     "test_write_read_lists",
     "test_notifications_both_ways",
+    "test_same_memory_registered_twice",
     "test_local_transfer",
     "test_disconnect_and_reconnect",
     "test_simultaneous_connect",
