@@ -213,6 +213,9 @@ fn venv(root: &Path) -> Result<PathBuf> {
         return Ok(python);
     }
     let host = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    if Command::new(&host).arg("--version").output().is_err() {
+        sysdeps::ensure(&["python3", "python3-venv"])?;
+    }
     let started = Instant::now();
     let mut create = Command::new(&host);
     create.args(["-m", "venv", "--clear"]).arg(&dir);
