@@ -106,6 +106,7 @@ class Suite:
         self.loaded = True
 
     def test_bad_remote_metadata(self):
+        print("    (NIXL and the plugin log the refusals below on purpose)", flush=True)
         md = self.target.call("metadata")
         expect_error(lambda: self.init.call("add_remote", b"not nixl metadata"), "garbage metadata")
         expect_error(lambda: self.init.call("add_remote", md[: len(md) // 2]), "truncated metadata")
@@ -236,6 +237,7 @@ class Suite:
             b.close()
 
     def test_peer_killed_mid_transfer(self):
+        print("    (the plugin logs the failed writes below on purpose)", flush=True)
         victim = Peer("victim", "TCPX", PARAMS, self.env)
         try:
             victim.call("alloc", "v", 64 * MiB)
