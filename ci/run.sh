@@ -27,8 +27,13 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 section "tests (README: cargo xtask test)"
 cargo xtask test
 
-# The NIXL backend plugin under NIXL's own agent: a virtualenv with nixl-cu12==1.5.1 (~85 MB with numpy
-# download, torch left out) and numpy, then two agents in two processes over 127.0.0.1 (about a
+# The C API: the checked-in tcpx.h matches the source, then the C test program (two processes
+# over 127.0.0.1, plain and under valgrind), the C++17 header check and the C examples.
+section "C API: header drift, C tests, valgrind (cargo xtask capi --check --test)"
+cargo xtask capi --check --test
+
+# The NIXL backend plugin under NIXL's own agent: a virtualenv with nixl-cu12==1.5.1 (~85 MB
+# download with numpy; torch left out), then two agents in two processes over 127.0.0.1 (about a
 # minute after the first build).
 section "NIXL backend plugin: two NIXL agents over TCPX (cargo xtask nixl --test)"
 cargo xtask nixl --test

@@ -2,9 +2,10 @@
 //!
 //! - Generates `crates/tcpx-capi/include/tcpx.h` with cbindgen (checked in); `--check` fails
 //!   when the checked-in header differs from what the source generates.
-//! - Builds `libtcpx.so` / `libtcpx.a` (release), writes `target/capi/tcpx.pc`, and compiles
-//!   the C examples, the C test program and a C++17 translation unit (`-Wall -Werror`) with the
-//!   system compilers (`cc`, `c++`) into `target/capi/`.
+//! - Builds `libtcpx.so` / `libtcpx.a` (release) and copies them to `target/capi/lib/`, writes
+//!   `target/capi/tcpx.pc`, and compiles the C examples, the C test program and a C++17
+//!   translation unit (`-Wall -Werror`) with the system compilers (`cc`, `c++`) into
+//!   `target/capi/`.
 //! - `--test` runs the C test program (two processes over 127.0.0.1), then again under
 //!   valgrind (definite leaks and memory errors fail), then the two examples as process pairs.
 //! - `--install PREFIX` copies the libraries, header and a `tcpx.pc` pointing at PREFIX into
@@ -86,6 +87,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let built = build(&root)?;
     let out = root.join("target/capi");
     std::fs::create_dir_all(&out)?;
+    // The C programs link against copies in target/capi/lib, not against target/release:
+    // a later cargo build there (a rebuild with other flags, another profile) must not swap
+    // the library under a test that is running.
+    let built = stage(&built, &out.join("lib"))?;
     let pc = pkg_config(&built.libdir, &krate.join("include"), &built.native_libs);
     std::fs::write(out.join("tcpx.pc"), pc)?;
     compile(&root, &built, &out)?;
@@ -99,7 +104,7 @@ pub fn run(args: &[String]) -> Result<()> {
         install(prefix, &built, &header)?;
     }
     if o.test {
-        test(&root, &out)?;
+        test(&out)?;
     }
     Ok(())
 }
@@ -169,15 +174,33 @@ fn build(root: &Path) -> Result<Built> {
     })
 }
 
+/// Copies both libraries into `dir` (each through a temporary name and a rename, so a program
+/// still running keeps the file it loaded).
+fn stage(built: &Built, dir: &Path) -> Result<Built> {
+    std::fs::create_dir_all(dir)?;
+    for f in ["libtcpx.so", "libtcpx.a"] {
+        let tmp = dir.join(format!(".{f}.tmp"));
+        std::fs::copy(built.libdir.join(f), &tmp)
+            .with_context(|| format!("cannot copy {f} into {}", dir.display()))?;
+        std::fs::rename(&tmp, dir.join(f))?;
+    }
+    Ok(Built {
+        libdir: dir.to_path_buf(),
+        native_libs: built.native_libs.clone(),
+    })
+}
+
 fn pkg_config(libdir: &Path, includedir: &Path, native_libs: &str) -> String {
     format!(
-        "libdir={}\nincludedir={}\n\nName: tcpx\nDescription: GPU and host transfers over an \
-         ncclNet plugin (GPUDirect-TCPX or kernel TCP): the tcpx C API\nVersion: {}\n\
-         Libs: -L${{libdir}} -ltcpx\nLibs.private: {}\nCflags: -I${{includedir}}\n",
+        "libdir={}\nincludedir={}\n# What a static link of libtcpx.a needs after it:\n\
+         # cc app.o ${{libdir}}/libtcpx.a $(pkg-config --variable=static_libs tcpx)\n\
+         static_libs={}\n\nName: tcpx\nDescription: GPU and host transfers over an ncclNet \
+         plugin (GPUDirect-TCPX or kernel TCP): the tcpx C API\nVersion: {}\n\
+         Libs: -L${{libdir}} -ltcpx\nLibs.private: ${{static_libs}}\nCflags: -I${{includedir}}\n",
         libdir.display(),
         includedir.display(),
+        native_libs,
         env!("CARGO_PKG_VERSION"),
-        native_libs
     )
 }
 
@@ -242,17 +265,19 @@ fn install(prefix: &Path, built: &Built, header: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Loopback only: the plugin, NCCL and every control listener stay on `lo` / 127.0.0.1.
+/// Loopback only: the plugin, NCCL and every control listener stay on `lo` / 127.0.0.1. And
+/// no `LD_LIBRARY_PATH`: `cargo run` points it at target/debug, whose `libtcpx.so` (from a
+/// `cargo build`) would win over the programs' rpath and test a stale library.
 fn loopback(cmd: &mut Command) -> &mut Command {
-    cmd.env("TCPX_SOCKET_IFNAME", "lo")
+    cmd.env_remove("LD_LIBRARY_PATH")
+        .env("TCPX_SOCKET_IFNAME", "lo")
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("TCPX_CONTROL_ADDR", "127.0.0.1:0")
         .env("TCPX_BACKEND", "builtin")
 }
 
-fn test(root: &Path, out: &Path) -> Result<()> {
+fn test(out: &Path) -> Result<()> {
     crate::sysdeps::ensure(&["valgrind"])?;
-    let krate = root.join("crates/tcpx-capi");
 
     println!("\n---- C test program (two processes over 127.0.0.1)");
     let t = Instant::now();
@@ -263,7 +288,10 @@ fn test(root: &Path, out: &Path) -> Result<()> {
     println!("---- passed in {:.1}s", t.elapsed().as_secs_f64());
 
     println!("\n---- C++17 translation unit, static library");
-    run_limited(&mut Command::new(out.join("header_cxx")), EXAMPLE_LIMIT)?;
+    run_limited(
+        loopback(&mut Command::new(out.join("header_cxx"))),
+        EXAMPLE_LIMIT,
+    )?;
 
     println!("\n---- C test program under valgrind (memcheck, definite leaks fail)");
     let t = Instant::now();
@@ -276,10 +304,7 @@ fn test(root: &Path, out: &Path) -> Result<()> {
         "--child-silent-after-fork=no",
         "--quiet",
     ])
-    .arg(format!(
-        "--suppressions={}",
-        krate.join("tests/c/valgrind.supp").display()
-    ))
+    // No suppressions: the test program, the runtime and the socket plugin run clean.
     .arg(out.join("capi_test"))
     .arg("--valgrind");
     run_limited(loopback(&mut vg), VALGRIND_LIMIT)?;

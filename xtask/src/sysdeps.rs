@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 /// Packages the whole workspace needs to build and test.
 /// hwloc (tcpx-topo) needs libhwloc-dev and pkg-config, hwlocality links libudev through hwloc;
 /// bindgen loads libclang at run time; lstopo-no-graphics (hwloc-nox) validates fixtures;
-/// iproute2 drives the network-namespace runs.
+/// iproute2 drives the network-namespace runs; valgrind checks the C API's test program.
 pub const ALL: &[&str] = &[
     "pkg-config",
     "libhwloc-dev",
@@ -16,6 +16,7 @@ pub const ALL: &[&str] = &[
     "hwloc-nox",
     "libclang-dev",
     "iproute2",
+    "valgrind",
 ];
 
 /// Makes sure every package in `packages` is installed.

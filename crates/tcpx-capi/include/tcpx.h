@@ -758,6 +758,32 @@ tcpx_status tcpx_region_info(struct tcpx_region region,
 tcpx_status tcpx_region_destroy(struct tcpx_region region);
 
 /**
+ * Copies `len` bytes from host memory `src` into the region at `offset` and waits for the
+ * copy: for host regions a plain copy (the host may equally write through the address
+ * `tcpx_region_info` gives), for CUDA regions a device copy, so that hosts need not link CUDA
+ * themselves. Refused (`TCPX_ERR_INVALID_ARGUMENT`) for a range outside the region and, for host
+ * regions, while a transfer on the region is in flight. Thread safety: any thread; for a CUDA
+ * region, do not race it with a transfer on the same bytes (the GPU does not order the two).
+ *
+ * # Safety
+ * `src` points to `len` readable bytes (may be NULL when `len` is 0).
+ */
+tcpx_status tcpx_region_write(struct tcpx_region region,
+                              uint64_t offset,
+                              const uint8_t *src,
+                              size_t len);
+
+/**
+ * Copies `len` bytes of the region from `offset` into host memory `dst` and waits for the copy
+ * (a device copy for CUDA regions). Read after the transfer that wrote them completed.
+ * Thread safety: as `tcpx_region_write`.
+ *
+ * # Safety
+ * `dst` points to `len` writable bytes (may be NULL when `len` is 0).
+ */
+tcpx_status tcpx_region_read(struct tcpx_region region, uint64_t offset, uint8_t *dst, size_t len);
+
+/**
  * Advertises `region` for one-sided access by the endpoint's peers and writes its descriptor
  * (`TCPX_DESCRIPTOR_BYTES`) to `descriptor`; hand those bytes to the peer out of band, which
  * names them in `tcpx_remote_segment`. Advertising again retires the previous descriptor.

@@ -304,3 +304,58 @@ pub extern "C" fn tcpx_region_destroy(region: tcpx_region) -> tcpx_status {
         Ok(TCPX_OK)
     })
 }
+
+/// Copies `len` bytes from host memory `src` into the region at `offset` and waits for the
+/// copy: for host regions a plain copy (the host may equally write through the address
+/// `tcpx_region_info` gives), for CUDA regions a device copy, so that hosts need not link CUDA
+/// themselves. Refused (`TCPX_ERR_INVALID_ARGUMENT`) for a range outside the region and, for host
+/// regions, while a transfer on the region is in flight. Thread safety: any thread; for a CUDA
+/// region, do not race it with a transfer on the same bytes (the GPU does not order the two).
+///
+/// # Safety
+/// `src` points to `len` readable bytes (may be NULL when `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_region_write(
+    region: tcpx_region,
+    offset: u64,
+    src: *const u8,
+    len: usize,
+) -> tcpx_status {
+    guard("tcpx_region_write", || {
+        // SAFETY: `len` readable bytes when non-null (the caller's promise).
+        let bytes = unsafe { crate::convert::bytes(src, len, "src") }?;
+        let obj = REGIONS.get(region.id)?;
+        obj.region.write(to_usize(offset, "offset")?, bytes)?;
+        Ok(TCPX_OK)
+    })
+}
+
+/// Copies `len` bytes of the region from `offset` into host memory `dst` and waits for the copy
+/// (a device copy for CUDA regions). Read after the transfer that wrote them completed.
+/// Thread safety: as `tcpx_region_write`.
+///
+/// # Safety
+/// `dst` points to `len` writable bytes (may be NULL when `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_region_read(
+    region: tcpx_region,
+    offset: u64,
+    dst: *mut u8,
+    len: usize,
+) -> tcpx_status {
+    guard("tcpx_region_read", || {
+        if len > 0 {
+            non_null(dst, "dst")?;
+        }
+        let obj = REGIONS.get(region.id)?;
+        let out: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            // SAFETY: non-null (checked), `len` writable bytes (the caller's promise), not
+            // aliased by anything of ours.
+            unsafe { std::slice::from_raw_parts_mut(dst, len) }
+        };
+        obj.region.read(to_usize(offset, "offset")?, out)?;
+        Ok(TCPX_OK)
+    })
+}
