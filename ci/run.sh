@@ -32,6 +32,12 @@ cargo xtask test
 section "C API: header drift, C tests, valgrind (cargo xtask capi --check --test)"
 cargo xtask capi --check --test
 
+# The NIXL backend plugin under NIXL's own agent: a virtualenv with nixl-cu12==1.5.1 (~85 MB
+# download with numpy; torch left out), then two agents in two processes over 127.0.0.1 (about a
+# minute after the first build).
+section "NIXL backend plugin: two NIXL agents over TCPX (cargo xtask nixl --test)"
+cargo xtask nixl --test
+
 # Two "nodes" as network namespaces with four veth data NICs each: the benchmark's data must
 # verify and every NIC must carry traffic (xtask fails otherwise). All traffic stays between the
 # two namespaces it creates, and removes, itself.

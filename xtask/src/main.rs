@@ -5,6 +5,7 @@
 //! cargo xtask bench [ARGS]      benchmark: loopback (default), --netns, or --nodes a,b over ssh
 //! cargo xtask bindgen [--check] regenerate tcpx-sys bindings, or fail when they drifted
 //! cargo xtask capi [--check] [--test]  C API: header (drift check), libtcpx, C tests
+//! cargo xtask nixl [--test]     NIXL backend plugin libplugin_TCPX.so; --test: two NIXL agents
 //! cargo xtask sysdeps           install (or print how to install) the system packages
 //! ```
 //!
@@ -12,11 +13,9 @@
 
 mod bench;
 mod bindgen_task;
-<<<<<<< HEAD
 mod capi;
-=======
+mod nixl;
 mod python;
->>>>>>> python
 mod sysdeps;
 mod test_task;
 
@@ -41,6 +40,9 @@ Tasks:
                               Generate crates/tcpx-capi/include/tcpx.h (cbindgen; --check fails
                               on drift), build libtcpx.{so,a}, target/capi/tcpx.pc and the C
                               examples and tests; --test runs them (also under valgrind).
+  nixl [--test] [--bench [ARGS]] [--probe NIXL_SRC]
+                              Build the NIXL backend plugin (target/nixl/plugins); --test runs two
+                              NIXL agents (PyPI nixl-cu12) over it, --bench compares with UCX.
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";
@@ -62,6 +64,7 @@ fn run() -> Result<()> {
         Some("bench") => bench::run(&rest),
         Some("bindgen") => bindgen_task::run(&rest),
         Some("capi") => capi::run(&rest),
+        Some("nixl") => nixl::run(&rest),
         Some("sysdeps") => sysdeps::ensure(sysdeps::ALL),
         Some("-h" | "--help" | "help") | None => {
             print!("{HELP}");

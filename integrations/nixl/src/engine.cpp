@@ -1,0 +1,823 @@
+// engine.cpp: the TCPX backend engine (see engine.h).
+//
+// Connections. Either agent may need to send first, and NIXL often loads metadata one way
+// only (the initiator knows the target, the target never loads the initiator's), so "the
+// smaller name dials" would deadlock. Instead whoever needs a connection and has none dials,
+// then sends a Hello notification naming its agent; the other side's accept thread keeps the
+// accepted connection under the peer's address until that Hello names it. If both dial at the
+// same moment each side keeps the connection it bound first for its own sends and serves the
+// other until disconnect: one-sided operations work on either, and each side always sends on
+// the same connection, so its notifications stay ordered after its writes.
+//
+// Hot path. prepXfer merges contiguous descriptors once; postXfer looks the connection up
+// (one map lookup under a mutex per transfer, not per block) and submits one tcpx write or
+// read for the whole list.
+
+#include "engine.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+
+namespace tcpx_nixl {
+
+namespace {
+
+int logLevel() {
+    static const int level = [] {
+        const char *v = std::getenv("TCPX_NIXL_LOG");
+        if (!v) return 0;
+        if (!std::strcmp(v, "debug")) return 2;
+        if (!std::strcmp(v, "info")) return 1;
+        return 0;
+    }();
+    return level;
+}
+
+std::string lastError() {
+    const char *e = tcpx_last_error();
+    return e && *e ? std::string(e) : std::string("(no message)");
+}
+
+std::string statusName(tcpx_status s) { return tcpx_status_str(static_cast<int32_t>(s)); }
+
+/// "what failed: TCPX_ERR_x: tcpx's message" for a failed tcpx call.
+std::string failure(const std::string &what, tcpx_status s) {
+    return what + ": " + statusName(s) + ": " + lastError();
+}
+
+/// Runs an override body, turning any exception into a NIXL status: nothing may unwind into
+/// NIXL's core (it is built without expecting it, and a plugin's exception types are not its).
+template <class F>
+Status guarded(const char *where, F &&body) noexcept {
+    try {
+        return body();
+    } catch (const std::exception &e) {
+        logError(std::string(where) + ": " + e.what());
+    } catch (...) {
+        logError(std::string(where) + ": unknown exception");
+    }
+    return NIXL_ERR_BACKEND;
+}
+
+uint64_t parseUnsigned(const std::string &key, const std::string &value, uint64_t max) {
+    size_t used = 0;
+    unsigned long long v = 0;
+    try {
+        v = std::stoull(value, &used, 0);
+    } catch (const std::exception &) {
+        used = 0;
+    }
+    if (used != value.size() || value.empty() || value[0] == '-' || v > max) {
+        throw std::invalid_argument("backend parameter " + key + "=\"" + value +
+                                    "\" is not a number in 0.." + std::to_string(max));
+    }
+    return v;
+}
+
+bool isMemory(MemType t) { return t == DRAM_SEG || t == VRAM_SEG; }
+
+}  // namespace
+
+void logError(const std::string &what) {
+    std::fprintf(stderr, "[nixl TCPX] error: %s\n", what.c_str());
+}
+
+void logInfo(const std::string &what) {
+    if (logLevel() >= 1) std::fprintf(stderr, "[nixl TCPX] %s\n", what.c_str());
+}
+
+Status toNixl(tcpx_status s) {
+    switch (s) {
+    case TCPX_OK: return NIXL_SUCCESS;
+    case TCPX_PENDING: return NIXL_IN_PROG;
+    case TCPX_ERR_NULL_POINTER:
+    case TCPX_ERR_INVALID_ARGUMENT:
+    case TCPX_ERR_BUFFER_TOO_SMALL:
+    case TCPX_ERR_CONFIG: return NIXL_ERR_INVALID_PARAM;
+    case TCPX_ERR_STALE_HANDLE: return NIXL_ERR_NOT_FOUND;
+    case TCPX_ERR_UNSUPPORTED: return NIXL_ERR_NOT_SUPPORTED;
+    case TCPX_ERR_CONNECT:
+    case TCPX_ERR_TIMEOUT:
+    case TCPX_ERR_PEER_CLOSED: return NIXL_ERR_REMOTE_DISCONNECT;
+    case TCPX_ERR_CLOSED: return NIXL_ERR_CANCELED;
+    case TCPX_ERR_ACCESS:
+    case TCPX_ERR_BUSY: return NIXL_ERR_NOT_ALLOWED;
+    case TCPX_ERR_INCOMPATIBLE:
+    case TCPX_ERR_ABI_MISMATCH: return NIXL_ERR_MISMATCH;
+    default: return NIXL_ERR_BACKEND;
+    }
+}
+
+Params Engine::options() {
+    return {
+        {"channels", ""},      // channels per connection (TCPX_NUM_CHANNELS); peers must agree
+        {"chunk_bytes", ""},   // chunk size in bytes (TCPX_CHUNK_BYTES); peers must agree
+        {"window", ""},        // requests in flight per comm, 1..16
+        {"timeout_ms", ""},    // connection set-up and per-transfer timeout (TCPX_TIMEOUT_MS)
+        {"plugin", ""},        // "auto", "builtin" or an ncclNet plugin path (TCPX_PLUGIN_PATH)
+        {"control_addr", ""},  // control listener ip:port (TCPX_CONTROL_ADDR)
+        {"gpu_index", ""},     // GPU index announced to peers (TCPX_GPU_INDEX)
+        {"pin_engines", ""},   // 0 / 1: pin engine threads to NIC-local cores
+    };
+}
+
+Engine::Engine(const BackendInitParams *init_params) : BackendEngine(init_params) {
+    try {
+        init(init_params);
+    } catch (const std::exception &e) {
+        logError(std::string("engine for agent '") + localAgent + "' not created: " + e.what());
+        initErr = true;
+    } catch (...) {
+        logError("engine not created: unknown exception");
+        initErr = true;
+    }
+}
+
+void Engine::init(const BackendInitParams *) {
+    tcpx_status st = tcpx_init(TCPX_ABI_VERSION);
+    if (st != TCPX_OK) throw std::runtime_error(failure("libtcpx ABI check", st));
+
+    tcpx_endpoint_options o;
+    tcpx_endpoint_options_init(&o);
+    // Strings the options point into must outlive tcpx_endpoint_create.
+    std::string plugin, control;
+    for (const auto &[key, value] : getCustomParams()) {
+        if (value.empty()) continue;  // unset: the environment or the default applies
+        if (key == "channels") {
+            o.channels = static_cast<uint32_t>(parseUnsigned(key, value, 1024));
+        } else if (key == "chunk_bytes") {
+            o.chunk_bytes = static_cast<uint32_t>(parseUnsigned(key, value, UINT32_MAX));
+        } else if (key == "window") {
+            o.window = static_cast<uint32_t>(parseUnsigned(key, value, 16));
+        } else if (key == "timeout_ms") {
+            o.timeout_ms = parseUnsigned(key, value, UINT32_MAX);
+        } else if (key == "plugin") {
+            plugin = value;
+            o.backend = plugin.c_str();
+        } else if (key == "control_addr") {
+            control = value;
+            o.control_addr = control.c_str();
+        } else if (key == "gpu_index") {
+            o.gpu_index = static_cast<int32_t>(parseUnsigned(key, value, INT32_MAX));
+        } else if (key == "pin_engines") {
+            o.pin_engines = static_cast<int32_t>(parseUnsigned(key, value, 1));
+        } else {
+            logInfo("ignoring unknown backend parameter " + key);
+        }
+    }
+    st = tcpx_endpoint_create(&o, &ep_);
+    if (st != TCPX_OK) throw std::runtime_error(failure("tcpx_endpoint_create", st));
+
+    tcpx_endpoint_info info;
+    st = tcpx_endpoint_get_info(ep_, &info);
+    if (st != TCPX_OK) throw std::runtime_error(failure("tcpx_endpoint_get_info", st));
+    // Waits on NIXL's side never exceed the transfer timeout; keep accept and notification
+    // polls short so that the acceptor stops promptly.
+    timeoutMs_ = info.timeout_ms > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(info.timeout_ms);
+
+    size_t len = TCPX_METADATA_MAX_BYTES;
+    metadata_.resize(len);
+    st = tcpx_endpoint_metadata(ep_, metadata_.data(), &len);
+    if (st != TCPX_OK) throw std::runtime_error(failure("tcpx_endpoint_metadata", st));
+    metadata_.resize(len);
+    connInfo_ = wire::encodeConnInfo(metadata_);
+    if (localAgent.size() > wire::kMaxAgentName) {
+        throw std::invalid_argument("agent name longer than 65535 bytes");
+    }
+    // Local (same-agent) transfers go through a connection to this endpoint itself, so DRAM
+    // and VRAM take the same, tested path.
+    peers_[localAgent].metadata = metadata_;
+    notifBuf_.resize(4096);
+
+    acceptor_ = std::thread([this] { acceptLoop(); });
+    logInfo("agent '" + localAgent + "': endpoint " + info.control_addr + ", plugin " +
+            info.plugin + ", " + std::to_string(info.channels) + " channels, chunk " +
+            std::to_string(info.chunk_bytes) + " B, timeout " + std::to_string(info.timeout_ms) +
+            " ms");
+}
+
+Engine::~Engine() {
+    stop_ = true;
+    if (acceptor_.joinable()) acceptor_.join();
+    if (ep_.id != 0) {
+        // Destroying the endpoint closes its connections and releases its regions.
+        tcpx_endpoint_destroy(ep_);
+    }
+    for (auto &[key, md] : regs_) delete md;
+}
+
+void Engine::acceptLoop() {
+    while (!stop_) {
+        tcpx_connection conn{0};
+        tcpx_peer_info peer;
+        std::memset(&peer, 0, sizeof peer);
+        const tcpx_status st = tcpx_endpoint_accept(ep_, 100, &conn, &peer);
+        if (st == TCPX_OK) {
+            tcpx_connection stale{0};
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                const std::string addr(peer.address);
+                auto [it, inserted] = accepted_.try_emplace(addr, conn);
+                if (!inserted) {
+                    stale = it->second;  // the same address again: the old one is gone
+                    it->second = conn;
+                }
+                tryBindLocked(addr);
+            }
+            if (stale.id != 0) tcpx_connection_destroy(stale);
+            logInfo("agent '" + localAgent + "' accepted a connection from " + peer.address);
+        } else if (st != TCPX_ERR_TIMEOUT && st != TCPX_PENDING) {
+            if (stop_) break;
+            logError(failure("accepting connections", st));
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        drainNotifications();
+    }
+}
+
+void Engine::tryBindLocked(const std::string &addr) const {
+    auto a = accepted_.find(addr);
+    auto h = helloFrom_.find(addr);
+    if (a == accepted_.end() || h == helloFrom_.end()) return;
+    Peer &p = peers_[h->second];
+    const tcpx_connection conn = a->second;
+    logInfo("agent '" + localAgent + "': connection from " + addr + " is agent '" + h->second +
+            "'");
+    accepted_.erase(a);
+    helloFrom_.erase(h);
+    if (p.conn.id != 0 && tcpx_connection_status(p.conn) != TCPX_OK) {
+        p.others.push_back(p.conn);  // failed: replaced, closed at disconnect
+        p.conn = tcpx_connection{0};
+    }
+    if (p.conn.id == 0) {
+        p.conn = conn;
+    } else {
+        p.others.push_back(conn);
+    }
+}
+
+void Engine::drainNotifications() const {
+    std::lock_guard<std::mutex> lock(notifMu_);
+    for (;;) {
+        tcpx_notification info;
+        std::memset(&info, 0, sizeof info);
+        const tcpx_status st =
+            tcpx_endpoint_notification(ep_, 0, &info, notifBuf_.data(), notifBuf_.size());
+        if (st == TCPX_ERR_BUFFER_TOO_SMALL) {
+            notifBuf_.resize(info.len);
+            continue;
+        }
+        if (st == TCPX_PENDING) return;
+        if (st != TCPX_OK) {
+            logError(failure("taking notifications", st));
+            return;
+        }
+        const std::string payload(reinterpret_cast<const char *>(notifBuf_.data()), info.len);
+        auto n = wire::decodeNotif(payload);
+        if (!n) {
+            logError(std::string("dropped a notification from ") + info.peer +
+                     " that is not in this plugin's format (" + std::to_string(info.len) +
+                     " bytes)");
+            continue;
+        }
+        if (n->kind == wire::NotifKind::Hello) {
+            std::lock_guard<std::mutex> peers(mu_);
+            helloFrom_[info.peer] = n->agent;
+            tryBindLocked(info.peer);
+        } else {
+            notifs_.emplace_back(std::move(n->agent), std::move(n->msg));
+        }
+    }
+}
+
+Status Engine::connection(const std::string &agent, tcpx_connection &out) const {
+    std::vector<tcpx_connection> dead;
+    auto lookup = [&]() -> bool {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(agent);
+        if (it == peers_.end() || it->second.conn.id == 0) return false;
+        if (tcpx_connection_status(it->second.conn) == TCPX_OK) {
+            out = it->second.conn;
+            return true;
+        }
+        // Failed (peer gone, timeout): dial a new one below.
+        dead.push_back(it->second.conn);
+        it->second.conn = tcpx_connection{0};
+        return false;
+    };
+    auto closeDead = [&] {
+        for (auto c : dead) tcpx_connection_destroy(c);
+        dead.clear();
+    };
+    if (lookup()) return NIXL_SUCCESS;
+    closeDead();
+    drainNotifications();  // a pending Hello may name an accepted connection to this agent
+    if (lookup()) return NIXL_SUCCESS;
+    closeDead();
+
+    std::lock_guard<std::mutex> dial(dialMu_);
+    std::vector<uint8_t> md;
+    {
+        if (lookup()) return NIXL_SUCCESS;
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(agent);
+        if (it != peers_.end()) md = it->second.metadata;
+    }
+    closeDead();
+    if (md.empty()) {
+        logError("agent '" + localAgent + "' has no TCPX connection info for agent '" + agent +
+                 "': load its metadata first");
+        return NIXL_ERR_NOT_FOUND;
+    }
+    tcpx_connection conn{0};
+    tcpx_status st = tcpx_endpoint_connect(ep_, md.data(), md.size(), &conn);
+    if (st != TCPX_OK) {
+        logError(failure("agent '" + localAgent + "' connecting to agent '" + agent + "'", st));
+        return toNixl(st);
+    }
+    const std::string hello = wire::encodeNotif(wire::NotifKind::Hello, localAgent, "");
+    st = tcpx_connection_notify(conn, reinterpret_cast<const uint8_t *>(hello.data()),
+                                hello.size());
+    if (st != TCPX_OK) {
+        logError(failure("introducing agent '" + localAgent + "' to agent '" + agent + "'", st));
+        tcpx_connection_destroy(conn);
+        return toNixl(st);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer &p = peers_[agent];
+    if (p.conn.id != 0) {
+        p.others.push_back(conn);  // the peer's own dial was bound meanwhile: keep sending on it
+    } else {
+        p.conn = conn;
+    }
+    out = p.conn;
+    logInfo("agent '" + localAgent + "' connected to agent '" + agent + "'");
+    return NIXL_SUCCESS;
+}
+
+void Engine::forget(const std::string &agent, tcpx_connection conn) const {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(agent);
+        if (it == peers_.end() || it->second.conn.id != conn.id) return;
+        it->second.conn = tcpx_connection{0};
+    }
+    tcpx_connection_destroy(conn);
+}
+
+namespace {
+/// A submit failure that means the connection is gone (the peer closed it, or it was closed
+/// here), not that the request was bad: worth one retry on a fresh connection.
+bool connectionGone(tcpx_status s) {
+    return s == TCPX_ERR_PEER_CLOSED || s == TCPX_ERR_CLOSED || s == TCPX_ERR_STALE_HANDLE;
+}
+}  // namespace
+
+Status Engine::connect(const std::string &remote_agent) {
+    return guarded("connect", [&] {
+        // NIXL connects every engine to its own agent at creation; that connection is made
+        // at the first local transfer instead, so agents that never use it do not pay for it.
+        if (remote_agent == localAgent) return NIXL_SUCCESS;
+        tcpx_connection conn{0};
+        return connection(remote_agent, conn);
+    });
+}
+
+Status Engine::disconnect(const std::string &remote_agent) {
+    return guarded("disconnect", [&] {
+        std::vector<tcpx_connection> close;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = peers_.find(remote_agent);
+            if (it == peers_.end()) return NIXL_SUCCESS;
+            if (it->second.conn.id != 0) close.push_back(it->second.conn);
+            close.insert(close.end(), it->second.others.begin(), it->second.others.end());
+            if (remote_agent == localAgent) {
+                it->second.conn = tcpx_connection{0};
+                it->second.others.clear();
+            } else {
+                peers_.erase(it);
+            }
+        }
+        for (auto c : close) tcpx_connection_destroy(c);
+        logInfo("agent '" + localAgent + "' disconnected from agent '" + remote_agent + "'");
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::loadRemoteConnInfo(const std::string &remote_agent, const std::string &info) {
+    return guarded("loadRemoteConnInfo", [&] {
+        auto md = wire::decodeConnInfo(info);
+        if (!md) {
+            logError("connection info of agent '" + remote_agent + "' (" +
+                     std::to_string(info.size()) + " bytes) is not a TCPX backend's");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        if (remote_agent.empty() || remote_agent.size() > wire::kMaxAgentName) {
+            logError("agent name of " + std::to_string(remote_agent.size()) + " bytes");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        peers_[remote_agent].metadata = std::move(*md);
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::getConnInfo(std::string &str) const {
+    return guarded("getConnInfo", [&] {
+        str = connInfo_;
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::registerMem(const BlobDesc &mem, const MemType &type, BackendMD *&out) {
+    return guarded("registerMem", [&] {
+        if (!isMemory(type)) {
+            logError("registerMem: memory type " + std::to_string(type) +
+                     " is not DRAM_SEG or VRAM_SEG");
+            return NIXL_ERR_NOT_SUPPORTED;
+        }
+        if (mem.addr == 0 || mem.len == 0) {
+            logError("registerMem: empty range (address " + std::to_string(mem.addr) +
+                     ", length " + std::to_string(mem.len) + ")");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        std::lock_guard<std::mutex> lock(regMu_);
+        const auto key = std::make_pair(mem.addr, mem.len);
+        if (auto it = regs_.find(key); it != regs_.end()) {
+            it->second->refs++;
+            out = it->second;
+            return NIXL_SUCCESS;
+        }
+        auto md = std::make_unique<LocalMD>();
+        md->type = type;
+        md->base = mem.addr;
+        md->len = mem.len;
+        tcpx_status st = tcpx_endpoint_register(ep_, reinterpret_cast<void *>(mem.addr), mem.len,
+                                                &md->region);
+        if (st != TCPX_OK) {
+            logError(failure("registering " + std::to_string(mem.len) + " bytes at " +
+                                 std::to_string(mem.addr),
+                             st));
+            return toNixl(st);
+        }
+        st = tcpx_region_advertise(md->region, md->descriptor, sizeof md->descriptor);
+        if (st != TCPX_OK) {
+            logError(failure("advertising a registered range", st));
+            tcpx_region_destroy(md->region);
+            return toNixl(st);
+        }
+        regs_.emplace(key, md.get());
+        out = md.release();
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::deregisterMem(BackendMD *meta) {
+    return guarded("deregisterMem", [&] {
+        auto *md = static_cast<MD *>(meta);
+        if (!md || !md->isRegistration()) return NIXL_ERR_INVALID_PARAM;
+        auto *local = static_cast<LocalMD *>(md);
+        {
+            std::lock_guard<std::mutex> lock(regMu_);
+            if (--local->refs > 0) return NIXL_SUCCESS;
+            regs_.erase(std::make_pair(local->base, local->len));
+        }
+        const tcpx_status st = tcpx_region_destroy(local->region);
+        delete local;
+        if (st != TCPX_OK) {
+            // Busy: a transfer on it still runs. The region stays revoked and is released
+            // with the endpoint.
+            logError(failure("deregistering memory", st));
+            return toNixl(st);
+        }
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::getPublicData(const BackendMD *meta, std::string &str) const {
+    return guarded("getPublicData", [&] {
+        const auto *md = static_cast<const MD *>(meta);
+        if (!md || !md->isRegistration()) return NIXL_ERR_INVALID_PARAM;
+        const auto *local = static_cast<const LocalMD *>(md);
+        wire::PublicMem pm;
+        pm.memType = static_cast<uint32_t>(local->type);
+        pm.base = local->base;
+        pm.len = local->len;
+        std::memcpy(pm.descriptor, local->descriptor, sizeof pm.descriptor);
+        str = wire::encodePublicMem(pm);
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::loadRemoteMD(const BlobDesc &input, const MemType &type,
+                            const std::string &remote_agent, BackendMD *&output) {
+    return guarded("loadRemoteMD", [&] {
+        auto pm = wire::decodePublicMem(input.metaInfo);
+        if (!pm) {
+            logError("metadata of agent '" + remote_agent + "' for " +
+                     std::to_string(input.len) + " bytes at " + std::to_string(input.addr) +
+                     " is not a TCPX backend's (" + std::to_string(input.metaInfo.size()) +
+                     " bytes)");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        if (pm->memType != static_cast<uint32_t>(type) || !isMemory(type) ||
+            pm->base != input.addr || pm->len != input.len) {
+            logError("metadata of agent '" + remote_agent + "' describes another range or "
+                     "memory type than its descriptor");
+            return NIXL_ERR_MISMATCH;
+        }
+        auto md = std::make_unique<RemoteMD>();
+        md->agent = remote_agent;
+        md->type = type;
+        md->base = pm->base;
+        md->len = pm->len;
+        std::memcpy(md->descriptor, pm->descriptor, sizeof md->descriptor);
+        output = md.release();
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::loadLocalMD(BackendMD *input, BackendMD *&output) {
+    return guarded("loadLocalMD", [&] {
+        auto *md = static_cast<MD *>(input);
+        if (!md || !md->isRegistration()) return NIXL_ERR_INVALID_PARAM;
+        const auto *local = static_cast<const LocalMD *>(md);
+        auto view = std::make_unique<RemoteMD>();
+        view->agent = localAgent;
+        view->type = local->type;
+        view->base = local->base;
+        view->len = local->len;
+        std::memcpy(view->descriptor, local->descriptor, sizeof view->descriptor);
+        output = view.release();
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::unloadMD(BackendMD *input) {
+    return guarded("unloadMD", [&] {
+        auto *md = static_cast<MD *>(input);
+        if (!md) return NIXL_SUCCESS;
+        if (md->isRegistration()) {
+            logError("unloadMD got a registration; deregisterMem releases those");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        delete static_cast<RemoteMD *>(md);
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::buildRequest(const XferOp &op, const MetaDescList &local,
+                            const MetaDescList &remote, const std::string &agent,
+                            Request &req) const {
+    if (op != NIXL_READ && op != NIXL_WRITE) {
+        logError("unknown transfer operation " + std::to_string(op));
+        return NIXL_ERR_INVALID_PARAM;
+    }
+    if (!isMemory(local.getType()) || !isMemory(remote.getType())) {
+        logError("transfer between memory types " + std::to_string(local.getType()) + " and " +
+                 std::to_string(remote.getType()) + ": only DRAM_SEG and VRAM_SEG");
+        return NIXL_ERR_NOT_SUPPORTED;
+    }
+    if (local.isEmpty() || remote.isEmpty()) {
+        logError("transfer with an empty descriptor list");
+        return NIXL_ERR_INVALID_PARAM;
+    }
+    req.op = op;
+    req.agent = agent;
+    req.local.clear();
+    req.remote.clear();
+    req.local.reserve(local.descCount());
+    req.remote.reserve(remote.descCount());
+    uint64_t localTotal = 0, remoteTotal = 0;
+    for (int i = 0; i < local.descCount(); i++) {
+        const MetaDesc &d = local[i];
+        const auto *md = static_cast<const MD *>(d.metadataP);
+        if (!md || !md->isRegistration()) {
+            logError("local descriptor " + std::to_string(i) + " has no TCPX registration");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        const auto *reg = static_cast<const LocalMD *>(md);
+        if (d.addr < reg->base || d.len > reg->len || d.addr - reg->base > reg->len - d.len) {
+            logError("local descriptor " + std::to_string(i) + " lies outside its registration");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        if (d.len == 0) continue;
+        const uint64_t off = d.addr - reg->base;
+        localTotal += d.len;
+        if (!req.local.empty()) {
+            tcpx_segment &last = req.local.back();
+            if (last.region.id == reg->region.id && last.offset + last.len == off) {
+                last.len += d.len;  // contiguous with the previous block: one segment
+                continue;
+            }
+        }
+        req.local.push_back(tcpx_segment{reg->region, off, d.len});
+    }
+    const RemoteMD *lastRemote = nullptr;
+    for (int i = 0; i < remote.descCount(); i++) {
+        const MetaDesc &d = remote[i];
+        const auto *md = static_cast<const MD *>(d.metadataP);
+        if (!md || md->isRegistration()) {
+            logError("remote descriptor " + std::to_string(i) + " has no loaded TCPX metadata");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        const auto *r = static_cast<const RemoteMD *>(md);
+        if (r->agent != agent) {
+            logError("remote descriptor " + std::to_string(i) + " belongs to agent '" + r->agent +
+                     "', not '" + agent + "'");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        if (d.addr < r->base || d.len > r->len || d.addr - r->base > r->len - d.len) {
+            logError("remote descriptor " + std::to_string(i) + " lies outside agent '" + agent +
+                     "''s registration");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        if (d.len == 0) continue;
+        const uint64_t off = d.addr - r->base;
+        remoteTotal += d.len;
+        if (!req.remote.empty() && lastRemote == r) {
+            tcpx_remote_segment &last = req.remote.back();
+            if (last.offset + last.len == off) {
+                last.len += d.len;
+                continue;
+            }
+        }
+        tcpx_remote_segment seg;
+        std::memcpy(seg.descriptor, r->descriptor, sizeof seg.descriptor);
+        seg.offset = off;
+        seg.len = d.len;
+        req.remote.push_back(seg);
+        lastRemote = r;
+    }
+    if (localTotal != remoteTotal || localTotal == 0) {
+        logError("local list holds " + std::to_string(localTotal) + " bytes, remote list " +
+                 std::to_string(remoteTotal));
+        return NIXL_ERR_MISMATCH;
+    }
+    return NIXL_SUCCESS;
+}
+
+Status Engine::prepXfer(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
+                        const std::string &remote_agent, BackendReqH *&handle,
+                        const BackendOptionalArgs *) const {
+    return guarded("prepXfer", [&] {
+        auto req = std::make_unique<Request>();
+        const Status st = buildRequest(op, local, remote, remote_agent, *req);
+        if (st != NIXL_SUCCESS) return st;
+        handle = req.release();
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::startTransfer(Request &req, const BackendOptionalArgs *opt) const {
+    const bool notify = opt && opt->hasNotif;
+    std::string payload;
+    if (notify) {
+        if (opt->notifMsg.size() + wire::notifOverhead(localAgent) > TCPX_NOTIFICATION_MAX_BYTES) {
+            logError("notification of " + std::to_string(opt->notifMsg.size()) +
+                     " bytes exceeds the limit");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        payload = wire::encodeNotif(wire::NotifKind::User, localAgent, opt->notifMsg);
+    }
+    tcpx_status st = TCPX_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        tcpx_connection conn{0};
+        Status ns = connection(req.agent, conn);
+        if (ns != NIXL_SUCCESS) return ns;
+        req.conn = conn;
+        req.failed = false;
+        req.notifPending = false;
+        if (req.op == NIXL_WRITE) {
+            // The notification travels with the write and is delivered after its bytes landed.
+            st = tcpx_connection_write(
+                conn, req.local.data(), req.local.size(), req.remote.data(), req.remote.size(),
+                notify ? reinterpret_cast<const uint8_t *>(payload.data()) : nullptr,
+                payload.size(), &req.xfer);
+        } else {
+            st = tcpx_connection_read(conn, req.local.data(), req.local.size(), req.remote.data(),
+                                      req.remote.size(), &req.xfer);
+            if (notify && st == TCPX_OK) {
+                req.pendingNotif = payload;  // sent once the read completed
+                req.notifPending = true;
+            }
+        }
+        if (!connectionGone(st)) break;
+        forget(req.agent, conn);  // closed under us (the peer disconnected): dial again
+    }
+    if (st != TCPX_OK) {
+        req.xfer = tcpx_transfer{0};
+        req.notifPending = false;
+        logError(failure(std::string(req.op == NIXL_WRITE ? "WRITE" : "READ") + " to agent '" +
+                             req.agent + "'",
+                         st));
+        return toNixl(st);
+    }
+    return NIXL_IN_PROG;
+}
+
+Status Engine::postXfer(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
+                        const std::string &remote_agent, BackendReqH *&handle,
+                        const BackendOptionalArgs *opt_args) const {
+    return guarded("postXfer", [&] {
+        if (!handle) {
+            const Status st = prepXfer(op, local, remote, remote_agent, handle, opt_args);
+            if (st != NIXL_SUCCESS) return st;
+        }
+        auto *req = static_cast<Request *>(handle);
+        if (req->xfer.id != 0) {
+            // Reposting a finished request: release the previous tcpx transfer first.
+            if (tcpx_transfer_test(req->xfer, nullptr) == TCPX_PENDING) {
+                return NIXL_ERR_REPOST_ACTIVE;
+            }
+            tcpx_transfer_release(req->xfer);
+            req->xfer = tcpx_transfer{0};
+        }
+        return startTransfer(*req, opt_args);
+    });
+}
+
+Status Engine::checkXfer(BackendReqH *handle) const {
+    return guarded("checkXfer", [&] {
+        auto *req = static_cast<Request *>(handle);
+        if (!req || req->xfer.id == 0) return NIXL_ERR_NOT_POSTED;
+        if (req->failed) return NIXL_ERR_BACKEND;
+        const tcpx_status st = tcpx_transfer_test(req->xfer, nullptr);
+        if (st == TCPX_PENDING) return NIXL_IN_PROG;
+        if (st != TCPX_OK) {
+            req->failed = true;
+            logError(failure(std::string(req->op == NIXL_WRITE ? "WRITE" : "READ") +
+                                 " to agent '" + req->agent + "'",
+                             st));
+            return toNixl(st);
+        }
+        if (req->notifPending) {
+            req->notifPending = false;
+            const tcpx_status ns = tcpx_connection_notify(
+                req->conn, reinterpret_cast<const uint8_t *>(req->pendingNotif.data()),
+                req->pendingNotif.size());
+            if (ns != TCPX_OK) {
+                req->failed = true;
+                logError(failure("notification after a READ from agent '" + req->agent + "'",
+                                 ns));
+                return toNixl(ns);
+            }
+        }
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::releaseReqH(BackendReqH *handle) const {
+    return guarded("releaseReqH", [&] {
+        auto *req = static_cast<Request *>(handle);
+        if (!req) return NIXL_SUCCESS;
+        // tcpx does not cancel: an unfinished transfer runs on (or fails with its connection);
+        // NIXL keeps the memory registered until then.
+        if (req->xfer.id != 0) tcpx_transfer_release(req->xfer);
+        delete req;
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::getNotifs(NotifList &notif_list) {
+    return guarded("getNotifs", [&] {
+        drainNotifications();
+        std::lock_guard<std::mutex> lock(notifMu_);
+        for (auto &n : notifs_) notif_list.push_back(std::move(n));
+        notifs_.clear();
+        return NIXL_SUCCESS;
+    });
+}
+
+Status Engine::genNotif(const std::string &remote_agent, const std::string &msg) const {
+    return guarded("genNotif", [&] {
+        if (msg.size() + wire::notifOverhead(localAgent) > TCPX_NOTIFICATION_MAX_BYTES) {
+            logError("notification of " + std::to_string(msg.size()) + " bytes exceeds the limit");
+            return NIXL_ERR_INVALID_PARAM;
+        }
+        const std::string payload = wire::encodeNotif(wire::NotifKind::User, localAgent, msg);
+        tcpx_status st = TCPX_OK;
+        for (int attempt = 0; attempt < 2; attempt++) {
+            tcpx_connection conn{0};
+            Status ns = connection(remote_agent, conn);
+            if (ns != NIXL_SUCCESS) return ns;
+            st = tcpx_connection_notify(conn, reinterpret_cast<const uint8_t *>(payload.data()),
+                                        payload.size());
+            if (!connectionGone(st)) break;
+            forget(remote_agent, conn);
+        }
+        if (st != TCPX_OK) {
+            logError(failure("notification to agent '" + remote_agent + "'", st));
+            return toNixl(st);
+        }
+        return NIXL_SUCCESS;
+    });
+}
+
+}  // namespace tcpx_nixl

@@ -1,0 +1,174 @@
+// engine.h: the TCPX backend engine: NIXL's backend interface over the tcpx C API.
+//
+// One tcpx endpoint per engine (so per NIXL agent), one tcpx connection per remote agent.
+// Registered memory becomes a tcpx region with an advertised descriptor; NIXL's transfer
+// lists become one-sided tcpx writes / reads (contiguous neighbours merged); notifications
+// travel as tcpx notifications that carry the sending agent's name.
+
+#ifndef TCPX_NIXL_ENGINE_H
+#define TCPX_NIXL_ENGINE_H
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nixl_backend_abi.h"
+#include "tcpx.h"
+#include "wire.h"
+
+namespace tcpx_nixl {
+
+using namespace nixl_abi;
+
+/// Name NIXL knows this backend by (`libplugin_TCPX.so`, `backends=["TCPX"]`).
+inline constexpr const char *kBackendName = "TCPX";
+/// This plugin's version (reported through `get_plugin_version`).
+inline constexpr const char *kPluginVersion = "0.1.0";
+
+/// Base of this engine's metadata objects: NIXL hands them back as `BackendMD *`, and the
+/// private flag tells a registration (LocalMD) from a loaded peer range (RemoteMD).
+struct MD : BackendMD {
+    explicit MD(bool is_private) : BackendMD(is_private) {}
+    bool isRegistration() const { return isPrivateMD; }
+};
+
+/// Memory this engine registered (private metadata, from registerMem).
+struct LocalMD final : MD {
+    LocalMD() : MD(true) {}
+    tcpx_region region{0};
+    MemType type = DRAM_SEG;
+    uintptr_t base = 0;
+    size_t len = 0;
+    uint8_t descriptor[TCPX_DESCRIPTOR_BYTES] = {};
+    int refs = 1;
+};
+
+/// A peer's (or, for local transfers, this agent's own) advertised range (from loadRemoteMD /
+/// loadLocalMD); released by unloadMD.
+struct RemoteMD final : MD {
+    RemoteMD() : MD(false) {}
+    std::string agent;
+    MemType type = DRAM_SEG;
+    uintptr_t base = 0;
+    size_t len = 0;
+    uint8_t descriptor[TCPX_DESCRIPTOR_BYTES] = {};
+};
+
+/// One prepared transfer: the merged tcpx lists, reusable across postXfer calls.
+struct Request final : BackendReqH {
+    XferOp op = NIXL_WRITE;
+    std::string agent;
+    std::vector<tcpx_segment> local;
+    std::vector<tcpx_remote_segment> remote;
+    tcpx_connection conn{0};
+    tcpx_transfer xfer{0};
+    /// A READ's notification, sent once the read completed (a WRITE's travels with the data).
+    std::string pendingNotif;
+    bool notifPending = false;
+    bool failed = false;
+};
+
+/// The TCPX backend engine. Every override catches everything and returns a NIXL status.
+class Engine final : public BackendEngine {
+public:
+    explicit Engine(const BackendInitParams *init);
+    ~Engine() override;
+
+    bool supportsRemote() const override { return true; }
+    bool supportsLocal() const override { return true; }
+    bool supportsNotif() const override { return true; }
+    MemList getSupportedMems() const override { return {DRAM_SEG, VRAM_SEG}; }
+
+    Status registerMem(const BlobDesc &mem, const MemType &type, BackendMD *&out) override;
+    Status deregisterMem(BackendMD *meta) override;
+    Status connect(const std::string &remote_agent) override;
+    Status disconnect(const std::string &remote_agent) override;
+    Status unloadMD(BackendMD *input) override;
+
+    Status prepXfer(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
+                    const std::string &remote_agent, BackendReqH *&handle,
+                    const BackendOptionalArgs *opt_args) const override;
+    Status postXfer(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
+                    const std::string &remote_agent, BackendReqH *&handle,
+                    const BackendOptionalArgs *opt_args) const override;
+    Status checkXfer(BackendReqH *handle) const override;
+    Status releaseReqH(BackendReqH *handle) const override;
+
+    Status getPublicData(const BackendMD *meta, std::string &str) const override;
+    Status getConnInfo(std::string &str) const override;
+    Status loadRemoteConnInfo(const std::string &remote_agent,
+                              const std::string &remote_conn_info) override;
+    Status loadRemoteMD(const BlobDesc &input, const MemType &type,
+                        const std::string &remote_agent, BackendMD *&output) override;
+    Status loadLocalMD(BackendMD *input, BackendMD *&output) override;
+
+    Status getNotifs(NotifList &notif_list) override;
+    Status genNotif(const std::string &remote_agent, const std::string &msg) const override;
+
+    /// The backend parameters this engine reads (names, with what each means as the value).
+    static Params options();
+
+private:
+    /// Everything known about one remote agent.
+    struct Peer {
+        std::vector<uint8_t> metadata;  // from its connection info; empty until loaded
+        tcpx_connection conn{0};        // the connection this side sends on
+        std::vector<tcpx_connection> others;  // duplicates of a simultaneous dial, kept served
+    };
+
+    void init(const BackendInitParams *init);
+    void acceptLoop();
+    /// Takes every delivered tcpx notification: hellos bind accepted connections, the rest
+    /// queue for getNotifs. Caller holds no lock.
+    void drainNotifications() const;
+    /// Binds an accepted connection to its agent once both its accept and its hello were seen.
+    /// Caller holds mu_.
+    void tryBindLocked(const std::string &addr) const;
+    /// The connection to send to `agent` on, dialing it when there is none (or it failed).
+    Status connection(const std::string &agent, tcpx_connection &out) const;
+    /// Drops `conn` as the connection to `agent` (it failed on submit: the peer closed it), so
+    /// that the next `connection` dials afresh.
+    void forget(const std::string &agent, tcpx_connection conn) const;
+    Status startTransfer(Request &req, const BackendOptionalArgs *opt_args) const;
+    Status buildRequest(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
+                        const std::string &agent, Request &req) const;
+
+    tcpx_endpoint ep_{0};
+    uint32_t timeoutMs_ = 30000;
+    std::vector<uint8_t> metadata_;
+    std::string connInfo_;
+
+    mutable std::mutex mu_;  // peers_, accepted_, helloFrom_
+    mutable std::map<std::string, Peer> peers_;
+    mutable std::map<std::string, tcpx_connection> accepted_;  // by peer address, not yet named
+    mutable std::map<std::string, std::string> helloFrom_;     // peer address -> agent
+
+    std::mutex regMu_;  // regs_
+    std::map<std::pair<uintptr_t, size_t>, LocalMD *> regs_;  // (address, length) -> refcounted
+
+    mutable std::mutex dialMu_;  // one dial at a time, so two threads never dial the same peer
+
+    mutable std::mutex notifMu_;  // notifBuf_, notifs_
+    mutable std::vector<uint8_t> notifBuf_;
+    mutable NotifList notifs_;
+
+    std::atomic<bool> stop_{false};
+    std::thread acceptor_;
+};
+
+/// NIXL status for a tcpx status.
+Status toNixl(tcpx_status s);
+
+/// Logs a line to stderr (NIXL's own logger is not reachable from a plugin without linking
+/// libnixl): errors always, the rest when TCPX_NIXL_LOG=info|debug.
+void logError(const std::string &what);
+void logInfo(const std::string &what);
+
+}  // namespace tcpx_nixl
+
+#endif  // TCPX_NIXL_ENGINE_H
