@@ -27,6 +27,10 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 section "tests (README: cargo xtask test)"
 cargo xtask test
 
+# Peers killed and plugin faults injected at random under verified traffic: nothing may be lost.
+section "fault soak (cargo xtask soak --seconds 60)"
+cargo xtask soak --seconds 60
+
 # Two "nodes" as network namespaces with four veth data NICs each: the benchmark's data must
 # verify and every NIC must carry traffic (xtask fails otherwise). All traffic stays between the
 # two namespaces it creates, and removes, itself.

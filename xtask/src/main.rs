@@ -11,6 +11,7 @@
 
 mod bench;
 mod bindgen_task;
+mod soak;
 mod sysdeps;
 mod test_task;
 
@@ -31,6 +32,9 @@ Tasks:
                               SVG plot land in target/bench/. See `cargo xtask bench --help`.
   bindgen [--check]           Regenerate crates/tcpx-sys/src/bindings.rs from include/tcpx_net.h;
                               with --check, fail (exit 1) when the checked-in file has drifted.
+  soak [--seconds N]          Fault soak (default 60 s): random two-sided and one-sided traffic,
+                              every byte checked, against peers killed or faulted at random;
+                              prints done / verified / faults / failures / lost (must be 0).
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";
@@ -51,6 +55,7 @@ fn run() -> Result<()> {
         Some("test") => test_task::run(&rest),
         Some("bench") => bench::run(&rest),
         Some("bindgen") => bindgen_task::run(&rest),
+        Some("soak") => soak::run(&rest),
         Some("sysdeps") => sysdeps::ensure(sysdeps::ALL),
         Some("-h" | "--help" | "help") | None => {
             print!("{HELP}");
