@@ -37,6 +37,9 @@ cargo xtask capi --check --test
 # minute after the first build).
 section "NIXL backend plugin: two NIXL agents over TCPX (cargo xtask nixl --test)"
 cargo xtask nixl --test
+# Peers killed and plugin faults injected at random under verified traffic: nothing may be lost.
+section "fault soak (cargo xtask soak --seconds 60)"
+cargo xtask soak --seconds 60
 
 # Two "nodes" as network namespaces with four veth data NICs each: the benchmark's data must
 # verify and every NIC must carry traffic (xtask fails otherwise). All traffic stays between the

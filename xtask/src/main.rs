@@ -6,6 +6,7 @@
 //! cargo xtask bindgen [--check] regenerate tcpx-sys bindings, or fail when they drifted
 //! cargo xtask capi [--check] [--test]  C API: header (drift check), libtcpx, C tests
 //! cargo xtask nixl [--test]     NIXL backend plugin libplugin_TCPX.so; --test: two NIXL agents
+//! cargo xtask soak [--seconds N] fault soak: verified traffic against killed and faulted peers
 //! cargo xtask sysdeps           install (or print how to install) the system packages
 //! ```
 //!
@@ -16,6 +17,7 @@ mod bindgen_task;
 mod capi;
 mod nixl;
 mod python;
+mod soak;
 mod sysdeps;
 mod test_task;
 
@@ -43,6 +45,9 @@ Tasks:
   nixl [--test] [--bench [ARGS]] [--probe NIXL_SRC]
                               Build the NIXL backend plugin (target/nixl/plugins); --test runs two
                               NIXL agents (PyPI nixl-cu12) over it, --bench compares with UCX.
+  soak [--seconds N]          Fault soak (default 60 s): random two-sided and one-sided traffic,
+                              every byte checked, against peers killed or faulted at random;
+                              prints done / verified / faults / failures / lost (must be 0).
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";
@@ -65,6 +70,7 @@ fn run() -> Result<()> {
         Some("bindgen") => bindgen_task::run(&rest),
         Some("capi") => capi::run(&rest),
         Some("nixl") => nixl::run(&rest),
+        Some("soak") => soak::run(&rest),
         Some("sysdeps") => sysdeps::ensure(sysdeps::ALL),
         Some("-h" | "--help" | "help") | None => {
             print!("{HELP}");

@@ -168,6 +168,7 @@ fn discover() -> Result<Config, String> {
         })
         .collect();
     let devmem = devmem_from_env()?;
+    crate::fault::configure()?;
     Ok(Config {
         devices,
         nsocks,

@@ -35,6 +35,14 @@
 //!   `TCPX_SOCKET_CUDA_LIB=/path/libcuda.so.1` loads that driver library instead. Off: host
 //!   memory only, netDeviceType HOST, exactly as before.
 //!
+//! * `TCPX_SOCKET_NO_SIZES=1` (default off): `test` never writes `*sizes`, like some deployed
+//!   v6 plugins (nccl-fastsocket), so the layers above are tested against NCCL's size contract.
+//! * `TCPX_SOCKET_FAULT=key:value[,...]` (default off): fault injection for tests — fail a comm
+//!   after N bytes (`fail_after_bytes:N`), fail its K-th `test` (`test_error:K`), shut its
+//!   sockets down after N bytes (`drop_conn_after_bytes:N`), hold completions back
+//!   (`delay_us:D`), limited to one side (`side:send|recv`) or to the first N comms of a side
+//!   (`comms:N`). A bad value makes `init` fail with a log line. Details: [`FAULT_ENV`].
+//!
 //! Wire formats are documented in the `handle` and `wire` modules' sources.
 //!
 //! ```
@@ -53,6 +61,7 @@ mod connect;
 mod cuda;
 mod device;
 mod devmem;
+mod fault;
 mod handle;
 #[cfg(feature = "instant")]
 pub mod instant;
@@ -67,6 +76,7 @@ pub mod wire;
 
 pub use cuda::CUDA_LIB_ENV;
 pub use device::{DEFAULT_SPEED_MBPS, DEVMEM_ENV, DEVMEM_GPU_ENV, MAX_NSOCKS};
+pub use fault::{faults_injected, FAULT_ENV, NO_SIZES_ENV};
 pub use table::{ncclNetPlugin_v7, ncclNetPlugin_v8, pending_connects, PluginTable};
 
 /// The plugin's name, as reported in its tables.

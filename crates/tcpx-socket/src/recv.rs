@@ -27,6 +27,7 @@ use std::net::TcpStream;
 use tcpx_sys::{ncclNetDeviceHandle_v8_t, ResultCode, MAX_REQUESTS};
 
 use crate::devmem::{DevmemRecv, MAX_RECV_BYTES};
+use crate::fault::{Action, Gate, Side as FaultSide};
 use crate::log::log_warn;
 use crate::object::{DEAD_TAG, RECV_REQ_TAG, RECV_TAG};
 use crate::send::SYSCALL_BUDGET;
@@ -119,6 +120,7 @@ pub(crate) struct RecvComm {
     _owned_handle: Option<Box<ncclNetDeviceHandle_v8_t>>,
     failed: Option<ResultCode>,
     name: String,
+    fault: Gate,
 }
 
 impl RecvComm {
@@ -164,6 +166,7 @@ impl RecvComm {
             _owned_handle: owned_handle,
             failed: None,
             name,
+            fault: Gate::new(FaultSide::Recv),
         });
         let me: *mut RecvComm = &mut *comm;
         for s in comm.slots.iter_mut() {
@@ -247,6 +250,14 @@ impl RecvComm {
             );
             return Err(ResultCode::INVALID_USAGE);
         }
+        match self.fault.before_test(&self.name) {
+            Action::Proceed => {}
+            Action::Fail(code) => {
+                self.failed = Some(code);
+                return Err(code);
+            }
+            Action::Drop => sock::shutdown_all(&self.socks),
+        }
         let outcome = self.progress().and_then(|()| self.check_head_reachable());
         if let Err(f) = outcome {
             log_warn!("tcpx-socket: {}: {}; the comm is failed", self.name, f.msg);
@@ -254,7 +265,7 @@ impl RecvComm {
             return Err(f.code);
         }
         let slot = &self.slots[index];
-        if slot.complete() {
+        if slot.complete() && self.fault.release(seq) {
             let (total, cuda) = (slot.total.unwrap_or(0) as usize, slot.cuda);
             if let Some(d) = &mut self.devmem {
                 if let Err(msg) = d.publish(index, total, cuda) {
@@ -272,6 +283,7 @@ impl RecvComm {
             if !self.consume_required {
                 self.released = self.head;
             }
+            self.fault.completed(slot.total.unwrap_or(0));
             Ok(slot.total)
         } else {
             Ok(None)

@@ -19,6 +19,7 @@ use std::net::TcpStream;
 
 use tcpx_sys::{ResultCode, MAX_REQUESTS};
 
+use crate::fault::{Action, Gate, Side as FaultSide};
 use crate::log::log_warn;
 use crate::object::{DEAD_TAG, SEND_REQ_TAG, SEND_TAG};
 use crate::sock::{self, Io};
@@ -70,6 +71,7 @@ pub(crate) struct SendComm {
     head: u64,
     failed: Option<ResultCode>,
     name: String,
+    fault: Gate,
 }
 
 impl SendComm {
@@ -106,6 +108,7 @@ impl SendComm {
             head: 0,
             failed: None,
             name,
+            fault: Gate::new(FaultSide::Send),
         });
         let me: *mut SendComm = &mut *comm;
         for s in comm.slots.iter_mut() {
@@ -212,10 +215,19 @@ impl SendComm {
             );
             return Err(ResultCode::INVALID_USAGE);
         }
+        match self.fault.before_test(&self.name) {
+            Action::Proceed => {}
+            Action::Fail(code) => {
+                self.failed = Some(code);
+                return Err(code);
+            }
+            Action::Drop => sock::shutdown_all(&self.socks),
+        }
         self.progress()?;
         let slot = &self.slots[index];
-        if slot.parts_done == slot.nparts {
+        if slot.parts_done == slot.nparts && self.fault.release(seq) {
             self.head += 1;
+            self.fault.completed(slot.size);
             Ok(Some(slot.size))
         } else {
             Ok(None)

@@ -198,3 +198,11 @@ pub(crate) fn random_u64() -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+/// Shuts every socket down in both directions (fault injection: a connection dropped under the
+/// comm). Errors are ignored: a socket the peer already closed is as dropped as it gets.
+pub(crate) fn shutdown_all(socks: &[TcpStream]) {
+    for s in socks {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}

@@ -521,9 +521,16 @@ impl SendComm {
         Ok(Some(SendRequest::new(req, self.inner.clone(), op, len)))
     }
 
-    /// Tests `request` (which must be this comm's oldest): `Some(size)` once sent.
+    /// Tests `request` (which must be this comm's oldest): `Some(len)` once sent, `len` being
+    /// the posted length. A send completes whole or fails; like NCCL, the size a plugin may
+    /// report for a send is not read (some plugins, e.g. nccl-fastsocket, never write it).
     pub fn test(&mut self, request: &mut SendRequest) -> Result<Option<usize>> {
-        test_request(&self.inner, &mut request.state, "test (send)")
+        test_request(
+            &self.inner,
+            &mut request.state,
+            "test (send)",
+            SizeRule::Posted,
+        )
     }
 
     /// The comm's identity in logs and errors.
@@ -637,8 +644,18 @@ impl RecvComm {
 
     /// Tests `request` (which must be this comm's oldest): `Some(size)` once received. The
     /// request still holds its slot until [`RecvComm::consumed`].
+    ///
+    /// `size` is what the plugin reported, or the posted length when the plugin left the size
+    /// untouched (NCCL's contract lets v6 host plugins such as nccl-fastsocket skip it). A
+    /// reported size above the posted length is a contract error; a shorter one is returned as
+    /// is, for the caller to compare with what it expects.
     pub fn test(&mut self, request: &mut RecvRequest) -> Result<Option<usize>> {
-        test_request(&self.inner, &mut request.state, "test (recv)")
+        test_request(
+            &self.inner,
+            &mut request.state,
+            "test (recv)",
+            SizeRule::Reported,
+        )
     }
 
     /// Tells the plugin the received data has been used (`irecvConsumed`); must follow
@@ -717,10 +734,24 @@ pub(crate) struct RequestCore {
     pub(crate) state: RequestState,
 }
 
+/// How a completed request's size is found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SizeRule {
+    /// Sends: the posted length; the plugin's report is not read.
+    Posted,
+    /// Receives: the plugin's report, or the posted length if it wrote none.
+    Reported,
+}
+
+/// Preset in the size a plugin's `test` may fill: no valid size is negative, so a value still
+/// equal to it after completion means "not written".
+const SIZE_UNSET: c_int = -1;
+
 fn test_request(
     comm: &Arc<CommInner>,
     core: &mut RequestCore,
     api: &'static str,
+    rule: SizeRule,
 ) -> Result<Option<usize>> {
     match core.state {
         RequestState::Done(size) => return Ok(Some(size)),
@@ -745,7 +776,9 @@ fn test_request(
     }
     comm.check_usable(api)?;
     let mut done: c_int = 0;
-    let mut size: c_int = 0;
+    // Sends get a valid pointer too (NCCL passes one and ignores the result), so a plugin that
+    // writes the size unconditionally is served; what it writes there is not read.
+    let mut size: c_int = SIZE_UNSET;
     let plugin = &comm.net.inner.plugin;
     // SAFETY: a live request of this comm; the plugin enforces the FIFO rule itself.
     let result = call(
@@ -767,19 +800,21 @@ fn test_request(
     if done == 0 {
         return Ok(None);
     }
-    let size = usize::try_from(size)
-        .ok()
-        .filter(|&s| s <= core.len)
-        .ok_or_else(|| {
-            Error::new(
-                api,
-                ErrorKind::Contract(format!(
-                    "completed with size {size} for a {}-byte request",
-                    core.len
-                )),
-                comm.label(),
-            )
-        })?;
+    let size = if rule == SizeRule::Posted || size == SIZE_UNSET {
+        Some(core.len)
+    } else {
+        usize::try_from(size).ok().filter(|&s| s <= core.len)
+    }
+    .ok_or_else(|| {
+        Error::new(
+            api,
+            ErrorKind::Contract(format!(
+                "completed with size {size} for a {}-byte request",
+                core.len
+            )),
+            comm.label(),
+        )
+    })?;
     core.state = RequestState::Done(size);
     // Done: the plugin no longer touches the memory.
     core.op = None;
