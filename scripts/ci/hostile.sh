@@ -3,9 +3,10 @@
 #
 # Starts a server, sends COUNT hostile connections to every port it listens on (the control
 # port and the baseline port = control + 1): random bytes, all 0xff, a slow drip, an instant
-# close, `TXCP` + junk, and silent connections held open. After SETTLE seconds the server's
-# open fds (/proc/PID/fd) and threads (/proc/PID/task) must be what they were before; then a
-# real client runs the sweep with --verify and both ends must exit 0.
+# close, `TXCP` + junk, and silent connections held open. After SETTLE seconds the server must
+# still be alive; once every stranger has ended, its open fds (/proc/PID/fd) and threads
+# (/proc/PID/task) must be what they were before; then a real client runs the sweep with
+# --verify and both ends must exit 0.
 #
 # Environment: TCPX_BENCH (binary; default target/release/tcpx-bench, built if missing),
 # HOSTILE_PORT (control port, default 47700), HOSTILE_COUNT (per port, default 200),
@@ -83,6 +84,12 @@ for port in "${ports[@]}"; do
 done
 sleep "$SETTLE"
 kill -0 "$server" 2>/dev/null || { cat "$work/server.err"; echo "hostile: the server died under hostile connections"; exit 1; }
+echo "hostile: under attack: $(counts)"
+# Every stranger ends by itself (the silent ones after 15 s); once they have, and the server has
+# seen them go, nothing of theirs may be left in the server.
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+pids=()
+sleep 3
 after=$(counts)
 echo "hostile: server before: $before; after $COUNT hostile connections per port on ${ports[*]}: $after"
 if [[ $before != "$after" ]]; then
