@@ -294,7 +294,12 @@ impl<C: Comm> Lane<C> {
     fn pump(&mut self, cx: &Cx<'_>) -> Result<bool, LinkFailed> {
         let mut moved = false;
         while let Some(action) = self.core.poll_post() {
-            match self.execute(action, cx)? {
+            // The hot action is run here, the rest through `execute`.
+            let done = match action {
+                Action::Post { chunk, place } => self.post(chunk, place, cx)?,
+                action => self.execute(action, cx)?,
+            };
+            match done {
                 Done::Posted => {
                     moved = true;
                     self.test(cx)?;
@@ -311,38 +316,90 @@ impl<C: Comm> Lane<C> {
 
     /// Runs the core's test actions until the head is in flight; returns how many requests
     /// were retired.
+    #[inline]
     fn test(&mut self, cx: &Cx<'_>) -> Result<u32, LinkFailed> {
+        // Most passes of an idle lane end here, without entering the (larger) test loop.
+        if !self.core.has_requests() {
+            return Ok(0);
+        }
+        self.test_requests(cx)
+    }
+
+    #[inline(never)]
+    fn test_requests(&mut self, cx: &Cx<'_>) -> Result<u32, LinkFailed> {
         let mut retired = 0;
-        while let Some(action) = self.core.poll_test() {
-            if let Done::Retired = self.execute(action, cx)? {
-                retired += 1;
+        while let Some(mut action) = self.core.poll_test() {
+            if let Action::Test = action {
+                match self.test_head(cx)? {
+                    Some(next) => action = next,
+                    None => continue,
+                }
             }
+            // The hot actions (a completion) are run here, the rest through `execute`.
+            match action {
+                Action::Sent { size } => cx.counters.sent(size as u64),
+                Action::Consume { token, size } => self.consume(token, size, cx)?,
+                action => {
+                    if let Done::Retired = self.execute(action, cx)? {
+                        retired += 1;
+                    }
+                    continue;
+                }
+            }
+            retired += 1;
         }
         Ok(retired)
+    }
+
+    /// Hands a done receive back to the plugin and counts its bytes.
+    #[inline]
+    fn consume(&mut self, token: C::Request, size: usize, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+        if let Err(e) = self.comm.consumed(token) {
+            return Err(cx.fail_plugin(C::DIRECTION, e));
+        }
+        self.core.consumed();
+        cx.counters.received(size as u64);
+        Ok(())
+    }
+
+    /// Tests the head; returns the action that follows at once, if any.
+    #[inline]
+    fn test_head(&mut self, cx: &Cx<'_>) -> Result<Option<Action<C::Request>>, LinkFailed> {
+        let direction = C::DIRECTION;
+        let comm = &mut self.comm;
+        // The plugin's error waits here, out of the core's (hot, small) result.
+        let mut failure = None;
+        let tested = self.core.test_head(|req| match comm.test(req) {
+            Ok(Some(size)) => TestOutcome::Done { size },
+            Ok(None) => TestOutcome::Pending,
+            Err(e) => {
+                failure = Some(e);
+                TestOutcome::Failed(())
+            }
+        });
+        match tested {
+            Ok(next) => Ok(next),
+            Err(TestFailed::Plugin(())) => match failure {
+                Some(e) => Err(cx.fail_plugin(direction, e)),
+                None => Err(cx.fail_internal(direction, "a failed test lost its error")),
+            },
+            Err(TestFailed::Size {
+                index,
+                size,
+                posted,
+            }) => Err(cx.fail_mismatch(mismatch(direction, index, size, posted))),
+        }
     }
 
     /// Executes one action against the plugin and CUDA and reports back to the core.
     fn execute(&mut self, action: Action<C::Request>, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
         let direction = C::DIRECTION;
         match action {
-            Action::Test => {
-                let comm = &mut self.comm;
-                return match self.core.test_head(|req| outcome(comm.test(req))) {
-                    Ok(()) => Ok(Done::Other),
-                    Err(TestFailed::Plugin(e)) => Err(cx.fail_plugin(direction, e)),
-                    Err(TestFailed::Size {
-                        index,
-                        size,
-                        posted,
-                    }) => Err(cx.fail_mismatch(mismatch(direction, index, size, posted))),
-                };
-            }
+            // Only the test pass asks for tests, and runs them itself (`Self::test`).
+            Action::Test => return Err(cx.fail_internal(direction, "a test outside a test pass")),
             Action::Post { chunk, place } => return self.post(chunk, place, cx),
             Action::Consume { token, size } => {
-                if let Err(e) = self.comm.consumed(token) {
-                    return Err(cx.fail_plugin(direction, e));
-                }
-                cx.counters.received(size as u64);
+                self.consume(token, size, cx)?;
                 return Ok(Done::Retired);
             }
             Action::Sent { size } => {
@@ -423,6 +480,7 @@ impl<C: Comm> Lane<C> {
     }
 
     /// Posts `chunk` from or into `place`.
+    #[inline]
     fn post(&mut self, chunk: Chunk, place: Place, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
         let direction = C::DIRECTION;
         let len = chunk.len as usize;
@@ -488,7 +546,7 @@ impl<C: Comm> Lane<C> {
                 let offset = stage.ring.slot_offset(slot);
                 let posted = self.comm.post(&stage.region, offset, len);
                 if let (Ok(Some(_)), Some((memory, offset))) = (&posted, target) {
-                    if let Err(e) = stage.ring.expect(slot, memory, offset, len) {
+                    if let Err(e) = stage.ring.set_drain_target(slot, memory, offset, len) {
                         // The request drops here; the link fails.
                         return Err(cx.fail_staging(direction, e));
                     }
@@ -498,7 +556,9 @@ impl<C: Comm> Lane<C> {
         };
         match posted {
             Ok(Some(request)) => {
-                self.report(Event::Posted(request), cx)?;
+                if let Err(what) = self.core.posted(request) {
+                    return Err(cx.fail_internal(direction, what));
+                }
                 Ok(Done::Posted)
             }
             Ok(None) => {
@@ -531,7 +591,7 @@ impl<C: Comm> Lane<C> {
             .map_err(|e| cx.fail_staging(direction, e))
     }
 
-    fn report(&mut self, event: Event<C::Request>, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+    fn report(&mut self, event: Event, cx: &Cx<'_>) -> Result<(), LinkFailed> {
         self.core
             .handle(event)
             .map_err(|what| cx.fail_internal(C::DIRECTION, what))
@@ -629,12 +689,4 @@ fn staged_target<'j>(job: &'j Job, chunk: &Chunk) -> Option<(&'j SharedMemory, u
         .ok()
         .and_then(|o| piece.offset.checked_add(o))?;
     Some((&piece.memory, offset))
-}
-
-fn outcome(result: tcpx::Result<Option<usize>>) -> TestOutcome<tcpx::Error> {
-    match result {
-        Ok(Some(size)) => TestOutcome::Done { size },
-        Ok(None) => TestOutcome::Pending,
-        Err(e) => TestOutcome::Failed(e),
-    }
 }

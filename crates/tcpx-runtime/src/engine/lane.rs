@@ -13,7 +13,7 @@
 //!   start a slot → device copy, queue or launch gathers, ask whether a copy or gather
 //!   finished, consume the head), or `None` when the head is still in flight;
 //! - the engine executes each action against the plugin and CUDA and feeds what happened back
-//!   in ([`LaneCore::handle`], [`LaneCore::test_head`]); an error of either fails the link,
+//!   in ([`LaneCore::posted`], [`LaneCore::handle`], [`LaneCore::test_head`]); an error fails the link,
 //!   and [`LaneCore::abandon`] then fails every transfer the lane holds.
 //!
 //! The three routes go through this one path and differ only in a chunk's [`Place`]:
@@ -111,11 +111,12 @@ pub(crate) enum Action<R> {
     /// Ask whether the copy of ring slot `slot` finished, then report [`Event::Copied`].
     PollCopy { slot: u16 },
     /// Post `chunk` (of the posting transfer, unless `place` is a send's ring slot) from or
-    /// into `place`, then report [`Event::Posted`] or [`Event::Busy`]. A receive into a ring
+    /// into `place`, then report [`LaneCore::posted`] or [`Event::Busy`]. A receive into a ring
     /// slot also records where the slot's bytes go; one into an unpack slot records its
     /// destination.
     Post { chunk: Chunk, place: Place },
-    /// Test the head: call [`LaneCore::test_head`] with the plugin's `test`.
+    /// Test the head: call [`LaneCore::test_head`] with the plugin's `test`, then execute
+    /// the action it returns, if any.
     Test,
     /// Start copying ring slot `slot`'s first `size` bytes to their destination (receive; no
     /// report).
@@ -127,7 +128,8 @@ pub(crate) enum Action<R> {
     /// Ask whether the oldest launch finished (and found no bad fragment), then report
     /// [`Event::Gathered`].
     PollUnpack,
-    /// Hand the done receive back to the plugin (`irecvConsumed`); `size` bytes arrived.
+    /// Hand the done receive back to the plugin (`irecvConsumed`), then report
+    /// [`LaneCore::consumed`]; `size` bytes arrived.
     Consume { token: R, size: usize },
     /// A send of `size` bytes completed (for the counters).
     Sent { size: usize },
@@ -137,13 +139,11 @@ pub(crate) enum Action<R> {
 
 /// What happened to an action that asked for a report.
 #[derive(Debug)]
-pub(crate) enum Event<R> {
+pub(crate) enum Event {
     /// [`Action::OpenRing`] made the ring.
     Opened,
     /// [`Action::OpenUnpack`] looked: whether the comm has an UNPACK handle.
     UnpackProbed(bool),
-    /// [`Action::Post`] went out as this request.
-    Posted(R),
     /// [`Action::Post`]: the plugin is busy; try again on a later pass.
     Busy,
     /// [`Action::PollCopy`]: whether the copy finished.
@@ -179,8 +179,10 @@ enum Expect {
         slots: usize,
     },
     Probe,
+    /// A post of this chunk (index and bytes) from or into `place`.
     Post {
-        chunk: Chunk,
+        index: u64,
+        len: u32,
         place: Place,
     },
     /// Copy of the send ring's oldest ahead chunk.
@@ -199,20 +201,6 @@ enum Step {
     Consume,
     /// Test the head.
     Test,
-    /// Report a completed send, then test again.
-    Sent(usize),
-    /// Queue the done receive's copy out of its slot, then consume.
-    Drain {
-        slot: u16,
-        size: usize,
-    },
-    /// Queue the done receive's gather, then consume.
-    Queue {
-        slot: u16,
-        size: usize,
-    },
-    /// Consume the head at once (a direct receive with nothing ahead of it), then test.
-    ConsumeHead,
     /// Launch the gathers queued in this pass, then end.
     Launch,
     End,
@@ -274,9 +262,6 @@ pub(crate) struct LaneCore<R, J> {
     step: Step,
     /// The post pass stops at the next [`Self::poll_post`] (the ring's front copy still runs).
     halt: bool,
-    /// Receives handed out for consuming whose chunks are counted at the next poll (once
-    /// the engine consumed them without error).
-    deferred: u32,
 }
 
 impl<R, J: LaneWork> LaneCore<R, J> {
@@ -304,7 +289,6 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             expect: Expect::Nothing,
             step: Step::Start,
             halt: false,
-            deferred: 0,
         })
     }
 
@@ -337,6 +321,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
 
     /// The next step towards posting a chunk; `None` when the window is full, nothing is
     /// ready, or a staged send's copy still runs.
+    #[inline]
     pub(crate) fn poll_post(&mut self) -> Option<Action<R>> {
         debug_assert!(matches!(self.expect, Expect::Nothing), "{:?}", self.expect);
         if std::mem::take(&mut self.halt) {
@@ -352,13 +337,13 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             return None;
         }
         let (job, chunk) = self.track.next_chunk(self.channel)?;
-        let route = job.route(&chunk);
-        let slot_bytes = job.schedule().map_or(chunk.len, |s| s.chunk_bytes()) as usize;
-        let place = match (self.direction, route) {
+        let place = match (self.direction, job.route(&chunk)) {
+            (_, Route::Direct) | (Direction::Send, Route::CudaDst) => Place::Direct,
             (Direction::Send, Route::Staged) => return self.post_ahead(),
             (Direction::Recv, Route::Staged) => {
                 let Some(ring) = self.ring.as_ref() else {
-                    return Some(self.open_ring(self.window.capacity(), slot_bytes));
+                    let slot_bytes = job.schedule().map_or(chunk.len, |s| s.chunk_bytes());
+                    return Some(self.open_ring(self.window.capacity(), slot_bytes as usize));
                 };
                 // Slots in use never exceed the window's requests, so a window with room has
                 // a free slot; refusing here would only mean a bookkeeping bug, kept harmless.
@@ -377,9 +362,12 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 Probe::Present => Place::Unpack((self.irecvs % UNPACK_SLOTS as u64) as u16),
                 Probe::Absent => Place::Direct,
             },
-            _ => Place::Direct,
         };
-        self.expect = Expect::Post { chunk, place };
+        self.expect = Expect::Post {
+            index: chunk.index,
+            len: chunk.len,
+            place,
+        };
         Some(Action::Post { chunk, place })
     }
 
@@ -406,7 +394,8 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         }
         let place = Place::Ring(front.slot);
         self.expect = Expect::Post {
-            chunk: front.chunk,
+            index: front.chunk.index,
+            len: front.chunk.len,
             place,
         };
         Some(Action::Post {
@@ -435,16 +424,19 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         // Slots < 2 × window ≤ 32.
         let slot = ring.slots.take()? as u16;
         ring.ahead.push_back(Ahead { slot, chunk });
-        self.track.posted(&chunk, self.channels);
+        self.track.posted(chunk.index, self.channels);
         Some(Action::Fill { chunk, slot })
     }
 
     /// The next step towards retiring requests; `None` once the head is still in flight (or
     /// its data not yet in place) and the pass's gathers are launched.
+    #[inline]
     pub(crate) fn poll_test(&mut self) -> Option<Action<R>> {
         debug_assert!(matches!(self.expect, Expect::Nothing), "{:?}", self.expect);
-        for _ in 0..std::mem::take(&mut self.deferred) {
-            self.track.completed();
+        if self.window.is_empty() {
+            // Nothing to test or consume (queued gathers hold their receives' slots).
+            self.step = Step::Start;
+            return None;
         }
         loop {
             match self.step {
@@ -464,28 +456,15 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 },
                 Step::Test => {
                     if self.window.next_to_test().is_none() {
-                        self.step = self.after_test();
+                        if self.unpack.batch == 0 {
+                            self.step = Step::Start;
+                            return None;
+                        }
+                        self.step = Step::Launch;
                         continue;
                     }
                     self.expect = Expect::Test;
                     return Some(Action::Test);
-                }
-                Step::Sent(size) => {
-                    self.step = Step::Test;
-                    return Some(Action::Sent { size });
-                }
-                Step::Drain { slot, size } => {
-                    self.step = Step::Consume;
-                    return Some(Action::Drain { slot, size });
-                }
-                Step::Queue { slot, size } => {
-                    self.step = Step::Consume;
-                    self.unpack.batch += 1;
-                    return Some(Action::QueueUnpack { slot, size });
-                }
-                Step::ConsumeHead => {
-                    self.step = Step::Test;
-                    return Some(self.take_head());
                 }
                 Step::Launch => {
                     self.step = Step::End;
@@ -501,14 +480,18 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         }
     }
 
-    /// Where the pass goes once the head is not done: the gathers this pass queued go out in
-    /// one launch.
-    fn after_test(&self) -> Step {
-        if self.unpack.batch > 0 {
-            Step::Launch
-        } else {
-            Step::End
-        }
+    /// The receive handed out by [`Action::Consume`] was consumed (`irecvConsumed`
+    /// succeeded): its chunk counts as completed. (A failed consume fails the link instead,
+    /// and the transfer with it.)
+    #[inline]
+    pub(crate) fn consumed(&mut self) {
+        self.track.completed();
+    }
+
+    /// Whether any request holds a window slot (nothing to test or consume otherwise).
+    #[inline]
+    pub(crate) fn has_requests(&self) -> bool {
+        !self.window.is_empty()
     }
 
     /// Consumes the head if its data is in place, or asks whether it is.
@@ -550,25 +533,31 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             }
             Place::Unpack(_) => self.unpack.ready = self.unpack.ready.saturating_sub(1),
         }
-        self.deferred += 1;
         Action::Consume {
             token: done.token,
             size: done.size,
         }
     }
 
-    /// Applies the plugin's `test` of the head ([`Action::Test`]). An error fails the lane:
-    /// the engine fails the link and abandons the lane.
+    /// Applies the plugin's `test` of the head ([`Action::Test`]) and returns what follows
+    /// at once, if anything (report a send, consume a receive, start a copy out of a slot,
+    /// queue a gather): the engine executes it before polling again. An error fails the
+    /// lane: the engine fails the link and abandons the lane.
+    #[inline]
     pub(crate) fn test_head<E>(
         &mut self,
         test: impl FnOnce(&mut R) -> TestOutcome<E>,
-    ) -> Result<(), TestFailed<E>> {
+    ) -> Result<Option<Action<R>>, TestFailed<E>> {
         debug_assert!(matches!(self.expect, Expect::Test), "{:?}", self.expect);
         self.expect = Expect::Nothing;
         let (size, tag) = match self.window.test_head(test) {
             None | Some(Release::NotReady) => {
-                self.step = self.after_test();
-                return Ok(());
+                self.step = if self.unpack.batch > 0 {
+                    Step::Launch
+                } else {
+                    Step::End
+                };
+                return Ok(None);
             }
             Some(Release::Released(done)) => (done.size, *done.data),
             // The requests it took down drop here; the engine then abandons the link.
@@ -585,7 +574,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 posted: tag.len,
             });
         }
-        self.step = match (self.direction, tag.place) {
+        Ok(Some(match (self.direction, tag.place) {
             (Direction::Send, place) => {
                 // A send is finished once done: it leaves the window at once.
                 drop(self.window.consume_head());
@@ -593,24 +582,65 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                     ring.slots.release();
                 }
                 self.track.completed();
-                Step::Sent(size)
+                Action::Sent { size }
             }
-            (Direction::Recv, Place::Ring(slot)) => Step::Drain { slot, size },
-            (Direction::Recv, Place::Unpack(slot)) => Step::Queue { slot, size },
             // Host memory, nothing ahead of it (done receives are the window's prefix): the
             // data is in place once done, so hand the slot back at once.
             (Direction::Recv, Place::Direct) if self.window.awaiting_consume() == 1 => {
-                Step::ConsumeHead
+                self.take_head()
             }
             // Behind receives whose data is not in place yet: in order, as it gets there.
-            (Direction::Recv, Place::Direct) => Step::Consume,
+            (Direction::Recv, Place::Direct) => {
+                self.step = Step::Consume;
+                return Ok(None);
+            }
+            (Direction::Recv, Place::Ring(slot)) => {
+                self.step = Step::Consume;
+                Action::Drain { slot, size }
+            }
+            (Direction::Recv, Place::Unpack(slot)) => {
+                self.step = Step::Consume;
+                self.unpack.batch += 1;
+                Action::QueueUnpack { slot, size }
+            }
+        }))
+    }
+
+    /// [`Action::Post`] went out as `request` (the hot report, apart from [`Self::handle`]'s).
+    /// `Err` names a bookkeeping bug (fail the link with it).
+    #[inline]
+    pub(crate) fn posted(&mut self, request: R) -> Result<(), &'static str> {
+        let Expect::Post { index, len, place } =
+            std::mem::replace(&mut self.expect, Expect::Nothing)
+        else {
+            return Err("a post was reported that the lane did not ask for");
         };
-        Ok(())
+        match (self.direction, place) {
+            (Direction::Send, Place::Direct) => self.track.posted(index, self.channels),
+            (Direction::Send, _) => {
+                // Counted as posted when its copy started.
+                if let Some(ring) = self.ring.as_mut() {
+                    ring.ahead.pop_front();
+                    ring.front_copied = false;
+                }
+            }
+            (Direction::Recv, place) => {
+                if let (Place::Ring(_), Some(ring)) = (place, self.ring.as_mut()) {
+                    ring.slots.take();
+                }
+                self.irecvs += 1;
+                self.track.posted(index, self.channels);
+            }
+        }
+        let tag = Tag { len, index, place };
+        self.window
+            .try_post(request, tag)
+            .map_err(|_| "window refused a post")
     }
 
     /// Applies the report of the last action that asked for one. `Err` names a bookkeeping
     /// bug (fail the link with it).
-    pub(crate) fn handle(&mut self, event: Event<R>) -> Result<(), &'static str> {
+    pub(crate) fn handle(&mut self, event: Event) -> Result<(), &'static str> {
         let expect = std::mem::replace(&mut self.expect, Expect::Nothing);
         match (expect, event) {
             (Expect::Open { slots }, Event::Opened) => {
@@ -627,33 +657,6 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 } else {
                     Probe::Absent
                 };
-            }
-            (Expect::Post { chunk, place }, Event::Posted(request)) => {
-                match (self.direction, place) {
-                    (Direction::Send, Place::Ring(_)) => {
-                        // Counted as posted when its copy started.
-                        if let Some(ring) = self.ring.as_mut() {
-                            ring.ahead.pop_front();
-                            ring.front_copied = false;
-                        }
-                    }
-                    (Direction::Send, _) => self.track.posted(&chunk, self.channels),
-                    (Direction::Recv, place) => {
-                        if let (Place::Ring(_), Some(ring)) = (place, self.ring.as_mut()) {
-                            ring.slots.take();
-                        }
-                        self.irecvs += 1;
-                        self.track.posted(&chunk, self.channels);
-                    }
-                }
-                let tag = Tag {
-                    len: chunk.len,
-                    index: chunk.index,
-                    place,
-                };
-                if self.window.try_post(request, tag).is_err() {
-                    return Err("window refused a post");
-                }
             }
             (Expect::Post { .. }, Event::Busy) => {}
             (Expect::CopyAhead, Event::Copied(done)) => match self.ring.as_mut() {
@@ -695,7 +698,6 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         self.expect = Expect::Nothing;
         self.step = Step::Start;
         self.halt = false;
-        self.deferred = 0;
     }
 }
 
@@ -763,8 +765,8 @@ impl<J: LaneWork> Track<J> {
 
     /// The chunk just returned by `next_chunk` was posted (or its copy started).
     #[inline]
-    fn posted(&mut self, chunk: &Chunk, channels: u16) {
-        self.next = Some(chunk.index + u64::from(channels));
+    fn posted(&mut self, index: u64, channels: u16) {
+        self.next = Some(index + u64::from(channels));
     }
 
     /// The oldest request completed: it belongs to the oldest transfer.
