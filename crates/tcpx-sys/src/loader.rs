@@ -77,7 +77,7 @@ pub enum LoadError {
     /// The table exists but misses a function every consumer needs, or its name.
     #[error("{path}: table {symbol} is incomplete: field `{field}` is NULL")]
     Incomplete {
-        /// The path given to the loader (or "<linked>" for a static table).
+        /// The path given to the loader (or `<linked>` for a static table).
         path: PathBuf,
         /// The symbol whose table is incomplete.
         symbol: &'static str,

@@ -73,7 +73,10 @@ struct Slot {
 }
 
 /// Pinned host slots, one stream and one event per slot, for staging CUDA memory through a
-/// host-only plugin. See the [module docs](self).
+/// host-only plugin. Send side: [`fill`](Self::fill) a slot from the source, post the slot once
+/// [`is_copied`](Self::is_copied); receive side: post into a slot,
+/// [`set_drain_target`](Self::set_drain_target), [`drain`](Self::drain) once the receive is
+/// done, and hand the receive back once [`is_copied`](Self::is_copied).
 pub struct StagingRing {
     copier: Copier,
     memory: SharedMemory,
