@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMemory};
 
 use crate::engine::job::Job;
-use crate::engine::lane::{Action, Event, LaneCore, Place, TestFailed};
+use crate::engine::lane::{Action, ConsumeFailed, Event, LaneCore, Place, TestFailed};
 use crate::engine::stage::LaneStage;
 use crate::engine::stats::ChannelCounters;
 use crate::engine::unpack::LaneUnpack;
@@ -296,13 +296,14 @@ impl<C: Comm> Lane<C> {
         while let Some(action) = self.core.poll_post() {
             // The hot action is run here, the rest through `execute`.
             let done = match action {
-                Action::Post { chunk, place } => self.post(chunk, place, cx)?,
+                Action::Post { place } => self.post(place, cx)?,
                 action => self.execute(action, cx)?,
             };
             match done {
                 Done::Posted => {
                     moved = true;
-                    self.test(cx)?;
+                    // The post just filled a window slot: straight to the test loop.
+                    self.test_requests(cx)?;
                 }
                 Done::Busy => {
                     cx.counters.busy();
@@ -338,7 +339,7 @@ impl<C: Comm> Lane<C> {
             // The hot actions (a completion) are run here, the rest through `execute`.
             match action {
                 Action::Sent { size } => cx.counters.sent(size as u64),
-                Action::Consume { token, size } => self.consume(token, size, cx)?,
+                Action::Consume { size } => self.consume(size, cx)?,
                 action => {
                     if let Done::Retired = self.execute(action, cx)? {
                         retired += 1;
@@ -351,20 +352,24 @@ impl<C: Comm> Lane<C> {
         Ok(retired)
     }
 
-    /// Hands a done receive back to the plugin and counts its bytes.
+    /// Hands the done receive at the head (`size` bytes) back to the plugin and counts its
+    /// bytes.
     #[inline]
-    fn consume(&mut self, token: C::Request, size: usize, cx: &Cx<'_>) -> Result<(), LinkFailed> {
-        if let Err(e) = self.comm.consumed(token) {
-            return Err(cx.fail_plugin(C::DIRECTION, e));
+    fn consume(&mut self, size: usize, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+        let comm = &mut self.comm;
+        match self.core.consume(|token| comm.consumed(token)) {
+            Ok(()) => {
+                cx.counters.received(size as u64);
+                Ok(())
+            }
+            Err(ConsumeFailed::Plugin(e)) => Err(cx.fail_plugin(C::DIRECTION, e)),
+            Err(ConsumeFailed::Fault(what)) => Err(cx.fail_internal(C::DIRECTION, what)),
         }
-        self.core.consumed();
-        cx.counters.received(size as u64);
-        Ok(())
     }
 
     /// Tests the head; returns the action that follows at once, if any.
     #[inline]
-    fn test_head(&mut self, cx: &Cx<'_>) -> Result<Option<Action<C::Request>>, LinkFailed> {
+    fn test_head(&mut self, cx: &Cx<'_>) -> Result<Option<Action>, LinkFailed> {
         let direction = C::DIRECTION;
         let comm = &mut self.comm;
         // The plugin's error waits here, out of the core's (hot, small) result.
@@ -392,21 +397,21 @@ impl<C: Comm> Lane<C> {
     }
 
     /// Executes one action against the plugin and CUDA and reports back to the core.
-    fn execute(&mut self, action: Action<C::Request>, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
+    fn execute(&mut self, action: Action, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
         let direction = C::DIRECTION;
         match action {
             // Only the test pass asks for tests, and runs them itself (`Self::test`).
             Action::Test => return Err(cx.fail_internal(direction, "a test outside a test pass")),
-            Action::Post { chunk, place } => return self.post(chunk, place, cx),
-            Action::Consume { token, size } => {
-                self.consume(token, size, cx)?;
+            Action::Post { place } => return self.post(place, cx),
+            Action::Consume { size } => {
+                self.consume(size, cx)?;
                 return Ok(Done::Retired);
             }
             Action::Sent { size } => {
                 cx.counters.sent(size as u64);
                 return Ok(Done::Retired);
             }
-            Action::Fill { chunk, slot } => self.fill(chunk, slot, cx)?,
+            Action::Fill { slot } => self.fill(slot, cx)?,
             Action::PollCopy { slot } => {
                 let Some(stage) = self.stage.as_deref_mut() else {
                     return Err(cx.fail_internal(direction, "a staged chunk has no ring"));
@@ -474,22 +479,22 @@ impl<C: Comm> Lane<C> {
                 }
                 self.report(Event::UnpackProbed(self.unpack.is_some()), cx)?;
             }
-            Action::Fault(what) => return Err(cx.fail_internal(direction, what)),
         }
         Ok(Done::Other)
     }
 
-    /// Posts `chunk` from or into `place`.
+    /// Posts the core's chunk from or into `place`.
     #[inline]
-    fn post(&mut self, chunk: Chunk, place: Place, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
+    fn post(&mut self, place: Place, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
         let direction = C::DIRECTION;
+        let chunk = self.core.chunk();
         let len = chunk.len as usize;
         let posted = match place {
             Place::Direct | Place::Unpack(_) => {
                 let Some(job) = self.core.posting_job() else {
                     return Err(cx.fail_internal(direction, "a chunk has no transfer"));
                 };
-                let Some((region, offset)) = locate(job, cx.index, &chunk) else {
+                let Some((region, offset)) = locate(job, cx.index, chunk) else {
                     return Err(cx.fail_internal(direction, "registration missing for a chunk"));
                 };
                 let unpack = match place {
@@ -511,7 +516,7 @@ impl<C: Comm> Lane<C> {
                 if let (Ok(Some(request)), Some((unpack, slot))) = (&posted, unpack) {
                     debug_assert_eq!(Some(slot), self.comm.unpack_slot(request));
                     let dst = region.memory().as_ptr() as u64 + offset as u64;
-                    unpack.dst[slot] = (dst, u64::from(chunk.len));
+                    unpack.dst[slot] = (dst, len as u64);
                 }
                 posted
             }
@@ -532,7 +537,7 @@ impl<C: Comm> Lane<C> {
                         if stage.ring.device().map(|d| d.ordinal()) != gpu {
                             return Err(cx.fail_internal(direction, "staged transfers on two GPUs"));
                         }
-                        match staged_target(job, &chunk) {
+                        match staged_target(job, chunk) {
                             Some(target) => Some(target),
                             None => {
                                 return Err(cx.fail_internal(
@@ -569,9 +574,10 @@ impl<C: Comm> Lane<C> {
         }
     }
 
-    /// Starts the copy of a staged send chunk into its ring slot.
-    fn fill(&mut self, chunk: Chunk, slot: u16, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+    /// Starts the copy of the core's (staged send) chunk into ring slot `slot`.
+    fn fill(&mut self, slot: u16, cx: &Cx<'_>) -> Result<(), LinkFailed> {
         let direction = C::DIRECTION;
+        let chunk = self.core.chunk();
         let Some(job) = self.core.posting_job() else {
             return Err(cx.fail_internal(direction, "a chunk has no transfer"));
         };
@@ -582,7 +588,7 @@ impl<C: Comm> Lane<C> {
         if stage.ring.device().map(|d| d.ordinal()) != gpu {
             return Err(cx.fail_internal(direction, "staged transfers on two GPUs"));
         }
-        let Some((memory, offset)) = staged_target(job, &chunk) else {
+        let Some((memory, offset)) = staged_target(job, chunk) else {
             return Err(cx.fail_internal(direction, "a staged chunk lies outside its segment"));
         };
         stage

@@ -97,24 +97,28 @@ pub(crate) struct Tag {
     pub(crate) place: Place,
 }
 
-/// What the engine should do next on a lane. `R` is the plugin's request.
-#[derive(Debug)]
-pub(crate) enum Action<R> {
+/// What the engine should do next on a lane. Actions are moved through every poll, so they
+/// stay small: neither the chunk nor the plugin's request travels in one (the engine reads the
+/// chunk from [`LaneCore::chunk`] and hands the head back through [`LaneCore::consume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
     /// Make the lane's staging ring (`slots` × `slot_bytes`) for the posting transfer's
     /// staging, register it on the comm, then report [`Event::Opened`].
     OpenRing { slots: usize, slot_bytes: usize },
     /// Look for the comm's UNPACK handle for the posting transfer's GPU, then report
     /// [`Event::UnpackProbed`].
     OpenUnpack,
-    /// Start copying `chunk` of the posting transfer into ring slot `slot` (send; no report).
-    Fill { chunk: Chunk, slot: u16 },
+    /// Start copying [`LaneCore::chunk`] (of the posting transfer) into ring slot `slot`
+    /// (send; no report).
+    Fill { slot: u16 },
     /// Ask whether the copy of ring slot `slot` finished, then report [`Event::Copied`].
     PollCopy { slot: u16 },
-    /// Post `chunk` (of the posting transfer, unless `place` is a send's ring slot) from or
-    /// into `place`, then report [`LaneCore::posted`] or [`Event::Busy`]. A receive into a ring
-    /// slot also records where the slot's bytes go; one into an unpack slot records its
-    /// destination.
-    Post { chunk: Chunk, place: Place },
+    /// Post [`LaneCore::chunk`] (of the posting transfer, unless `place` is a send's ring
+    /// slot) from or into `place`, then report [`LaneCore::posted`] or [`Event::Busy`]. A
+    /// receive into a ring slot also records where the slot's bytes go; one into an unpack
+    /// slot records its destination. (The chunk stays in the core, read by reference: an
+    /// action is moved through every poll, so it carries only what is small.)
+    Post { place: Place },
     /// Test the head: call [`LaneCore::test_head`] with the plugin's `test`, then execute
     /// the action it returns, if any.
     Test,
@@ -128,13 +132,11 @@ pub(crate) enum Action<R> {
     /// Ask whether the oldest launch finished (and found no bad fragment), then report
     /// [`Event::Gathered`].
     PollUnpack,
-    /// Hand the done receive back to the plugin (`irecvConsumed`), then report
-    /// [`LaneCore::consumed`]; `size` bytes arrived.
-    Consume { token: R, size: usize },
+    /// Hand the done receive at the head back to the plugin through [`LaneCore::consume`]
+    /// (`irecvConsumed`); `size` bytes arrived.
+    Consume { size: usize },
     /// A send of `size` bytes completed (for the counters).
     Sent { size: usize },
-    /// The lane's bookkeeping broke (a bug): fail the link with this.
-    Fault(&'static str),
 }
 
 /// What happened to an action that asked for a report.
@@ -165,6 +167,15 @@ pub(crate) enum TestFailed<E> {
     },
 }
 
+/// Why handing the head back ([`LaneCore::consume`]) failed the lane.
+#[derive(Debug)]
+pub(crate) enum ConsumeFailed<E> {
+    /// The plugin's `irecvConsumed` failed.
+    Plugin(E),
+    /// The lane's bookkeeping broke (a bug).
+    Fault(&'static str),
+}
+
 /// Whether a completion's size is acceptable for the `posted` bytes of its request.
 #[inline]
 fn size_ok(_direction: Direction, size: usize, posted: u32) -> bool {
@@ -179,18 +190,16 @@ enum Expect {
         slots: usize,
     },
     Probe,
-    /// A post of this chunk (index and bytes) from or into `place`.
-    Post {
-        index: u64,
-        len: u32,
-        place: Place,
-    },
+    /// A post of [`LaneCore::chunk`] from or into `place`.
+    Post { place: Place },
     /// Copy of the send ring's oldest ahead chunk.
     CopyAhead,
     /// Copy of the receive window's head out of its slot.
     CopyHead,
     Gather,
     Test,
+    /// The engine hands the head back ([`LaneCore::consume`]).
+    Consume,
 }
 
 /// Where the test pass stands.
@@ -259,6 +268,8 @@ pub(crate) struct LaneCore<R, J> {
     /// slot of the k-th is `k mod 16`.
     irecvs: u64,
     expect: Expect,
+    /// The chunk the last [`Action::Post`] or [`Action::Fill`] names.
+    chunk: Chunk,
     step: Step,
     /// The post pass stops at the next [`Self::poll_post`] (the ring's front copy still runs).
     halt: bool,
@@ -287,6 +298,14 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             },
             irecvs: 0,
             expect: Expect::Nothing,
+            chunk: Chunk {
+                index: 0,
+                channel,
+                offset: 0,
+                len: 0,
+                segment: 0,
+                segment_offset: 0,
+            },
             step: Step::Start,
             halt: false,
         })
@@ -301,6 +320,12 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// [`Action::OpenUnpack`], [`Action::Fill`] and [`Action::Post`] name).
     pub(crate) fn posting_job(&self) -> Option<&J> {
         self.track.jobs.get(self.track.posting).map(|j| &j.job)
+    }
+
+    /// The chunk the last [`Action::Post`] or [`Action::Fill`] names.
+    #[inline]
+    pub(crate) fn chunk(&self) -> &Chunk {
+        &self.chunk
     }
 
     /// The oldest transfer the lane holds (for the timeout check).
@@ -322,9 +347,10 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// The next step towards posting a chunk; `None` when the window is full, nothing is
     /// ready, or a staged send's copy still runs.
     #[inline]
-    pub(crate) fn poll_post(&mut self) -> Option<Action<R>> {
+    pub(crate) fn poll_post(&mut self) -> Option<Action> {
         debug_assert!(matches!(self.expect, Expect::Nothing), "{:?}", self.expect);
-        if std::mem::take(&mut self.halt) {
+        if self.halt {
+            self.halt = false;
             return None;
         }
         if self.direction == Direction::Send {
@@ -363,15 +389,12 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 Probe::Absent => Place::Direct,
             },
         };
-        self.expect = Expect::Post {
-            index: chunk.index,
-            len: chunk.len,
-            place,
-        };
-        Some(Action::Post { chunk, place })
+        self.chunk = chunk;
+        self.expect = Expect::Post { place };
+        Some(Action::Post { place })
     }
 
-    fn open_ring(&mut self, slots: usize, slot_bytes: usize) -> Action<R> {
+    fn open_ring(&mut self, slots: usize, slot_bytes: usize) -> Action {
         self.expect = Expect::Open { slots };
         Action::OpenRing { slots, slot_bytes }
     }
@@ -379,7 +402,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// Staged send: starts copies of the next staged chunks into free slots, then posts the
     /// oldest copied one once its copy is seen done.
     #[inline(never)]
-    fn post_ahead(&mut self) -> Option<Action<R>> {
+    fn post_ahead(&mut self) -> Option<Action> {
         if let Some(fill) = self.fill() {
             return Some(fill);
         }
@@ -393,21 +416,15 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             return Some(Action::PollCopy { slot: front.slot });
         }
         let place = Place::Ring(front.slot);
-        self.expect = Expect::Post {
-            index: front.chunk.index,
-            len: front.chunk.len,
-            place,
-        };
-        Some(Action::Post {
-            chunk: front.chunk,
-            place,
-        })
+        self.chunk = front.chunk;
+        self.expect = Expect::Post { place };
+        Some(Action::Post { place })
     }
 
     /// The copy of the next staged send chunk into a free slot (making the ring first);
     /// `None` when the ring is full or the next chunk is not staged (it posts once the staged
     /// chunks before it are out).
-    fn fill(&mut self) -> Option<Action<R>> {
+    fn fill(&mut self) -> Option<Action> {
         if self.ring.as_ref().is_some_and(|r| !r.slots.has_room()) {
             return None;
         }
@@ -425,13 +442,14 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         let slot = ring.slots.take()? as u16;
         ring.ahead.push_back(Ahead { slot, chunk });
         self.track.posted(chunk.index, self.channels);
-        Some(Action::Fill { chunk, slot })
+        self.chunk = chunk;
+        Some(Action::Fill { slot })
     }
 
     /// The next step towards retiring requests; `None` once the head is still in flight (or
     /// its data not yet in place) and the pass's gathers are launched.
     #[inline]
-    pub(crate) fn poll_test(&mut self) -> Option<Action<R>> {
+    pub(crate) fn poll_test(&mut self) -> Option<Action> {
         debug_assert!(matches!(self.expect, Expect::Nothing), "{:?}", self.expect);
         if self.window.is_empty() {
             // Nothing to test or consume (queued gathers hold their receives' slots).
@@ -480,12 +498,37 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         }
     }
 
-    /// The receive handed out by [`Action::Consume`] was consumed (`irecvConsumed`
-    /// succeeded): its chunk counts as completed. (A failed consume fails the link instead,
-    /// and the transfer with it.)
+    /// Hands the head that [`Action::Consume`] named to `consume` (the plugin's
+    /// `irecvConsumed`) and frees what it held (its ring slot, its place among gathered
+    /// receives); once `consume` succeeded, its chunk counts as completed. (A failed consume
+    /// fails the link instead, and the transfer with it.)
     #[inline]
-    pub(crate) fn consumed(&mut self) {
+    pub(crate) fn consume<E>(
+        &mut self,
+        consume: impl FnOnce(R) -> Result<(), E>,
+    ) -> Result<(), ConsumeFailed<E>> {
+        if !matches!(
+            std::mem::replace(&mut self.expect, Expect::Nothing),
+            Expect::Consume
+        ) {
+            return Err(ConsumeFailed::Fault("a consume the lane did not ask for"));
+        }
+        let Ok(done) = self.window.consume_head() else {
+            return Err(ConsumeFailed::Fault("a done receive was not consumable"));
+        };
+        match done.data.place {
+            Place::Direct => {}
+            Place::Ring(_) => {
+                if let Some(ring) = self.ring.as_mut() {
+                    ring.slots.release();
+                    ring.head_copied = false;
+                }
+            }
+            Place::Unpack(_) => self.unpack.ready = self.unpack.ready.saturating_sub(1),
+        }
+        consume(done.token).map_err(ConsumeFailed::Plugin)?;
         self.track.completed();
+        Ok(())
     }
 
     /// Whether any request holds a window slot (nothing to test or consume otherwise).
@@ -495,8 +538,9 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     }
 
     /// Consumes the head if its data is in place, or asks whether it is.
-    fn next_consume(&mut self) -> Option<Action<R>> {
-        let place = self.window.consumable()?.data.place;
+    fn next_consume(&mut self) -> Option<Action> {
+        let head = self.window.consumable()?;
+        let (place, size) = (head.data.place, head.size);
         match place {
             Place::Direct => {}
             Place::Ring(slot) => {
@@ -515,28 +559,14 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 }
             }
         }
-        Some(self.take_head())
+        Some(self.take_head(size))
     }
 
-    /// Takes the done head out of the window for consuming, freeing what it held.
-    fn take_head(&mut self) -> Action<R> {
-        let Ok(done) = self.window.consume_head() else {
-            return Action::Fault("a done receive was not consumable");
-        };
-        match done.data.place {
-            Place::Direct => {}
-            Place::Ring(_) => {
-                if let Some(ring) = self.ring.as_mut() {
-                    ring.slots.release();
-                    ring.head_copied = false;
-                }
-            }
-            Place::Unpack(_) => self.unpack.ready = self.unpack.ready.saturating_sub(1),
-        }
-        Action::Consume {
-            token: done.token,
-            size: done.size,
-        }
+    /// Asks the engine to hand the done head (`size` bytes) back ([`Self::consume`]).
+    #[inline]
+    fn take_head(&mut self, size: usize) -> Action {
+        self.expect = Expect::Consume;
+        Action::Consume { size }
     }
 
     /// Applies the plugin's `test` of the head ([`Action::Test`]) and returns what follows
@@ -547,7 +577,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     pub(crate) fn test_head<E>(
         &mut self,
         test: impl FnOnce(&mut R) -> TestOutcome<E>,
-    ) -> Result<Option<Action<R>>, TestFailed<E>> {
+    ) -> Result<Option<Action>, TestFailed<E>> {
         debug_assert!(matches!(self.expect, Expect::Test), "{:?}", self.expect);
         self.expect = Expect::Nothing;
         let (size, tag) = match self.window.test_head(test) {
@@ -587,7 +617,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             // Host memory, nothing ahead of it (done receives are the window's prefix): the
             // data is in place once done, so hand the slot back at once.
             (Direction::Recv, Place::Direct) if self.window.awaiting_consume() == 1 => {
-                self.take_head()
+                self.take_head(size)
             }
             // Behind receives whose data is not in place yet: in order, as it gets there.
             (Direction::Recv, Place::Direct) => {
@@ -610,11 +640,10 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// `Err` names a bookkeeping bug (fail the link with it).
     #[inline]
     pub(crate) fn posted(&mut self, request: R) -> Result<(), &'static str> {
-        let Expect::Post { index, len, place } =
-            std::mem::replace(&mut self.expect, Expect::Nothing)
-        else {
+        let Expect::Post { place } = std::mem::replace(&mut self.expect, Expect::Nothing) else {
             return Err("a post was reported that the lane did not ask for");
         };
+        let (index, len) = (self.chunk.index, self.chunk.len);
         match (self.direction, place) {
             (Direction::Send, Place::Direct) => self.track.posted(index, self.channels),
             (Direction::Send, _) => {

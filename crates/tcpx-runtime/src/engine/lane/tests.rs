@@ -172,7 +172,7 @@ impl Model {
     }
 
     /// Executes `action` as the engine would.
-    fn exec(&mut self, core: &mut Core, action: Action<u64>) -> Result<Done, Failed> {
+    fn exec(&mut self, core: &mut Core, action: Action) -> Result<Done, Failed> {
         let dir = self.direction;
         match action {
             Action::OpenRing { slots, slot_bytes } => {
@@ -195,7 +195,8 @@ impl Model {
                 core.handle(Event::UnpackProbed(self.unpack_present))
                     .unwrap();
             }
-            Action::Fill { chunk, slot } => {
+            Action::Fill { slot } => {
+                let chunk = *core.chunk();
                 assert_eq!(dir, Direction::Send);
                 let job = self.job(core);
                 assert_eq!(job.route, Route::Staged);
@@ -225,7 +226,8 @@ impl Model {
                 };
                 core.handle(Event::Copied(copied)).unwrap();
             }
-            Action::Post { chunk, place } => {
+            Action::Post { place } => {
+                let chunk = *core.chunk();
                 if self.roll(self.odds.busy, 100) {
                     core.handle(Event::Busy).unwrap();
                     return Ok(Done::Busy);
@@ -394,41 +396,44 @@ impl Model {
                 }
                 core.handle(Event::Gathered(done)).unwrap();
             }
-            Action::Consume { token, size } => {
+            Action::Consume { size } => {
                 assert_eq!(dir, Direction::Recv);
-                let req = self
-                    .requests
-                    .pop_front()
-                    .expect("consumed with nothing in flight");
-                assert_eq!(req.id, token, "consumed out of FIFO order");
-                assert!(req.done, "consumed before done");
-                assert_eq!(req.len as usize, size);
-                if let Some(last) = self.last_consumed {
-                    assert!(last < token);
-                }
-                self.last_consumed = Some(token);
-                match req.place {
-                    Place::Ring(slot) => {
-                        let state = self.slot(slot);
-                        assert_eq!(
-                            *state,
-                            SlotState::Draining { copied: true },
-                            "consumed before its copy finished"
-                        );
-                        *state = SlotState::Free;
+                // Checked and counted inside: the core reports the transfer right after.
+                core.consume(|token| {
+                    let req = self
+                        .requests
+                        .pop_front()
+                        .expect("consumed with nothing in flight");
+                    assert_eq!(req.id, token, "consumed out of FIFO order");
+                    assert!(req.done, "consumed before done");
+                    assert_eq!(req.len as usize, size);
+                    if let Some(last) = self.last_consumed {
+                        assert!(last < token);
                     }
-                    Place::Unpack(_) => assert!(req.gathered, "consumed before its gather"),
-                    Place::Direct => {}
-                }
-                self.complete(req.job);
-                core.consumed();
+                    self.last_consumed = Some(token);
+                    match req.place {
+                        Place::Ring(slot) => {
+                            let state = self.slot(slot);
+                            assert_eq!(
+                                *state,
+                                SlotState::Draining { copied: true },
+                                "consumed before its copy finished"
+                            );
+                            *state = SlotState::Free;
+                        }
+                        Place::Unpack(_) => assert!(req.gathered, "consumed before its gather"),
+                        Place::Direct => {}
+                    }
+                    self.complete(req.job);
+                    Ok::<(), ()>(())
+                })
+                .expect("the core refused a consume it asked for");
                 return Ok(Done::Retired);
             }
             Action::Sent { .. } => {
                 assert_eq!(dir, Direction::Send);
                 return Ok(Done::Retired);
             }
-            Action::Fault(what) => panic!("lane bookkeeping fault: {what}"),
         }
         Ok(Done::Other)
     }
@@ -651,13 +656,14 @@ fn host_receive_is_consumed_right_after_done() {
     // Done and nothing ahead of it: consumed at once.
     assert!(matches!(
         core.test_head(|_| TestOutcome::<()>::Done { size: 100 }),
-        Ok(Some(Action::Consume {
-            token: 7,
-            size: 100
-        }))
+        Ok(Some(Action::Consume { size: 100 }))
     ));
     job.completed.set(1);
-    core.consumed();
+    core.consume(|token| {
+        assert_eq!(token, 7);
+        Ok::<(), ()>(())
+    })
+    .unwrap();
     assert!(core.poll_test().is_none());
     assert_eq!(job.finished.get(), 1);
     assert!(!core.has_work());
@@ -711,10 +717,14 @@ fn staged_receive_is_consumed_only_after_its_copy_finished() {
     core.handle(Event::Copied(true)).unwrap();
     assert!(matches!(
         core.poll_test(),
-        Some(Action::Consume { token: 1, .. })
+        Some(Action::Consume { .. })
     ));
     job.completed.set(1);
-    core.consumed();
+    core.consume(|token| {
+        assert_eq!(token, 1);
+        Ok::<(), ()>(())
+    })
+    .unwrap();
     assert!(core.poll_test().is_none());
     assert_eq!(job.finished.get(), 1);
 }
