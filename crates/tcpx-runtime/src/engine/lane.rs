@@ -770,7 +770,30 @@ impl<J: LaneWork> Track<J> {
     /// The next chunk to post on `channel`, or `None` when nothing is ready: no transfer, or
     /// the one being posted waits for its schedule (later ones wait too: posting order must
     /// follow submission order).
+    // Inline: the common cases (the next chunk of the transfer being posted, nothing to post)
+    // cost no call; moving on to the next transfer goes out of line.
+    #[inline]
     fn next_chunk(&mut self, channel: u16) -> Option<(&J, Chunk)> {
+        match self.next {
+            Some(index) => {
+                let chunk = self
+                    .jobs
+                    .get(self.posting)
+                    .and_then(|j| j.job.schedule())
+                    .and_then(|s| s.chunk(index));
+                if let Some(chunk) = chunk {
+                    return Some((&self.jobs[self.posting].job, chunk));
+                }
+            }
+            None if self.posting >= self.jobs.len() => return None,
+            None => {}
+        }
+        self.next_chunk_slow(channel)
+    }
+
+    /// [`Self::next_chunk`] past the end of a transfer, or at the start of one.
+    #[inline(never)]
+    fn next_chunk_slow(&mut self, channel: u16) -> Option<(&J, Chunk)> {
         loop {
             let lane_job = self.jobs.get_mut(self.posting)?;
             let schedule = lane_job.job.schedule()?;
