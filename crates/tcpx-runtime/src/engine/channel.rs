@@ -338,7 +338,10 @@ impl<C: Comm> Lane<C> {
             }
             // The hot actions (a completion) are run here, the rest through `execute`.
             match action {
-                Action::Sent { size } => cx.counters.sent(size as u64),
+                Action::Sent { size } => {
+                    cx.counters.sent(size as u64);
+                    self.core.sent();
+                }
                 Action::Consume { size } => self.consume(size, cx)?,
                 action => {
                     if let Done::Retired = self.execute(action, cx)? {
@@ -354,14 +357,19 @@ impl<C: Comm> Lane<C> {
 
     /// Hands the done receive at the head (`size` bytes) back to the plugin and counts its
     /// bytes.
-    #[inline]
+    // Always inline: once per receive, in the test loop.
+    #[inline(always)]
     fn consume(&mut self, size: usize, cx: &Cx<'_>) -> Result<(), LinkFailed> {
         let comm = &mut self.comm;
-        match self.core.consume(|token| comm.consumed(token)) {
-            Ok(()) => {
-                cx.counters.received(size as u64);
-                Ok(())
-            }
+        // Counted before the core reports the chunk, so a finished transfer's bytes are in
+        // the counters.
+        let counted = |token| {
+            comm.consumed(token)?;
+            cx.counters.received(size as u64);
+            Ok(())
+        };
+        match self.core.consume(counted) {
+            Ok(()) => Ok(()),
             Err(ConsumeFailed::Plugin(e)) => Err(cx.fail_plugin(C::DIRECTION, e)),
             Err(ConsumeFailed::Fault(what)) => Err(cx.fail_internal(C::DIRECTION, what)),
         }
@@ -409,6 +417,7 @@ impl<C: Comm> Lane<C> {
             }
             Action::Sent { size } => {
                 cx.counters.sent(size as u64);
+                self.core.sent();
                 return Ok(Done::Retired);
             }
             Action::Fill { slot } => self.fill(slot, cx)?,
@@ -484,7 +493,8 @@ impl<C: Comm> Lane<C> {
     }
 
     /// Posts the core's chunk from or into `place`.
-    #[inline]
+    // Always inline: once per request, in the post loop.
+    #[inline(always)]
     fn post(&mut self, place: Place, cx: &Cx<'_>) -> Result<Done, LinkFailed> {
         let direction = C::DIRECTION;
         let chunk = self.core.chunk();

@@ -135,7 +135,8 @@ pub(crate) enum Action {
     /// Hand the done receive at the head back to the plugin through [`LaneCore::consume`]
     /// (`irecvConsumed`); `size` bytes arrived.
     Consume { size: usize },
-    /// A send of `size` bytes completed (for the counters).
+    /// A send of `size` bytes completed: count it, then report [`LaneCore::sent`] (counted
+    /// before its transfer can finish, so a finished transfer's bytes are in the counters).
     Sent { size: usize },
 }
 
@@ -268,6 +269,9 @@ pub(crate) struct LaneCore<R, J> {
     /// slot of the k-th is `k mod 16`.
     irecvs: u64,
     expect: Expect,
+    /// Receive lane with a ring or an unpack step: a test pass first consumes the receives
+    /// whose copies or gathers an earlier pass started (set once, when either appears).
+    consume_first: bool,
     /// The chunk the last [`Action::Post`] or [`Action::Fill`] names.
     chunk: Chunk,
     step: Step,
@@ -298,6 +302,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             },
             irecvs: 0,
             expect: Expect::Nothing,
+            consume_first: false,
             chunk: Chunk {
                 index: 0,
                 channel,
@@ -461,8 +466,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 Step::Start => {
                     // Receives whose copies or gathers were started on an earlier pass may be
                     // ready now (lanes without a ring or an unpack step skip this).
-                    let pending = self.ring.is_some() || self.unpack.probe == Probe::Present;
-                    self.step = if self.direction == Direction::Recv && pending {
+                    self.step = if self.consume_first {
                         Step::Consume
                     } else {
                         Step::Test
@@ -496,6 +500,12 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 }
             }
         }
+    }
+
+    /// The send that [`Action::Sent`] reported was counted: its chunk counts as completed.
+    #[inline]
+    pub(crate) fn sent(&mut self) {
+        self.track.completed();
     }
 
     /// Hands the head that [`Action::Consume`] named to `consume` (the plugin's
@@ -611,7 +621,6 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 if let (Place::Ring(_), Some(ring)) = (place, self.ring.as_mut()) {
                     ring.slots.release();
                 }
-                self.track.completed();
                 Action::Sent { size }
             }
             // Host memory, nothing ahead of it (done receives are the window's prefix): the
@@ -679,9 +688,11 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                     front_copied: false,
                     head_copied: false,
                 });
+                self.consume_first = self.direction == Direction::Recv;
             }
             (Expect::Probe, Event::UnpackProbed(present)) => {
                 self.unpack.probe = if present {
+                    self.consume_first = true;
                     Probe::Present
                 } else {
                     Probe::Absent

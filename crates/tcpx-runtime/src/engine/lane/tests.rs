@@ -312,7 +312,7 @@ impl Model {
                     .expect("tested with nothing in flight");
                 let (head_id, head_len) = (self.requests[head].id, self.requests[head].len);
                 if dir == Direction::Send && done && !fail && !mismatch {
-                    // The core retires a done send inside `test_head`: count it first.
+                    // A done send is counted before it is reported (`LaneCore::sent`): count it first.
                     self.complete_send(head_id);
                 }
                 let outcome = |id: &mut u64| {
@@ -432,6 +432,7 @@ impl Model {
             }
             Action::Sent { .. } => {
                 assert_eq!(dir, Direction::Send);
+                core.sent();
                 return Ok(Done::Retired);
             }
         }
