@@ -192,7 +192,9 @@ enum Expect {
     },
     Probe,
     /// A post of [`LaneCore::chunk`] from or into `place`.
-    Post { place: Place },
+    Post {
+        place: Place,
+    },
     /// Copy of the send ring's oldest ahead chunk.
     CopyAhead,
     /// Copy of the receive window's head out of its slot.

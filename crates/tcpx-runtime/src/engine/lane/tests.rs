@@ -716,10 +716,7 @@ fn staged_receive_is_consumed_only_after_its_copy_finished() {
         Some(Action::PollCopy { slot: 0 })
     ));
     core.handle(Event::Copied(true)).unwrap();
-    assert!(matches!(
-        core.poll_test(),
-        Some(Action::Consume { .. })
-    ));
+    assert!(matches!(core.poll_test(), Some(Action::Consume { .. })));
     job.completed.set(1);
     core.consume(|token| {
         assert_eq!(token, 1);
