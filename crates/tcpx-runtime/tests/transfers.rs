@@ -190,7 +190,14 @@ fn vectored_transfers_with_different_layouts_per_side() {
     let small_dst = b.alloc_host(1000).unwrap();
     let tx2 = ab.send_vectored(&send_segments).unwrap();
     let tx3 = ab.send(&small, 0, 1000).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    // The control stream is ordered and the receiver handles it in order: once this
+    // notification is delivered, the sender's segment list is held on the receiver, which
+    // has not posted yet (sender first, by construction rather than by a sleep).
+    ab.notify(b"segments sent").unwrap();
+    assert!(
+        eventually(DEADLINE, || !b.notifications().is_empty()),
+        "the notification after the segment list never arrived"
+    );
     let rx2 = ba.recv_vectored(&recv_segments).unwrap();
     let rx3 = ba.recv(&small_dst, 0, 1000).unwrap();
     for t in [&tx2, &tx3, &rx2, &rx3] {

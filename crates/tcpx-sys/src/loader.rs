@@ -77,7 +77,7 @@ pub enum LoadError {
     /// The table exists but misses a function every consumer needs, or its name.
     #[error("{path}: table {symbol} is incomplete: field `{field}` is NULL")]
     Incomplete {
-        /// The path given to the loader (or "<linked>" for a static table).
+        /// The path given to the loader (or `<linked>` for a static table).
         path: PathBuf,
         /// The symbol whose table is incomplete.
         symbol: &'static str,
@@ -141,7 +141,9 @@ pub struct NetPlugin {
 // the process; the ncclNet ABI lets any thread call its functions (NCCL calls them from its
 // proxy threads).
 unsafe impl Send for NetPlugin {}
-// SAFETY: as above; `&NetPlugin` only reads the immutable table.
+// SAFETY: the table is immutable data that lives for the rest of the process and every
+// `&NetPlugin` method only reads it; concurrent calls into the plugin are allowed by the ncclNet
+// ABI (NCCL calls them from several threads).
 unsafe impl Sync for NetPlugin {}
 
 impl std::fmt::Debug for NetPlugin {
@@ -157,7 +159,7 @@ impl std::fmt::Debug for NetPlugin {
 macro_rules! call_table {
     ($self:ident, $field:ident, |$f:ident| $call:expr) => {
         match $self.table {
-            // SAFETY: the table pointer is valid for the process lifetime (see NetPlugin).
+            // SAFETY: the v6 table pointer is valid for the process lifetime (see NetPlugin).
             Table::V6(t) => match unsafe { t.as_ref() }.$field {
                 Some($f) => Ok(ResultCode($call)),
                 None => Err(AbiError::NotImplemented {
@@ -165,7 +167,7 @@ macro_rules! call_table {
                     version: AbiVersion::V6,
                 }),
             },
-            // SAFETY: as above.
+            // SAFETY: the v7 table pointer is valid for the process lifetime (see NetPlugin).
             Table::V7(t) => match unsafe { t.as_ref() }.$field {
                 Some($f) => Ok(ResultCode($call)),
                 None => Err(AbiError::NotImplemented {
@@ -173,7 +175,7 @@ macro_rules! call_table {
                     version: AbiVersion::V7,
                 }),
             },
-            // SAFETY: as above.
+            // SAFETY: the v8 table pointer is valid for the process lifetime (see NetPlugin).
             Table::V8(t) => match unsafe { t.as_ref() }.$field {
                 Some($f) => Ok(ResultCode($call)),
                 None => Err(AbiError::NotImplemented {
@@ -237,7 +239,8 @@ impl NetPlugin {
     /// Every non-NULL field must point at a function with the documented ncclNet v8 signature
     /// and behaviour, and `name` at a NUL-terminated string.
     pub unsafe fn from_static_v8(table: &'static ncclNet_v8_t) -> Result<Self, LoadError> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: `table` is `'static` (valid for the process) and the caller vouches that its
+        // fields are v8 functions with the documented signatures and `name` a C string.
         unsafe { Self::from_table(Table::V8(NonNull::from(table)), PathBuf::from("<linked>")) }
     }
 
@@ -246,7 +249,8 @@ impl NetPlugin {
     /// # Safety
     /// As [`NetPlugin::from_static_v8`], for the v7 signatures.
     pub unsafe fn from_static_v7(table: &'static ncclNet_v7_t) -> Result<Self, LoadError> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: `table` is `'static` (valid for the process) and the caller vouches that its
+        // fields are v7 functions with the documented signatures and `name` a C string.
         unsafe { Self::from_table(Table::V7(NonNull::from(table)), PathBuf::from("<linked>")) }
     }
 
@@ -255,7 +259,8 @@ impl NetPlugin {
     /// # Safety
     /// As [`NetPlugin::from_static_v8`], for the v6 signatures.
     pub unsafe fn from_static_v6(table: &'static ncclNet_v6_t) -> Result<Self, LoadError> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: `table` is `'static` (valid for the process) and the caller vouches that its
+        // fields are v6 functions with the documented signatures and `name` a C string.
         unsafe { Self::from_table(Table::V6(NonNull::from(table)), PathBuf::from("<linked>")) }
     }
 
@@ -264,17 +269,20 @@ impl NetPlugin {
     unsafe fn from_table(table: Table, origin: PathBuf) -> Result<Self, LoadError> {
         let (symbol, name_ptr, missing) = match table {
             Table::V6(t) => {
-                // SAFETY: guaranteed by the caller.
+                // SAFETY: the caller passes a live, aligned v6 table valid for the process;
+                // it is only read.
                 let t = unsafe { t.as_ref() };
                 (AbiVersion::V6.symbol(), t.name, required_v6(t))
             }
             Table::V7(t) => {
-                // SAFETY: guaranteed by the caller.
+                // SAFETY: the caller passes a live, aligned v7 table valid for the process;
+                // it is only read.
                 let t = unsafe { t.as_ref() };
                 (AbiVersion::V7.symbol(), t.name, required_v7(t))
             }
             Table::V8(t) => {
-                // SAFETY: guaranteed by the caller.
+                // SAFETY: the caller passes a live, aligned v8 table valid for the process;
+                // it is only read.
                 let t = unsafe { t.as_ref() };
                 (AbiVersion::V8.symbol(), t.name, required_v8(t))
             }
@@ -348,7 +356,9 @@ impl NetPlugin {
     /// # Safety
     /// Call once per table; `logger`, if set, must stay callable from any thread forever.
     pub unsafe fn init(&self, logger: ncclDebugLogger_t) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); the
+        // caller calls `init` once per table and `logger`, if set, stays callable from any thread
+        // forever.
         call_table!(self, init, |f| unsafe { f(logger) })
     }
 
@@ -436,7 +446,8 @@ impl NetPlugin {
         handle: *mut c_void,
         listen_comm: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `handle`
+        // points at HANDLE_SIZE writable bytes (caller) and `listen_comm` is a valid out pointer.
         call_table!(self, listen, |f| unsafe { f(dev, handle, listen_comm) })
     }
 
@@ -454,17 +465,26 @@ impl NetPlugin {
     ) -> Result<ResultCode, AbiError> {
         match self.table {
             Table::V6(t) => match unsafe_table(t).connect {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `handle` is the peer's handle buffer, the same on every retry, `dev_handle` is
+                // NULL or a slot the plugin may fill (caller), and `send_comm` is a valid out
+                // pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(dev, handle, send_comm) })),
                 None => Err(not_implemented("connect", AbiVersion::V6)),
             },
             Table::V7(t) => match unsafe_table(t).connect {
-                // SAFETY: forwarded contract; v7 and v8 device handles share one layout.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `handle` is the peer's handle buffer, the same on every retry, `dev_handle` is
+                // NULL or a slot the plugin may fill (caller), and `send_comm` is a valid out
+                // pointer; v7 and v8 device handles share one layout.
                 Some(f) => Ok(ResultCode(unsafe { f(dev, handle, send_comm, dev_handle) })),
                 None => Err(not_implemented("connect", AbiVersion::V7)),
             },
             Table::V8(t) => match unsafe_table(t).connect {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `handle` is the peer's handle buffer, the same on every retry, `dev_handle` is
+                // NULL or a slot the plugin may fill (caller), and `send_comm` is a valid out
+                // pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(dev, handle, send_comm, dev_handle) })),
                 None => Err(not_implemented("connect", AbiVersion::V8)),
             },
@@ -483,17 +503,23 @@ impl NetPlugin {
     ) -> Result<ResultCode, AbiError> {
         match self.table {
             Table::V6(t) => match unsafe_table(t).accept {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a
+                // slot the plugin may fill (caller); `recv_comm` is a valid out pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(listen_comm, recv_comm) })),
                 None => Err(not_implemented("accept", AbiVersion::V6)),
             },
             Table::V7(t) => match unsafe_table(t).accept {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a
+                // slot the plugin may fill (caller); `recv_comm` is a valid out pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(listen_comm, recv_comm, dev_handle) })),
                 None => Err(not_implemented("accept", AbiVersion::V7)),
             },
             Table::V8(t) => match unsafe_table(t).accept {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a
+                // slot the plugin may fill (caller); `recv_comm` is a valid out pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(listen_comm, recv_comm, dev_handle) })),
                 None => Err(not_implemented("accept", AbiVersion::V8)),
             },
@@ -517,7 +543,9 @@ impl NetPlugin {
             Table::V6(t) => {
                 let size = int_size("regMr", size, AbiVersion::V6)?;
                 match unsafe_table(t).regMr {
-                    // SAFETY: forwarded contract; the size fits.
+                    // SAFETY: `f` is this table's entry, which lives for the process (see
+                    // NetPlugin); `comm` is a live comm of this plugin and `data..data+size` memory
+                    // of kind `ptr_type` (caller); `mhandle` is a valid out pointer; the size fits.
                     Some(f) => Ok(ResultCode(unsafe {
                         f(comm, data, size, ptr_type, mhandle)
                     })),
@@ -527,7 +555,9 @@ impl NetPlugin {
             Table::V7(t) => {
                 let size = int_size("regMr", size, AbiVersion::V7)?;
                 match unsafe_table(t).regMr {
-                    // SAFETY: forwarded contract; the size fits.
+                    // SAFETY: `f` is this table's entry, which lives for the process (see
+                    // NetPlugin); `comm` is a live comm of this plugin and `data..data+size` memory
+                    // of kind `ptr_type` (caller); `mhandle` is a valid out pointer; the size fits.
                     Some(f) => Ok(ResultCode(unsafe {
                         f(comm, data, size, ptr_type, mhandle)
                     })),
@@ -535,7 +565,9 @@ impl NetPlugin {
                 }
             }
             Table::V8(t) => match unsafe_table(t).regMr {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `comm` is a live comm of this plugin and `data..data+size` memory of kind
+                // `ptr_type` (caller); `mhandle` is a valid out pointer.
                 Some(f) => Ok(ResultCode(unsafe {
                     f(comm, data, size, ptr_type, mhandle)
                 })),
@@ -559,7 +591,9 @@ impl NetPlugin {
         fd: c_int,
         mhandle: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `comm` is
+        // a live comm of this plugin, `data..data+size` memory of kind `ptr_type` described by
+        // dma-buf `fd` at `offset` (caller); `mhandle` is a valid out pointer.
         call_table!(self, regMrDmaBuf, |f| unsafe {
             f(comm, data, size, ptr_type, offset, fd, mhandle)
         })
@@ -574,7 +608,8 @@ impl NetPlugin {
         comm: *mut c_void,
         mhandle: *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `mhandle`
+        // came from `reg_mr` on the live `comm` and is deregistered once (caller).
         call_table!(self, deregMr, |f| unsafe { f(comm, mhandle) })
     }
 
@@ -591,7 +626,9 @@ impl NetPlugin {
         mhandle: *mut c_void,
         request: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+        // `send_comm` is a live send comm and `data..data+size` stays valid and unmodified until
+        // the request completes (caller); `request` is a valid out pointer.
         call_table!(self, isend, |f| unsafe {
             f(send_comm, data, size, tag, mhandle, request)
         })
@@ -612,7 +649,9 @@ impl NetPlugin {
         mhandles: *mut *mut c_void,
         request: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+        // `recv_comm` is a live receive comm, the arrays hold `n` entries and every buffer stays
+        // valid until the request completes (caller); `request` is a valid out pointer.
         call_table!(self, irecv, |f| unsafe {
             f(recv_comm, n, data, sizes, tags, mhandles, request)
         })
@@ -631,7 +670,9 @@ impl NetPlugin {
         mhandles: *mut *mut c_void,
         request: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+        // `recv_comm` is a live receive comm, the arrays hold `n` entries and every buffer stays
+        // valid until the request completes (caller); `request` is a valid out pointer.
         call_table!(self, iflush, |f| unsafe {
             f(recv_comm, n, data, sizes, mhandles, request)
         })
@@ -647,7 +688,9 @@ impl NetPlugin {
         done: &mut c_int,
         sizes: *mut c_int,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `request`
+        // is a live request, the oldest of its comm (caller); `done` is a valid out pointer and
+        // `sizes` NULL or valid for one int.
         call_table!(self, test, |f| unsafe { f(request, done, sizes) })
     }
 
@@ -656,7 +699,8 @@ impl NetPlugin {
     /// # Safety
     /// `comm` is a live send comm, closed once, with no registration left on it.
     pub unsafe fn close_send(&self, comm: *mut c_void) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `comm` is
+        // a live send comm with no registration left, closed once (caller).
         call_table!(self, closeSend, |f| unsafe { f(comm) })
     }
 
@@ -665,7 +709,8 @@ impl NetPlugin {
     /// # Safety
     /// `comm` is a live receive comm, closed once, with no registration left on it.
     pub unsafe fn close_recv(&self, comm: *mut c_void) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `comm` is
+        // a live receive comm with no registration left, closed once (caller).
         call_table!(self, closeRecv, |f| unsafe { f(comm) })
     }
 
@@ -674,7 +719,8 @@ impl NetPlugin {
     /// # Safety
     /// `comm` is a live listen comm, closed once.
     pub unsafe fn close_listen(&self, comm: *mut c_void) -> Result<ResultCode, AbiError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin); `comm` is
+        // a live listen comm, closed once (caller).
         call_table!(self, closeListen, |f| unsafe { f(comm) })
     }
 
@@ -694,12 +740,16 @@ impl NetPlugin {
                 version: AbiVersion::V6,
             }),
             Table::V7(t) => match unsafe_table(t).getDeviceMr {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `mhandle` is a live registration of the live `comm` (caller); `out` is a valid
+                // out pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(comm, mhandle, out) })),
                 None => Err(not_implemented("getDeviceMr", AbiVersion::V7)),
             },
             Table::V8(t) => match unsafe_table(t).getDeviceMr {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `mhandle` is a live registration of the live `comm` (caller); `out` is a valid
+                // out pointer.
                 Some(f) => Ok(ResultCode(unsafe { f(comm, mhandle, out) })),
                 None => Err(not_implemented("getDeviceMr", AbiVersion::V8)),
             },
@@ -722,12 +772,16 @@ impl NetPlugin {
                 version: AbiVersion::V6,
             }),
             Table::V7(t) => match unsafe_table(t).irecvConsumed {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `request` completed on the live `recv_comm` and is the oldest not yet consumed
+                // (caller).
                 Some(f) => Ok(ResultCode(unsafe { f(recv_comm, n, request) })),
                 None => Err(not_implemented("irecvConsumed", AbiVersion::V7)),
             },
             Table::V8(t) => match unsafe_table(t).irecvConsumed {
-                // SAFETY: forwarded contract.
+                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+                // `request` completed on the live `recv_comm` and is the oldest not yet consumed
+                // (caller).
                 Some(f) => Ok(ResultCode(unsafe { f(recv_comm, n, request) })),
                 None => Err(not_implemented("irecvConsumed", AbiVersion::V8)),
             },

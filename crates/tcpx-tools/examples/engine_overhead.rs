@@ -2,7 +2,7 @@
 //! completes instantly. Run in release:
 //!
 //! ```text
-//! cargo run --release -p tcpx-tools --example engine_overhead [channels] [chunk_bytes]
+//! cargo run --release -p tcpx-tools --example engine_overhead [channels] [chunk_bytes] [transfers]
 //! ```
 
 use tcpx_tools::bench::overhead::{engine_overhead, OverheadOptions};
@@ -15,6 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(c) = args.next() {
         opts.chunk_bytes = c.parse()?;
+    }
+    if let Some(t) = args.next() {
+        opts.transfers = t.parse()?;
     }
     let r = engine_overhead(&opts)?;
     println!(

@@ -31,15 +31,28 @@ pub struct BackendInfo {
     pub origin: BackendOrigin,
     /// Why it was chosen (`explicit plugin path`, `found at …`, `no TCPX install found`).
     pub reason: String,
+    /// The plugin moves the bytes on the calling (engine) thread, so engines should scale with
+    /// channels: the built-in plugin, or a loaded one whose first device takes host memory
+    /// only (a kernel-TCP plugin such as the built-in one's `.so`; a GPUDirect plugin takes
+    /// CUDA memory and moves it off the caller). `false` for a [`BackendOrigin::Provided`] net.
+    pub copies_on_caller: bool,
 }
 
 impl BackendInfo {
     pub(crate) fn of(net: &Net, origin: BackendOrigin, reason: impl Into<String>) -> Self {
+        let copies_on_caller = match &origin {
+            BackendOrigin::Builtin => true,
+            BackendOrigin::Library(_) => net
+                .device(0)
+                .is_ok_and(|d| !d.properties.ptr_support.cuda()),
+            BackendOrigin::Provided => false,
+        };
         Self {
             name: net.name().to_owned(),
             abi_version: u8::try_from(net.abi_version().number()).unwrap_or(u8::MAX),
             origin,
             reason: reason.into(),
+            copies_on_caller,
         }
     }
 }

@@ -220,7 +220,7 @@ impl Endpoint {
         // Engine k serves device k mod D; with E engines per device, channel c lands on
         // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
         let per_device = config.engines_per_device.unwrap_or_else(|| {
-            if backend.name == BUILTIN_PLUGIN_NAME {
+            if backend.copies_on_caller {
                 // One per channel, but never more than half the cores: the two endpoints of a
                 // local run share the machine, and engines beyond the cores only take turns
                 // (on a 2-core box one engine reached 1.2x raw TCP where four reached 0.7x).
@@ -594,10 +594,6 @@ impl Region {
         self.memory().as_ptr()
     }
 }
-
-/// The built-in socket plugin's name (also when loaded from its `.so`): it copies on the
-/// calling thread (see [`Config::engines_per_device`]).
-const BUILTIN_PLUGIN_NAME: &str = tcpx_socket::PLUGIN_NAME;
 
 /// The address peers should use: the bind address, else the first data NIC's.
 fn advertised_ip(bind: IpAddr, nic: &str) -> Result<IpAddr> {

@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use crate::engine::lane::{LaneWork, Route};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
 use crate::registry::{Region, Registration};
-use crate::schedule::Schedule;
+use crate::schedule::{Chunk, Schedule};
 use crate::transfer::Completion;
 
 /// One local segment of a transfer: where its bytes are, registered on the link's comms
@@ -186,5 +187,37 @@ impl Job {
     /// Fails the transfer with `error` (used when it never reached an engine).
     pub(crate) fn fail(&self, error: Error) {
         self.finish(Err(error));
+    }
+}
+
+impl LaneWork for Arc<Job> {
+    #[inline]
+    fn schedule(&self) -> Option<&Schedule> {
+        Job::schedule(self)
+    }
+
+    #[inline]
+    fn route(&self, chunk: &Chunk) -> Route {
+        if self.staging.is_some() {
+            Route::Staged
+        } else if self.cuda_dst.is_some()
+            && self
+                .pieces
+                .get(chunk.segment)
+                .is_some_and(|p| p.memory.kind() == tcpx::MemoryKind::Cuda)
+        {
+            Route::CudaDst
+        } else {
+            Route::Direct
+        }
+    }
+
+    #[inline]
+    fn chunks_done(&self, n: u64) {
+        Job::chunks_done(self, n);
+    }
+
+    fn fail(&self) {
+        self.fail_with_link();
     }
 }

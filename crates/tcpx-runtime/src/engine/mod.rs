@@ -17,6 +17,7 @@
 pub(crate) mod backoff;
 pub(crate) mod channel;
 pub(crate) mod job;
+pub(crate) mod lane;
 pub(crate) mod pin;
 pub(crate) mod stage;
 pub(crate) mod stats;

@@ -9,16 +9,16 @@
 //!
 //! * Send lane: ring of `2 × window` slots. Each staged chunk gets a slot and a device → slot
 //!   copy at once (up to the ring's room: a window's worth of copies runs ahead of the
-//!   window's sends), waits in [`LaneStage::ahead`] until its event is seen done, is then
-//!   posted from the slot, and frees the slot when `test` reports the send done.
+//!   window's sends), waits until its event is seen done, is then posted from the slot, and
+//!   frees the slot when `test` reports the send done.
 //! * Receive lane: ring of `window` slots, one per window slot. Each staged chunk is received
 //!   into a slot; once `test` says done, slot → device is queued; once that copy's event is
 //!   seen done, the receive is consumed (`irecvConsumed`) and the slot freed.
 //!
-//! Nothing here allocates, locks or synchronizes per chunk: `ahead` is preallocated, slots are
-//! counters, and copies are only polled (`cuEventQuery`).
-
-use std::collections::VecDeque;
+//! Which slot a chunk gets and when it is free again is the lane core's bookkeeping
+//! ([`super::lane`], with [`SlotFifo`]); this holds the ring itself. Nothing here allocates,
+//! locks or synchronizes per chunk: slots are counters, and copies are only polled
+//! (`cuEventQuery`).
 
 use tcpx::cuda::{CudaDevice, StagingRing};
 use tcpx::{MemoryRegion, SharedMemory};
@@ -44,27 +44,11 @@ impl Staging {
     }
 }
 
-/// A staged chunk whose copy into its slot was queued and which is not posted yet.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ahead {
-    /// The ring slot.
-    pub(crate) slot: u16,
-    /// Bytes.
-    pub(crate) len: u32,
-    /// Chunk index in its transfer's schedule.
-    pub(crate) index: u64,
-}
-
-/// A lane's pinned ring, its registration on the lane's comm, and the slot accounting.
+/// A lane's pinned ring and its registration on the lane's comm.
 pub(crate) struct LaneStage {
     pub(crate) ring: StagingRing,
     /// The ring registered on the lane's comm (posts name it).
     pub(crate) region: MemoryRegion,
-    /// Send lane: chunks copied (or being copied) into their slots, not yet posted, oldest
-    /// first. Always empty on a receive lane.
-    pub(crate) ahead: VecDeque<Ahead>,
-    /// Which slots are in use.
-    pub(crate) slots: SlotFifo,
 }
 
 /// FIFO slot accounting of a ring of `count` slots (sans-IO): slots are handed out as
@@ -146,22 +130,15 @@ impl LaneStage {
             Staging::Emulated => StagingRing::emulated(slots, slot_bytes)?,
         };
         let region = register(ring.memory())?;
-        Ok(Self {
-            ring,
-            region,
-            ahead: VecDeque::with_capacity(slots),
-            slots: SlotFifo::new(slots),
-        })
+        Ok(Self { ring, region })
     }
 
-    /// Waits for every queued copy and forgets every slot (the lane was abandoned; its
-    /// window is failed and never posts again).
+    /// Waits for every queued copy (the lane was abandoned; its window is failed and never
+    /// posts again).
     pub(crate) fn abandon(&mut self) {
         if let Err(e) = self.ring.synchronize() {
             tracing::error!(target: "tcpx_runtime", error = %e, "staging ring: waiting for copies failed");
         }
-        self.ahead.clear();
-        self.slots.clear();
     }
 }
 

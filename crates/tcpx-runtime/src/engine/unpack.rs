@@ -15,7 +15,7 @@
 //!   plain direct ones.
 //! * Slots: the k-th irecv posted on a comm uses slot `k mod 16` (TCPX's `tail % 16`); the lane
 //!   counts its irecvs (every route: host, staged and unpack receives all advance the plugin's
-//!   tail) and records the slot, with [`UNPACK_FLAG`], in the window tag; the destination is
+//!   tail) and records the slot in the window tag ([`super::lane::Place::Unpack`]); the destination is
 //!   kept per slot in [`LaneUnpack::dst`] (no per-chunk allocation).
 //! * When `test` reports such a receive done, its entry (`cnt[slot]` fragments) joins
 //!   [`LaneUnpack::batch`]; when the lane's test pass ends, the batch — every done receive
@@ -30,10 +30,6 @@ use tcpx::cuda::unpack::{UnpackEntry, UnpackLaunch, UnpackQueue, Unpacker, SLOTS
 use tcpx::cuda::CudaDevice;
 use tcpx::RecvComm;
 
-/// Marks a window tag's slot as an unpack slot (`UNPACK_FLAG | slot`); ring slots of the
-/// staged path stay below it.
-pub(crate) const UNPACK_FLAG: u16 = 0x8000;
-
 /// A lane's unpack state (receive lanes only).
 pub(crate) struct LaneUnpack {
     /// The GPU whose context the engine thread binds.
@@ -45,10 +41,8 @@ pub(crate) struct LaneUnpack {
     pub(crate) dst: [(u64, u64); SLOTS],
     /// Done receives whose gathers are not launched yet, oldest first.
     pub(crate) batch: Vec<UnpackEntry>,
-    /// Launches not yet seen done, oldest first, with the receives each gathers.
-    pub(crate) launches: VecDeque<(UnpackLaunch, u32)>,
-    /// Receives at the window's head whose launch was seen done, not yet consumed.
-    pub(crate) ready: u32,
+    /// Launches not yet seen done, oldest first.
+    launches: VecDeque<UnpackLaunch>,
 }
 
 impl LaneUnpack {
@@ -67,7 +61,6 @@ impl LaneUnpack {
             dst: [(0, 0); SLOTS],
             batch: Vec::with_capacity(SLOTS),
             launches: VecDeque::with_capacity(SLOTS),
-            ready: 0,
         }))
     }
 
@@ -85,28 +78,43 @@ impl LaneUnpack {
         // nothing else writes it while the receive is in flight. `bounce_len` is unknown
         // (u64::MAX), as with TCPX's handle; `dst_len` is the posted length.
         let launch = unsafe { self.unpacker.launch(&self.batch)? };
-        self.launches.push_back((launch, self.batch.len() as u32));
+        self.launches.push_back(launch);
         self.batch.clear();
         Ok(())
     }
 
-    /// Whether the head receive's gather completed: `Ok(true)` when it may be consumed
-    /// (counted off [`Self::ready`] by the caller), `Ok(false)` while it runs or is not
-    /// launched yet. An out-of-range fragment reported by a completed launch is an error.
-    pub(crate) fn head_ready(&mut self) -> tcpx::Result<bool> {
-        if self.ready > 0 {
-            return Ok(true);
-        }
-        let Some((launch, receives)) = self.launches.front() else {
+    /// Adds the gather of the done receive in `slot` (`size` bytes reported) to the batch:
+    /// reads its fragment count from the meta page.
+    pub(crate) fn queue(&mut self, slot: usize, size: usize) -> tcpx::Result<()> {
+        // SAFETY: the queue was read from this lane's comm, which is open (the lane owns it).
+        let count = unsafe { self.queue.slot_count(slot)? };
+        let Some(&(dst, posted)) = self.dst.get(slot) else {
+            return Err(tcpx::Error::new(
+                "unpack queue",
+                tcpx::ErrorKind::InvalidArgument(format!("slot {slot} is out of range")),
+                String::new(),
+            ));
+        };
+        // The plugin reported `size` ≤ posted bytes; the kernel checks every fragment against
+        // the posted length and skips (and reports) any that would write past it.
+        debug_assert!(size as u64 <= posted);
+        let entry = self.queue.entry(slot, count, dst, posted);
+        self.batch.push(entry);
+        Ok(())
+    }
+
+    /// Whether the oldest launch completed (it is then forgotten): its receives may be
+    /// consumed. An out-of-range fragment reported by a completed launch is an error.
+    pub(crate) fn poll_head(&mut self) -> tcpx::Result<bool> {
+        let Some(launch) = self.launches.front() else {
             return Ok(false);
         };
         if !launch.is_done()? {
             return Ok(false);
         }
         self.unpacker.check()?;
-        self.ready = *receives;
         self.launches.pop_front();
-        Ok(self.ready > 0)
+        Ok(true)
     }
 
     /// Waits for every queued gather and forgets every receive (the lane was abandoned; its
@@ -122,6 +130,5 @@ impl LaneUnpack {
         }
         self.batch.clear();
         self.launches.clear();
-        self.ready = 0;
     }
 }

@@ -93,7 +93,7 @@ impl Rma {
             Message::WriteRequest(request) => self.on_write_request(request, acker),
             Message::ReadRequest(request) => self.on_read_request(request, acker),
             Message::Notify { bytes } => {
-                let _ = acker.send(TargetItem::Notify(bytes));
+                self.ack(acker, TargetItem::Notify(bytes))?;
                 Ok(())
             }
             Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, acker),
@@ -105,6 +105,22 @@ impl Rma {
             }
             other => Err(self.violation(format!("{:?} is not a one-sided message", other.kind()))),
         }
+    }
+
+    /// Hands `item` to the acknowledger. One that stopped (it panicked) would leave the
+    /// item's transfers waiting until their deadline: the connection fails at once instead,
+    /// and so does everything the item holds.
+    fn ack(&self, acker: &Sender<TargetItem>, item: TargetItem) -> Result<()> {
+        let Err(crossbeam_channel::SendError(item)) = acker.send(item) else {
+            return Ok(());
+        };
+        let error = Error::Internal(format!(
+            "the acknowledger of the connection to peer {} stopped",
+            self.link.peer
+        ));
+        self.link.fail(error.clone());
+        fail_item(&self.link, item);
+        Err(error)
     }
 
     fn violation(&self, what: String) -> Error {
@@ -206,13 +222,16 @@ impl Rma {
             None,
         );
         submit_job(&self.link, &job);
-        let _ = acker.send(TargetItem::Write {
-            job,
-            op_id,
-            refusal,
-            notification,
-            pack: None,
-        });
+        self.ack(
+            acker,
+            TargetItem::Write {
+                job,
+                op_id,
+                refusal,
+                notification,
+                pack: None,
+            },
+        )?;
         Ok(())
     }
 
@@ -314,13 +333,16 @@ impl Rma {
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
         submit_job(&self.link, &job);
-        let _ = acker.send(TargetItem::Write {
-            job,
-            op_id,
-            refusal,
-            notification,
-            pack,
-        });
+        self.ack(
+            acker,
+            TargetItem::Write {
+                job,
+                op_id,
+                refusal,
+                notification,
+                pack,
+            },
+        )?;
         Ok(())
     }
 
@@ -370,7 +392,7 @@ impl Rma {
         if pack {
             if let Ok(regions) = &validated {
                 if let Some(item) = self.packed_read(op_id, &entries, &local_lens, regions)? {
-                    let _ = acker.send(item);
+                    self.ack(acker, item)?;
                     return Ok(());
                 }
             }
@@ -406,7 +428,7 @@ impl Rma {
                 }
             }
         };
-        let _ = acker.send(item);
+        self.ack(acker, item)?;
         Ok(())
     }
 
@@ -528,12 +550,15 @@ impl Rma {
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
                 submit_job(&self.link, &job);
-                let _ = acker.send(TargetItem::ScatterRead {
-                    job,
-                    pack,
-                    completion: op.completion,
-                    len: op.len,
-                });
+                self.ack(
+                    acker,
+                    TargetItem::ScatterRead {
+                        job,
+                        pack,
+                        completion: op.completion,
+                        len: op.len,
+                    },
+                )?;
                 Ok(())
             }
             PendingKind::Read {
@@ -581,7 +606,7 @@ impl Rma {
         if job.is_finished() {
             complete_write(&self.link, &job, op, refusal);
         } else {
-            let _ = acker.send(TargetItem::Complete { job, op, refusal });
+            self.ack(acker, TargetItem::Complete { job, op, refusal })?;
         }
         Ok(())
     }
@@ -616,6 +641,43 @@ fn complete_write(link: &crate::link::Link, job: &Job, op: PendingOp, refusal: O
         (None, Err(e)) => Err(e),
     };
     op.completion.finish(outcome);
+}
+
+/// Fails what an item the acknowledger never took holds, with the link's error: its jobs
+/// (one never handed to the engines would otherwise never finish), the application's
+/// completions, and its pack buffer (a job may still post into it: never reused).
+fn fail_item(link: &crate::link::Link, item: TargetItem) {
+    match item {
+        TargetItem::Write { job, pack, .. } => {
+            job.fail_with_link();
+            if let Some((lease, _)) = pack {
+                lease.poison();
+            }
+        }
+        TargetItem::Notify(_) => {}
+        TargetItem::ServeRead { job, pack, .. } => {
+            if let Some(job) = job {
+                job.fail_with_link();
+            }
+            if let Some((lease, _)) = pack {
+                lease.poison();
+            }
+        }
+        TargetItem::ScatterRead {
+            job,
+            pack,
+            completion,
+            ..
+        } => {
+            job.fail_with_link();
+            pack.lease.poison();
+            completion.finish(Err(link.failure_or_closed()));
+        }
+        TargetItem::Complete { job, op, .. } => {
+            job.fail_with_link();
+            op.completion.finish(Err(link.failure_or_closed()));
+        }
+    }
 }
 
 /// Starts the acknowledger of one connection; it ends when the watcher drops its sender.

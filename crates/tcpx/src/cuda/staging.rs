@@ -11,7 +11,7 @@
 //!
 //! * send side: [`fill`](StagingRing::fill) copies device → slot; once
 //!   [`is_copied`](StagingRing::is_copied) says so, the slot's bytes can be posted (`isend`);
-//! * receive side: the slot is posted (`irecv`); [`expect`](StagingRing::expect) records where
+//! * receive side: the slot is posted (`irecv`); [`set_drain_target`](StagingRing::set_drain_target) records where
 //!   its bytes go; once the receive is done, [`drain`](StagingRing::drain) copies slot →
 //!   destination, and when `is_copied` says so the receive may be consumed.
 //!
@@ -73,7 +73,10 @@ struct Slot {
 }
 
 /// Pinned host slots, one stream and one event per slot, for staging CUDA memory through a
-/// host-only plugin. See the [module docs](self).
+/// host-only plugin. Send side: [`fill`](Self::fill) a slot from the source, post the slot once
+/// [`is_copied`](Self::is_copied); receive side: post into a slot,
+/// [`set_drain_target`](Self::set_drain_target), [`drain`](Self::drain) once the receive is
+/// done, and hand the receive back once [`is_copied`](Self::is_copied).
 pub struct StagingRing {
     copier: Copier,
     memory: SharedMemory,
@@ -227,14 +230,14 @@ impl StagingRing {
     /// Records that slot `slot` will receive `len` bytes destined for `dst[offset..]` (device
     /// or host memory); [`drain`](Self::drain) copies them there. `dst` stays alive and in
     /// flight until the drain copy is seen done (or [`synchronize`](Self::synchronize)).
-    pub fn expect(
+    pub fn set_drain_target(
         &mut self,
         slot: usize,
         dst: &SharedMemory,
         offset: usize,
         len: usize,
     ) -> Result<()> {
-        const API: &str = "StagingRing::expect";
+        const API: &str = "StagingRing::set_drain_target";
         dst.check_range(API, offset, len)?;
         let token = dst.begin_operation(API)?;
         let s = slot_mut(&mut self.slots, self.slot_bytes, API, slot, len)?;
@@ -250,7 +253,7 @@ impl StagingRing {
     }
 
     /// Queues the copy of slot `slot`'s first `len` bytes (what the receive delivered, at most
-    /// what [`expect`](Self::expect) announced) to its recorded destination and records the
+    /// what [`set_drain_target`](Self::set_drain_target) announced) to its recorded destination and records the
     /// slot's event.
     pub fn drain(&mut self, slot: usize, len: usize) -> Result<()> {
         const API: &str = "StagingRing::drain";
@@ -266,7 +269,7 @@ impl StagingRing {
             ));
         }
         let (dst, kind) = (s.dst, s.dst_kind);
-        // SAFETY: `dst..dst+len` lies in the destination checked by `expect` (len ≤ its len),
+        // SAFETY: `dst..dst+len` lies in the destination checked by `set_drain_target` (len ≤ its len),
         // kept alive and in flight by the slot's token until the copy is seen done;
         // `src..src+len` is this ring's slot, which the receive has finished writing (the
         // caller drains only after `test` said done) and which is not reposted before
@@ -477,9 +480,9 @@ mod tests {
         assert_eq!(slot(&ring), *b"0123456789");
         assert_eq!(src.in_flight(), 0);
 
-        // Receive side: expect, drain of at most what was expected, copy when seen done.
+        // Receive side: drain target, drain of at most what was announced, copy when seen done.
         let dst = SharedMemory::host(64).unwrap();
-        ring.expect(0, &dst, 4, 10).unwrap();
+        ring.set_drain_target(0, &dst, 4, 10).unwrap();
         assert!(!ring.is_copied(0).unwrap(), "expecting is not copied");
         assert!(ring.drain(0, 11).is_err());
         ring.drain(0, 10).unwrap();
