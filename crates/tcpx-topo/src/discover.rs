@@ -51,11 +51,47 @@ pub(crate) fn xml(xml: &str, origin: String) -> Result<Topology, TopoError> {
         let builder = keep_io(HwlocTopology::builder()).map_err(&invalid)?;
         let topo = builder
             .from_xml(xml)
-            .map_err(|e| invalid(format!("hwloc could not parse it ({e})")))?
+            .map_err(|e| {
+                invalid(format!(
+                    "hwloc could not parse it ({})",
+                    plain_errno(&e.to_string())
+                ))
+            })?
             .build()
-            .map_err(|e| invalid(format!("hwloc could not load it ({e})")))?;
+            .map_err(|e| {
+                invalid(format!(
+                    "hwloc could not load it ({})",
+                    plain_errno(&e.to_string())
+                ))
+            })?;
         Ok(extract(&topo, origin.clone()))
     })
+}
+
+/// hwlocality prints the errno of a failed hwloc call with `Debug`
+/// (`Some(Errno { code: 22, description: Some("Invalid argument") })`); users get
+/// `22 (Invalid argument)` instead.
+fn plain_errno(message: &str) -> String {
+    const OPEN: &str = "Some(Errno { code: ";
+    let Some(start) = message.find(OPEN) else {
+        return message.to_owned();
+    };
+    let rest = &message[start + OPEN.len()..];
+    let code: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let description = rest
+        .split_once("description: Some(\"")
+        .and_then(|(_, d)| d.split_once('"'))
+        .map(|(d, _)| d);
+    let Some(end) = rest.find("})") else {
+        return message.to_owned();
+    };
+    let mut tail = &rest[end + 2..];
+    tail = tail.strip_prefix(')').unwrap_or(tail);
+    let plain = match description {
+        Some(d) => format!("{code} ({d})"),
+        None => code,
+    };
+    format!("{}{plain}{tail}", &message[..start])
 }
 
 /// Runs hwloc work, turning a panic inside hwlocality into an error.
@@ -357,5 +393,24 @@ mod tests {
             Relation::OtherSocket
         );
         assert_eq!(cpu_side_relation(None, None, None, None), Relation::Unknown);
+    }
+}
+
+#[cfg(test)]
+mod errno_tests {
+    use super::plain_errno;
+
+    #[test]
+    fn errno_debug_output_becomes_plain() {
+        let raw = "hwloc_topology_set_xmlbuffer() failed with errno Some(Errno { code: 22, \
+                   description: Some(\"Invalid argument\") }) and return value -1";
+        let got = plain_errno(raw);
+        assert_eq!(
+            got,
+            "hwloc_topology_set_xmlbuffer() failed with errno 22 (Invalid argument) and \
+             return value -1"
+        );
+        assert!(!got.contains("Some("), "{got}");
+        assert_eq!(plain_errno("no errno here"), "no errno here");
     }
 }
