@@ -363,7 +363,8 @@ fn pair(server: &mut Command, client: &mut Command, rendezvous: &Path) -> Result
     client_result.and(server_result)
 }
 
-fn run_limited(cmd: &mut Command, limit: Duration) -> Result<()> {
+/// Runs `cmd` to completion, killing it once `limit` has passed (also used by `nixl`).
+pub(crate) fn run_limited(cmd: &mut Command, limit: Duration) -> Result<()> {
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {cmd:?}"))?;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::capi::run_limited;
 use crate::{run_command, sysdeps, workspace_root};
 
 const USAGE: &str = "usage: cargo xtask nixl [--test] [--bench [ARGS...]] [--probe NIXL_SRC]";
@@ -284,25 +285,4 @@ fn probe(root: &Path, src: &Path) -> Result<()> {
             .arg(&exe),
     )?;
     run_command(&mut Command::new(&exe))
-}
-
-fn run_limited(cmd: &mut Command, limit: Duration) -> Result<()> {
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            if !status.success() {
-                bail!("{cmd:?} failed: {status}");
-            }
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("{cmd:?} did not finish within {limit:?}; killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
