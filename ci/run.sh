@@ -21,6 +21,10 @@ cargo fmt --all -- --check
 section "generated bindings are up to date"
 cargo xtask bindgen --check
 
+# The library crates' top-level modules import each other in one direction only.
+section "module layering (cargo xtask layers)"
+cargo xtask layers -v
+
 section "clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 

@@ -46,9 +46,12 @@ pub mod control;
 pub mod config;
 pub mod error;
 mod registry;
+mod stats;
 mod transfer;
 
-// The progress engines and the state they share with connections.
+// The state a connection shares with its engines, the engines, and the submission path
+// above them (in that order: each imports only the ones before it).
+mod carrier;
 mod engine;
 mod link;
 
@@ -61,8 +64,8 @@ pub mod onesided;
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};
 pub use endpoint::{Connection, Endpoint, Segment};
-pub use engine::stats::ChannelStats;
 pub use error::{Direction, Error, Result};
 pub use onesided::{Descriptor, PackStats, RemoteSegment};
 pub use registry::Region;
+pub use stats::ChannelStats;
 pub use transfer::Transfer;

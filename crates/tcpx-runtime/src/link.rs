@@ -4,20 +4,36 @@
 //! A link fails once: the first error (plugin error, timeout, peer gone, local close) is kept
 //! and handed to every transfer still pending on it, and every later submission fails fast
 //! with it. Failing wakes the engines so they abandon the link's requests at once.
+//!
+//! The link sits below the engines: it knows them only as [`Wake`] targets, so that engines
+//! can hold links without the link module knowing what an engine is. What travels to the
+//! engines (jobs, registrations) goes through [`crate::carrier`], one layer up.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crate::error::Error;
+use crate::registry::RegistrationCache;
+use crate::stats::ChannelCounters;
 
-use crate::engine::job::Job;
-use crate::engine::stats::ChannelCounters;
-use crate::engine::{Command, Signal};
-use crate::error::{Direction, Error};
-use crate::registry::Registration;
+/// A signal that wakes an engine (cheap to copy; sent best-effort).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// The link with this id failed: abandon its requests.
+    Fail(u64),
+    /// Something changed (a schedule was published, a peer left): run a pass.
+    Wake,
+}
+
+/// Something a link can wake: an engine owning some of its channels. Waking never blocks
+/// (engines wake links' other engines from their own thread and must not wait on a full
+/// queue); a lost signal is covered by the engine's periodic health check.
+pub(crate) trait Wake: Send + Sync {
+    /// Delivers `signal` if there is room for it.
+    fn wake(&self, signal: Signal);
+}
 
 /// The shared state of one connection.
 pub(crate) struct Link {
@@ -33,13 +49,11 @@ pub(crate) struct Link {
     /// make no progress a short while later are failed (see `engine`).
     peer_gone: OnceLock<(Instant, String)>,
     /// The engines owning this link's channels (each once).
-    engines: Vec<Sender<Command>>,
+    engines: Vec<Box<dyn Wake>>,
     /// Per-channel counters, indexed by channel.
     pub(crate) counters: Vec<Arc<ChannelCounters>>,
-    /// Registrations of application regions on this link's comms, by (region id, direction).
-    pub(crate) registrations: Mutex<HashMap<(u64, Direction), Arc<Registration>>>,
-    /// Vectored transfers waiting for the peer's segment list, or lists waiting for theirs.
-    pub(crate) segments: Mutex<SegmentsBook>,
+    /// Registrations of application regions on this link's comms.
+    pub(crate) registrations: Arc<RegistrationCache>,
     /// Transfers submitted and not finished.
     pub(crate) in_flight: AtomicUsize,
     /// The other link of the same connection (two-sided ↔ one-sided): failing either fails
@@ -65,7 +79,7 @@ impl Link {
         peer: SocketAddr,
         channels: u16,
         timeout: Duration,
-        engines: Vec<Sender<Command>>,
+        engines: Vec<Box<dyn Wake>>,
     ) -> Self {
         Self {
             id: NEXT_LINK_ID.fetch_add(1, Ordering::Relaxed),
@@ -79,8 +93,7 @@ impl Link {
             counters: (0..channels)
                 .map(|_| Arc::new(ChannelCounters::default()))
                 .collect(),
-            registrations: Mutex::new(HashMap::new()),
-            segments: Mutex::new(SegmentsBook::default()),
+            registrations: Arc::new(RegistrationCache::default()),
             in_flight: AtomicUsize::new(0),
             partner: OnceLock::new(),
         }
@@ -159,82 +172,10 @@ impl Link {
         self.peer_gone.get()
     }
 
-    /// Sends `signal` to every engine of the link, without blocking: engines call this too,
-    /// and must never wait on their own full queue. A signal lost to a full queue is covered
-    /// by the engine's health check (it notices failed links on its own).
+    /// Sends `signal` to every engine of the link, without blocking (see [`Wake`]).
     pub(crate) fn wake_engines(&self, signal: Signal) {
         for engine in &self.engines {
-            let _ = engine.try_send(Command::Signal(signal));
-        }
-    }
-
-    /// The engines owning this link's channels.
-    pub(crate) fn engines(&self) -> &[Sender<Command>] {
-        &self.engines
-    }
-
-    /// Drops this link's registrations of region `id` (the region was dropped).
-    pub(crate) fn forget_region(&self, id: u64) {
-        let removed: Vec<_> = {
-            let mut regs = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
-            [Direction::Send, Direction::Recv]
-                .into_iter()
-                .filter_map(|d| regs.remove(&(id, d)))
-                .collect()
-        };
-        // Deregistration happens here, outside the lock.
-        drop(removed);
-    }
-}
-
-/// Pairs vectored transfers with the peer's segment lists (`Segments` messages), which may
-/// arrive before or after the local submission.
-#[derive(Default)]
-pub(crate) struct SegmentsBook {
-    /// Local vectored transfers still waiting for the peer's list, by (direction, sequence).
-    pub(crate) waiting: HashMap<(Direction, u64), Arc<Job>>,
-    /// Peer lists that arrived before the local submission.
-    pub(crate) arrived: HashMap<(Direction, u64), Vec<u64>>,
-}
-
-/// `Segments.transfer_id` on the wire: the sequence number of the transfer in its direction,
-/// shifted left once, with the low bit saying which side sent the list (0: the data sender,
-/// 1: the data receiver). Both directions share one control connection, so the bit keeps
-/// send #k and receive #k of the *other* direction apart.
-pub(crate) fn segments_id(direction: Direction, seq: u64) -> u64 {
-    (seq << 1)
-        | match direction {
-            Direction::Send => 0,
-            Direction::Recv => 1,
-        }
-}
-
-/// The local (direction, sequence) a peer's `Segments.transfer_id` refers to: the peer's
-/// send #k pairs with our receive #k and vice versa.
-pub(crate) fn local_key_of_peer_segments(transfer_id: u64) -> (Direction, u64) {
-    let local = if transfer_id & 1 == 0 {
-        Direction::Recv
-    } else {
-        Direction::Send
-    };
-    (local, transfer_id >> 1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peer_segments_map_to_the_opposite_direction() {
-        for seq in [0, 1, 7, u64::MAX >> 1] {
-            assert_eq!(
-                local_key_of_peer_segments(segments_id(Direction::Send, seq)),
-                (Direction::Recv, seq)
-            );
-            assert_eq!(
-                local_key_of_peer_segments(segments_id(Direction::Recv, seq)),
-                (Direction::Send, seq)
-            );
+            engine.wake(signal);
         }
     }
 }

@@ -8,12 +8,13 @@
 //! connection it was used on, and closing a connection drops its cache. A transfer in flight
 //! holds its registrations, so neither can be deregistered under it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tcpx::{MemoryRegion, SharedMemory};
 
-use crate::link::Link;
+use crate::error::Direction;
 
 static NEXT_REGION_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -36,8 +37,8 @@ pub(crate) struct RegionInner {
     /// True when the plugin takes host memory only: transfers of this region are staged
     /// through the engines' pinned rings instead of handed to the plugin.
     pub(crate) staged: bool,
-    /// Connections holding registrations of this region.
-    links: Mutex<Vec<Weak<Link>>>,
+    /// The caches (one per connection link) holding registrations of this region.
+    caches: Mutex<Vec<Weak<RegistrationCache>>>,
 }
 
 impl Region {
@@ -57,7 +58,7 @@ impl Region {
                 memory,
                 cuda,
                 staged,
-                links: Mutex::new(Vec::new()),
+                caches: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -147,25 +148,103 @@ impl Region {
         }
     }
 
-    /// Notes that `link` caches registrations of this region.
-    pub(crate) fn note_link(&self, link: &Arc<Link>) {
-        let mut links = self.inner.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.retain(|w| w.strong_count() > 0);
-        if !links
+    /// Notes that `cache` holds registrations of this region, so that dropping the region
+    /// drops them there.
+    pub(crate) fn note_cache(&self, cache: &Arc<RegistrationCache>) {
+        let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+        caches.retain(|w| w.strong_count() > 0);
+        if !caches
             .iter()
-            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(link)))
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cache)))
         {
-            links.push(Arc::downgrade(link));
+            caches.push(Arc::downgrade(cache));
+        }
+    }
+}
+
+/// One piece of a vectored transfer: `len` bytes at `offset` in `region`.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'a> {
+    /// The registered memory.
+    pub region: &'a Region,
+    /// Offset in the region.
+    pub offset: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+impl<'a> Segment<'a> {
+    /// `len` bytes at `offset` in `region`.
+    pub fn new(region: &'a Region, offset: usize, len: usize) -> Self {
+        Self {
+            region,
+            offset,
+            len,
         }
     }
 }
 
 impl Drop for RegionInner {
     fn drop(&mut self) {
-        let links = std::mem::take(self.links.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for link in links.iter().filter_map(Weak::upgrade) {
-            link.forget_region(self.id);
+        let caches = std::mem::take(self.caches.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for cache in caches.iter().filter_map(Weak::upgrade) {
+            cache.forget(self.id);
         }
+    }
+}
+
+/// The registrations of application regions on one link's comms, by (region id, direction).
+///
+/// The link owns it; regions point back at it weakly ([`Region::note_cache`]) so that either
+/// side going away releases the entries.
+#[derive(Debug, Default)]
+pub(crate) struct RegistrationCache {
+    entries: Mutex<HashMap<(u64, Direction), Arc<Registration>>>,
+}
+
+impl RegistrationCache {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, Direction), Arc<Registration>>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached registration of `region` in `direction`, if any.
+    pub(crate) fn get(&self, region: &Region, direction: Direction) -> Option<Arc<Registration>> {
+        self.entries().get(&(region.inner.id, direction)).cloned()
+    }
+
+    /// Caches `registration` unless another thread cached one first; returns the cached one.
+    pub(crate) fn insert(
+        self: &Arc<Self>,
+        region: &Region,
+        direction: Direction,
+        registration: Registration,
+    ) -> Arc<Registration> {
+        let cached = self
+            .entries()
+            .entry((region.inner.id, direction))
+            .or_insert_with(|| Arc::new(registration))
+            .clone();
+        region.note_cache(self);
+        cached
+    }
+
+    /// Drops the registrations of region `id` (the region was dropped).
+    fn forget(&self, id: u64) {
+        let removed: Vec<_> = {
+            let mut entries = self.entries();
+            [Direction::Send, Direction::Recv]
+                .into_iter()
+                .filter_map(|d| entries.remove(&(id, d)))
+                .collect()
+        };
+        // Deregistration happens here, outside the lock.
+        drop(removed);
+    }
+
+    /// Drops every registration (the link closed); deregistration happens outside the lock.
+    pub(crate) fn clear(&self) {
+        let all = std::mem::take(&mut *self.entries());
+        drop(all);
     }
 }
 

@@ -10,8 +10,8 @@
 //! | `Close` | 0x0004 | reason str16 |
 //! | `Error` | 0x0005 | code u32, message str16 |
 //! | `Segments` | 0x0006 | transfer_id u64, count u32, count × u64 |
-//! | `WriteRequest` | 0x0100 | see [`crate::onesided::WriteRequest`] |
-//! | `ReadRequest` | 0x0101 | see [`crate::onesided::ReadRequest`] |
+//! | `WriteRequest` | 0x0100 | see [`super::rma::WriteRequest`] |
+//! | `ReadRequest` | 0x0101 | see [`super::rma::ReadRequest`] |
 //! | `Notify` | 0x0102 | u32 length + bytes (at most 64 KiB) |
 //! | `WriteAck` | 0x0103 | op_id u64, u8 0 = done / 1 = refused, then index u32 + reason u8 |
 //! | `ReadData` | 0x0104 | op_id u64, packed u8 (0 / 1) |
@@ -32,9 +32,9 @@ use std::fmt;
 use std::net::IpAddr;
 
 use super::codec::{encode_frame, EncodeError, Frame, MAX_PAYLOAD, PROTOCOL_VERSION};
+use super::rma::{read_blob, read_refusal, write_blob, write_refusal};
+use super::rma::{ReadRequest, Refusal, WriteRequest};
 use super::wire::{Reader, TooLong, WireError, Writer};
-use crate::onesided::wire::{read_blob, read_refusal, write_blob, write_refusal};
-use crate::onesided::{ReadRequest, Refusal, WriteRequest};
 
 /// Bytes in an ncclNet connect handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_BYTES: usize = 128;

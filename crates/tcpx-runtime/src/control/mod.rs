@@ -3,7 +3,10 @@
 //! - [`codec`]: sans-IO framing (magic, version, type, capped length) and its [`Decoder`];
 //! - [`message`]: the messages ([`Message`], [`EndpointInfo`]) and their payload encoding;
 //! - [`conn`]: [`ControlConn`], the blocking socket shell with a timeout on every operation;
-//! - [`metadata`]: [`EndpointMetadata`], the blob passed out of band to find a peer.
+//! - [`metadata`]: [`EndpointMetadata`], the blob passed out of band to find a peer;
+//! - [`rma`]: the payloads of the one-sided messages ([`rma::WriteRequest`] and its kin),
+//!   here rather than in [`crate::onesided`] because the messages carry them: the control
+//!   plane sits below everything that uses it.
 //!
 //! A typical bootstrap: the connecting side sends `Hello` (presenting the secret from the
 //! accepting side's [`EndpointMetadata`]); the accepting side answers `Hello` once the first
@@ -14,6 +17,7 @@ pub mod codec;
 pub mod conn;
 pub mod message;
 pub mod metadata;
+pub mod rma;
 pub(crate) mod wire;
 
 pub use codec::{CodecError, Decoder, EncodeError, Frame, FrameHeader, PROTOCOL_VERSION};

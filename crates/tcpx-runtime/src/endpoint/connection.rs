@@ -13,47 +13,25 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Sender;
+
 use super::setup::Established;
 use super::watch;
 use super::EndpointShared;
+use crate::carrier::{segments_id, Carrier};
 use crate::control::{ControlConn, EndpointInfo, Message};
-use crate::engine::job::{staging_of, Job, Piece};
-use crate::engine::stats::ChannelStats;
-use crate::engine::{Command, NewChannel, Signal};
+use crate::engine::job::{staging_of, Job};
+use crate::engine::{Command, NewChannel};
 use crate::error::{Direction, Error, Result};
-use crate::link::{segments_id, Link};
+use crate::link::{Link, Wake};
 use crate::onesided::state::Rma;
 use crate::onesided::target::spawn_acker;
 use crate::onesided::RemoteSegment;
-use crate::registry::{CountedRegion, Region, Registration};
+pub use crate::registry::Segment;
+use crate::registry::{Region, Registration};
 use crate::schedule::Schedule;
+use crate::stats::ChannelStats;
 use crate::transfer::Transfer;
-
-/// Peer segment lists held while their local transfer has not been submitted yet; a peer
-/// running further ahead than this is treated as hostile.
-const MAX_EARLY_SEGMENT_LISTS: usize = 4096;
-
-/// One piece of a vectored transfer: `len` bytes at `offset` in `region`.
-#[derive(Debug, Clone, Copy)]
-pub struct Segment<'a> {
-    /// The registered memory.
-    pub region: &'a Region,
-    /// Offset in the region.
-    pub offset: usize,
-    /// Bytes.
-    pub len: usize,
-}
-
-impl<'a> Segment<'a> {
-    /// `len` bytes at `offset` in `region`.
-    pub fn new(region: &'a Region, offset: usize, len: usize) -> Self {
-        Self {
-            region,
-            offset,
-            len,
-        }
-    }
-}
 
 /// A connection to one peer: `channels` send comms and as many receive comms, driven by the
 /// endpoint's engines.
@@ -63,6 +41,8 @@ impl<'a> Segment<'a> {
 /// [`Connection::close`] first waits for pending transfers to finish.
 pub struct Connection {
     link: Arc<Link>,
+    /// How two-sided jobs reach the engines of `link`.
+    carrier: Arc<Carrier>,
     shared: Arc<EndpointShared>,
     writer: Arc<Mutex<ControlConn>>,
     watcher: Option<JoinHandle<()>>,
@@ -98,26 +78,43 @@ impl Connection {
         let peer = ctl.peer_addr();
         let channels = config.channels;
         let used_slots = usize::from(channels).min(shared.engines.len());
-        let engines = shared.engines[..used_slots]
+        let engines: Vec<Sender<Command>> = shared.engines[..used_slots]
             .iter()
             .map(|e| e.sender().clone())
             .collect();
-        let link = Arc::new(Link::new(peer, channels, config.timeout, engines));
-        let rma_engines = link.engines().to_vec();
-        let rma_link = Arc::new(Link::new(peer, channels, config.timeout, rma_engines));
+        let wakers = || {
+            engines
+                .iter()
+                .map(|e| Box::new(e.clone()) as Box<dyn Wake>)
+                .collect()
+        };
+        let link = Arc::new(Link::new(peer, channels, config.timeout, wakers()));
+        let rma_link = Arc::new(Link::new(peer, channels, config.timeout, wakers()));
         Link::pair(&link, &rma_link);
+        let carrier = Arc::new(Carrier::new(
+            link.clone(),
+            engines.clone(),
+            shared.registrations.clone(),
+        ));
+        let rma_carrier = Arc::new(Carrier::new(
+            rma_link.clone(),
+            engines,
+            shared.registrations.clone(),
+        ));
         let reader = ctl.try_clone()?;
         let writer = Arc::new(Mutex::new(ctl));
         let stop = Arc::new(AtomicBool::new(false));
         let rma = Arc::new(Rma::new(
-            rma_link.clone(),
+            rma_carrier,
             link.clone(),
-            shared.clone(),
+            shared.one_sided.clone(),
+            config.clone(),
             writer.clone(),
         ));
 
         let mut conn = Self {
             link: link.clone(),
+            carrier: carrier.clone(),
             shared: shared.clone(),
             writer,
             watcher: None,
@@ -162,7 +159,7 @@ impl Connection {
         let (acker_tx, acker_rx) = crossbeam_channel::unbounded();
         conn.acker = Some(spawn_acker(rma.clone(), acker_rx)?);
         conn.watcher = Some(watch::spawn(
-            link,
+            carrier,
             reader,
             stop,
             config.chunk_bytes,
@@ -379,9 +376,7 @@ impl Connection {
         let pieces = segments
             .iter()
             .map(|s| {
-                region_piece(
-                    &self.link,
-                    &self.shared,
+                self.carrier.region_piece(
                     s.region,
                     s.offset,
                     s.len as u64,
@@ -419,7 +414,7 @@ impl Connection {
                 Err(e) => job.fail(Error::InvalidArgument(e.to_string())),
             }
         }
-        submit_job(&self.link, &job);
+        self.carrier.submit_job(&job);
         drop(next);
         Ok(transfer)
     }
@@ -427,17 +422,8 @@ impl Connection {
     /// Sends this side's segment list and pairs the job with the peer's (now, if it came
     /// first, or when the watcher receives it).
     fn pair_segments(&self, job: &Arc<Job>) {
-        let key = (job.direction, job.seq);
-        let early = {
-            let mut book = self.link.segments.lock().unwrap_or_else(|p| p.into_inner());
-            let early = book.arrived.remove(&key);
-            if early.is_none() {
-                book.waiting.insert(key, job.clone());
-            }
-            early
-        };
-        if let Some(remote) = early {
-            apply_segments(job, &remote, self.shared.config.chunk_bytes);
+        if let Some(remote) = self.carrier.await_peer_segments(job) {
+            crate::carrier::apply_segments(job, &remote, self.shared.config.chunk_bytes);
         }
         let message = Message::Segments {
             transfer_id: segments_id(job.direction, job.seq),
@@ -456,171 +442,8 @@ impl Connection {
 
     /// The registration of `region` on this connection in `direction`, made on first use.
     fn registration(&self, region: &Region, direction: Direction) -> Result<Arc<Registration>> {
-        register_region(&self.link, &self.shared, region, direction)
+        self.carrier.register_region(region, direction)
     }
-}
-
-/// `len` bytes at `offset` in `region` as a piece of a job on `link` in `direction`:
-/// registered on the link's comms, unless the transfer is `staged` (the plugin then only sees
-/// the engines' rings, so a staged region is never registered).
-pub(crate) fn region_piece(
-    link: &Arc<Link>,
-    shared: &EndpointShared,
-    region: &Region,
-    offset: usize,
-    len: u64,
-    direction: Direction,
-    staged: bool,
-) -> Result<Piece> {
-    let registration = if staged {
-        None
-    } else {
-        Some(register_region(link, shared, region, direction)?)
-    };
-    Ok(Piece {
-        registration,
-        memory: region.memory().clone(),
-        offset,
-        len,
-        cuda: region.cuda_device().cloned(),
-    })
-}
-
-/// The registration of `region` on `link`'s comms in `direction`, made on first use and
-/// cached on the link.
-pub(crate) fn register_region(
-    link: &Arc<Link>,
-    shared: &EndpointShared,
-    region: &Region,
-    direction: Direction,
-) -> Result<Arc<Registration>> {
-    if region.is_staged() {
-        // The plugin cannot take this memory: only the engines' staged path moves it,
-        // through their pinned rings (two-sided and one-sided callers check `is_staged`
-        // and never come here with a staged region; this is the backstop).
-        return Err(Error::Unsupported(
-            "a staged CUDA region (CUDA memory on a host-only plugin) is never registered \
-             with the plugin: it moves through the engines' pinned rings"
-                .into(),
-        ));
-    }
-    let key = (region.inner.id, direction);
-    let cached = link
-        .registrations
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-        .cloned();
-    if let Some(registration) = cached {
-        return Ok(registration);
-    }
-
-    let engines = link.engines();
-    let (tx, rx) = crossbeam_channel::bounded(engines.len());
-    for engine in engines {
-        engine
-            .send(Command::Register {
-                link: link.id,
-                direction,
-                memory: region.memory().clone(),
-                counter: shared.registrations.clone(),
-                reply: tx.clone(),
-            })
-            .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
-    }
-    drop(tx);
-    let mut by_channel: Vec<Option<CountedRegion>> = (0..link.channels).map(|_| None).collect();
-    let deadline = Instant::now() + link.timeout;
-    for _ in engines {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let reply = rx.recv_timeout(left).map_err(|_| {
-            Error::Internal("an engine did not answer a registration in time".into())
-        })?;
-        for (channel, result) in reply {
-            let region = result.map_err(|source| Error::Plugin {
-                channel,
-                direction,
-                peer: link.peer,
-                source: Arc::new(source),
-            })?;
-            if let Some(slot) = by_channel.get_mut(usize::from(channel)) {
-                *slot = Some(region);
-            }
-        }
-    }
-    let by_channel = by_channel
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| {
-            // The link failed or closed while registering: its channels are gone.
-            link.failure()
-                .cloned()
-                .unwrap_or_else(|| Error::Internal("a channel was not registered".into()))
-        })?;
-    let registration = link
-        .registrations
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .entry(key)
-        .or_insert_with(|| Arc::new(Registration { by_channel }))
-        .clone();
-    region.note_link(link);
-    Ok(registration)
-}
-
-/// Hands `job` to the engines of `link` that own a channel with chunks of it (every engine
-/// of the link while its schedule is unknown). Contiguous transfers thus go only to the
-/// engines they touch (a 1 MiB transfer on 8 channels of 512 KiB chunks touches 2).
-pub(crate) fn submit_job(link: &Link, job: &Arc<Job>) {
-    if job.is_finished() {
-        return;
-    }
-    let engines = link.engines();
-    let wanted = |k: usize| match job.schedule() {
-        Some(schedule) => (0..link.channels)
-            .any(|c| usize::from(c) % engines.len() == k && schedule.chunk_count_on(c) > 0),
-        None => true,
-    };
-    for (k, engine) in engines.iter().enumerate() {
-        if !wanted(k) {
-            continue;
-        }
-        if engine.send(Command::Submit(job.clone())).is_err() {
-            link.fail(Error::Internal("an engine thread has stopped".into()));
-            job.fail_with_link();
-            break;
-        }
-    }
-}
-
-/// Builds a vectored job's schedule from both segment lists and publishes it; a mismatch
-/// fails the connection (both applications disagree on what this transfer is).
-pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64], chunk_bytes: u32) {
-    let link = &job.link;
-    match Schedule::vectored(&job.local_lens(), remote, chunk_bytes, link.channels) {
-        Ok(schedule) => {
-            job.set_schedule(schedule.rotated(job.seq));
-            link.wake_engines(Signal::Wake);
-        }
-        Err(e) => {
-            link.fail(Error::Incompatible {
-                peer: link.peer,
-                what: format!("vectored {}: {e}", job.describe()),
-            });
-            job.fail_with_link();
-        }
-    }
-}
-
-/// Records a peer segment list that arrived before its local transfer; `false` when the
-/// peer is too far ahead.
-pub(crate) fn hold_early_segments(link: &Link, key: (Direction, u64), lens: Vec<u64>) -> bool {
-    let mut book = link.segments.lock().unwrap_or_else(|p| p.into_inner());
-    if book.arrived.len() >= MAX_EARLY_SEGMENT_LISTS {
-        return false;
-    }
-    book.arrived.insert(key, lens);
-    true
 }
 
 impl Drop for Connection {
@@ -646,7 +469,7 @@ impl Drop for Connection {
             }
         }
         self.rma.close(Error::Closed { peer });
-        let engines = self.link.engines();
+        let engines = self.carrier.engines();
         let (tx, rx) = crossbeam_channel::bounded(2 * engines.len());
         let mut asked = 0;
         for engine in engines {
@@ -670,28 +493,9 @@ impl Drop for Connection {
                 break;
             }
         }
-        let registrations = std::mem::take(
-            &mut *self
-                .link
-                .registrations
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        drop(registrations);
-        let rma_registrations = std::mem::take(
-            &mut *self
-                .rma
-                .link
-                .registrations
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        drop(rma_registrations);
-        let mut book = self.link.segments.lock().unwrap_or_else(|p| p.into_inner());
-        for job in book.waiting.drain().map(|(_, job)| job) {
-            job.fail_with_link();
-        }
-        book.arrived.clear();
+        self.link.registrations.clear();
+        self.rma.link.registrations.clear();
+        self.carrier.abandon_segments();
         tracing::debug!(target: "tcpx_runtime", %peer, "connection closed");
     }
 }

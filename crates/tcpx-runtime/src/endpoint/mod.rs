@@ -28,9 +28,8 @@ use crate::control::{ControlConn, ControlError, EndpointInfo, EndpointMetadata, 
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
-use crate::onesided::adverts::AdvertBook;
-use crate::onesided::inbox::Inbox;
 use crate::onesided::Descriptor;
+use crate::onesided::OneSidedShared;
 use crate::registry::{Region, RegistrationCounter};
 use admission::{Admission, Policy, HELLO_LIMIT};
 use backend::{BackendInfo, BackendOrigin};
@@ -50,10 +49,9 @@ pub(crate) struct EndpointShared {
     pub(crate) registrations: RegistrationCounter,
     /// What this endpoint tells peers in `Hello`.
     pub(crate) info: EndpointInfo,
-    /// Regions advertised for one-sided access, and the count of refused requests.
-    pub(crate) adverts: AdvertBook,
-    /// Delivered notifications, waiting for [`Endpoint::notifications`].
-    pub(crate) inbox: Inbox,
+    /// Advertised regions and delivered notifications, shared with every connection's
+    /// one-sided half.
+    pub(crate) one_sided: Arc<OneSidedShared>,
     /// The GPU of this endpoint's CUDA regions, fixed by the first one (one GPU per
     /// endpoint: the engines' staging rings and streams live on it).
     pub(crate) gpu: OnceLock<CudaDevice>,
@@ -266,8 +264,7 @@ impl Endpoint {
                 engines,
                 registrations: RegistrationCounter::default(),
                 info,
-                adverts: AdvertBook::default(),
-                inbox: Inbox::default(),
+                one_sided: Arc::new(OneSidedShared::default()),
                 gpu: OnceLock::new(),
                 plugin_cuda,
             }),
@@ -467,26 +464,26 @@ impl Endpoint {
     /// region ([`Region::is_staged`]) is advertised as CUDA memory and served through the
     /// engines' pinned rings; one request's list must not mix it with other memory.
     pub fn advertise(&self, region: &Region) -> Result<Descriptor> {
-        self.shared.adverts.advertise(region)
+        self.shared.one_sided.adverts.advertise(region)
     }
 
     /// Revokes `descriptor`: every later request naming it is refused (operations already
     /// accepted finish). Returns whether it was advertised and not yet revoked.
     pub fn revoke(&self, descriptor: &Descriptor) -> bool {
-        self.shared.adverts.revoke(descriptor)
+        self.shared.one_sided.adverts.revoke(descriptor)
     }
 
     /// Takes the notifications delivered so far, as (peer control address, bytes), in
     /// delivery order: per connection, the order the peer sent them, each attached one only
     /// after its write's bytes landed here.
     pub fn notifications(&self) -> Vec<(SocketAddr, Vec<u8>)> {
-        self.shared.inbox.drain()
+        self.shared.one_sided.inbox.drain()
     }
 
     /// One-sided requests from peers refused so far (unknown region, wrong key, revoked,
     /// out of bounds).
     pub fn access_refusals(&self) -> u64 {
-        self.shared.adverts.refusals()
+        self.shared.one_sided.adverts.refusals()
     }
 
     /// Registers an existing CUDA allocation. With a plugin that takes CUDA pointers (TCPX)

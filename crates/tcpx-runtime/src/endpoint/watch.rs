@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::connection::{apply_segments, hold_early_segments};
+use crate::carrier::Carrier;
 use crate::control::{ControlConn, ControlError, Message, MessageType};
 use crate::error::{Error, Result};
-use crate::link::{local_key_of_peer_segments, Link};
 use crate::onesided::state::Rma;
 use crate::onesided::target::TargetItem;
 
@@ -25,7 +24,7 @@ use crate::onesided::target::TargetItem;
 const POLL: Duration = Duration::from_millis(200);
 
 pub(crate) fn spawn(
-    link: Arc<Link>,
+    carrier: Arc<Carrier>,
     reader: ControlConn,
     stop: Arc<AtomicBool>,
     chunk_bytes: u32,
@@ -33,9 +32,10 @@ pub(crate) fn spawn(
     acker: Sender<TargetItem>,
 ) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("tcpx-ctl-{}", link.id))
+        .name(format!("tcpx-ctl-{}", carrier.link.id))
         .spawn(move || {
-            watch(&link, reader, &stop, chunk_bytes, &rma, &acker);
+            watch(&carrier, reader, &stop, chunk_bytes, &rma, &acker);
+            let link = &carrier.link;
             // No answer to a one-sided operation can arrive any more.
             let error = link.failure().cloned().unwrap_or(Error::PeerClosed {
                 peer: link.peer,
@@ -48,13 +48,14 @@ pub(crate) fn spawn(
 }
 
 fn watch(
-    link: &Link,
+    carrier: &Carrier,
     mut reader: ControlConn,
     stop: &AtomicBool,
     chunk_bytes: u32,
     rma: &Rma,
     acker: &Sender<TargetItem>,
 ) {
+    let link = &carrier.link;
     let peer = link.peer;
     loop {
         if stop.load(Ordering::Acquire) {
@@ -76,26 +77,8 @@ fn watch(
                 }
             }
             Ok(Message::Segments { transfer_id, lens }) => {
-                let key = local_key_of_peer_segments(transfer_id);
-                let waiting = link
-                    .segments
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .waiting
-                    .remove(&key);
-                match waiting {
-                    Some(job) => apply_segments(&job, &lens, chunk_bytes),
-                    None => {
-                        if !hold_early_segments(link, key, lens) {
-                            link.fail(Error::PeerClosed {
-                                peer,
-                                reason: "protocol violation: too many segment lists ahead of \
-                                         this side's transfers"
-                                    .into(),
-                            });
-                            return;
-                        }
-                    }
+                if !carrier.on_peer_segments(transfer_id, lens, chunk_bytes) {
+                    return;
                 }
             }
             Ok(Message::Close { reason }) => {

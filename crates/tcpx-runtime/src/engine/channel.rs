@@ -21,11 +21,11 @@ use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMem
 use crate::engine::job::Job;
 use crate::engine::lane::{Action, ConsumeFailed, Event, LaneCore, Place, TestFailed};
 use crate::engine::stage::LaneStage;
-use crate::engine::stats::ChannelCounters;
 use crate::engine::unpack::LaneUnpack;
 use crate::error::{Direction, Error};
 use crate::link::Link;
 use crate::schedule::Chunk;
+use crate::stats::ChannelCounters;
 use crate::window::TestOutcome;
 
 /// The link failed on this channel; the lane already failed the link. The engine must

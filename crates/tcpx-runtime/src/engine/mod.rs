@@ -20,7 +20,6 @@ pub(crate) mod job;
 pub(crate) mod lane;
 pub(crate) mod pin;
 pub(crate) mod stage;
-pub(crate) mod stats;
 pub(crate) mod unpack;
 
 use std::sync::Arc;
@@ -32,7 +31,7 @@ use tcpx::{RecvComm, SendComm, SharedMemory};
 
 use crate::config::Backoff;
 use crate::error::{Direction, Error, Result};
-use crate::link::Link;
+use crate::link::{Link, Signal, Wake};
 use crate::registry::{CountedRegion, RegistrationCounter};
 use backoff::{Idle, Pause};
 use channel::Channel;
@@ -48,15 +47,6 @@ const PEER_GONE_LINGER: Duration = Duration::from_millis(250);
 
 /// Passes between health checks while busy (deadlines, departed peers).
 const CHECK_EVERY_PASSES: u64 = 256;
-
-/// A signal that wakes an engine (cheap to copy; sent best-effort).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Signal {
-    /// The link with this id failed: abandon its requests.
-    Fail(u64),
-    /// Something changed (a schedule was published, a peer left): run a pass.
-    Wake,
-}
 
 /// A channel handed to an engine.
 pub(crate) struct NewChannel {
@@ -90,6 +80,14 @@ pub(crate) enum Command {
     Signal(Signal),
     /// Stop the thread.
     Shutdown,
+}
+
+/// Links wake an engine through its command queue, without blocking: a signal lost to a full
+/// queue is covered by the engine's health check.
+impl Wake for Sender<Command> {
+    fn wake(&self, signal: Signal) {
+        let _ = self.try_send(Command::Signal(signal));
+    }
 }
 
 /// The application side of an engine thread.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::descriptor::{random_key, Descriptor};
-use super::wire::{Refusal, RefusalReason, RemoteEntry};
+use crate::control::rma::{Refusal, RefusalReason, RemoteEntry};
 use crate::error::Result;
 use crate::registry::Region;
 

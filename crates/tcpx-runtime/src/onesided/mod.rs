@@ -4,7 +4,8 @@
 //! - [`descriptor`]: [`Descriptor`] (region id, length, memory kind, random access key) and
 //!   its fixed byte form; [`RemoteSegment`];
 //! - `adverts`: an endpoint's advertised regions and the validation of every request;
-//! - [`wire`]: the request / answer payloads of the control messages 0x0100–0x0105;
+//! - [`wire`]: the request / answer payloads of the control messages 0x0100–0x0105 (defined
+//!   in [`crate::control::rma`], re-exported here);
 //! - `coalesce`: merging list entries contiguous in one region (both sides, identically);
 //! - `pack`: moving batches of small scattered blocks as one contiguous transfer through
 //!   pack buffers ([`PackStats`]);
@@ -82,7 +83,9 @@
 //! connection, and with it every pending operation on both sides.
 
 pub mod descriptor;
-pub mod wire;
+/// The payloads of the one-sided control messages; they live in [`crate::control::rma`], with
+/// the messages that carry them.
+pub use crate::control::rma as wire;
 
 pub(crate) mod adverts;
 mod coalesce;
@@ -94,3 +97,13 @@ pub(crate) mod target;
 pub use descriptor::{Descriptor, DescriptorError, RemoteSegment};
 pub use pack::{PackStats, PACK_BYTES};
 pub use wire::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
+
+/// What the one-sided half of every connection shares with its endpoint: the regions it
+/// advertised (every request is validated against them) and the inbox notifications land in.
+#[derive(Default)]
+pub(crate) struct OneSidedShared {
+    /// Regions advertised for one-sided access, and the count of refused requests.
+    pub(crate) adverts: adverts::AdvertBook,
+    /// Delivered notifications, waiting for [`crate::Endpoint::notifications`].
+    pub(crate) inbox: inbox::Inbox,
+}

@@ -9,16 +9,17 @@ use std::time::{Duration, Instant};
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
 use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, Part};
-use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
+use super::OneSidedShared;
+use crate::carrier::Carrier;
+use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
+use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::{ControlConn, Message};
-use crate::endpoint::connection::{region_piece, register_region, submit_job};
-use crate::endpoint::{EndpointShared, Segment};
 use crate::engine::job::{staging_of, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
-use crate::registry::{Region, Registration};
+use crate::registry::{Region, Registration, Segment};
 use crate::schedule::Schedule;
 use crate::transfer::{Completion, Transfer};
 
@@ -84,9 +85,14 @@ struct Plan {
 pub(crate) struct Rma {
     /// The link over the RMA channels (N..2N of the handshake).
     pub(crate) link: Arc<Link>,
+    /// How this half's jobs reach the engines of `link`.
+    pub(crate) carrier: Arc<Carrier>,
     /// The two-sided link of the same connection.
     pub(crate) main: Arc<Link>,
-    pub(crate) shared: Arc<EndpointShared>,
+    /// The endpoint's advertised regions and notification inbox.
+    pub(crate) shared: Arc<OneSidedShared>,
+    /// The endpoint's configuration (chunk size, packing thresholds).
+    pub(crate) config: Config,
     /// The control connection's write half, shared with the two-sided code. Holding it while
     /// queueing a send job and writing its marker is what keeps the RMA lanes in step.
     pub(crate) writer: Arc<Mutex<ControlConn>>,
@@ -100,17 +106,20 @@ pub(crate) struct Rma {
 
 impl Rma {
     pub(crate) fn new(
-        link: Arc<Link>,
+        carrier: Arc<Carrier>,
         main: Arc<Link>,
-        shared: Arc<EndpointShared>,
+        shared: Arc<OneSidedShared>,
+        config: Config,
         writer: Arc<Mutex<ControlConn>>,
     ) -> Self {
-        let pack = PackPool::new(shared.config.pack_buffers);
+        let pack = PackPool::new(config.pack_buffers);
         Self {
             pack,
-            link,
+            link: carrier.link.clone(),
+            carrier,
             main,
             shared,
+            config,
             writer,
             next_op: AtomicU64::new(0),
             pending: Mutex::new(Pending::default()),
@@ -210,9 +219,7 @@ impl Rma {
         );
         let mut pieces = Vec::with_capacity(local_runs.len());
         for Run { first, offset, len } in &local_runs {
-            pieces.push(region_piece(
-                &self.link,
-                &self.shared,
+            pieces.push(self.carrier.region_piece(
                 local[*first].region,
                 // Within the region, so it fits a usize.
                 *offset as usize,
@@ -245,7 +252,7 @@ impl Rma {
         Schedule::vectored(
             local_lens,
             remote_lens,
-            self.shared.config.chunk_bytes,
+            self.config.chunk_bytes,
             self.link.channels,
         )
         .map(|s| s.rotated(op_id))
@@ -260,7 +267,7 @@ impl Rma {
     fn packable(&self, local: &[Segment<'_>], remote: &[RemoteSegment], plan: &Plan) -> bool {
         let runs = plan.pieces.len().max(plan.remote_lens.len());
         plan.staging.is_none()
-            && worth_packing(plan.len, runs, self.shared.config.pack_below)
+            && worth_packing(plan.len, runs, self.config.pack_below)
             && local.iter().all(|s| {
                 !s.region.is_staged() && s.region.memory().kind() == tcpx::MemoryKind::Host
             })
@@ -280,23 +287,14 @@ impl Rma {
         direction: Direction,
         op_id: u64,
     ) -> Result<(Vec<Piece>, Schedule)> {
-        let schedule = packed_schedule(
-            len,
-            self.shared.config.chunk_bytes,
-            self.link.channels,
-            op_id,
-        )
-        .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
+        let schedule = packed_schedule(len, self.config.chunk_bytes, self.link.channels, op_id)
+            .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
         let pieces = match lease {
-            Some(lease) => vec![region_piece(
-                &self.link,
-                &self.shared,
-                lease.region(),
-                0,
-                len,
-                direction,
-                false,
-            )?],
+            Some(lease) => {
+                vec![self
+                    .carrier
+                    .region_piece(lease.region(), 0, len, direction, false)?]
+            }
             None if own.len() == 1 => own,
             None => {
                 return Err(Error::Internal(format!(
@@ -394,7 +392,7 @@ impl Rma {
         // critical section, so the target queues its receives in the same order.
         let sent = {
             let mut writer = self.writer();
-            submit_job(&self.link, &job);
+            self.carrier.submit_job(&job);
             writer.send(&Message::WriteRequest(request))
         };
         if let Err(e) = sent {
@@ -536,10 +534,10 @@ impl Rma {
         if let Some((region, registration)) = scratch.as_ref() {
             return Ok((region.memory().clone(), registration.clone()));
         }
-        let memory = tcpx::SharedMemory::host(self.shared.config.chunk_bytes as usize)
+        let memory = tcpx::SharedMemory::host(self.config.chunk_bytes as usize)
             .map_err(|e| Error::Internal(format!("cannot allocate the discard region: {e}")))?;
         let region = Region::new(memory.clone());
-        let registration = register_region(&self.link, &self.shared, &region, Direction::Recv)?;
+        let registration = self.carrier.register_region(&region, Direction::Recv)?;
         *scratch = Some((region, registration.clone()));
         Ok((memory, registration))
     }
@@ -618,7 +616,7 @@ fn check_batch(payload: usize, entries: usize) -> Result<()> {
         return Err(Error::InvalidArgument(format!(
             "a batch of {entries} remote segments needs a {payload}-byte request; one request \
              carries at most {MAX_PAYLOAD} bytes (about {} segments): split the batch",
-            (MAX_PAYLOAD as usize - 64) / (super::wire::ENTRY_BYTES + 8)
+            (MAX_PAYLOAD as usize - 64) / (crate::control::rma::ENTRY_BYTES + 8)
         )));
     }
     Ok(())

@@ -21,9 +21,8 @@ use crossbeam_channel::{Receiver, Sender};
 use super::coalesce::coalesce;
 use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
 use super::state::{access_error, new_job, PendingKind, PendingOp, ReadPack, Rma};
-use super::wire::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
+use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
-use crate::endpoint::connection::{region_piece, submit_job};
 use crate::engine::job::{staging_for, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
@@ -139,14 +138,9 @@ impl Rma {
         op_id: u64,
     ) -> Result<Schedule> {
         let own = super::state::remote_lens(entries);
-        Schedule::vectored(
-            &own,
-            peer_lens,
-            self.shared.config.chunk_bytes,
-            self.link.channels,
-        )
-        .map(|s| s.rotated(op_id))
-        .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
+        Schedule::vectored(&own, peer_lens, self.config.chunk_bytes, self.link.channels)
+            .map(|s| s.rotated(op_id))
+            .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
     }
 
     /// Pieces of the coalesced `entries` in `regions` (validated), registered for `direction`;
@@ -171,9 +165,7 @@ impl Rma {
             let region = regions
                 .get(run.first)
                 .ok_or_else(|| Error::Internal("validated region missing".into()))?;
-            pieces.push(region_piece(
-                &self.link,
-                &self.shared,
+            pieces.push(self.carrier.region_piece(
                 region,
                 // Validated: offset + len lies within the region, a usize.
                 run.offset as usize,
@@ -221,7 +213,7 @@ impl Rma {
             schedule,
             None,
         );
-        submit_job(&self.link, &job);
+        self.carrier.submit_job(&job);
         self.ack(
             acker,
             TargetItem::Write {
@@ -300,9 +292,7 @@ impl Rma {
         // list, or a refused write's data) lands in a pack buffer.
         let (own, pack) = match (&refusal, parts.as_slice()) {
             (None, [part]) => {
-                let own = vec![region_piece(
-                    &self.link,
-                    &self.shared,
+                let own = vec![self.carrier.region_piece(
                     &part.region,
                     // Validated: within the region, a usize.
                     part.offset as usize,
@@ -332,7 +322,7 @@ impl Rma {
         );
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
-        submit_job(&self.link, &job);
+        self.carrier.submit_job(&job);
         self.ack(
             acker,
             TargetItem::Write {
@@ -445,13 +435,10 @@ impl Rma {
     ) -> Result<Option<TargetItem>> {
         let total = self.packed_total(entries, peer_lens, op_id)?;
         let own_runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len))).len();
-        if !worth_packing(
-            total,
-            own_runs.max(peer_lens.len()),
-            self.shared.config.pack_below,
-        ) || regions
-            .iter()
-            .any(|r| r.is_staged() || r.memory().kind() != tcpx::MemoryKind::Host)
+        if !worth_packing(total, own_runs.max(peer_lens.len()), self.config.pack_below)
+            || regions
+                .iter()
+                .any(|r| r.is_staged() || r.memory().kind() != tcpx::MemoryKind::Host)
         {
             return Ok(None);
         }
@@ -525,7 +512,7 @@ impl Rma {
                 );
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
-                submit_job(&self.link, &job);
+                self.carrier.submit_job(&job);
                 Ok(())
             }
             PendingKind::Read {
@@ -549,7 +536,7 @@ impl Rma {
                 );
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
-                submit_job(&self.link, &job);
+                self.carrier.submit_job(&job);
                 self.ack(
                     acker,
                     TargetItem::ScatterRead {
@@ -578,7 +565,7 @@ impl Rma {
                     schedule,
                     Some(op.completion),
                 );
-                submit_job(&self.link, &job);
+                self.carrier.submit_job(&job);
                 Ok(())
             }
             PendingKind::Write { .. } => {
@@ -721,7 +708,7 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                             if packed {
                                 rma.pack.count_sent();
                             }
-                            submit_job(&rma.link, job);
+                            rma.carrier.submit_job(job);
                             writer.send(&Message::ReadData { op_id, packed })
                         }
                         (None, Some(refusal)) => {

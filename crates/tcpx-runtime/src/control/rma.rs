@@ -16,7 +16,7 @@
 //! anything is allocated; a notification longer than [`MAX_NOTIFICATION`] is refused; a flag
 //! byte with an unknown bit set is refused.
 
-use crate::control::wire::{Reader, TooLong, WireError, Writer};
+use super::wire::{Reader, TooLong, WireError, Writer};
 
 /// Largest notification, standalone or attached to a write.
 pub const MAX_NOTIFICATION: usize = 64 << 10;

@@ -1,0 +1,320 @@
+//! [`Carrier`]: how transfers of one link reach its engines — registering regions on the
+//! link's comms, building a job's pieces, handing jobs to the engines that own their
+//! channels, and pairing vectored transfers with the peer's segment lists.
+//!
+//! Two-sided connections ([`crate::endpoint`]) and one-sided operations ([`crate::onesided`])
+//! both submit through a carrier, so this module sits below both of them and above the
+//! engines: `link` → `engine` → `carrier` → `onesided` → `endpoint`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+
+use crate::engine::job::{Job, Piece};
+use crate::engine::Command;
+use crate::error::{Direction, Error, Result};
+use crate::link::{Link, Signal};
+use crate::registry::{CountedRegion, Region, Registration, RegistrationCounter};
+use crate::schedule::Schedule;
+
+/// Peer segment lists held while their local transfer has not been submitted yet; a peer
+/// running further ahead than this is treated as hostile.
+const MAX_EARLY_SEGMENT_LISTS: usize = 4096;
+
+/// The submission side of one link: its engines' queues and what is in transit to them.
+pub(crate) struct Carrier {
+    /// The link whose channels carry the jobs.
+    pub(crate) link: Arc<Link>,
+    /// The engines owning the link's channels: engine `k` owns channels `c` with
+    /// `c % engines.len() == k`.
+    engines: Vec<Sender<Command>>,
+    /// The endpoint's count of live plugin registrations (leak checks).
+    counter: RegistrationCounter,
+    /// Vectored transfers waiting for the peer's segment list, or lists waiting for theirs.
+    segments: Mutex<SegmentsBook>,
+}
+
+impl std::fmt::Debug for Carrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Carrier")
+            .field("link", &self.link)
+            .field("engines", &self.engines.len())
+            .finish()
+    }
+}
+
+impl Carrier {
+    pub(crate) fn new(
+        link: Arc<Link>,
+        engines: Vec<Sender<Command>>,
+        counter: RegistrationCounter,
+    ) -> Self {
+        Self {
+            link,
+            engines,
+            counter,
+            segments: Mutex::new(SegmentsBook::default()),
+        }
+    }
+
+    /// The engines owning the link's channels.
+    pub(crate) fn engines(&self) -> &[Sender<Command>] {
+        &self.engines
+    }
+
+    /// `len` bytes at `offset` in `region` as a piece of a job in `direction`: registered on
+    /// the link's comms, unless the transfer is `staged` (the plugin then only sees the
+    /// engines' rings, so a staged region is never registered).
+    pub(crate) fn region_piece(
+        &self,
+        region: &Region,
+        offset: usize,
+        len: u64,
+        direction: Direction,
+        staged: bool,
+    ) -> Result<Piece> {
+        let registration = if staged {
+            None
+        } else {
+            Some(self.register_region(region, direction)?)
+        };
+        Ok(Piece {
+            registration,
+            memory: region.memory().clone(),
+            offset,
+            len,
+            cuda: region.cuda_device().cloned(),
+        })
+    }
+
+    /// The registration of `region` on the link's comms in `direction`, made on first use
+    /// (by the engines, which drive the comms) and cached on the link.
+    pub(crate) fn register_region(
+        &self,
+        region: &Region,
+        direction: Direction,
+    ) -> Result<Arc<Registration>> {
+        if region.is_staged() {
+            // The plugin cannot take this memory: only the engines' staged path moves it,
+            // through their pinned rings (two-sided and one-sided callers check `is_staged`
+            // and never come here with a staged region; this is the backstop).
+            return Err(Error::Unsupported(
+                "a staged CUDA region (CUDA memory on a host-only plugin) is never registered \
+                 with the plugin: it moves through the engines' pinned rings"
+                    .into(),
+            ));
+        }
+        let link = &self.link;
+        if let Some(registration) = link.registrations.get(region, direction) {
+            return Ok(registration);
+        }
+
+        let (tx, rx) = crossbeam_channel::bounded(self.engines.len());
+        for engine in &self.engines {
+            engine
+                .send(Command::Register {
+                    link: link.id,
+                    direction,
+                    memory: region.memory().clone(),
+                    counter: self.counter.clone(),
+                    reply: tx.clone(),
+                })
+                .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
+        }
+        drop(tx);
+        let mut by_channel: Vec<Option<CountedRegion>> = (0..link.channels).map(|_| None).collect();
+        let deadline = Instant::now() + link.timeout;
+        for _ in &self.engines {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = rx.recv_timeout(left).map_err(|_| {
+                Error::Internal("an engine did not answer a registration in time".into())
+            })?;
+            for (channel, result) in reply {
+                let region = result.map_err(|source| Error::Plugin {
+                    channel,
+                    direction,
+                    peer: link.peer,
+                    source: Arc::new(source),
+                })?;
+                if let Some(slot) = by_channel.get_mut(usize::from(channel)) {
+                    *slot = Some(region);
+                }
+            }
+        }
+        let by_channel = by_channel
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                // The link failed or closed while registering: its channels are gone.
+                link.failure()
+                    .cloned()
+                    .unwrap_or_else(|| Error::Internal("a channel was not registered".into()))
+            })?;
+        Ok(link
+            .registrations
+            .insert(region, direction, Registration { by_channel }))
+    }
+
+    /// Hands `job` to the engines that own a channel with chunks of it (every engine of the
+    /// link while its schedule is unknown). Contiguous transfers thus go only to the engines
+    /// they touch (a 1 MiB transfer on 8 channels of 512 KiB chunks touches 2).
+    pub(crate) fn submit_job(&self, job: &Arc<Job>) {
+        if job.is_finished() {
+            return;
+        }
+        let link = &self.link;
+        let engines = &self.engines;
+        let wanted = |k: usize| match job.schedule() {
+            Some(schedule) => (0..link.channels)
+                .any(|c| usize::from(c) % engines.len() == k && schedule.chunk_count_on(c) > 0),
+            None => true,
+        };
+        for (k, engine) in engines.iter().enumerate() {
+            if !wanted(k) {
+                continue;
+            }
+            if engine.send(Command::Submit(job.clone())).is_err() {
+                link.fail(Error::Internal("an engine thread has stopped".into()));
+                job.fail_with_link();
+                break;
+            }
+        }
+    }
+
+    fn segments(&self) -> MutexGuard<'_, SegmentsBook> {
+        self.segments.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Pairs a local vectored `job` with the peer's segment list: returns the list if it
+    /// arrived first, else parks the job until [`Carrier::on_peer_segments`] brings it.
+    pub(crate) fn await_peer_segments(&self, job: &Arc<Job>) -> Option<Vec<u64>> {
+        let key = (job.direction, job.seq);
+        let mut book = self.segments();
+        let early = book.arrived.remove(&key);
+        if early.is_none() {
+            book.waiting.insert(key, job.clone());
+        }
+        early
+    }
+
+    /// A peer segment list (`Segments.transfer_id`, `lens`) arrived: completes the schedule of
+    /// its waiting local transfer, or holds the list until that transfer is submitted.
+    /// Fails the link, and returns `false`, when the peer runs too far ahead of this side's
+    /// transfers.
+    #[must_use]
+    pub(crate) fn on_peer_segments(
+        &self,
+        transfer_id: u64,
+        lens: Vec<u64>,
+        chunk_bytes: u32,
+    ) -> bool {
+        let key = local_key_of_peer_segments(transfer_id);
+        let waiting = {
+            let mut book = self.segments();
+            match book.waiting.remove(&key) {
+                Some(job) => Some(job),
+                None if book.arrived.len() >= MAX_EARLY_SEGMENT_LISTS => {
+                    drop(book);
+                    self.link.fail(Error::PeerClosed {
+                        peer: self.link.peer,
+                        reason: "protocol violation: too many segment lists ahead of this \
+                                 side's transfers"
+                            .into(),
+                    });
+                    return false;
+                }
+                None => {
+                    book.arrived.insert(key, lens);
+                    return true;
+                }
+            }
+        };
+        if let Some(job) = waiting {
+            apply_segments(&job, &lens, chunk_bytes);
+        }
+        true
+    }
+
+    /// Fails every vectored transfer still waiting for the peer's list and forgets early
+    /// lists (the connection closed).
+    pub(crate) fn abandon_segments(&self) {
+        let mut book = self.segments();
+        for job in book.waiting.drain().map(|(_, job)| job) {
+            job.fail_with_link();
+        }
+        book.arrived.clear();
+    }
+}
+
+/// Builds a vectored job's schedule from both segment lists and publishes it; a mismatch
+/// fails the connection (both applications disagree on what this transfer is).
+pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64], chunk_bytes: u32) {
+    let link = &job.link;
+    match Schedule::vectored(&job.local_lens(), remote, chunk_bytes, link.channels) {
+        Ok(schedule) => {
+            job.set_schedule(schedule.rotated(job.seq));
+            link.wake_engines(Signal::Wake);
+        }
+        Err(e) => {
+            link.fail(Error::Incompatible {
+                peer: link.peer,
+                what: format!("vectored {}: {e}", job.describe()),
+            });
+            job.fail_with_link();
+        }
+    }
+}
+
+/// Pairs vectored transfers with the peer's segment lists (`Segments` messages), which may
+/// arrive before or after the local submission.
+#[derive(Default)]
+struct SegmentsBook {
+    /// Local vectored transfers still waiting for the peer's list, by (direction, sequence).
+    waiting: HashMap<(Direction, u64), Arc<Job>>,
+    /// Peer lists that arrived before the local submission.
+    arrived: HashMap<(Direction, u64), Vec<u64>>,
+}
+
+/// `Segments.transfer_id` on the wire: the sequence number of the transfer in its direction,
+/// shifted left once, with the low bit saying which side sent the list (0: the data sender,
+/// 1: the data receiver). Both directions share one control connection, so the bit keeps
+/// send #k and receive #k of the *other* direction apart.
+pub(crate) fn segments_id(direction: Direction, seq: u64) -> u64 {
+    (seq << 1)
+        | match direction {
+            Direction::Send => 0,
+            Direction::Recv => 1,
+        }
+}
+
+/// The local (direction, sequence) a peer's `Segments.transfer_id` refers to: the peer's
+/// send #k pairs with our receive #k and vice versa.
+fn local_key_of_peer_segments(transfer_id: u64) -> (Direction, u64) {
+    let local = if transfer_id & 1 == 0 {
+        Direction::Recv
+    } else {
+        Direction::Send
+    };
+    (local, transfer_id >> 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_segments_map_to_the_opposite_direction() {
+        for seq in [0, 1, 7, u64::MAX >> 1] {
+            assert_eq!(
+                local_key_of_peer_segments(segments_id(Direction::Send, seq)),
+                (Direction::Recv, seq)
+            );
+            assert_eq!(
+                local_key_of_peer_segments(segments_id(Direction::Recv, seq)),
+                (Direction::Send, seq)
+            );
+        }
+    }
+}
