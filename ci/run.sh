@@ -28,6 +28,10 @@ cargo xtask layers -v
 section "clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+# Broken intra-doc links and malformed doc comments fail the build, like clippy warnings.
+section "rustdoc (RUSTDOCFLAGS=-D warnings cargo doc --no-deps --workspace)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
+
 section "tests (README: cargo xtask test)"
 cargo xtask test
 

@@ -40,7 +40,7 @@ fn run_child(scenario: &str, fault: &str) -> String {
             "--test-threads=1",
         ])
         .env(SCENARIO_VAR, scenario)
-        .env(tcpx_socket::FAULT_ENV, fault)
+        .env(tcpx::builtin::FAULT_ENV, fault)
         .env("TCPX_SOCKET_IFNAME", "lo")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -295,7 +295,7 @@ fn child() {
         }
         other => panic!("unknown scenario {other}"),
     }
-    let injected = tcpx_socket::faults_injected();
+    let injected = tcpx::builtin::faults_injected();
     assert!(injected > 0, "no fault was injected");
     println!("faults injected: {injected}");
     drop((ab, ba));

@@ -20,7 +20,7 @@ const MIB: usize = 1 << 20;
 
 fn no_sizes_on_loopback() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| std::env::set_var(tcpx_socket::NO_SIZES_ENV, "1"));
+    ONCE.call_once(|| std::env::set_var(tcpx::builtin::NO_SIZES_ENV, "1"));
     loopback();
 }
 
@@ -73,7 +73,7 @@ fn bench_binary() -> Option<PathBuf> {
 
 fn bench(bin: &PathBuf) -> Command {
     let mut cmd = Command::new(bin);
-    cmd.env(tcpx_socket::NO_SIZES_ENV, "1")
+    cmd.env(tcpx::builtin::NO_SIZES_ENV, "1")
         .env("TCPX_SOCKET_IFNAME", "lo")
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env_remove("UCCL_TCPX_PLUGIN_PATH")

@@ -251,12 +251,12 @@ fn soak() {
         ])
         .env(ROLE_VAR, format!("{gen}:{seed}:{nops}"))
         .env("TCPX_SOCKET_IFNAME", "lo")
-        .env_remove(tcpx_socket::FAULT_ENV)
+        .env_remove(tcpx::builtin::FAULT_ENV)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         if let Some(f) = &fault {
-            cmd.env(tcpx_socket::FAULT_ENV, f);
+            cmd.env(tcpx::builtin::FAULT_ENV, f);
             tally.faulted += 1;
         }
         let mut peer = Peer {

@@ -29,7 +29,7 @@ fn gpu() -> Option<CudaDevice> {
     }
     loopback();
     static DEVMEM: Once = Once::new();
-    DEVMEM.call_once(|| std::env::set_var(tcpx_socket::DEVMEM_ENV, "1"));
+    DEVMEM.call_once(|| std::env::set_var(tcpx::builtin::DEVMEM_ENV, "1"));
     let g = CudaDevice::new(0).expect("CUDA device 0");
     println!("GPU: {g:?}");
     Some(g)

@@ -292,16 +292,27 @@ impl IfFilter {
     }
 }
 
-#[derive(Debug)]
-struct Iface {
-    name: String,
-    addr: IpAddr,
-    scope_id: u32,
-    loopback: bool,
+/// A network interface that is up, with the one address the plugin would use on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    /// The interface name (`eth1`, `lo`).
+    pub name: String,
+    /// Its first IPv4 address, else its first IPv6 address that is not link-local.
+    pub addr: IpAddr,
+    /// The IPv6 scope id (0 for IPv4).
+    pub scope_id: u32,
+    /// A loopback interface.
+    pub loopback: bool,
 }
 
-/// Interfaces that are up, one address each: IPv4 ones in `getifaddrs` order, then IPv6-only ones.
-fn interfaces() -> Result<Vec<Iface>, String> {
+type Iface = Interface;
+
+/// Interfaces that are up, one address each: IPv4 ones in `getifaddrs` order, then IPv6-only
+/// ones. Link-local IPv6 addresses are skipped (a peer would need their scope id).
+///
+/// This is the one `getifaddrs` walk of the workspace: the plugin picks its devices from it, and
+/// the runtime finds the address to advertise for a named interface through `tcpx`.
+pub fn interfaces() -> Result<Vec<Interface>, String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head into `head` and returns 0, or -1 with errno.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {

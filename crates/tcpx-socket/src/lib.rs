@@ -75,7 +75,9 @@ mod table;
 pub mod wire;
 
 pub use cuda::CUDA_LIB_ENV;
-pub use device::{DEFAULT_SPEED_MBPS, DEVMEM_ENV, DEVMEM_GPU_ENV, MAX_NSOCKS};
+pub use device::{
+    interfaces, Interface, DEFAULT_SPEED_MBPS, DEVMEM_ENV, DEVMEM_GPU_ENV, MAX_NSOCKS,
+};
 pub use fault::{faults_injected, FAULT_ENV, NO_SIZES_ENV};
 pub use table::{ncclNetPlugin_v7, ncclNetPlugin_v8, pending_connects, PluginTable};
 

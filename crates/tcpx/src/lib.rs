@@ -62,4 +62,14 @@ pub use handle::ConnectHandle;
 pub use memory::{ForeignMemory, HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
 pub use net::{Net, TCPX_INSTALL_PATHS};
 pub use request::{RecvRequest, SendRequest};
+/// The network interfaces that are up, one usable address each — the built-in plugin's own
+/// list, so that tools and the runtime name and address interfaces exactly as it does.
+pub use tcpx_socket::{interfaces, Interface};
+
+/// The built-in kernel-TCP plugin's switches and counters, for tools and tests that drive it
+/// (size reporting off, fault injection, devmem emulation) without depending on `tcpx-socket`
+/// themselves.
+pub mod builtin {
+    pub use tcpx_socket::{faults_injected, DEVMEM_ENV, FAULT_ENV, NO_SIZES_ENV};
+}
 pub use tcpx_sys::{AbiVersion, ResultCode};

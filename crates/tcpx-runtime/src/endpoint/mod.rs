@@ -12,7 +12,6 @@ pub mod backend;
 pub mod connection;
 
 mod admission;
-mod ifaddr;
 mod setup;
 mod watch;
 
@@ -592,15 +591,47 @@ impl Region {
     }
 }
 
+/// The address of interface `name` (its first IPv4 address, else its first IPv6 address that
+/// is not link-local), from the same interface list the built-in plugin uses.
+fn interface_ip(name: &str) -> Option<IpAddr> {
+    tcpx::interfaces()
+        .ok()?
+        .into_iter()
+        .find(|i| i.name == name)
+        .map(|i| i.addr)
+}
+
 /// The address peers should use: the bind address, else the first data NIC's.
 fn advertised_ip(bind: IpAddr, nic: &str) -> Result<IpAddr> {
     if !bind.is_unspecified() {
         return Ok(bind);
     }
-    ifaddr::interface_ip(nic).ok_or_else(|| {
+    interface_ip(nic).ok_or_else(|| {
         Error::Config(format!(
             "the control listener binds to {bind} and interface {nic} has no usable address \
              to advertise; set control_addr to this host's reachable IP"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    #[test]
+    fn loopback_has_its_address_and_unknown_interfaces_have_none() {
+        assert_eq!(interface_ip("lo"), Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert_eq!(interface_ip("no-such-interface0"), None);
+        assert_eq!(
+            advertised_ip(IpAddr::V4(Ipv4Addr::UNSPECIFIED), "lo").unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        let unknown = advertised_ip(IpAddr::V4(Ipv4Addr::UNSPECIFIED), "no-such-interface0");
+        assert!(unknown
+            .unwrap_err()
+            .to_string()
+            .contains("no-such-interface0"));
+    }
 }

@@ -30,7 +30,7 @@ use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
 /// raw-TCP baseline measured in the same run and the ratio between the two.
 ///
 /// Two processes:   tcpx-bench server --bind 127.0.0.1:7700
-///                  tcpx-bench client --peer <hex printed by the server>
+///                  tcpx-bench client --peer HEX   (the metadata line the server prints)
 /// (`cargo xtask bench` does this for you, locally, in namespaces or across nodes.)
 ///
 /// Exit codes: 0 ok, 1 error, 2 usage, 3 peer unreachable or lost, 4 data verification failed.
