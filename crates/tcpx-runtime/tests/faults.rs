@@ -114,14 +114,14 @@ struct Posted<'r> {
 }
 
 /// Posts two-sided transfers both ways and one-sided writes and reads both ways, then waits
-/// for every one. Returns (completed, failed, error texts).
+/// for every one. Returns (completed, failed, error texts, failures that were timeouts).
 fn storm(
     a: &Endpoint,
     b: &Endpoint,
     ab: &Connection,
     ba: &Connection,
     seed0: u64,
-) -> (usize, usize, Vec<String>) {
+) -> (usize, usize, Vec<String>, usize) {
     let srcs_a: Vec<Region> = (0..PENDING)
         .map(|i| source(a, LEN, seed0 + i as u64))
         .collect();
@@ -216,7 +216,7 @@ fn storm(
         ba,
     );
     let start = Instant::now();
-    let (mut done, mut failed, mut errors) = (0, 0, Vec::new());
+    let (mut done, mut failed, mut errors, mut timeouts) = (0, 0, Vec::new(), 0);
     for p in &posted {
         match p.transfer.wait(DEADLINE) {
             Ok(n) => {
@@ -236,6 +236,7 @@ fn storm(
                 );
                 assert_eq!(e.peer(), Some(p.conn_peer), "{}: {e}", p.what);
                 failed += 1;
+                timeouts += usize::from(e.is_timeout());
                 errors.push(format!("{}: {e}", p.what));
             }
         }
@@ -254,7 +255,7 @@ fn storm(
             assert_pattern(r, off, len, seed, &p.what);
         }
     }
-    (done, failed, errors)
+    (done, failed, errors, timeouts)
 }
 
 /// The child side; does nothing unless started by a parent test.
@@ -276,7 +277,7 @@ fn child() {
     let (fds0, threads0) = (open_fds(), threads());
 
     let (ab, ba) = connect(&a, &b);
-    let (done, failed, errors) = storm(&a, &b, &ab, &ba, 1);
+    let (done, failed, errors, timeouts) = storm(&a, &b, &ab, &ba, 1);
     for e in &errors {
         println!("  {e}");
     }
@@ -289,6 +290,12 @@ fn child() {
                 "no error names a channel"
             );
             assert!(ab.error().is_some() || ba.error().is_some());
+            // The side whose plugin did not fail hears why from its peer (a control `Error`)
+            // and fails at once, instead of waiting for its transfers' deadline.
+            assert_eq!(
+                timeouts, 0,
+                "transfers waited for their deadline instead of hearing from the peer: {errors:?}"
+            );
         }
         "delay" => {
             assert_eq!(failed, 0, "delayed completions failed: {errors:?}");
@@ -303,7 +310,7 @@ fn child() {
     // A new connection on the same endpoints works (the faults hit the first comms only, or
     // only delay) and moves verified bytes both ways.
     let (ab, ba) = connect(&a, &b);
-    let (done2, failed2, errors2) = storm(&a, &b, &ab, &ba, 1000);
+    let (done2, failed2, errors2, _) = storm(&a, &b, &ab, &ba, 1000);
     assert_eq!(failed2, 0, "second connection: {errors2:?}");
     println!("second connection: {done2} completed and verified");
     drop((ab, ba));

@@ -4,7 +4,9 @@
 //! operations (in stream order: see [`crate::onesided`]), and it is how a peer's
 //! departure is noticed quickly: `Close`, end of stream or a reset mark the peer gone (the
 //! engines then fail whatever stops progressing), and a peer `Error` fails the connection at
-//! once. It exits when the stream ends or the connection is dropped (which shuts the socket
+//! once. The other way round too: when this side fails the connection (its plugin failed, a
+//! transfer timed out), the watcher tells the peer with an `Error` within one poll, so the
+//! peer's transfers fail with the reason instead of waiting for their own deadline. It exits when the stream ends or the connection is dropped (which shuts the socket
 //! down, waking a blocked read).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,9 +59,16 @@ fn watch(
 ) {
     let link = &carrier.link;
     let peer = link.peer;
+    let mut told_peer = false;
     loop {
         if stop.load(Ordering::Acquire) {
             return;
+        }
+        if !told_peer {
+            if let Some(error) = link.failure() {
+                told_peer = true;
+                tell_peer(rma, error);
+            }
         }
         rma.sweep(Instant::now());
         match reader.recv(POLL) {
@@ -114,5 +123,32 @@ fn watch(
                 return;
             }
         }
+    }
+}
+
+/// Longest error text sent to the peer (the rest is cut at a character boundary).
+const MAX_ERROR_TEXT: usize = 1024;
+
+/// Tells the peer why this side failed the connection. Errors that came from the peer are not
+/// echoed back, and neither is our own close (dropping the connection sends `Close`). Best
+/// effort: a peer that is gone cannot be told, and its own deadline still ends its transfers.
+fn tell_peer(rma: &Rma, error: &Error) {
+    if matches!(error, Error::PeerClosed { .. } | Error::Closed { .. }) {
+        return;
+    }
+    let mut text = error.to_string();
+    if text.len() > MAX_ERROR_TEXT {
+        let mut cut = MAX_ERROR_TEXT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    let message = Message::Error {
+        code: error.wire_code(),
+        message: text,
+    };
+    if let Err(e) = rma.writer().send(&message) {
+        tracing::debug!(target: "tcpx_runtime", peer = %rma.link.peer, error = %e, "could not tell the peer why the connection failed");
     }
 }
