@@ -178,12 +178,7 @@ fn discover() -> Result<Config, String> {
 
 /// Whether `TCPX_SOCKET_DEVMEM` asks for devmem emulation.
 pub(crate) fn devmem_requested(value: Option<&str>) -> bool {
-    value.is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        )
-    })
+    crate::switch::is_on(value)
 }
 
 /// Opens the GPU when devmem emulation is requested; an error (no driver, bad ordinal) fails

@@ -147,7 +147,7 @@ pub(crate) fn parse(value: &str) -> Result<Spec, String> {
 pub(crate) fn configure() -> Result<(), String> {
     let no_sizes_value = std::env::var(NO_SIZES_ENV).ok();
     NO_SIZES.store(
-        crate::device::devmem_requested(no_sizes_value.as_deref()),
+        crate::switch::is_on(no_sizes_value.as_deref()),
         Ordering::Relaxed,
     );
     let spec = match std::env::var(FAULT_ENV) {

@@ -71,6 +71,7 @@ mod object;
 mod recv;
 mod send;
 mod sock;
+mod switch;
 mod table;
 pub mod wire;
 

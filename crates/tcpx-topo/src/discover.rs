@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 
 use hwlocality::object::attributes::ObjectAttributes;
 use hwlocality::object::types::{BridgeType, OSDeviceType, ObjectType};
@@ -362,6 +363,34 @@ fn extract(topo: &HwlocTopology, origin: String) -> Topology {
         pus,
         core_of_pu,
         has_pci,
+    }
+}
+
+/// The constructors live here, with the discovery they run, so that `topology` (the plain data)
+/// does not depend on hwloc code.
+impl Topology {
+    /// Discovers the machine this process runs on, keeping I/O objects (PCI devices,
+    /// bridges, network interfaces), which hwloc drops by default.
+    pub fn from_live() -> Result<Self, TopoError> {
+        live()
+    }
+
+    /// Loads an hwloc XML topology (as written by `lstopo --of xml`) from a file.
+    ///
+    /// The file is read here, not by hwloc, so a missing or unreadable file is an error that
+    /// names it instead of a failure inside hwloc.
+    pub fn from_xml_file(path: impl AsRef<Path>) -> Result<Self, TopoError> {
+        let path = path.as_ref();
+        let xml = std::fs::read_to_string(path).map_err(|source| TopoError::ReadXml {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self::xml(&xml, path.display().to_string())
+    }
+
+    /// Loads an hwloc XML topology from a string.
+    pub fn from_xml_str(xml: &str) -> Result<Self, TopoError> {
+        self::xml(xml, "<string>".to_owned())
     }
 }
 

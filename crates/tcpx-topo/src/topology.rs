@@ -2,11 +2,10 @@
 //! GPU is to each NIC. Built once from hwloc (see `discover`), then queried without hwloc.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{discover, PciBusId, Relation, TopoError};
+use crate::{PciBusId, Relation};
 
 /// A GPU as hwloc sees it: a PCI device of vendor 0x10de, class 0x0302 (3D) or 0x0300 (VGA).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -71,30 +70,6 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// Discovers the machine this process runs on, keeping I/O objects (PCI devices,
-    /// bridges, network interfaces), which hwloc drops by default.
-    pub fn from_live() -> Result<Self, TopoError> {
-        discover::live()
-    }
-
-    /// Loads an hwloc XML topology (as written by `lstopo --of xml`) from a file.
-    ///
-    /// The file is read here, not by hwloc, so a missing or unreadable file is an error that
-    /// names it instead of a failure inside hwloc.
-    pub fn from_xml_file(path: impl AsRef<Path>) -> Result<Self, TopoError> {
-        let path = path.as_ref();
-        let xml = std::fs::read_to_string(path).map_err(|source| TopoError::ReadXml {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        discover::xml(&xml, path.display().to_string())
-    }
-
-    /// Loads an hwloc XML topology from a string.
-    pub fn from_xml_str(xml: &str) -> Result<Self, TopoError> {
-        discover::xml(xml, "<string>".to_owned())
-    }
-
     /// Where this topology came from: `live`, a file path, or `<string>`.
     pub fn origin(&self) -> &str {
         &self.origin

@@ -49,32 +49,5 @@ pub use driver::{
 };
 pub use staging::StagingRing;
 
-/// Why a CUDA operation failed (the `kind` of an [`Error`](crate::Error) from this module).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CudaError {
-    /// No usable CUDA driver in this process; says why (library missing, `cuInit` failed, no
-    /// devices, disabled with `TCPX_CUDA_DISABLE`).
-    #[error("no usable CUDA driver: {0}")]
-    NoDriver(String),
-    /// A driver call returned an error code.
-    #[error("{name} ({code})")]
-    Driver {
-        /// The `CUresult` value.
-        code: i32,
-        /// Its name (`CUDA_ERROR_OUT_OF_MEMORY`, …).
-        name: String,
-    },
-    /// The unpack kernel could not be built or loaded (NVRTC missing or failing, bad PTX).
-    #[error("unpack kernel: {0}")]
-    Kernel(String),
-}
-
-impl CudaError {
-    /// The driver's `CUresult`, when a driver call failed.
-    pub fn code(&self) -> Option<i32> {
-        match self {
-            CudaError::Driver { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
-}
+/// Why a CUDA operation failed; defined with the crate's error type, which carries it.
+pub use crate::error::CudaError;

@@ -19,7 +19,12 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::handle::ConnectHandle;
 use crate::memory::{InFlight, SharedMemory};
 use crate::net::Net;
-use crate::request::{DroppedDone, RecvRequest, RequestState, SendRequest};
+use request::{DroppedDone, RequestState};
+pub use request::{RecvRequest, SendRequest};
+
+// Requests are part of their comm (a comm makes them, tests and consumes them; they hold the
+// comm alive): one module, so that the two never import each other across the crate.
+mod request;
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
 

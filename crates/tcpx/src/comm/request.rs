@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::comm::{CommInner, RequestCore};
+use super::{CommInner, RequestCore};
 use crate::memory::InFlight;
 
 /// Receives dropped after completion but before being consumed, by sequence number. The flag
