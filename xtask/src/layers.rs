@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// The crates held to the rule: every library of the workspace but the C API.
+/// The crates held to the rule: every library of the workspace.
 const CRATES: &[&str] = &[
     "crates/tcpx-sys",
     "crates/tcpx-socket",
@@ -22,30 +22,23 @@ const CRATES: &[&str] = &[
     "crates/tcpx-topo",
     "crates/tcpx-runtime",
     "crates/tcpx-tools",
+    "crates/tcpx-capi",
     "crates/tcpx-py",
 ];
-
-/// Crates that still have a loop; `--all` reports them without failing. The C API's entry
-/// points for endpoints, connections and regions reach each other's handle tables; untangling
-/// them means moving the tables below the entry points.
-const NOT_YET: &[&str] = &["crates/tcpx-capi"];
 
 /// Edges of one crate: `from → to → files that import it`.
 type Edges = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
 pub fn run(args: &[String]) -> Result<()> {
     let mut verbose = false;
-    let mut all = false;
     for arg in args {
         match arg.as_str() {
             "-v" | "--verbose" => verbose = true,
-            "--all" => all = true,
             "-h" | "--help" => {
                 println!(
-                    "cargo xtask layers [-v] [--all]\n\nFails when the top-level modules of a \
-                     workspace library import each other in a loop (`use crate::` edges); -v \
-                     prints each crate's module order, --all also reports (without failing) \
-                     the crates not yet held to the rule (tcpx-capi)."
+                    "cargo xtask layers [-v]\n\nFails when the top-level modules of a workspace \
+                     library import each other in a loop (`use crate::` edges); -v prints each \
+                     crate's module order."
                 );
                 return Ok(());
             }
@@ -54,8 +47,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let root = crate::workspace_root();
     let mut failed = Vec::new();
-    let extra = if all { NOT_YET } else { &[] };
-    for krate in CRATES.iter().chain(extra) {
+    for krate in CRATES {
         let src = root.join(krate).join("src");
         if !src.is_dir() {
             continue;
@@ -84,9 +76,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 }
             }
         }
-        if CRATES.contains(krate) {
-            failed.push(*krate);
-        }
+        failed.push(*krate);
     }
     if !failed.is_empty() {
         bail!("module cycles in {}", failed.join(", "));

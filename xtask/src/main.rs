@@ -50,9 +50,8 @@ Tasks:
   soak [--seconds N]          Fault soak (default 60 s): random two-sided and one-sided traffic,
                               every byte checked, against peers killed or faulted at random;
                               prints done / verified / faults / failures / lost (must be 0).
-  layers [-v] [--all]         Fail when the top-level modules of a workspace library import each
-                              other in a loop (`use crate::` edges); -v prints each module order;
-                              --all also reports tcpx-capi, not yet held to the rule.
+  layers [-v]                 Fail when the top-level modules of a workspace library import each
+                              other in a loop (`use crate::` edges); -v prints each module order.
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";

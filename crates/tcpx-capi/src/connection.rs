@@ -1,90 +1,19 @@
 //! Connections: peer info, two-sided send / receive (contiguous and vectored), statistics,
 //! close and destroy.
 
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use tcpx_runtime::{Connection, Segment, Transfer};
 
-use crate::convert::{array, fill_text, non_null, write_out};
-use crate::endpoint::ENDPOINTS;
+use crate::convert::{array, non_null, write_out};
 use crate::error::{guard, CapiError, CapiResult};
-use crate::handles::Table;
-use crate::memory::{resolve, InUse};
+use crate::objects::{self, resolve, InUse, CONNECTIONS, ENDPOINTS};
 use crate::tcpx_status::{self, *};
 use crate::transfer::issue;
 use crate::{
     tcpx_connection, tcpx_connection_stats, tcpx_peer_info, tcpx_region, tcpx_segment,
     tcpx_transfer,
 };
-
-/// A connection, owned so that destroying it drops the runtime connection at once, whoever
-/// else holds the object: calls take the read lock for their (short) duration, destroy takes
-/// the write lock and empties it, so once destroy returns no engine works for it any more.
-pub(crate) struct ConnectionObj {
-    /// The id of the endpoint it was made on.
-    pub(crate) endpoint: u64,
-    conn: RwLock<Option<Connection>>,
-}
-
-pub(crate) static CONNECTIONS: Table<ConnectionObj> = Table::new(2, "tcpx_connection");
-
-impl ConnectionObj {
-    /// Runs `f` on the live connection.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&Connection) -> CapiResult<R>) -> CapiResult<R> {
-        let guard = self.conn.read().unwrap_or_else(|p| p.into_inner());
-        match guard.as_ref() {
-            Some(conn) => f(conn),
-            None => Err(CapiError::new(
-                TCPX_ERR_CLOSED,
-                "the connection was closed by this side",
-            )),
-        }
-    }
-
-    /// Drops the runtime connection now: pending transfers fail with `TCPX_ERR_CLOSED`, the
-    /// peer is told, the engines let go of its comms (each within the timeout).
-    pub(crate) fn shut_down(&self) {
-        let taken = self.conn.write().unwrap_or_else(|p| p.into_inner()).take();
-        drop(taken);
-    }
-}
-
-/// Hands a new connection of endpoint `endpoint` to C. If the endpoint was destroyed while the
-/// connection was being set up, the connection is closed and the call fails.
-pub(crate) fn adopt(endpoint: u64, conn: Connection) -> CapiResult<tcpx_connection> {
-    let obj = Arc::new(ConnectionObj {
-        endpoint,
-        conn: RwLock::new(Some(conn)),
-    });
-    let id = CONNECTIONS.insert(obj.clone());
-    // Checked after inserting: a destroy that ran before this saw no connection to close.
-    if ENDPOINTS.get(endpoint).is_err() {
-        let _ = CONNECTIONS.remove(id);
-        obj.shut_down();
-        return Err(CapiError::new(
-            TCPX_ERR_STALE_HANDLE,
-            "the endpoint was destroyed while the connection was being set up; it was closed",
-        ));
-    }
-    Ok(tcpx_connection { id })
-}
-
-/// What C learns about a connection's peer.
-pub(crate) fn peer_info(conn: &Connection) -> tcpx_peer_info {
-    let mut info = tcpx_peer_info {
-        address: [0; crate::TCPX_ADDRESS_MAX],
-        gpu_index: conn.peer_gpu().map_or(-1, |g| g as i32),
-        channels: u32::from(conn.channels()),
-    };
-    fill_text(&mut info.address, &conn.peer().to_string());
-    info
-}
-
-/// The connection `handle` names.
-pub(crate) fn connection(handle: tcpx_connection) -> CapiResult<Arc<ConnectionObj>> {
-    CONNECTIONS.get(handle.id)
-}
 
 /// Fills `*peer` with the peer's control address, announced GPU index and channel count.
 /// Thread safety: any thread.
@@ -98,7 +27,7 @@ pub unsafe extern "C" fn tcpx_connection_peer(
 ) -> tcpx_status {
     guard("tcpx_connection_peer", || {
         non_null(peer, "peer")?;
-        let info = self::connection(connection)?.with(|c| Ok(peer_info(c)))?;
+        let info = objects::connection(connection)?.with(|c| Ok(objects::peer_info(c)))?;
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(peer, info) };
         Ok(TCPX_OK)
@@ -113,7 +42,7 @@ fn submit(
     post: impl FnOnce(&Connection, &[Segment<'_>]) -> tcpx_runtime::Result<Transfer>,
 ) -> CapiResult<tcpx_status> {
     non_null(transfer, "transfer (output)")?;
-    let conn = self::connection(connection)?;
+    let conn = objects::connection(connection)?;
     let regions: Vec<InUse> = resolve(conn.endpoint, segments)?;
     let pieces: Vec<Segment<'_>> = regions
         .iter()
@@ -233,7 +162,7 @@ pub extern "C" fn tcpx_connection_register(
     region: tcpx_region,
 ) -> tcpx_status {
     guard("tcpx_connection_register", || {
-        let conn = self::connection(connection)?;
+        let conn = objects::connection(connection)?;
         let seg = [tcpx_segment {
             region,
             offset: 0,
@@ -258,7 +187,7 @@ pub unsafe extern "C" fn tcpx_connection_get_stats(
 ) -> tcpx_status {
     guard("tcpx_connection_get_stats", || {
         non_null(stats, "stats")?;
-        let out = self::connection(connection)?.with(|c| {
+        let out = objects::connection(connection)?.with(|c| {
             let mut out = tcpx_connection_stats {
                 channels: u32::from(c.channels()),
                 in_flight: c.in_flight() as u64,
@@ -289,7 +218,7 @@ pub unsafe extern "C" fn tcpx_connection_get_stats(
 #[no_mangle]
 pub extern "C" fn tcpx_connection_status(connection: tcpx_connection) -> tcpx_status {
     guard("tcpx_connection_status", || {
-        self::connection(connection)?.with(|c| match c.error() {
+        objects::connection(connection)?.with(|c| match c.error() {
             None => Ok(TCPX_OK),
             Some(e) => Err(e.into()),
         })
@@ -304,7 +233,7 @@ pub extern "C" fn tcpx_connection_status(connection: tcpx_connection) -> tcpx_st
 #[no_mangle]
 pub extern "C" fn tcpx_connection_close(connection: tcpx_connection) -> tcpx_status {
     guard("tcpx_connection_close", || {
-        let conn = self::connection(connection)?;
+        let conn = objects::connection(connection)?;
         let healthy = conn.with(|c| Ok(c.error().is_none()))?;
         let mut outcome = Ok(TCPX_OK);
         if healthy {

@@ -10,30 +10,14 @@ use std::time::Duration;
 use tcpx_runtime::control::EndpointMetadata;
 use tcpx_runtime::{Backend, Config, Endpoint};
 
-use crate::connection::{self, CONNECTIONS};
 use crate::convert::{bytes, c_str, fill_text, millis, non_null, write_out};
 use crate::error::{guard, CapiError, CapiResult};
-use crate::handles::Table;
-use crate::memory::REGIONS;
+use crate::objects::{self, adopt_connection, EndpointObj, CONNECTIONS, ENDPOINTS, REGIONS};
 use crate::tcpx_status::{self, *};
 use crate::{
     tcpx_connection, tcpx_endpoint, tcpx_endpoint_info, tcpx_endpoint_options, tcpx_peer_info,
     TCPX_ABI_VERSION, TCPX_ABI_VERSION_MAJOR, TCPX_ABI_VERSION_MINOR,
 };
-
-/// An endpoint and the notifications taken from it but not yet handed to C (the runtime
-/// drains all at once; C takes them one by one).
-pub(crate) struct EndpointObj {
-    pub(crate) endpoint: Endpoint,
-    pub(crate) notifications: Mutex<VecDeque<(SocketAddr, Vec<u8>)>>,
-}
-
-pub(crate) static ENDPOINTS: Table<EndpointObj> = Table::new(1, "tcpx_endpoint");
-
-/// The endpoint `handle` names.
-pub(crate) fn endpoint(handle: tcpx_endpoint) -> CapiResult<Arc<EndpointObj>> {
-    ENDPOINTS.get(handle.id)
-}
 
 /// The library's ABI version, `(major << 16) | minor` (compare with the header's
 /// `TCPX_ABI_VERSION`). Thread safety: any thread.
@@ -265,7 +249,7 @@ pub unsafe extern "C" fn tcpx_endpoint_get_info(
 ) -> tcpx_status {
     guard("tcpx_endpoint_get_info", || {
         non_null(info, "info")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let ep = &obj.endpoint;
         let config = ep.config();
         let mut out = tcpx_endpoint_info {
@@ -304,7 +288,7 @@ pub unsafe extern "C" fn tcpx_endpoint_metadata(
 ) -> tcpx_status {
     guard("tcpx_endpoint_metadata", || {
         non_null(len, "len")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let blob =
             obj.endpoint.metadata().to_bytes().map_err(|e| {
                 CapiError::new(TCPX_ERR_INTERNAL, format!("encoding metadata: {e}"))
@@ -346,13 +330,13 @@ pub unsafe extern "C" fn tcpx_endpoint_connect(
     guard("tcpx_endpoint_connect", || {
         non_null(metadata, "metadata")?;
         non_null(connection, "connection (output)")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         // SAFETY: non-null (checked), `len` readable bytes (the caller's promise).
         let blob = unsafe { bytes(metadata, len, "metadata") }?;
         let peer = EndpointMetadata::from_bytes(blob)
             .map_err(|e| CapiError::invalid(format!("peer metadata ({len} bytes): {e}")))?;
         let conn = obj.endpoint.connect(&peer)?;
-        let handle = connection::adopt(endpoint.id, conn)?;
+        let handle = adopt_connection(endpoint.id, conn)?;
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(connection, handle) };
         Ok(TCPX_OK)
@@ -382,9 +366,9 @@ pub unsafe extern "C" fn tcpx_endpoint_connect_addr(
                 "address {text:?}: expected ip:port (127.0.0.1:7400)"
             ))
         })?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let conn = obj.endpoint.connect_addr(addr)?;
-        let handle = connection::adopt(endpoint.id, conn)?;
+        let handle = adopt_connection(endpoint.id, conn)?;
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(connection, handle) };
         Ok(TCPX_OK)
@@ -408,10 +392,10 @@ pub unsafe extern "C" fn tcpx_endpoint_accept(
 ) -> tcpx_status {
     guard("tcpx_endpoint_accept", || {
         non_null(connection, "connection (output)")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let conn = obj.endpoint.accept_timeout(millis(timeout_ms))?;
-        let info = connection::peer_info(&conn);
-        let handle = connection::adopt(endpoint.id, conn)?;
+        let info = objects::peer_info(&conn);
+        let handle = adopt_connection(endpoint.id, conn)?;
         if !peer.is_null() {
             // SAFETY: non-null (checked); writable (the caller's promise).
             unsafe { write_out(peer, info) };

@@ -33,6 +33,7 @@ mod connection;
 mod endpoint;
 mod error;
 mod memory;
+mod objects;
 mod onesided;
 mod transfer;
 

@@ -3,145 +3,16 @@
 //! releasing memory a transfer still uses.
 
 use std::ffi::c_void;
-use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 
 use tcpx_core::MemoryKind;
-use tcpx_runtime::onesided::Descriptor;
-use tcpx_runtime::{Endpoint, Region, Transfer};
 
 use crate::convert::{non_null, to_usize, write_out};
-use crate::endpoint::{endpoint, ENDPOINTS};
-use crate::error::{guard, CapiError, CapiResult};
-use crate::handles::Table;
+use crate::error::{guard, CapiError};
+use crate::objects::{self, adopt_region, DESTROYING, ENDPOINTS, REGIONS};
 use crate::tcpx_memory_kind::{self, *};
 use crate::tcpx_status::{self, *};
-use crate::{tcpx_endpoint, tcpx_region, tcpx_segment};
-
-/// Set in [`RegionObj::state`] while a destroy checks the region; the low bits count calls
-/// submitting a transfer on it.
-const DESTROYING: u64 = 1 << 63;
-/// Finished transfers are dropped from a region's list once it holds this many.
-const PRUNE_AT: usize = 32;
-
-/// A region and what keeps it from being destroyed under a transfer.
-pub(crate) struct RegionObj {
-    /// The id of the endpoint it belongs to.
-    pub(crate) endpoint: u64,
-    pub(crate) region: Region,
-    state: AtomicU64,
-    /// Transfers submitted on it, unfinished ones at least.
-    users: Mutex<Vec<Transfer>>,
-    /// Its current descriptor, if advertised (advertising again retires the previous one).
-    pub(crate) descriptor: Mutex<Option<Descriptor>>,
-}
-
-pub(crate) static REGIONS: Table<RegionObj> = Table::new(3, "tcpx_region");
-
-impl RegionObj {
-    fn new(endpoint: u64, region: Region) -> Self {
-        Self {
-            endpoint,
-            region,
-            state: AtomicU64::new(0),
-            users: Mutex::new(Vec::new()),
-            descriptor: Mutex::new(None),
-        }
-    }
-
-    /// Records `transfer` as using this region (until it finishes).
-    pub(crate) fn track(&self, transfer: &Transfer) {
-        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
-        if users.len() >= PRUNE_AT {
-            users.retain(|t| !t.is_finished());
-        }
-        users.push(transfer.clone());
-    }
-
-    /// Revokes the region's descriptor on `endpoint`, if it has one.
-    pub(crate) fn revoke_on(&self, endpoint: &Endpoint) {
-        let taken = self
-            .descriptor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(d) = taken {
-            endpoint.revoke(&d);
-        }
-    }
-}
-
-/// A region marked as having a transfer submitted on it, for the guard's lifetime.
-pub(crate) struct InUse(Arc<RegionObj>);
-
-impl Deref for InUse {
-    type Target = RegionObj;
-    fn deref(&self) -> &RegionObj {
-        &self.0
-    }
-}
-
-impl Drop for InUse {
-    fn drop(&mut self) {
-        self.0.state.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Looks up every segment's region, checks it belongs to endpoint `endpoint` and that the
-/// range lies inside it, and marks it in use.
-pub(crate) fn resolve(endpoint: u64, segments: &[tcpx_segment]) -> CapiResult<Vec<InUse>> {
-    if segments.is_empty() {
-        return Err(CapiError::invalid("the segment list is empty"));
-    }
-    let mut out = Vec::with_capacity(segments.len());
-    for (i, s) in segments.iter().enumerate() {
-        let obj = REGIONS
-            .get(s.region.id)
-            .map_err(|e| CapiError::new(e.status, format!("segment {i}: {}", e.message)))?;
-        if obj.state.fetch_add(1, Ordering::AcqRel) & DESTROYING != 0 {
-            obj.state.fetch_sub(1, Ordering::AcqRel);
-            return Err(CapiError::new(
-                TCPX_ERR_STALE_HANDLE,
-                format!("segment {i}: the region is being destroyed by another thread"),
-            ));
-        }
-        let in_use = InUse(obj);
-        if in_use.endpoint != endpoint {
-            return Err(CapiError::invalid(format!(
-                "segment {i}: the region belongs to another endpoint than the connection"
-            )));
-        }
-        let (offset, len) = (to_usize(s.offset, "offset")?, to_usize(s.len, "len")?);
-        let size = in_use.region.len();
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(CapiError::invalid(format!(
-                "segment {i}: range {offset}+{len} lies outside the region of {size} bytes"
-            )));
-        }
-        out.push(in_use);
-    }
-    Ok(out)
-}
-
-fn adopt(
-    endpoint: tcpx_endpoint,
-    region: Region,
-    out: *mut tcpx_region,
-) -> CapiResult<tcpx_status> {
-    let id = REGIONS.insert(Arc::new(RegionObj::new(endpoint.id, region)));
-    // A destroy of the endpoint that ran meanwhile saw no region to release.
-    if ENDPOINTS.get(endpoint.id).is_err() {
-        let _ = REGIONS.remove(id);
-        return Err(CapiError::new(
-            TCPX_ERR_STALE_HANDLE,
-            "the endpoint was destroyed during the call",
-        ));
-    }
-    // SAFETY: the callers checked `out` for null; writable (the C caller's promise).
-    unsafe { write_out(out, tcpx_region { id }) };
-    Ok(TCPX_OK)
-}
+use crate::{tcpx_endpoint, tcpx_region};
 
 /// Registers caller-owned memory `[ptr, ptr + len)` with the endpoint: host memory, or a CUDA
 /// device pointer (recognised through the CUDA driver, on the endpoint's GPU; staged through
@@ -167,10 +38,10 @@ pub unsafe extern "C" fn tcpx_endpoint_register(
         if len == 0 {
             return Err(CapiError::invalid("len is 0: cannot register empty memory"));
         }
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         // SAFETY: the memory's validity is the C caller's promise, passed on unchanged.
         let registered = unsafe { obj.endpoint.register_ptr(ptr.cast(), len) }?;
-        adopt(endpoint, registered, region)
+        adopt_region(endpoint, registered, region)
     })
 }
 
@@ -188,9 +59,9 @@ pub unsafe extern "C" fn tcpx_endpoint_alloc_host(
 ) -> tcpx_status {
     guard("tcpx_endpoint_alloc_host", || {
         non_null(region, "region (output)")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let allocated = obj.endpoint.alloc_host(len)?;
-        adopt(endpoint, allocated, region)
+        adopt_region(endpoint, allocated, region)
     })
 }
 
@@ -208,9 +79,9 @@ pub unsafe extern "C" fn tcpx_endpoint_alloc_cuda(
 ) -> tcpx_status {
     guard("tcpx_endpoint_alloc_cuda", || {
         non_null(region, "region (output)")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let allocated = obj.endpoint.alloc_cuda(len)?;
-        adopt(endpoint, allocated, region)
+        adopt_region(endpoint, allocated, region)
     })
 }
 

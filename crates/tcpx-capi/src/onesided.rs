@@ -6,11 +6,9 @@ use std::time::{Duration, Instant};
 use tcpx_runtime::onesided::{Descriptor, RemoteSegment};
 use tcpx_runtime::Segment;
 
-use crate::connection::connection;
 use crate::convert::{array, bytes, fill_text, millis, non_null, to_usize, write_out};
-use crate::endpoint::{endpoint, ENDPOINTS};
 use crate::error::{guard, CapiError, CapiResult};
-use crate::memory::{resolve, REGIONS};
+use crate::objects::{self, resolve, ENDPOINTS, REGIONS};
 use crate::tcpx_status::{self, *};
 use crate::transfer::issue;
 use crate::{
@@ -80,7 +78,7 @@ pub unsafe extern "C" fn tcpx_endpoint_revoke(
         // SAFETY: non-null (checked), `len` readable bytes (the caller's promise).
         let raw = unsafe { bytes(descriptor, len, "descriptor") }?;
         let d = parse_descriptor(raw, "descriptor")?;
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let revoked = obj.endpoint.revoke(&d);
         if !was_advertised.is_null() {
             // SAFETY: non-null (checked); writable (the caller's promise).
@@ -134,7 +132,7 @@ unsafe fn one_sided(
         return Err(CapiError::invalid("the remote list is empty"));
     }
     let remote = remote_list(remote)?;
-    let conn = self::connection(connection)?;
+    let conn = objects::connection(connection)?;
     let regions = resolve(conn.endpoint, local)?;
     let mut pieces = Vec::with_capacity(local.len());
     for (r, s) in regions.iter().zip(local) {
@@ -247,7 +245,7 @@ pub unsafe extern "C" fn tcpx_connection_notify(
     guard("tcpx_connection_notify", || {
         // SAFETY: `len` readable bytes when non-null (the caller's promise).
         let payload = unsafe { self::bytes(bytes, len, "bytes") }?;
-        self::connection(connection)?.with(|c| Ok(c.notify(payload)?))?;
+        objects::connection(connection)?.with(|c| Ok(c.notify(payload)?))?;
         Ok(TCPX_OK)
     })
 }
@@ -275,7 +273,7 @@ pub unsafe extern "C" fn tcpx_endpoint_notification(
         if capacity > 0 {
             non_null(buf, "buf")?;
         }
-        let obj = self::endpoint(endpoint)?;
+        let obj = objects::endpoint(endpoint)?;
         let deadline = Instant::now() + millis(timeout_ms);
         loop {
             {
@@ -334,7 +332,7 @@ pub unsafe extern "C" fn tcpx_endpoint_access_refusals(
 ) -> tcpx_status {
     guard("tcpx_endpoint_access_refusals", || {
         non_null(refusals, "refusals")?;
-        let n = self::endpoint(endpoint)?.endpoint.access_refusals();
+        let n = objects::endpoint(endpoint)?.endpoint.access_refusals();
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(refusals, n) };
         Ok(TCPX_OK)

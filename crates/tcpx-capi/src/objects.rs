@@ -1,0 +1,229 @@
+//! The objects behind the C handles — endpoints, connections, regions — and their handle
+//! tables. The entry points (`endpoint`, `connection`, `memory`, `onesided`, `transfer`) all
+//! reach each other's objects through here, so none of them imports another: destroying an
+//! endpoint releases its connections and regions, a connection resolves regions, and each
+//! checks its endpoint is still alive.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tcpx_runtime::onesided::Descriptor;
+use tcpx_runtime::{Connection, Endpoint, Region, Transfer};
+
+use crate::convert::fill_text;
+use crate::convert::{to_usize, write_out};
+use crate::error::{CapiError, CapiResult};
+use crate::handles::Table;
+use crate::tcpx_status::{self, *};
+use crate::{tcpx_connection, tcpx_endpoint, tcpx_peer_info, tcpx_region, tcpx_segment};
+
+/// An endpoint and the notifications taken from it but not yet handed to C (the runtime
+/// drains all at once; C takes them one by one).
+pub(crate) struct EndpointObj {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) notifications: Mutex<VecDeque<(SocketAddr, Vec<u8>)>>,
+}
+
+pub(crate) static ENDPOINTS: Table<EndpointObj> = Table::new(1, "tcpx_endpoint");
+
+/// The endpoint `handle` names.
+pub(crate) fn endpoint(handle: tcpx_endpoint) -> CapiResult<Arc<EndpointObj>> {
+    ENDPOINTS.get(handle.id)
+}
+
+/// A connection, owned so that destroying it drops the runtime connection at once, whoever
+/// else holds the object: calls take the read lock for their (short) duration, destroy takes
+/// the write lock and empties it, so once destroy returns no engine works for it any more.
+pub(crate) struct ConnectionObj {
+    /// The id of the endpoint it was made on.
+    pub(crate) endpoint: u64,
+    conn: RwLock<Option<Connection>>,
+}
+
+pub(crate) static CONNECTIONS: Table<ConnectionObj> = Table::new(2, "tcpx_connection");
+
+impl ConnectionObj {
+    /// Runs `f` on the live connection.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&Connection) -> CapiResult<R>) -> CapiResult<R> {
+        let guard = self.conn.read().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(conn) => f(conn),
+            None => Err(CapiError::new(
+                TCPX_ERR_CLOSED,
+                "the connection was closed by this side",
+            )),
+        }
+    }
+
+    /// Drops the runtime connection now: pending transfers fail with `TCPX_ERR_CLOSED`, the
+    /// peer is told, the engines let go of its comms (each within the timeout).
+    pub(crate) fn shut_down(&self) {
+        let taken = self.conn.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(taken);
+    }
+}
+
+/// Hands a new connection of endpoint `endpoint` to C. If the endpoint was destroyed while the
+/// connection was being set up, the connection is closed and the call fails.
+pub(crate) fn adopt_connection(endpoint: u64, conn: Connection) -> CapiResult<tcpx_connection> {
+    let obj = Arc::new(ConnectionObj {
+        endpoint,
+        conn: RwLock::new(Some(conn)),
+    });
+    let id = CONNECTIONS.insert(obj.clone());
+    // Checked after inserting: a destroy that ran before this saw no connection to close.
+    if ENDPOINTS.get(endpoint).is_err() {
+        let _ = CONNECTIONS.remove(id);
+        obj.shut_down();
+        return Err(CapiError::new(
+            TCPX_ERR_STALE_HANDLE,
+            "the endpoint was destroyed while the connection was being set up; it was closed",
+        ));
+    }
+    Ok(tcpx_connection { id })
+}
+
+/// What C learns about a connection's peer.
+pub(crate) fn peer_info(conn: &Connection) -> tcpx_peer_info {
+    let mut info = tcpx_peer_info {
+        address: [0; crate::TCPX_ADDRESS_MAX],
+        gpu_index: conn.peer_gpu().map_or(-1, |g| g as i32),
+        channels: u32::from(conn.channels()),
+    };
+    fill_text(&mut info.address, &conn.peer().to_string());
+    info
+}
+
+/// The connection `handle` names.
+pub(crate) fn connection(handle: tcpx_connection) -> CapiResult<Arc<ConnectionObj>> {
+    CONNECTIONS.get(handle.id)
+}
+
+/// Set in [`RegionObj::state`] while a destroy checks the region; the low bits count calls
+/// submitting a transfer on it.
+pub(crate) const DESTROYING: u64 = 1 << 63;
+/// Finished transfers are dropped from a region's list once it holds this many.
+const PRUNE_AT: usize = 32;
+
+/// A region and what keeps it from being destroyed under a transfer.
+pub(crate) struct RegionObj {
+    /// The id of the endpoint it belongs to.
+    pub(crate) endpoint: u64,
+    pub(crate) region: Region,
+    pub(crate) state: AtomicU64,
+    /// Transfers submitted on it, unfinished ones at least.
+    pub(crate) users: Mutex<Vec<Transfer>>,
+    /// Its current descriptor, if advertised (advertising again retires the previous one).
+    pub(crate) descriptor: Mutex<Option<Descriptor>>,
+}
+
+pub(crate) static REGIONS: Table<RegionObj> = Table::new(3, "tcpx_region");
+
+impl RegionObj {
+    fn new(endpoint: u64, region: Region) -> Self {
+        Self {
+            endpoint,
+            region,
+            state: AtomicU64::new(0),
+            users: Mutex::new(Vec::new()),
+            descriptor: Mutex::new(None),
+        }
+    }
+
+    /// Records `transfer` as using this region (until it finishes).
+    pub(crate) fn track(&self, transfer: &Transfer) {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if users.len() >= PRUNE_AT {
+            users.retain(|t| !t.is_finished());
+        }
+        users.push(transfer.clone());
+    }
+
+    /// Revokes the region's descriptor on `endpoint`, if it has one.
+    pub(crate) fn revoke_on(&self, endpoint: &Endpoint) {
+        let taken = self
+            .descriptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(d) = taken {
+            endpoint.revoke(&d);
+        }
+    }
+}
+
+/// A region marked as having a transfer submitted on it, for the guard's lifetime.
+pub(crate) struct InUse(Arc<RegionObj>);
+
+impl Deref for InUse {
+    type Target = RegionObj;
+    fn deref(&self) -> &RegionObj {
+        &self.0
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.state.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Looks up every segment's region, checks it belongs to endpoint `endpoint` and that the
+/// range lies inside it, and marks it in use.
+pub(crate) fn resolve(endpoint: u64, segments: &[tcpx_segment]) -> CapiResult<Vec<InUse>> {
+    if segments.is_empty() {
+        return Err(CapiError::invalid("the segment list is empty"));
+    }
+    let mut out = Vec::with_capacity(segments.len());
+    for (i, s) in segments.iter().enumerate() {
+        let obj = REGIONS
+            .get(s.region.id)
+            .map_err(|e| CapiError::new(e.status, format!("segment {i}: {}", e.message)))?;
+        if obj.state.fetch_add(1, Ordering::AcqRel) & DESTROYING != 0 {
+            obj.state.fetch_sub(1, Ordering::AcqRel);
+            return Err(CapiError::new(
+                TCPX_ERR_STALE_HANDLE,
+                format!("segment {i}: the region is being destroyed by another thread"),
+            ));
+        }
+        let in_use = InUse(obj);
+        if in_use.endpoint != endpoint {
+            return Err(CapiError::invalid(format!(
+                "segment {i}: the region belongs to another endpoint than the connection"
+            )));
+        }
+        let (offset, len) = (to_usize(s.offset, "offset")?, to_usize(s.len, "len")?);
+        let size = in_use.region.len();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(CapiError::invalid(format!(
+                "segment {i}: range {offset}+{len} lies outside the region of {size} bytes"
+            )));
+        }
+        out.push(in_use);
+    }
+    Ok(out)
+}
+
+/// Hands a new region of endpoint `endpoint` to C through `out` (checked non-null by the
+/// caller); fails, releasing it, if the endpoint was destroyed meanwhile.
+pub(crate) fn adopt_region(
+    endpoint: tcpx_endpoint,
+    region: Region,
+    out: *mut tcpx_region,
+) -> CapiResult<tcpx_status> {
+    let id = REGIONS.insert(Arc::new(RegionObj::new(endpoint.id, region)));
+    // A destroy of the endpoint that ran meanwhile saw no region to release.
+    if ENDPOINTS.get(endpoint.id).is_err() {
+        let _ = REGIONS.remove(id);
+        return Err(CapiError::new(
+            TCPX_ERR_STALE_HANDLE,
+            "the endpoint was destroyed during the call",
+        ));
+    }
+    // SAFETY: the callers checked `out` for null; writable (the C caller's promise).
+    unsafe { write_out(out, tcpx_region { id }) };
+    Ok(TCPX_OK)
+}
