@@ -18,6 +18,7 @@
 //! | `TCPX_GPU_INDEX` | GPU index announced to peers ([`Config::gpu_index`]) | none |
 //! | `TCPX_REQUIRE_SECRET` | accept only peers presenting this endpoint's metadata secret (`0`/`1`) | `0` |
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
+//! | `TCPX_WAIT_SPIN_US` | how long [`Transfer::wait`](crate::Transfer::wait) polls before it sleeps, µs ([`Config::wait_spin`]) | `50` |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
@@ -85,6 +86,9 @@ impl std::str::FromStr for Backoff {
 pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 /// Default [`Config::pack_buffers`] (8 × 4 MiB at most, allocated on first use).
 pub const DEFAULT_PACK_BUFFERS: usize = 8;
+
+/// Default [`Config::wait_spin`]: about two loopback round trips of a small message.
+pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(50);
 /// Largest [`Config::pack_buffers`].
 pub const MAX_PACK_BUFFERS: usize = 64;
 
@@ -110,6 +114,12 @@ pub struct Config {
     pub gpu_pci: Option<String>,
     /// Engine idle policy.
     pub backoff: Backoff,
+    /// How long [`Transfer::wait`](crate::Transfer::wait) polls the outcome before it
+    /// sleeps. A small message finishes within microseconds of being waited on, sooner than
+    /// a sleeping thread can be woken (a futex wait and wake, then a reschedule), so a short
+    /// poll halves its latency; a long transfer pays this once, then sleeps. `0` sleeps at
+    /// once (for oversubscribed cores).
+    pub wait_spin: Duration,
     /// Pin each engine thread to a core local to its NIC (when the topology says which).
     pub pin_engines: bool,
     /// Engine threads per device; `None` chooses: one per device (one per NIC) for plugins
@@ -151,6 +161,7 @@ impl Default for Config {
             devices: None,
             gpu_pci: None,
             backoff: Backoff::Park,
+            wait_spin: DEFAULT_WAIT_SPIN,
             pin_engines: true,
             engines_per_device: None,
             pack_below: DEFAULT_PACK_BELOW,
@@ -231,6 +242,9 @@ impl Config {
                 v.parse()
                     .map_err(|e: Error| Error::Config(format!("{name}: {e}")))?,
             );
+        }
+        if let Some((name, v)) = get(&["TCPX_WAIT_SPIN_US"]) {
+            b = b.wait_spin(Duration::from_micros(parse_num(name, &v)?));
         }
         if let Some((name, v)) = get(&["TCPX_PIN"]) {
             b = b.pin_engines(parse_bool(name, &v)?);
@@ -386,6 +400,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// How long a wait polls before it sleeps (see [`Config::wait_spin`]).
+    pub fn wait_spin(mut self, spin: Duration) -> Self {
+        self.config.wait_spin = spin;
+        self
+    }
+
     /// Accept only peers presenting this endpoint's secret (see [`Config::require_secret`]).
     pub fn require_secret(mut self, require: bool) -> Self {
         self.config.require_secret = require;
@@ -492,12 +512,14 @@ mod tests {
             ("TCPX_DEVICES", "0, 2"),
             ("TCPX_GPU_PCI", "0000:04:00.0"),
             ("TCPX_BACKOFF", "spin"),
+            ("TCPX_WAIT_SPIN_US", "0"),
             ("TCPX_PIN", "0"),
             ("TCPX_ENGINES_PER_NIC", "4"),
             ("TCPX_GPU_INDEX", "3"),
             ("TCPX_REQUIRE_SECRET", "1"),
         ])
         .unwrap();
+        assert_eq!(c.wait_spin, Duration::ZERO);
         assert_eq!(c.gpu_index, Some(3));
         assert!(c.require_secret);
         assert_eq!(c.backend, Backend::Builtin);

@@ -400,7 +400,12 @@ impl Connection {
             staging,
             Instant::now(),
         ));
-        let transfer = Transfer::new(job.completion.clone(), direction, job.len);
+        let transfer = Transfer::new(
+            job.completion.clone(),
+            direction,
+            job.len,
+            self.shared.config.wait_spin,
+        );
         self.link.in_flight.fetch_add(1, Ordering::AcqRel);
         *next += 1;
         if vectored {

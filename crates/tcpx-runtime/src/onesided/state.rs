@@ -401,7 +401,12 @@ impl Rma {
             self.fail_pending(&e);
             return Err(e);
         }
-        Ok(Transfer::new(completion, Direction::Send, plan.len))
+        Ok(Transfer::new(
+            completion,
+            Direction::Send,
+            plan.len,
+            self.config.wait_spin,
+        ))
     }
 
     /// See [`crate::Connection::read`].
@@ -451,7 +456,12 @@ impl Rma {
             self.fail_pending(&e);
             return Err(e);
         }
-        Ok(Transfer::new(completion, Direction::Recv, plan.len))
+        Ok(Transfer::new(
+            completion,
+            Direction::Recv,
+            plan.len,
+            self.config.wait_spin,
+        ))
     }
 
     /// See [`crate::Connection::notify`].

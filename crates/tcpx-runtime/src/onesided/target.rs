@@ -621,7 +621,13 @@ fn discard_schedule(
 /// its deadline: the target has every byte, so the sends are done or about to be).
 fn complete_write(link: &crate::link::Link, job: &Job, op: PendingOp, refusal: Option<Refusal>) {
     let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
-    let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len).wait(left);
+    let sent = Transfer::new(
+        job.completion.clone(),
+        Direction::Send,
+        job.len,
+        Duration::ZERO,
+    )
+    .wait(left);
     let outcome = match (refusal, sent) {
         (Some(refusal), _) => Err(access_error(link, refusal)),
         (None, Ok(_)) => Ok(op.len),
@@ -738,8 +744,13 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 len,
             } => {
                 let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
-                let landed =
-                    Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
+                let landed = Transfer::new(
+                    job.completion.clone(),
+                    Direction::Recv,
+                    job.len,
+                    Duration::ZERO,
+                )
+                .wait(left);
                 let outcome = landed.and_then(|_| scatter(&pack.lease, &pack.parts).map(|_| len));
                 if outcome.is_err() && !job.is_finished() {
                     // The job may still post into the buffer: never reuse it.
@@ -763,8 +774,13 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 // only after its ring → memory copy was seen done (`consume_recv` in
                 // `engine/channel.rs` returns before a slot whose copy is still running), so
                 // the notification below never precedes the bytes it announces.
-                let landed =
-                    Transfer::new(job.completion.clone(), Direction::Recv, job.len).wait(left);
+                let landed = Transfer::new(
+                    job.completion.clone(),
+                    Direction::Recv,
+                    job.len,
+                    Duration::ZERO,
+                )
+                .wait(left);
                 // A packed write's bytes reach the application's memory here, before the
                 // notification and the acknowledgement (a refused one's never do).
                 let landed = match (&pack, landed) {

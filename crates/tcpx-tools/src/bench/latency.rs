@@ -33,6 +33,8 @@ pub struct Options {
     pub chunk_bytes: u32,
     /// Engine idle policy.
     pub backoff: Backoff,
+    /// How long each wait polls before sleeping ([`Config::wait_spin`]).
+    pub wait_spin: Duration,
     /// Plugin.
     pub backend: Backend,
     /// Any single wait gives up after this long.
@@ -64,6 +66,7 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
         .channels(o.channels)
         .chunk_bytes(o.chunk_bytes)
         .backoff(o.backoff)
+        .wait_spin(o.wait_spin)
         .timeout(o.timeout)
         .build()?;
     let a = Endpoint::new(config.clone())?;

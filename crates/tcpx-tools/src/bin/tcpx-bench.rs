@@ -268,6 +268,10 @@ struct LatencyArgs {
     /// Engine idle policy: spin (lowest latency, a core per engine), yield or park.
     #[arg(long, default_value = "spin")]
     backoff: String,
+    /// Microseconds a wait polls for its transfer before sleeping (the library's
+    /// TCPX_WAIT_SPIN_US); 0 sleeps at once.
+    #[arg(long, default_value_t = tcpx_runtime::config::DEFAULT_WAIT_SPIN.as_micros() as u64)]
+    wait_spin_us: u64,
     /// Seconds any single wait may take.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
@@ -808,15 +812,16 @@ fn latency(args: LatencyArgs) -> Result<(), Failure> {
         channels: args.channels,
         chunk_bytes: tcpx_runtime::schedule::DEFAULT_CHUNK_BYTES,
         backoff,
+        wait_spin: Duration::from_micros(args.wait_spin_us),
         backend: backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?,
         timeout: check_timeout(args.timeout)?,
     };
     let mut json = json_file(args.json.as_ref())?;
     println!(
         "# one-way latency = ping-pong round trip / 2, {} round trips after {} unmeasured; \
-         tcpx: 2 endpoints in this process, {} channel(s), engine backoff {:?}; raw TCP: one \
-         loopback connection, TCP_NODELAY, blocking reads",
-        opts.iters, opts.warmup, opts.channels, opts.backoff
+         tcpx: 2 endpoints in this process, {} channel(s), engine backoff {:?}, wait spin {:?}; \
+         raw TCP: one loopback connection, TCP_NODELAY, blocking reads",
+        opts.iters, opts.warmup, opts.channels, opts.backoff, opts.wait_spin
     );
     println!(
         "{:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
