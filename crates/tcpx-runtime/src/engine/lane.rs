@@ -44,7 +44,7 @@ use tcpx::cuda::unpack::SLOTS as UNPACK_SLOTS;
 use crate::engine::stage::SlotFifo;
 use crate::error::Direction;
 use crate::schedule::{Chunk, Schedule};
-use crate::window::{RecvWindow, Release, TestOutcome, ZeroCapacity};
+use crate::window::{HeadTest, RecvWindow, TestOutcome, ZeroCapacity};
 
 /// Transfers queued per lane before the queue grows (it grows only if the application
 /// submits more than this many transfers ahead of the network).
@@ -514,7 +514,8 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// `irecvConsumed`) and frees what it held (its ring slot, its place among gathered
     /// receives); once `consume` succeeded, its chunk counts as completed. (A failed consume
     /// fails the link instead, and the transfer with it.)
-    #[inline]
+    // Always inline: once per receive, in the engine's test loop.
+    #[inline(always)]
     pub(crate) fn consume<E>(
         &mut self,
         consume: impl FnOnce(R) -> Result<(), E>,
@@ -592,8 +593,8 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     ) -> Result<Option<Action>, TestFailed<E>> {
         debug_assert!(matches!(self.expect, Expect::Test), "{:?}", self.expect);
         self.expect = Expect::Nothing;
-        let (size, tag) = match self.window.test_head(test) {
-            None | Some(Release::NotReady) => {
+        let (size, tag) = match self.window.test_head_copied(test) {
+            HeadTest::Nothing | HeadTest::Pending => {
                 self.step = if self.unpack.batch > 0 {
                     Step::Launch
                 } else {
@@ -601,11 +602,12 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 };
                 return Ok(None);
             }
-            Some(Release::Released(done)) => (done.size, *done.data),
-            // The requests it took down drop here; the engine then abandons the link.
-            Some(Release::Error(failure)) => {
+            HeadTest::Done { size, data } => (size, data),
+            // The requests it took down dropped in the window; the engine then abandons the
+            // link.
+            HeadTest::Failed(error) => {
                 self.step = Step::End;
-                return Err(TestFailed::Plugin(failure.error));
+                return Err(TestFailed::Plugin(error));
             }
         };
         if !size_ok(self.direction, size, tag.len) {
@@ -619,7 +621,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         Ok(Some(match (self.direction, tag.place) {
             (Direction::Send, place) => {
                 // A send is finished once done: it leaves the window at once.
-                drop(self.window.consume_head());
+                self.window.drop_done_head();
                 if let (Place::Ring(_), Some(ring)) = (place, self.ring.as_mut()) {
                     ring.slots.release();
                 }
@@ -648,9 +650,14 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     }
 
     /// [`Action::Post`] went out as `request` (the hot report, apart from [`Self::handle`]'s).
-    /// `Err` names a bookkeeping bug (fail the link with it).
-    #[inline]
-    pub(crate) fn posted(&mut self, request: R) -> Result<(), &'static str> {
+    /// Returns [`Action::Test`] when the request is alone in the window: it is the head the
+    /// test pass would test first (nothing ahead of it to consume, no gathers queued), so the
+    /// engine tests it at once, as it would for the pass's first action, and then runs the
+    /// rest of the pass ([`Self::poll_test`]) only if a request is left. `None`: run the test
+    /// pass. `Err` names a bookkeeping bug (fail the link with it).
+    // Always inline: once per request, in the engine's post (its result is matched there).
+    #[inline(always)]
+    pub(crate) fn posted(&mut self, request: R) -> Result<Option<Action>, &'static str> {
         let Expect::Post { place } = std::mem::replace(&mut self.expect, Expect::Nothing) else {
             return Err("a post was reported that the lane did not ask for");
         };
@@ -673,9 +680,18 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             }
         }
         let tag = Tag { len, index, place };
-        self.window
-            .try_post(request, tag)
-            .map_err(|_| "window refused a post")
+        if self.window.try_post(request, tag).is_err() {
+            return Err("window refused a post");
+        }
+        // The pass's state (`step`) matters only while the window holds requests: a request
+        // that finds the window empty starts the pass here, where `poll_test` would have
+        // got to (past the consumes: nothing ahead of it is done).
+        if self.window.len() == 1 {
+            self.step = Step::Test;
+            self.expect = Expect::Test;
+            return Ok(Some(Action::Test));
+        }
+        Ok(None)
     }
 
     /// Applies the report of the last action that asked for one. `Err` names a bookkeeping
