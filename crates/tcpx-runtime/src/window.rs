@@ -274,7 +274,8 @@ impl<T, D> Slots<T, D> {
         })
     }
 
-    #[inline]
+    // Always inline: the engine's lanes call it once per request.
+    #[inline(always)]
     fn test_head_copied<E>(&mut self, test: impl FnOnce(&mut T) -> TestOutcome<E>) -> HeadTest<D, E>
     where
         D: Copy,
@@ -303,7 +304,7 @@ impl<T, D> Slots<T, D> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn drop_done_head(&mut self) -> bool {
         if !self.slots.front().is_some_and(|s| s.done.is_some()) {
             return false;
@@ -311,6 +312,16 @@ impl<T, D> Slots<T, D> {
         drop(self.slots.pop_front());
         self.done -= 1;
         true
+    }
+
+    #[inline(always)]
+    fn pop_done_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
+        if !self.slots.front().is_some_and(|s| s.done.is_some()) {
+            return None;
+        }
+        let slot = self.slots.pop_front()?;
+        self.done -= 1;
+        Some(f(slot.entry.token, slot.entry.data))
     }
 
     fn pop_done_head(&mut self) -> Result<Completion<T, D>, ConsumeError> {
@@ -506,7 +517,7 @@ impl<T, D> RecvWindow<T, D> {
     /// As [`Self::test_head`], handing back only what the engine's lanes use: a copy of the
     /// done head's data, or the error (the requests the failure took down are dropped
     /// here, not handed back).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn test_head_copied<E>(
         &mut self,
         test: impl FnOnce(&mut T) -> TestOutcome<E>,
@@ -517,10 +528,18 @@ impl<T, D> RecvWindow<T, D> {
         self.inner.test_head_copied(test)
     }
 
+    /// As [`Self::consume_head`], handing the token and the data straight to `f` (no
+    /// [`Completion`] built in between); `None`, without calling `f`, when the oldest
+    /// receive is not done or there is none.
+    #[inline(always)]
+    pub(crate) fn consume_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
+        self.inner.pop_done_head_into(f)
+    }
+
     /// As [`Self::consume_head`] for a request with nothing to hand back (a done send):
     /// frees the head's slot and drops its token. `false`, touching nothing, when the head is
     /// not done or there is none.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn drop_done_head(&mut self) -> bool {
         self.inner.drop_done_head()
     }
@@ -693,6 +712,27 @@ mod tests {
             HeadTest::Nothing
         );
         assert_eq!(win.consume_head().unwrap().token, 1);
+    }
+
+    #[test]
+    fn consume_head_into_hands_over_only_a_done_head() {
+        let mut win = RecvWindow::new(2).unwrap();
+        assert_eq!(
+            win.consume_head_into(|t: u32, d: &str| (t, d)),
+            None,
+            "empty"
+        );
+        win.try_post(1u32, "a").unwrap();
+        win.try_post(2u32, "b").unwrap();
+        assert_eq!(win.consume_head_into(|t, d| (t, d)), None, "not done yet");
+        assert!(matches!(win.test_head(done(4)), Some(Release::Released(_))));
+        assert_eq!(win.consume_head_into(|t, d| (t, d)), Some((1, "a")));
+        assert_eq!((win.len(), win.awaiting_consume()), (1, 0));
+        assert_eq!(
+            win.consume_head_into(|t, d| (t, d)),
+            None,
+            "the next is not done"
+        );
     }
 
     #[test]

@@ -512,7 +512,18 @@ impl<C: Comm> Lane<C> {
         let chunk = self.core.chunk();
         let len = chunk.len as usize;
         let posted = match place {
-            Place::Direct | Place::Unpack(_) => {
+            // Host memory (most chunks): straight from the plugin's answer to the core.
+            Place::Direct => {
+                let Some(job) = self.core.posting_job() else {
+                    return Err(cx.fail_internal(direction, "a chunk has no transfer"));
+                };
+                let Some((region, offset)) = locate(job, cx.index, chunk) else {
+                    return Err(cx.fail_internal(direction, "registration missing for a chunk"));
+                };
+                let posted = self.comm.post(region, offset, len);
+                return self.posted(posted, cx);
+            }
+            Place::Unpack(_) => {
                 let Some(job) = self.core.posting_job() else {
                     return Err(cx.fail_internal(direction, "a chunk has no transfer"));
                 };
@@ -581,16 +592,28 @@ impl<C: Comm> Lane<C> {
                 posted
             }
         };
+        self.posted(posted, cx)
+    }
+
+    /// Reports the plugin's answer to a post to the core.
+    // Always inline: once per request, where the plugin answered (each place's post matches
+    // its own answer: no copy of the answer into a shared one first).
+    #[inline(always)]
+    fn posted(
+        &mut self,
+        posted: tcpx::Result<Option<C::Request>>,
+        cx: &Cx<'_>,
+    ) -> Result<Done, LinkFailed> {
         match posted {
             Ok(Some(request)) => match self.core.posted(request) {
                 Ok(next) => Ok(Done::Posted(next)),
-                Err(what) => Err(cx.fail_internal(direction, what)),
+                Err(what) => Err(cx.fail_internal(C::DIRECTION, what)),
             },
             Ok(None) => {
                 self.report(Event::Busy, cx)?;
                 Ok(Done::Busy)
             }
-            Err(e) => Err(cx.fail_plugin(direction, e)),
+            Err(e) => Err(cx.fail_plugin(C::DIRECTION, e)),
         }
     }
 

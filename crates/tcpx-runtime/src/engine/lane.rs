@@ -50,8 +50,10 @@ use crate::window::{HeadTest, RecvWindow, TestOutcome, ZeroCapacity};
 /// submits more than this many transfers ahead of the network).
 const QUEUE_CAPACITY: usize = 256;
 
-/// What the lane needs of a transfer.
-pub(crate) trait LaneWork {
+/// What the lane needs of a transfer. Cloned once per transfer, when the lane starts posting
+/// its chunks (the engine's is an `Arc`), so that finding the posting transfer costs no
+/// queue lookup per chunk.
+pub(crate) trait LaneWork: Clone {
     /// The transfer's schedule, once known (nothing is posted from it, or from any transfer
     /// behind it on the lane, before).
     fn schedule(&self) -> Option<&Schedule>;
@@ -325,8 +327,9 @@ impl<R, J: LaneWork> LaneCore<R, J> {
 
     /// The transfer chunks are being posted from (the one [`Action::OpenRing`],
     /// [`Action::OpenUnpack`], [`Action::Fill`] and [`Action::Post`] name).
+    #[inline]
     pub(crate) fn posting_job(&self) -> Option<&J> {
-        self.track.jobs.get(self.track.posting).map(|j| &j.job)
+        self.track.current.as_ref()
     }
 
     /// The chunk the last [`Action::Post`] or [`Action::Fill`] names.
@@ -526,22 +529,28 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         ) {
             return Err(ConsumeFailed::Fault("a consume the lane did not ask for"));
         }
-        let Ok(done) = self.window.consume_head() else {
-            return Err(ConsumeFailed::Fault("a done receive was not consumable"));
-        };
-        match done.data.place {
-            Place::Direct => {}
-            Place::Ring(_) => {
-                if let Some(ring) = self.ring.as_mut() {
-                    ring.slots.release();
-                    ring.head_copied = false;
+        let (ring, unpack) = (&mut self.ring, &mut self.unpack);
+        let consumed = self.window.consume_head_into(|token, tag: Tag| {
+            match tag.place {
+                Place::Direct => {}
+                Place::Ring(_) => {
+                    if let Some(ring) = ring.as_mut() {
+                        ring.slots.release();
+                        ring.head_copied = false;
+                    }
                 }
+                Place::Unpack(_) => unpack.ready = unpack.ready.saturating_sub(1),
             }
-            Place::Unpack(_) => self.unpack.ready = self.unpack.ready.saturating_sub(1),
+            consume(token)
+        });
+        match consumed {
+            None => Err(ConsumeFailed::Fault("a done receive was not consumable")),
+            Some(Err(e)) => Err(ConsumeFailed::Plugin(e)),
+            Some(Ok(())) => {
+                self.track.completed();
+                Ok(())
+            }
         }
-        consume(done.token).map_err(ConsumeFailed::Plugin)?;
-        self.track.completed();
-        Ok(())
     }
 
     /// Whether any request holds a window slot (nothing to test or consume otherwise).
@@ -586,7 +595,8 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// at once, if anything (report a send, consume a receive, start a copy out of a slot,
     /// queue a gather): the engine executes it before polling again. An error fails the
     /// lane: the engine fails the link and abandons the lane.
-    #[inline]
+    // Always inline: once per request, in the engine's test (its result is matched there).
+    #[inline(always)]
     pub(crate) fn test_head<E>(
         &mut self,
         test: impl FnOnce(&mut R) -> TestOutcome<E>,
@@ -769,6 +779,8 @@ struct Track<J> {
     /// Next chunk index of that transfer; `None` before its first (its schedule may not be
     /// known yet).
     next: Option<u64>,
+    /// That transfer, once its first chunk is found (`next` is `Some`); `None` otherwise.
+    current: Option<J>,
 }
 
 struct LaneJob<J> {
@@ -785,6 +797,7 @@ impl<J: LaneWork> Track<J> {
             jobs: VecDeque::with_capacity(QUEUE_CAPACITY),
             posting: 0,
             next: None,
+            current: None,
         }
     }
 
@@ -803,19 +816,15 @@ impl<J: LaneWork> Track<J> {
     // cost no call; moving on to the next transfer goes out of line.
     #[inline]
     fn next_chunk(&mut self, channel: u16) -> Option<(&J, Chunk)> {
-        match self.next {
-            Some(index) => {
-                let chunk = self
-                    .jobs
-                    .get(self.posting)
-                    .and_then(|j| j.job.schedule())
-                    .and_then(|s| s.chunk(index));
-                if let Some(chunk) = chunk {
-                    return Some((&self.jobs[self.posting].job, chunk));
+        match (self.next, &self.current) {
+            (Some(index), Some(job)) => {
+                if let Some(chunk) = job.schedule().and_then(|s| s.chunk(index)) {
+                    // Re-borrowed: the slow path below needs `self` mutably.
+                    return Some((self.current.as_ref()?, chunk));
                 }
             }
-            None if self.posting >= self.jobs.len() => return None,
-            None => {}
+            (None, _) if self.posting >= self.jobs.len() => return None,
+            _ => {}
         }
         self.next_chunk_slow(channel)
     }
@@ -831,15 +840,17 @@ impl<J: LaneWork> Track<J> {
                 None => {
                     lane_job.here = schedule.chunk_count_on(channel);
                     lane_job.left = lane_job.here;
+                    self.current = Some(lane_job.job.clone());
                     *self.next.insert(schedule.first_index_on(channel))
                 }
             };
             if let Some(chunk) = schedule.chunk(index) {
-                return Some((&self.jobs[self.posting].job, chunk));
+                return Some((self.current.as_ref()?, chunk));
             }
             // Every chunk of this transfer on this lane is posted: on to the next one.
             self.posting += 1;
             self.next = None;
+            self.current = None;
             self.retire();
         }
     }
@@ -882,6 +893,7 @@ impl<J: LaneWork> Track<J> {
         }
         self.posting = 0;
         self.next = None;
+        self.current = None;
     }
 }
 
