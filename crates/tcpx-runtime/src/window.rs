@@ -306,7 +306,7 @@ impl<T, D> Slots<T, D> {
 
     #[inline(always)]
     fn drop_done_head(&mut self) -> bool {
-        if !self.slots.front().is_some_and(|s| s.done.is_some()) {
+        if self.slots.front().is_none_or(|s| s.done.is_none()) {
             return false;
         }
         drop(self.slots.pop_front());
@@ -316,7 +316,7 @@ impl<T, D> Slots<T, D> {
 
     #[inline(always)]
     fn pop_done_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
-        if !self.slots.front().is_some_and(|s| s.done.is_some()) {
+        if self.slots.front().is_none_or(|s| s.done.is_none()) {
             return None;
         }
         let slot = self.slots.pop_front()?;
