@@ -171,6 +171,22 @@ struct Slots<T, D> {
     failed: bool,
 }
 
+/// What [`RecvWindow::test_head_copied`] found: [`RecvWindow::test_head`] for a caller that
+/// needs only a copy of the done head's data and, on failure, only the error (the engine's
+/// lanes, once per request: nothing here is built that the caller would drop at once).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HeadTest<D, E> {
+    /// Nothing to test (no request, or every one already done), or the window failed.
+    Nothing,
+    /// The head is still in progress.
+    Pending,
+    /// The head completed with `size` bytes; it keeps its slot until consumed.
+    Done { size: usize, data: D },
+    /// The head failed: the window is now failed, and the head and every request behind it
+    /// were dropped (receives already done stay, as with [`RecvWindow::test_head`]).
+    Failed(E),
+}
+
 /// What testing the head did, before the window type shapes it into a [`Release`].
 enum Step<T, D, E> {
     Done { index: usize, size: usize },
@@ -256,6 +272,56 @@ impl<T, D> Slots<T, D> {
                 }
             }
         })
+    }
+
+    // Always inline: the engine's lanes call it once per request.
+    #[inline(always)]
+    fn test_head_copied<E>(&mut self, test: impl FnOnce(&mut T) -> TestOutcome<E>) -> HeadTest<D, E>
+    where
+        D: Copy,
+    {
+        if self.failed {
+            return HeadTest::Nothing;
+        }
+        let index = self.done;
+        let Some(slot) = self.slots.get_mut(index) else {
+            return HeadTest::Nothing;
+        };
+        match test(&mut slot.entry.token) {
+            TestOutcome::Pending => HeadTest::Pending,
+            TestOutcome::Done { size } => {
+                slot.done = Some(size);
+                let data = slot.entry.data;
+                self.done += 1;
+                HeadTest::Done { size, data }
+            }
+            TestOutcome::Failed(error) => {
+                // Requests complete in posting order: nothing behind the head will complete.
+                self.failed = true;
+                self.slots.truncate(index);
+                HeadTest::Failed(error)
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn drop_done_head(&mut self) -> bool {
+        if self.slots.front().is_none_or(|s| s.done.is_none()) {
+            return false;
+        }
+        drop(self.slots.pop_front());
+        self.done -= 1;
+        true
+    }
+
+    #[inline(always)]
+    fn pop_done_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
+        if self.slots.front().is_none_or(|s| s.done.is_none()) {
+            return None;
+        }
+        let slot = self.slots.pop_front()?;
+        self.done -= 1;
+        Some(f(slot.entry.token, slot.entry.data))
     }
 
     fn pop_done_head(&mut self) -> Result<Completion<T, D>, ConsumeError> {
@@ -447,6 +513,36 @@ impl<T, D> RecvWindow<T, D> {
     pub fn consume_head(&mut self) -> Result<Completion<T, D>, ConsumeError> {
         self.inner.pop_done_head()
     }
+
+    /// As [`Self::test_head`], handing back only what the engine's lanes use: a copy of the
+    /// done head's data, or the error (the requests the failure took down are dropped
+    /// here, not handed back).
+    #[inline(always)]
+    pub(crate) fn test_head_copied<E>(
+        &mut self,
+        test: impl FnOnce(&mut T) -> TestOutcome<E>,
+    ) -> HeadTest<D, E>
+    where
+        D: Copy,
+    {
+        self.inner.test_head_copied(test)
+    }
+
+    /// As [`Self::consume_head`], handing the token and the data straight to `f` (no
+    /// [`Completion`] built in between); `None`, without calling `f`, when the oldest
+    /// receive is not done or there is none.
+    #[inline(always)]
+    pub(crate) fn consume_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
+        self.inner.pop_done_head_into(f)
+    }
+
+    /// As [`Self::consume_head`] for a request with nothing to hand back (a done send):
+    /// frees the head's slot and drops its token. `false`, touching nothing, when the head is
+    /// not done or there is none.
+    #[inline(always)]
+    pub(crate) fn drop_done_head(&mut self) -> bool {
+        self.inner.drop_done_head()
+    }
 }
 
 #[cfg(test)]
@@ -587,6 +683,72 @@ mod tests {
         // The receive that completed before the failure can still be consumed.
         assert_eq!(win.consume_head().unwrap().token, 1);
         assert!(win.is_empty());
+    }
+
+    #[test]
+    fn copied_test_keeps_done_receives_and_drops_the_rest_on_failure() {
+        let mut win = RecvWindow::new(4).unwrap();
+        for t in 1u32..=4 {
+            win.try_post(t, t * 10).unwrap();
+        }
+        assert_eq!(
+            win.test_head_copied(done(3)),
+            HeadTest::Done { size: 3, data: 10 }
+        );
+        let mut seen = None;
+        let pending = win.test_head_copied(|t: &mut u32| {
+            seen = Some(*t);
+            TestOutcome::<&str>::Pending
+        });
+        assert_eq!((pending, seen), (HeadTest::Pending, Some(2)));
+        assert_eq!(
+            win.test_head_copied(|_| TestOutcome::Failed("peer closed")),
+            HeadTest::Failed("peer closed")
+        );
+        assert!(win.is_failed() && win.next_to_test().is_none());
+        assert_eq!(win.len(), 1, "only the done receive stays");
+        assert_eq!(
+            win.test_head_copied(|_| -> TestOutcome<()> { panic!("a failed window tests") }),
+            HeadTest::Nothing
+        );
+        assert_eq!(win.consume_head().unwrap().token, 1);
+    }
+
+    #[test]
+    fn consume_head_into_hands_over_only_a_done_head() {
+        let mut win = RecvWindow::new(2).unwrap();
+        assert_eq!(
+            win.consume_head_into(|t: u32, d: &str| (t, d)),
+            None,
+            "empty"
+        );
+        win.try_post(1u32, "a").unwrap();
+        win.try_post(2u32, "b").unwrap();
+        assert_eq!(win.consume_head_into(|t, d| (t, d)), None, "not done yet");
+        assert!(matches!(win.test_head(done(4)), Some(Release::Released(_))));
+        assert_eq!(win.consume_head_into(|t, d| (t, d)), Some((1, "a")));
+        assert_eq!((win.len(), win.awaiting_consume()), (1, 0));
+        assert_eq!(
+            win.consume_head_into(|t, d| (t, d)),
+            None,
+            "the next is not done"
+        );
+    }
+
+    #[test]
+    fn drop_done_head_frees_only_a_done_head() {
+        let mut win = RecvWindow::new(2).unwrap();
+        assert!(!win.drop_done_head(), "empty");
+        win.try_post(1u32, ()).unwrap();
+        win.try_post(2u32, ()).unwrap();
+        assert!(!win.drop_done_head(), "not done yet");
+        assert_eq!(
+            win.test_head_copied(done(1)),
+            HeadTest::Done { size: 1, data: () }
+        );
+        assert!(win.drop_done_head());
+        assert_eq!((win.len(), win.awaiting_consume()), (1, 0));
+        assert_eq!(win.next_to_test().map(|e| e.token), Some(2));
     }
 
     #[test]

@@ -165,8 +165,9 @@ struct Cx<'a> {
 
 /// What executing one action did, as the pass loops count it.
 enum Done {
-    /// A request went out.
-    Posted,
+    /// A request went out; what the core asked to run at once (the test of a request that
+    /// found the window empty), if anything.
+    Posted(Option<Action>),
     /// The plugin answered busy.
     Busy,
     /// A request was retired (a send done, a receive consumed).
@@ -300,10 +301,17 @@ impl<C: Comm> Lane<C> {
                 action => self.execute(action, cx)?,
             };
             match done {
-                Done::Posted => {
+                Done::Posted(next) => {
                     moved = true;
-                    // The post just filled a window slot: straight to the test loop.
-                    self.test_requests(cx)?;
+                    // The post just filled a window slot: test at once. A request alone in
+                    // the window is tested here (`LaneCore::posted`); the rest of the pass
+                    // runs only if a request is left.
+                    if let Some(action) = next {
+                        self.run_test(action, cx)?;
+                    }
+                    if self.core.has_requests() {
+                        self.test_requests(cx)?;
+                    }
                 }
                 Done::Busy => {
                     cx.counters.busy();
@@ -329,30 +337,33 @@ impl<C: Comm> Lane<C> {
     #[inline(never)]
     fn test_requests(&mut self, cx: &Cx<'_>) -> Result<u32, LinkFailed> {
         let mut retired = 0;
-        while let Some(mut action) = self.core.poll_test() {
-            if let Action::Test = action {
-                match self.test_head(cx)? {
-                    Some(next) => action = next,
-                    None => continue,
-                }
-            }
-            // The hot actions (a completion) are run here, the rest through `execute`.
-            match action {
-                Action::Sent { size } => {
-                    cx.counters.sent(size as u64);
-                    self.core.sent();
-                }
-                Action::Consume { size } => self.consume(size, cx)?,
-                action => {
-                    if let Done::Retired = self.execute(action, cx)? {
-                        retired += 1;
-                    }
-                    continue;
-                }
-            }
-            retired += 1;
+        while let Some(action) = self.core.poll_test() {
+            retired += u32::from(self.run_test(action, cx)?);
         }
         Ok(retired)
+    }
+
+    /// Runs one action of a test pass; returns whether it retired a request.
+    // Always inline: once per request, in the post loop (a request that found the window
+    // empty) and in the test loop.
+    #[inline(always)]
+    fn run_test(&mut self, mut action: Action, cx: &Cx<'_>) -> Result<bool, LinkFailed> {
+        if let Action::Test = action {
+            match self.test_head(cx)? {
+                Some(next) => action = next,
+                None => return Ok(false),
+            }
+        }
+        // The hot actions (a completion) are run here, the rest through `execute`.
+        match action {
+            Action::Sent { size } => {
+                cx.counters.sent(size as u64);
+                self.core.sent();
+            }
+            Action::Consume { size } => self.consume(size, cx)?,
+            action => return Ok(matches!(self.execute(action, cx)?, Done::Retired)),
+        }
+        Ok(true)
     }
 
     /// Hands the done receive at the head (`size` bytes) back to the plugin and counts its
@@ -376,7 +387,8 @@ impl<C: Comm> Lane<C> {
     }
 
     /// Tests the head; returns the action that follows at once, if any.
-    #[inline]
+    // Always inline: once per request, in `run_test`.
+    #[inline(always)]
     fn test_head(&mut self, cx: &Cx<'_>) -> Result<Option<Action>, LinkFailed> {
         let direction = C::DIRECTION;
         let comm = &mut self.comm;
@@ -500,7 +512,18 @@ impl<C: Comm> Lane<C> {
         let chunk = self.core.chunk();
         let len = chunk.len as usize;
         let posted = match place {
-            Place::Direct | Place::Unpack(_) => {
+            // Host memory (most chunks): straight from the plugin's answer to the core.
+            Place::Direct => {
+                let Some(job) = self.core.posting_job() else {
+                    return Err(cx.fail_internal(direction, "a chunk has no transfer"));
+                };
+                let Some((region, offset)) = locate(job, cx.index, chunk) else {
+                    return Err(cx.fail_internal(direction, "registration missing for a chunk"));
+                };
+                let posted = self.comm.post(region, offset, len);
+                return self.posted(posted, cx);
+            }
+            Place::Unpack(_) => {
                 let Some(job) = self.core.posting_job() else {
                     return Err(cx.fail_internal(direction, "a chunk has no transfer"));
                 };
@@ -569,18 +592,28 @@ impl<C: Comm> Lane<C> {
                 posted
             }
         };
+        self.posted(posted, cx)
+    }
+
+    /// Reports the plugin's answer to a post to the core.
+    // Always inline: once per request, where the plugin answered (each place's post matches
+    // its own answer: no copy of the answer into a shared one first).
+    #[inline(always)]
+    fn posted(
+        &mut self,
+        posted: tcpx::Result<Option<C::Request>>,
+        cx: &Cx<'_>,
+    ) -> Result<Done, LinkFailed> {
         match posted {
-            Ok(Some(request)) => {
-                if let Err(what) = self.core.posted(request) {
-                    return Err(cx.fail_internal(direction, what));
-                }
-                Ok(Done::Posted)
-            }
+            Ok(Some(request)) => match self.core.posted(request) {
+                Ok(next) => Ok(Done::Posted(next)),
+                Err(what) => Err(cx.fail_internal(C::DIRECTION, what)),
+            },
             Ok(None) => {
                 self.report(Event::Busy, cx)?;
                 Ok(Done::Busy)
             }
-            Err(e) => Err(cx.fail_plugin(direction, e)),
+            Err(e) => Err(cx.fail_plugin(C::DIRECTION, e)),
         }
     }
 

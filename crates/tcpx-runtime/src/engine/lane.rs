@@ -44,14 +44,16 @@ use tcpx::cuda::unpack::SLOTS as UNPACK_SLOTS;
 use crate::engine::stage::SlotFifo;
 use crate::error::Direction;
 use crate::schedule::{Chunk, Schedule};
-use crate::window::{RecvWindow, Release, TestOutcome, ZeroCapacity};
+use crate::window::{HeadTest, RecvWindow, TestOutcome, ZeroCapacity};
 
 /// Transfers queued per lane before the queue grows (it grows only if the application
 /// submits more than this many transfers ahead of the network).
 const QUEUE_CAPACITY: usize = 256;
 
-/// What the lane needs of a transfer.
-pub(crate) trait LaneWork {
+/// What the lane needs of a transfer. Cloned once per transfer, when the lane starts posting
+/// its chunks (the engine's is an `Arc`), so that finding the posting transfer costs no
+/// queue lookup per chunk.
+pub(crate) trait LaneWork: Clone {
     /// The transfer's schedule, once known (nothing is posted from it, or from any transfer
     /// behind it on the lane, before).
     fn schedule(&self) -> Option<&Schedule>;
@@ -325,8 +327,9 @@ impl<R, J: LaneWork> LaneCore<R, J> {
 
     /// The transfer chunks are being posted from (the one [`Action::OpenRing`],
     /// [`Action::OpenUnpack`], [`Action::Fill`] and [`Action::Post`] name).
+    #[inline]
     pub(crate) fn posting_job(&self) -> Option<&J> {
-        self.track.jobs.get(self.track.posting).map(|j| &j.job)
+        self.track.current.as_ref()
     }
 
     /// The chunk the last [`Action::Post`] or [`Action::Fill`] names.
@@ -514,7 +517,8 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// `irecvConsumed`) and frees what it held (its ring slot, its place among gathered
     /// receives); once `consume` succeeded, its chunk counts as completed. (A failed consume
     /// fails the link instead, and the transfer with it.)
-    #[inline]
+    // Always inline: once per receive, in the engine's test loop.
+    #[inline(always)]
     pub(crate) fn consume<E>(
         &mut self,
         consume: impl FnOnce(R) -> Result<(), E>,
@@ -525,22 +529,28 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         ) {
             return Err(ConsumeFailed::Fault("a consume the lane did not ask for"));
         }
-        let Ok(done) = self.window.consume_head() else {
-            return Err(ConsumeFailed::Fault("a done receive was not consumable"));
-        };
-        match done.data.place {
-            Place::Direct => {}
-            Place::Ring(_) => {
-                if let Some(ring) = self.ring.as_mut() {
-                    ring.slots.release();
-                    ring.head_copied = false;
+        let (ring, unpack) = (&mut self.ring, &mut self.unpack);
+        let consumed = self.window.consume_head_into(|token, tag: Tag| {
+            match tag.place {
+                Place::Direct => {}
+                Place::Ring(_) => {
+                    if let Some(ring) = ring.as_mut() {
+                        ring.slots.release();
+                        ring.head_copied = false;
+                    }
                 }
+                Place::Unpack(_) => unpack.ready = unpack.ready.saturating_sub(1),
             }
-            Place::Unpack(_) => self.unpack.ready = self.unpack.ready.saturating_sub(1),
+            consume(token)
+        });
+        match consumed {
+            None => Err(ConsumeFailed::Fault("a done receive was not consumable")),
+            Some(Err(e)) => Err(ConsumeFailed::Plugin(e)),
+            Some(Ok(())) => {
+                self.track.completed();
+                Ok(())
+            }
         }
-        consume(done.token).map_err(ConsumeFailed::Plugin)?;
-        self.track.completed();
-        Ok(())
     }
 
     /// Whether any request holds a window slot (nothing to test or consume otherwise).
@@ -585,15 +595,16 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     /// at once, if anything (report a send, consume a receive, start a copy out of a slot,
     /// queue a gather): the engine executes it before polling again. An error fails the
     /// lane: the engine fails the link and abandons the lane.
-    #[inline]
+    // Always inline: once per request, in the engine's test (its result is matched there).
+    #[inline(always)]
     pub(crate) fn test_head<E>(
         &mut self,
         test: impl FnOnce(&mut R) -> TestOutcome<E>,
     ) -> Result<Option<Action>, TestFailed<E>> {
         debug_assert!(matches!(self.expect, Expect::Test), "{:?}", self.expect);
         self.expect = Expect::Nothing;
-        let (size, tag) = match self.window.test_head(test) {
-            None | Some(Release::NotReady) => {
+        let (size, tag) = match self.window.test_head_copied(test) {
+            HeadTest::Nothing | HeadTest::Pending => {
                 self.step = if self.unpack.batch > 0 {
                     Step::Launch
                 } else {
@@ -601,11 +612,12 @@ impl<R, J: LaneWork> LaneCore<R, J> {
                 };
                 return Ok(None);
             }
-            Some(Release::Released(done)) => (done.size, *done.data),
-            // The requests it took down drop here; the engine then abandons the link.
-            Some(Release::Error(failure)) => {
+            HeadTest::Done { size, data } => (size, data),
+            // The requests it took down dropped in the window; the engine then abandons the
+            // link.
+            HeadTest::Failed(error) => {
                 self.step = Step::End;
-                return Err(TestFailed::Plugin(failure.error));
+                return Err(TestFailed::Plugin(error));
             }
         };
         if !size_ok(self.direction, size, tag.len) {
@@ -619,7 +631,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         Ok(Some(match (self.direction, tag.place) {
             (Direction::Send, place) => {
                 // A send is finished once done: it leaves the window at once.
-                drop(self.window.consume_head());
+                self.window.drop_done_head();
                 if let (Place::Ring(_), Some(ring)) = (place, self.ring.as_mut()) {
                     ring.slots.release();
                 }
@@ -648,9 +660,14 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     }
 
     /// [`Action::Post`] went out as `request` (the hot report, apart from [`Self::handle`]'s).
-    /// `Err` names a bookkeeping bug (fail the link with it).
-    #[inline]
-    pub(crate) fn posted(&mut self, request: R) -> Result<(), &'static str> {
+    /// Returns [`Action::Test`] when the request is alone in the window: it is the head the
+    /// test pass would test first (nothing ahead of it to consume, no gathers queued), so the
+    /// engine tests it at once, as it would for the pass's first action, and then runs the
+    /// rest of the pass ([`Self::poll_test`]) only if a request is left. `None`: run the test
+    /// pass. `Err` names a bookkeeping bug (fail the link with it).
+    // Always inline: once per request, in the engine's post (its result is matched there).
+    #[inline(always)]
+    pub(crate) fn posted(&mut self, request: R) -> Result<Option<Action>, &'static str> {
         let Expect::Post { place } = std::mem::replace(&mut self.expect, Expect::Nothing) else {
             return Err("a post was reported that the lane did not ask for");
         };
@@ -673,9 +690,18 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             }
         }
         let tag = Tag { len, index, place };
-        self.window
-            .try_post(request, tag)
-            .map_err(|_| "window refused a post")
+        if self.window.try_post(request, tag).is_err() {
+            return Err("window refused a post");
+        }
+        // The pass's state (`step`) matters only while the window holds requests: a request
+        // that finds the window empty starts the pass here, where `poll_test` would have
+        // got to (past the consumes: nothing ahead of it is done).
+        if self.window.len() == 1 {
+            self.step = Step::Test;
+            self.expect = Expect::Test;
+            return Ok(Some(Action::Test));
+        }
+        Ok(None)
     }
 
     /// Applies the report of the last action that asked for one. `Err` names a bookkeeping
@@ -753,6 +779,8 @@ struct Track<J> {
     /// Next chunk index of that transfer; `None` before its first (its schedule may not be
     /// known yet).
     next: Option<u64>,
+    /// That transfer, once its first chunk is found (`next` is `Some`); `None` otherwise.
+    current: Option<J>,
 }
 
 struct LaneJob<J> {
@@ -769,6 +797,7 @@ impl<J: LaneWork> Track<J> {
             jobs: VecDeque::with_capacity(QUEUE_CAPACITY),
             posting: 0,
             next: None,
+            current: None,
         }
     }
 
@@ -787,19 +816,15 @@ impl<J: LaneWork> Track<J> {
     // cost no call; moving on to the next transfer goes out of line.
     #[inline]
     fn next_chunk(&mut self, channel: u16) -> Option<(&J, Chunk)> {
-        match self.next {
-            Some(index) => {
-                let chunk = self
-                    .jobs
-                    .get(self.posting)
-                    .and_then(|j| j.job.schedule())
-                    .and_then(|s| s.chunk(index));
-                if let Some(chunk) = chunk {
-                    return Some((&self.jobs[self.posting].job, chunk));
+        match (self.next, &self.current) {
+            (Some(index), Some(job)) => {
+                if let Some(chunk) = job.schedule().and_then(|s| s.chunk(index)) {
+                    // Re-borrowed: the slow path below needs `self` mutably.
+                    return Some((self.current.as_ref()?, chunk));
                 }
             }
-            None if self.posting >= self.jobs.len() => return None,
-            None => {}
+            (None, _) if self.posting >= self.jobs.len() => return None,
+            _ => {}
         }
         self.next_chunk_slow(channel)
     }
@@ -815,15 +840,17 @@ impl<J: LaneWork> Track<J> {
                 None => {
                     lane_job.here = schedule.chunk_count_on(channel);
                     lane_job.left = lane_job.here;
+                    self.current = Some(lane_job.job.clone());
                     *self.next.insert(schedule.first_index_on(channel))
                 }
             };
             if let Some(chunk) = schedule.chunk(index) {
-                return Some((&self.jobs[self.posting].job, chunk));
+                return Some((self.current.as_ref()?, chunk));
             }
             // Every chunk of this transfer on this lane is posted: on to the next one.
             self.posting += 1;
             self.next = None;
+            self.current = None;
             self.retire();
         }
     }
@@ -866,6 +893,7 @@ impl<J: LaneWork> Track<J> {
         }
         self.posting = 0;
         self.next = None;
+        self.current = None;
     }
 }
 
