@@ -508,7 +508,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     }
 
     /// The send that [`Action::Sent`] reported was counted: its chunk counts as completed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn sent(&mut self) {
         self.track.completed();
     }
@@ -856,13 +856,15 @@ impl<J: LaneWork> Track<J> {
     }
 
     /// The chunk just returned by `next_chunk` was posted (or its copy started).
-    #[inline]
+    // Always inline (here and in `completed`): once per request, and small; left to the
+    // compiler, a growing engine loop can push them out of line.
+    #[inline(always)]
     fn posted(&mut self, index: u64, channels: u16) {
         self.next = Some(index + u64::from(channels));
     }
 
     /// The oldest request completed: it belongs to the oldest transfer.
-    #[inline]
+    #[inline(always)]
     fn completed(&mut self) {
         if let Some(front) = self.jobs.front_mut() {
             front.left = front.left.saturating_sub(1);
