@@ -14,7 +14,11 @@
 //!   finished, consume the head), or `None` when the head is still in flight;
 //! - the engine executes each action against the plugin and CUDA and feeds what happened back
 //!   in ([`LaneCore::posted`], [`LaneCore::handle`], [`LaneCore::test_head`]); an error fails the link,
-//!   and [`LaneCore::abandon`] then fails every transfer the lane holds.
+//!   and [`LaneCore::abandon`] then fails every transfer the lane holds;
+//! - a report may answer with the next action at once: a post that found the window empty
+//!   asks for the test of its request ([`Action::Test`], the action a test pass would start
+//!   with), a test that found the head done asks for what follows it, so the common request
+//!   (posted, done at its first test, retired) passes through the action machinery once.
 //!
 //! The three routes go through this one path and differ only in a chunk's [`Place`]:
 //! - direct: the plugin reads or writes the application's registered memory;
