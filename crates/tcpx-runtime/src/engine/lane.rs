@@ -14,7 +14,11 @@
 //!   finished, consume the head), or `None` when the head is still in flight;
 //! - the engine executes each action against the plugin and CUDA and feeds what happened back
 //!   in ([`LaneCore::posted`], [`LaneCore::handle`], [`LaneCore::test_head`]); an error fails the link,
-//!   and [`LaneCore::abandon`] then fails every transfer the lane holds.
+//!   and [`LaneCore::abandon`] then fails every transfer the lane holds;
+//! - a report may answer with the next action at once: a post that found the window empty
+//!   asks for the test of its request ([`Action::Test`], the action a test pass would start
+//!   with), a test that found the head done asks for what follows it, so the common request
+//!   (posted, done at its first test, retired) passes through the action machinery once.
 //!
 //! The three routes go through this one path and differ only in a chunk's [`Place`]:
 //! - direct: the plugin reads or writes the application's registered memory;
@@ -508,7 +512,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     }
 
     /// The send that [`Action::Sent`] reported was counted: its chunk counts as completed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn sent(&mut self) {
         self.track.completed();
     }
@@ -856,13 +860,15 @@ impl<J: LaneWork> Track<J> {
     }
 
     /// The chunk just returned by `next_chunk` was posted (or its copy started).
-    #[inline]
+    // Always inline (here and in `completed`): once per request, and small; left to the
+    // compiler, a growing engine loop can push them out of line.
+    #[inline(always)]
     fn posted(&mut self, index: u64, channels: u16) {
         self.next = Some(index + u64::from(channels));
     }
 
     /// The oldest request completed: it belongs to the oldest transfer.
-    #[inline]
+    #[inline(always)]
     fn completed(&mut self) {
         if let Some(front) = self.jobs.front_mut() {
             front.left = front.left.saturating_sub(1);
