@@ -249,6 +249,10 @@ struct OverheadArgs {
     /// Transfers per side per repetition.
     #[arg(long, default_value_t = 2000)]
     transfers: usize,
+    /// Engine idle policy: spin, yield or park (park for instruction counts under callgrind,
+    /// which runs one thread at a time: a spinning idle engine's passes would be counted).
+    #[arg(long, default_value = "spin")]
+    backoff: String,
 }
 
 #[derive(Args, Debug)]
@@ -787,6 +791,10 @@ fn overhead(args: OverheadArgs) -> Result<(), Failure> {
     }
     let opts = tcpx_tools::bench::overhead::OverheadOptions {
         channels: args.channels,
+        backoff: args
+            .backoff
+            .parse()
+            .map_err(|e| bad(format!("--backoff {}: {e}", args.backoff)))?,
         transfers: check_count("--transfers", args.transfers)?,
         ..Default::default()
     };
