@@ -167,6 +167,20 @@ impl Link {
         }
     }
 
+    /// Why new work on this link is refused, if it is: the failure, or else the peer's
+    /// departure — nothing on the other side will ever match a transfer submitted after its
+    /// goodbye, and a notification written into its closed stream would vanish. Work already
+    /// in flight is not affected (it may still complete: see `peer_gone`).
+    pub(crate) fn refusal(&self) -> Option<Error> {
+        if let Some(e) = self.failure() {
+            return Some(e.clone());
+        }
+        self.peer_gone().map(|(_, reason)| Error::PeerClosed {
+            peer: self.peer,
+            reason: reason.clone(),
+        })
+    }
+
     /// When and why the peer left, if it did.
     pub(crate) fn peer_gone(&self) -> Option<&(Instant, String)> {
         self.peer_gone.get()

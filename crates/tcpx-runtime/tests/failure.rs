@@ -61,6 +61,40 @@ fn peer_closing_mid_transfer_fails_pending_transfers_on_both_sides() {
     drop((a, b));
 }
 
+/// A peer that closed its end (idle, nothing pending) takes no new work: every kind of
+/// submission on the survivor is refused at once with `PeerClosed` — a notification written
+/// into the closed stream would otherwise vanish — and `error()` says so, so that callers
+/// redial instead of losing messages.
+#[test]
+fn new_work_after_the_peer_closed_is_refused_not_lost() {
+    loopback();
+    let timeout = Duration::from_secs(10);
+    let (a, b, ab, ba) = pair_with(with_timeout(2, timeout), with_timeout(2, timeout));
+    let buf = b.alloc_host(MIB).unwrap();
+    let target = a.alloc_host(MIB).unwrap();
+    let remote = a.advertise(&target).unwrap();
+    drop(ab);
+    // The goodbye travels on the control stream; bounded wait for the survivor to read it.
+    assert!(
+        eventually(DEADLINE, || ba.error().is_some()),
+        "the survivor never noticed the peer's close"
+    );
+    let peer_closed = |r: Result<_, Error>, what: &str| match r {
+        Err(e @ Error::PeerClosed { .. }) => assert_eq!(e.peer(), Some(ba.peer()), "{what}: {e}"),
+        Err(e) => panic!("{what}: expected PeerClosed, got {e}"),
+        Ok(_) => panic!("{what}: accepted on a connection whose peer has gone"),
+    };
+    assert!(matches!(ba.error(), Some(Error::PeerClosed { .. })));
+    peer_closed(ba.send(&buf, 0, MIB).map(|_| ()), "send");
+    peer_closed(ba.recv(&buf, 0, MIB).map(|_| ()), "recv");
+    peer_closed(ba.notify(b"anyone there?"), "notify");
+    let segment = [tcpx_runtime::Segment::new(&buf, 0, 4 * KIB)];
+    let remote = [tcpx_runtime::RemoteSegment::new(remote, 0, 4 * KIB as u64)];
+    peer_closed(ba.write(&segment, &remote, None).map(|_| ()), "write");
+    peer_closed(ba.read(&segment, &remote).map(|_| ()), "read");
+    drop((ba, a, b));
+}
+
 #[test]
 fn unmatched_transfers_time_out_naming_channel_and_peer() {
     loopback();

@@ -211,9 +211,11 @@ impl Connection {
         self.rma.pack.stats()
     }
 
-    /// The error that failed the connection, if it failed.
+    /// Why the connection takes no new work, if it does not: the error that failed it, or
+    /// [`Error::PeerClosed`] once the peer closed its end (transfers already in flight may
+    /// still complete; new ones would never be matched, so they are refused at once).
     pub fn error(&self) -> Option<Error> {
-        self.link.failure().cloned()
+        self.link.refusal()
     }
 
     /// Transfers submitted and not finished: two-sided ones, one-sided operations this side
@@ -351,8 +353,8 @@ impl Connection {
         segments: &[Segment<'_>],
         vectored: bool,
     ) -> Result<Transfer> {
-        if let Some(e) = self.link.failure() {
-            return Err(e.clone());
+        if let Some(e) = self.link.refusal() {
+            return Err(e);
         }
         if segments.is_empty() {
             return Err(Error::InvalidArgument(

@@ -141,8 +141,8 @@ impl Rma {
     }
 
     fn usable(&self) -> Result<()> {
-        if let Some(e) = self.main.failure().or_else(|| self.link.failure()) {
-            return Err(e.clone());
+        if let Some(e) = self.main.refusal().or_else(|| self.link.refusal()) {
+            return Err(e);
         }
         if let Some(e) = &self.pending().closed {
             return Err(e.clone());
