@@ -18,7 +18,7 @@
 //! | `TCPX_GPU_INDEX` | GPU index announced to peers ([`Config::gpu_index`]) | none |
 //! | `TCPX_REQUIRE_SECRET` | accept only peers presenting this endpoint's metadata secret (`0`/`1`) | `0` |
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
-//! | `TCPX_WAIT_SPIN_US` | how long [`Transfer::wait`](crate::Transfer::wait) polls before it sleeps, µs ([`Config::wait_spin`]) | `50` |
+//! | `TCPX_WAIT_SPIN_US` | how long [`Transfer::wait`](crate::Transfer::wait) polls before it sleeps, µs ([`Config::wait_spin`]) | `50` (`0` below 4 cores) |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
@@ -87,8 +87,23 @@ pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 /// Default [`Config::pack_buffers`] (8 × 4 MiB at most, allocated on first use).
 pub const DEFAULT_PACK_BUFFERS: usize = 8;
 
-/// Default [`Config::wait_spin`]: about two loopback round trips of a small message.
+/// Default [`Config::wait_spin`] on a machine with cores to spare: about two loopback round
+/// trips of a 4 KiB message. Measured on an H100 host (16 cores, docs/RESULTS.md): 4 KiB
+/// one-way p50 11.7 µs against 25.4 µs sleeping at once; 20 µs is too short to help.
 pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(50);
+
+/// Cores below which a wait does not spin by default: with so few, the spinning waiter takes
+/// the core an engine needs to finish the very transfer it waits for.
+const MIN_CORES_TO_SPIN: usize = 4;
+
+/// [`DEFAULT_WAIT_SPIN`] where this process may run on at least [`MIN_CORES_TO_SPIN`] cores
+/// (affinity and cgroup quota included), else zero.
+pub fn default_wait_spin() -> Duration {
+    match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= MIN_CORES_TO_SPIN => DEFAULT_WAIT_SPIN,
+        _ => Duration::ZERO,
+    }
+}
 /// Largest [`Config::pack_buffers`].
 pub const MAX_PACK_BUFFERS: usize = 64;
 
@@ -118,7 +133,8 @@ pub struct Config {
     /// sleeps. A small message finishes within microseconds of being waited on, sooner than
     /// a sleeping thread can be woken (a futex wait and wake, then a reschedule), so a short
     /// poll halves its latency; a long transfer pays this once, then sleeps. `0` sleeps at
-    /// once (for oversubscribed cores).
+    /// once. Default: [`DEFAULT_WAIT_SPIN`] on machines with 4 cores or more, else `0`
+    /// ([`default_wait_spin`]).
     pub wait_spin: Duration,
     /// Pin each engine thread to a core local to its NIC (when the topology says which).
     pub pin_engines: bool,
@@ -161,7 +177,7 @@ impl Default for Config {
             devices: None,
             gpu_pci: None,
             backoff: Backoff::Park,
-            wait_spin: DEFAULT_WAIT_SPIN,
+            wait_spin: default_wait_spin(),
             pin_engines: true,
             engines_per_device: None,
             pack_below: DEFAULT_PACK_BELOW,

@@ -273,9 +273,9 @@ struct LatencyArgs {
     #[arg(long, default_value = "spin")]
     backoff: String,
     /// Microseconds a wait polls for its transfer before sleeping (the library's
-    /// TCPX_WAIT_SPIN_US); 0 sleeps at once.
-    #[arg(long, default_value_t = tcpx_runtime::config::DEFAULT_WAIT_SPIN.as_micros() as u64)]
-    wait_spin_us: u64,
+    /// TCPX_WAIT_SPIN_US); 0 sleeps at once. Default: the library's (50, or 0 below 4 cores).
+    #[arg(long)]
+    wait_spin_us: Option<u64>,
     /// Seconds any single wait may take.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
@@ -820,7 +820,10 @@ fn latency(args: LatencyArgs) -> Result<(), Failure> {
         channels: args.channels,
         chunk_bytes: tcpx_runtime::schedule::DEFAULT_CHUNK_BYTES,
         backoff,
-        wait_spin: Duration::from_micros(args.wait_spin_us),
+        wait_spin: args.wait_spin_us.map_or_else(
+            tcpx_runtime::config::default_wait_spin,
+            Duration::from_micros,
+        ),
         backend: backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?,
         timeout: check_timeout(args.timeout)?,
     };
