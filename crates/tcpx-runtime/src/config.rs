@@ -96,7 +96,7 @@ pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(50);
 /// the core an engine needs to finish the very transfer it waits for.
 const MIN_CORES_TO_SPIN: usize = 4;
 
-/// [`DEFAULT_WAIT_SPIN`] where this process may run on at least [`MIN_CORES_TO_SPIN`] cores
+/// [`DEFAULT_WAIT_SPIN`] where this process may run on at least 4 cores
 /// (affinity and cgroup quota included), else zero.
 pub fn default_wait_spin() -> Duration {
     match std::thread::available_parallelism() {
