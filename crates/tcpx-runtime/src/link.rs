@@ -167,10 +167,11 @@ impl Link {
         }
     }
 
-    /// Why new work on this link is refused, if it is: the failure, or else the peer's
-    /// departure — nothing on the other side will ever match a transfer submitted after its
-    /// goodbye, and a notification written into its closed stream would vanish. Work already
-    /// in flight is not affected (it may still complete: see `peer_gone`).
+    /// Why new work that needs the peer is refused, if it is: the failure, or else the peer's
+    /// departure — nothing on the other side will ever match a send, serve a one-sided
+    /// operation or read a notification submitted after its goodbye (a notification written
+    /// into its closed stream would vanish). Receives are not refused for a goodbye alone:
+    /// what the peer sent before it may still arrive. Work in flight is not affected.
     pub(crate) fn refusal(&self) -> Option<Error> {
         if let Some(e) = self.failure() {
             return Some(e.clone());

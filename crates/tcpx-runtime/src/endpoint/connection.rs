@@ -211,11 +211,12 @@ impl Connection {
         self.rma.pack.stats()
     }
 
-    /// Why the connection takes no new work, if it does not: the error that failed it, or
-    /// [`Error::PeerClosed`] once the peer closed its end (transfers already in flight may
-    /// still complete; new ones would never be matched, so they are refused at once).
+    /// The error that failed the connection, if it failed. A peer that closed its end is not
+    /// (yet) a failure: receives of what it sent before its goodbye may still complete, while
+    /// new sends, one-sided operations and notifications are refused with
+    /// [`Error::PeerClosed`].
     pub fn error(&self) -> Option<Error> {
-        self.link.refusal()
+        self.link.failure().cloned()
     }
 
     /// Transfers submitted and not finished: two-sided ones, one-sided operations this side
@@ -353,7 +354,14 @@ impl Connection {
         segments: &[Segment<'_>],
         vectored: bool,
     ) -> Result<Transfer> {
-        if let Some(e) = self.link.refusal() {
+        // A send after the peer's goodbye would never be matched, so it is refused at once; a
+        // receive still may be (the peer's last sends can be in flight or in the socket), so
+        // it only fails once the link does.
+        let refusal = match direction {
+            Direction::Send => self.link.refusal(),
+            Direction::Recv => self.link.failure().cloned(),
+        };
+        if let Some(e) = refusal {
             return Err(e);
         }
         if segments.is_empty() {
