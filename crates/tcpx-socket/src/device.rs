@@ -136,10 +136,10 @@ fn discover() -> Result<Config, String> {
         .map(|s| IfFilter::parse(&s));
     let nsocks = nsocks_from_env();
     let ifaces = interfaces()?;
-    let chosen: Vec<&Iface> = match &filter {
+    let chosen: Vec<&Interface> = match &filter {
         Some(f) => ifaces.iter().filter(|i| f.matches(&i.name)).collect(),
         None => {
-            let real: Vec<&Iface> = ifaces.iter().filter(|i| !i.loopback).collect();
+            let real: Vec<&Interface> = ifaces.iter().filter(|i| !i.loopback).collect();
             if real.is_empty() {
                 ifaces.iter().filter(|i| i.loopback).collect()
             } else {
@@ -300,8 +300,6 @@ pub struct Interface {
     pub loopback: bool,
 }
 
-type Iface = Interface;
-
 /// Interfaces that are up, one address each: IPv4 ones in `getifaddrs` order, then IPv6-only
 /// ones. Link-local IPv6 addresses are skipped (a peer would need their scope id).
 ///
@@ -340,7 +338,7 @@ pub fn interfaces() -> Result<Vec<Interface>, String> {
             // SAFETY: the family says this is a sockaddr_in.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
             let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            v4.push(Iface {
+            v4.push(Interface {
                 name,
                 addr: IpAddr::V4(ip),
                 scope_id: 0,
@@ -353,7 +351,7 @@ pub fn interfaces() -> Result<Vec<Interface>, String> {
             if (ip.segments()[0] & 0xffc0) == 0xfe80 {
                 continue;
             }
-            v6.push(Iface {
+            v6.push(Interface {
                 name,
                 addr: IpAddr::V6(ip),
                 scope_id: sin6.sin6_scope_id,
@@ -364,7 +362,7 @@ pub fn interfaces() -> Result<Vec<Interface>, String> {
     // SAFETY: `head` came from a successful getifaddrs and is freed once; no reference into
     // the list outlives this point (names were copied).
     unsafe { libc::freeifaddrs(head) };
-    let mut out: Vec<Iface> = Vec::new();
+    let mut out: Vec<Interface> = Vec::new();
     for i in v4.into_iter().chain(v6) {
         if !out.iter().any(|o| o.name == i.name) {
             out.push(i);
