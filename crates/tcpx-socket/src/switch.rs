@@ -11,3 +11,19 @@ pub(crate) fn is_on(value: Option<&str>) -> bool {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::is_on;
+
+    #[test]
+    fn devmem_switch_values() {
+        assert!(!is_on(None));
+        assert!(!is_on(Some("")));
+        assert!(!is_on(Some("0")));
+        assert!(!is_on(Some("off")));
+        assert!(is_on(Some("1")));
+        assert!(is_on(Some(" ON ")));
+        assert!(is_on(Some("true")));
+    }
+}

@@ -592,13 +592,13 @@ impl Region {
 }
 
 /// The address of interface `name` (its first IPv4 address, else its first IPv6 address that
-/// is not link-local), from the same interface list the built-in plugin uses.
-fn interface_ip(name: &str) -> Option<IpAddr> {
-    tcpx::interfaces()
-        .ok()?
+/// is not link-local), from the same interface list the built-in plugin uses; an error when
+/// the list itself cannot be read.
+fn interface_ip(name: &str) -> std::result::Result<Option<IpAddr>, String> {
+    Ok(tcpx::interfaces()?
         .into_iter()
         .find(|i| i.name == name)
-        .map(|i| i.addr)
+        .map(|i| i.addr))
 }
 
 /// The address peers should use: the bind address, else the first data NIC's.
@@ -606,7 +606,13 @@ fn advertised_ip(bind: IpAddr, nic: &str) -> Result<IpAddr> {
     if !bind.is_unspecified() {
         return Ok(bind);
     }
-    interface_ip(nic).ok_or_else(|| {
+    let found = interface_ip(nic).map_err(|e| {
+        Error::Config(format!(
+            "the control listener binds to {bind}, and the address of interface {nic} to \
+             advertise cannot be looked up ({e}); set control_addr to this host's reachable IP"
+        ))
+    })?;
+    found.ok_or_else(|| {
         Error::Config(format!(
             "the control listener binds to {bind} and interface {nic} has no usable address \
              to advertise; set control_addr to this host's reachable IP"
@@ -622,8 +628,11 @@ mod tests {
 
     #[test]
     fn loopback_has_its_address_and_unknown_interfaces_have_none() {
-        assert_eq!(interface_ip("lo"), Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        assert_eq!(interface_ip("no-such-interface0"), None);
+        assert_eq!(
+            interface_ip("lo").unwrap(),
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        assert_eq!(interface_ip("no-such-interface0").unwrap(), None);
         assert_eq!(
             advertised_ip(IpAddr::V4(Ipv4Addr::UNSPECIFIED), "lo").unwrap(),
             IpAddr::V4(Ipv4Addr::LOCALHOST)
