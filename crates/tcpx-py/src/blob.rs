@@ -25,6 +25,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tcpx_runtime::Descriptor;
 
+use crate::checksum::fnv1a;
+use crate::descs::RemoteRange;
 use crate::errors::{Failure, Outcome};
 
 /// Bytes in an advertisement blob.
@@ -43,15 +45,6 @@ pub struct Advert {
     pub offset: u64,
     /// The registration.
     pub descriptor: Descriptor,
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 impl Advert {
@@ -115,6 +108,15 @@ impl Advert {
             )));
         }
         Ok(advert)
+    }
+
+    /// The advertised bytes as a range of the registration.
+    pub fn range(&self) -> RemoteRange {
+        RemoteRange {
+            descriptor: self.descriptor,
+            offset: self.offset,
+            len: self.len,
+        }
     }
 }
 

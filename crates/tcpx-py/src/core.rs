@@ -3,10 +3,12 @@
 //! pointers) into runtime objects. It knows nothing of Python: the pyclasses in `native.rs`
 //! and `p2p.rs` only convert arguments and results around it.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap};
+use std::mem::ManuallyDrop;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tcpx_runtime::control::EndpointMetadata;
@@ -15,21 +17,61 @@ use tcpx_runtime::{
 };
 
 use crate::blob::Advert;
+use crate::descs::{RemoteKey, RemoteRange};
 use crate::errors::{Failure, Kind, Outcome};
+use crate::fork::Origin;
 
-/// Set in a child process after `fork()`: endpoints inherited from the parent have no engine
-/// threads there, so every call on them fails, and dropping them frees nothing (joining
-/// threads that do not exist would hang).
-pub static FORKED: AtomicBool = AtomicBool::new(false);
+/// How long the passive-accept thread waits for a peer before looking at its stop flag.
+const ACCEPT_SLICE: Duration = Duration::from_millis(20);
 
-/// A memory registration made through `reg`: a runtime region plus its address range.
+/// One registration of the runtime: a region and its address range. Several `mr_id`s may
+/// share it (the same buffer registered twice, or a range inside a registered buffer), as
+/// UCCL's MR cache shares an MR.
 pub struct Mr {
     region: Region,
     base: u64,
     len: u64,
+    /// Tells registrations with the same base apart in [`Registrations::live`].
+    serial: u64,
     /// The registration's descriptor once advertised (advertised once, then every
-    /// `advertise` of a range inside it reuses the descriptor).
+    /// `advertise` of a range inside it, and every descriptor of it, reuses it).
     advert: Mutex<Option<Descriptor>>,
+}
+
+/// What an `mr_id` names: the range the caller registered, inside a shared registration.
+struct Handle {
+    mr: Arc<Mr>,
+    base: u64,
+    len: u64,
+}
+
+/// The registration tables (under one lock: finding a registration to reuse and counting
+/// its handles must not interleave with the last handle going away).
+#[derive(Default)]
+struct Registrations {
+    handles: HashMap<u64, Handle>,
+    /// Live registrations by (base, serial), with the number of handles on each.
+    live: BTreeMap<(u64, u64), (Arc<Mr>, usize)>,
+    next_mr: u64,
+    next_serial: u64,
+}
+
+impl Registrations {
+    /// A live registration containing `[ptr, end)`.
+    fn containing(&mut self, ptr: u64, end: u64) -> Option<&mut (Arc<Mr>, usize)> {
+        self.live
+            .range_mut(..=(ptr, u64::MAX))
+            .rev()
+            .map(|(_, entry)| entry)
+            .find(|(mr, _)| mr.base + mr.len >= end)
+    }
+
+    fn add_handle(&mut self, mr: Arc<Mr>, base: u64, len: u64) -> u64 {
+        let id = self.next_mr;
+        self.next_mr += 1;
+        self.handles.insert(id, Handle { mr, base, len });
+        id
+    }
 }
 
 /// One piece of a local list: `size` bytes at `ptr` inside registration `mr_id`.
@@ -55,30 +97,39 @@ pub enum Way {
     Recv,
 }
 
-/// The shared state of one Python endpoint.
-pub struct Core {
+/// The background thread of `start_passive_accept`.
+struct Passive {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// Everything an endpoint owns. Never touched in a process that inherited it through
+/// `fork()` (see [`crate::fork`]).
+struct State {
     endpoint: RwLock<Option<Arc<Endpoint>>>,
-    /// Process that created it (see [`FORKED`]).
-    gpu_index: Option<u32>,
     conns: RwLock<HashMap<u64, Arc<Connection>>>,
-    mrs: RwLock<HashMap<u64, Arc<Mr>>>,
+    /// `add_remote_endpoint`'s memo: the peer's metadata bytes → its connection.
+    peers: Mutex<HashMap<Vec<u8>, u64>>,
+    regs: RwLock<Registrations>,
     /// Asynchronous transfers of `tcpx.p2p`, by transfer id, until polled done.
     xfers: Mutex<HashMap<u64, Transfer>>,
     next_conn: AtomicU64,
-    next_mr: AtomicU64,
     next_xfer: AtomicU64,
+    passive: Mutex<Option<Passive>>,
+}
+
+/// The shared state of one Python endpoint.
+pub struct Core {
+    /// The process that created it: in any other (a forked child) every call fails and
+    /// dropping it frees nothing.
+    origin: Origin,
+    gpu_index: Option<u32>,
+    /// Dropped only in the creating process (see `Drop`).
+    state: ManuallyDrop<State>,
 }
 
 fn closed() -> Failure {
     Failure::new(Kind::Closed, "the endpoint is closed")
-}
-
-fn forked() -> Failure {
-    Failure::new(
-        Kind::Closed,
-        "this endpoint was created in the parent process before fork(): its engine threads \
-         do not exist in the child; create a new endpoint in the child",
-    )
 }
 
 impl Core {
@@ -92,23 +143,40 @@ impl Core {
         let endpoint = Endpoint::new(config)?;
         let gpu_index = endpoint.gpu_index();
         Ok(Self {
-            endpoint: RwLock::new(Some(Arc::new(endpoint))),
+            origin: Origin::here(),
             gpu_index,
-            conns: RwLock::default(),
-            mrs: RwLock::default(),
-            xfers: Mutex::default(),
-            next_conn: AtomicU64::new(0),
-            next_mr: AtomicU64::new(0),
-            next_xfer: AtomicU64::new(0),
+            state: ManuallyDrop::new(State {
+                endpoint: RwLock::new(Some(Arc::new(endpoint))),
+                conns: RwLock::default(),
+                peers: Mutex::default(),
+                regs: RwLock::default(),
+                xfers: Mutex::default(),
+                next_conn: AtomicU64::new(0),
+                next_xfer: AtomicU64::new(0),
+                passive: Mutex::new(None),
+            }),
         })
+    }
+
+    /// The state, unless this process inherited the endpoint through `fork()`. Every method
+    /// goes through here before touching a lock: one held by a parent's thread at fork()
+    /// would never be released in the child.
+    fn st(&self) -> Outcome<&State> {
+        if self.origin.inherited() {
+            return Err(self.origin.failure("endpoint"));
+        }
+        Ok(&self.state)
+    }
+
+    /// The process that created this endpoint (transfer handles carry it too).
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// The runtime endpoint, unless closed.
     pub fn endpoint(&self) -> Outcome<Arc<Endpoint>> {
-        if FORKED.load(Ordering::Relaxed) {
-            return Err(forked());
-        }
-        self.endpoint
+        self.st()?
+            .endpoint
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -125,37 +193,101 @@ impl Core {
         Ok(self.endpoint()?.metadata().clone())
     }
 
-    fn add_conn(&self, conn: Connection) -> u64 {
-        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        self.conns
+    fn add_conn(&self, conn: Connection) -> Outcome<u64> {
+        let st = self.st()?;
+        let id = st.next_conn.fetch_add(1, Ordering::Relaxed);
+        st.conns
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, Arc::new(conn));
-        id
+        Ok(id)
     }
 
     /// Waits up to `wait` for a peer; returns its connection id, control address and GPU.
     pub fn accept(&self, wait: Duration) -> Outcome<(u64, SocketAddr, Option<u32>)> {
         let conn = self.endpoint()?.accept_timeout(wait)?;
         let (peer, gpu) = (conn.peer(), conn.peer_gpu());
-        Ok((self.add_conn(conn), peer, gpu))
+        Ok((self.add_conn(conn)?, peer, gpu))
     }
 
     /// Connects with the peer's control address alone.
     pub fn connect_addr(&self, addr: SocketAddr) -> Outcome<u64> {
         let conn = self.endpoint()?.connect_addr(addr)?;
-        Ok(self.add_conn(conn))
+        self.add_conn(conn)
     }
 
     /// Connects with the peer's full metadata (presents its secret).
     pub fn connect_metadata(&self, meta: &EndpointMetadata) -> Outcome<u64> {
         let conn = self.endpoint()?.connect(meta)?;
-        Ok(self.add_conn(conn))
+        self.add_conn(conn)
+    }
+
+    /// The connection an earlier `add_remote_endpoint(metadata)` made, if still open.
+    pub fn known_peer(&self, metadata: &[u8]) -> Outcome<Option<u64>> {
+        let st = self.st()?;
+        let id = st
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(metadata)
+            .copied();
+        let open = |id: &u64| {
+            st.conns
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(id)
+        };
+        Ok(id.filter(open))
+    }
+
+    /// Remembers that `metadata` connected as `conn_id` (for [`Core::known_peer`]).
+    pub fn remember_peer(&self, metadata: Vec<u8>, conn_id: u64) -> Outcome<()> {
+        self.st()?
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(metadata, conn_id);
+        Ok(())
+    }
+
+    /// Accepts every peer that connects, on a background thread, until the endpoint closes
+    /// (UCCL's `start_passive_accept`: the peers then `write` / `read` this side's
+    /// registered memory without a call here). Idempotent.
+    pub fn start_passive_accept(self: &Arc<Self>) -> Outcome<()> {
+        let st = self.st()?;
+        self.endpoint()?;
+        let mut passive = st.passive.lock().unwrap_or_else(|p| p.into_inner());
+        if passive.is_some() {
+            return Ok(());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak: Weak<Core> = Arc::downgrade(self);
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tcpx-py-accept".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    // A strong reference only for one slice: dropping the Python endpoint
+                    // still ends the core (and, through `Drop`, this loop).
+                    let Some(core) = weak.upgrade() else { break };
+                    match core.accept(ACCEPT_SLICE) {
+                        Ok(_) => {}
+                        Err(f) if f.kind == Kind::Timeout => {}
+                        Err(f) if f.kind == Kind::Closed => break,
+                        // A peer whose set-up failed: keep serving the others.
+                        Err(_) => std::thread::sleep(ACCEPT_SLICE),
+                    }
+                }
+            })
+            .map_err(|e| Failure::new(Kind::Other, format!("starting the accept thread: {e}")))?;
+        *passive = Some(Passive { stop, thread });
+        Ok(())
     }
 
     /// The connection `conn_id`.
     pub fn conn(&self, conn_id: u64) -> Outcome<Arc<Connection>> {
         if let Some(c) = self
+            .st()?
             .conns
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -174,20 +306,28 @@ impl Core {
     }
 
     /// Closes `conn_id` (pending transfers on it fail). Returns whether it existed.
-    pub fn remove_conn(&self, conn_id: u64) -> bool {
-        let conn = self
+    pub fn remove_conn(&self, conn_id: u64) -> Outcome<bool> {
+        let st = self.st()?;
+        let conn = st
             .conns
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&conn_id);
-        conn.is_some()
+        st.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, id| *id != conn_id);
+        Ok(conn.is_some())
     }
 
-    /// Registers `[ptr, ptr + size)` (host or CUDA memory, found through the driver).
+    /// Registers `[ptr, ptr + size)` (host or CUDA memory, found through the driver) and
+    /// returns a new `mr_id`. A range inside a live registration of this endpoint shares it
+    /// (same region, same descriptor and keys) instead of registering again.
     ///
     /// # Safety
     /// As `tcpx_runtime::Endpoint::register_ptr`: the range is one allocation that stays
-    /// valid until it is deregistered and every transfer using it has finished.
+    /// valid until every `mr_id` sharing its registration is deregistered and every
+    /// transfer using it has finished.
     pub unsafe fn reg(&self, ptr: u64, size: u64) -> Outcome<u64> {
         if ptr == 0 {
             return Err(Failure::bad("reg: ptr is 0 (null)"));
@@ -195,65 +335,99 @@ impl Core {
         if size == 0 {
             return Err(Failure::bad("reg: size is 0"));
         }
+        let Some(end) = ptr.checked_add(size) else {
+            return Err(Failure::bad(
+                "reg: the range wraps around the address space",
+            ));
+        };
         let len = usize::try_from(size).map_err(|_| Failure::bad("reg: size too large"))?;
+        let st = self.st()?;
         let endpoint = self.endpoint()?;
+        {
+            let mut regs = st.regs.write().unwrap_or_else(|p| p.into_inner());
+            if let Some((mr, handles)) = regs.containing(ptr, end) {
+                *handles += 1;
+                let mr = mr.clone();
+                return Ok(regs.add_handle(mr, ptr, size));
+            }
+        }
+        // Registering asks the CUDA driver about the pointer: not under the tables' lock.
         // SAFETY: the caller's contract is the one `register_ptr` requires.
         let region = unsafe { endpoint.register_ptr(ptr as usize as *mut u8, len) }?;
-        let id = self.next_mr.fetch_add(1, Ordering::Relaxed);
-        let mr = Mr {
+        let mut regs = st.regs.write().unwrap_or_else(|p| p.into_inner());
+        let serial = regs.next_serial;
+        regs.next_serial += 1;
+        let mr = Arc::new(Mr {
             base: region.as_ptr() as usize as u64,
             region,
             len: size,
+            serial,
             advert: Mutex::new(None),
-        };
-        self.mrs
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Arc::new(mr));
-        Ok(id)
+        });
+        regs.live.insert((mr.base, serial), (mr.clone(), 1));
+        Ok(regs.add_handle(mr, ptr, size))
     }
 
-    /// Drops registration `mr_id` (and revokes its advertisement). Transfers in flight keep
-    /// it registered until they finish.
+    /// Drops `mr_id`. When it was the last one on its registration, the registration goes
+    /// (and its advertisement is revoked); transfers in flight keep the memory registered
+    /// until they finish.
     pub fn dereg(&self, mr_id: u64) -> Outcome<()> {
-        let mr = self
-            .mrs
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&mr_id);
-        let Some(mr) = mr else {
-            self.endpoint()?;
-            return Err(Failure::bad(format!("unknown mr_id {mr_id}")));
+        let st = self.st()?;
+        let gone = {
+            let mut regs = st.regs.write().unwrap_or_else(|p| p.into_inner());
+            let Some(handle) = regs.handles.remove(&mr_id) else {
+                drop(regs);
+                self.endpoint()?;
+                return Err(Failure::bad(format!("unknown mr_id {mr_id}")));
+            };
+            let key = (handle.mr.base, handle.mr.serial);
+            let last = match regs.live.get_mut(&key) {
+                Some((_, n)) => {
+                    *n -= 1;
+                    *n == 0
+                }
+                None => false,
+            };
+            if last {
+                regs.live.remove(&key);
+                Some(handle.mr)
+            } else {
+                None
+            }
         };
-        let advert = *mr.advert.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some(d), Ok(endpoint)) = (advert, self.endpoint()) {
-            endpoint.revoke(&d);
+        if let Some(mr) = gone {
+            let advert = *mr.advert.lock().unwrap_or_else(|p| p.into_inner());
+            if let (Some(d), Ok(endpoint)) = (advert, self.endpoint()) {
+                endpoint.revoke(&d);
+            }
         }
         Ok(())
     }
 
     /// The registration and the offset of `piece` in it, after checking the range lies
-    /// inside the registration.
+    /// inside what `mr_id` registered.
     fn resolve(&self, piece: Piece) -> Outcome<(Arc<Mr>, usize, usize)> {
-        let mr = self
-            .mrs
+        let found = self
+            .st()?
+            .regs
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .handles
             .get(&piece.mr_id)
-            .cloned();
-        let Some(mr) = mr else {
+            .map(|h| (h.mr.clone(), h.base, h.len));
+        let Some((mr, base, len)) = found else {
             self.endpoint()?;
             return Err(Failure::bad(format!("unknown mr_id {}", piece.mr_id)));
         };
-        let inside = piece.ptr >= mr.base
+        let inside = piece.ptr >= base
             && piece
                 .ptr
                 .checked_add(piece.size)
-                .is_some_and(|end| end <= mr.base + mr.len);
+                .is_some_and(|end| end <= base + len);
         if !inside {
             return Err(Failure::bad(format!(
                 "{} bytes at {:#x} are not inside mr_id {} ({} bytes at {:#x})",
-                piece.size, piece.ptr, piece.mr_id, mr.len, mr.base
+                piece.size, piece.ptr, piece.mr_id, len, base
             )));
         }
         if piece.size == 0 {
@@ -295,32 +469,91 @@ impl Core {
         })
     }
 
+    /// The registration's descriptor, advertising it on first use.
+    fn descriptor_of(&self, mr: &Mr) -> Outcome<Descriptor> {
+        let mut advert = mr.advert.lock().unwrap_or_else(|p| p.into_inner());
+        match *advert {
+            Some(d) => Ok(d),
+            None => {
+                let d = self.endpoint()?.advertise(&mr.region)?;
+                *advert = Some(d);
+                Ok(d)
+            }
+        }
+    }
+
     /// Advertises `piece` for one-sided access; returns the 64-byte blob for the peer.
     pub fn advertise(&self, piece: Piece) -> Outcome<[u8; crate::blob::ADVERT_BYTES]> {
         let (mr, offset, len) = self.resolve(piece)?;
-        let descriptor = {
-            let mut advert = mr.advert.lock().unwrap_or_else(|p| p.into_inner());
-            match *advert {
-                Some(d) => d,
-                None => {
-                    let d = self.endpoint()?.advertise(&mr.region)?;
-                    *advert = Some(d);
-                    d
-                }
-            }
-        };
         Ok(Advert {
             addr: piece.ptr,
             len: len as u64,
             offset: offset as u64,
-            descriptor,
+            descriptor: self.descriptor_of(&mr)?,
         }
         .encode())
     }
 
-    /// Starts a one-sided write (`write = true`) or read of `pieces` into / from the peer's
-    /// advertised `blobs` (one blob per piece; each piece at most its blob's size).
+    /// The keys of `mr_id`'s registration for a transfer descriptor (advertising it on
+    /// first use): every `mr_id` of one registration gets the same keys.
+    pub fn keys(&self, mr_id: u64) -> Outcome<RemoteKey> {
+        let mr = self
+            .st()?
+            .regs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .handles
+            .get(&mr_id)
+            .map(|h| h.mr.clone())
+            .ok_or_else(|| Failure::bad(format!("unknown mr_id {mr_id}")))?;
+        Ok(RemoteKey {
+            descriptor: self.descriptor_of(&mr)?,
+            base: mr.base,
+        })
+    }
+
+    /// Starts ONE one-sided write (`write = true`) or read of the whole list: `pieces[i]`
+    /// goes to / comes from `remote[i]` (at most its length).
     pub fn one_sided(
+        &self,
+        write: bool,
+        conn_id: u64,
+        pieces: &[Piece],
+        remote: &[RemoteRange],
+        notification: Option<&[u8]>,
+    ) -> Outcome<Transfer> {
+        if pieces.len() != remote.len() {
+            return Err(Failure::bad(format!(
+                "{} local buffers but {} remote ones",
+                pieces.len(),
+                remote.len()
+            )));
+        }
+        let conn = self.conn(conn_id)?;
+        let resolved = self.resolve_all(pieces)?;
+        let mut targets = Vec::with_capacity(remote.len());
+        for (i, (r, (_, _, len))) in remote.iter().zip(&resolved).enumerate() {
+            if *len as u64 > r.len {
+                return Err(Failure::bad(format!(
+                    "buffer {i}: {len} bytes but the peer's buffer holds {}",
+                    r.len
+                )));
+            }
+            targets.push(RemoteSegment::new(r.descriptor, r.offset, *len as u64));
+        }
+        let segments: Vec<Segment<'_>> = resolved
+            .iter()
+            .map(|(mr, offset, len)| Segment::new(&mr.region, *offset, *len))
+            .collect();
+        Ok(if write {
+            conn.write(&segments, &targets, notification)?
+        } else {
+            conn.read(&segments, &targets)?
+        })
+    }
+
+    /// [`Core::one_sided`] into / from the peer's advertised `blobs` (one per piece).
+    pub fn one_sided_blobs(
         &self,
         write: bool,
         conn_id: u64,
@@ -335,33 +568,16 @@ impl Core {
                 blobs.len()
             )));
         }
-        let conn = self.conn(conn_id)?;
-        let resolved = self.resolve_all(pieces)?;
-        let mut remote = Vec::with_capacity(blobs.len());
-        for (i, (blob, (_, _, len))) in blobs.iter().zip(&resolved).enumerate() {
-            let advert = Advert::decode(blob)
-                .map_err(|f| Failure::new(f.kind, format!("blob {i}: {}", f.message)))?;
-            if *len as u64 > advert.len {
-                return Err(Failure::bad(format!(
-                    "buffer {i}: {len} bytes but the peer advertised {}",
-                    advert.len
-                )));
-            }
-            remote.push(RemoteSegment::new(
-                advert.descriptor,
-                advert.offset,
-                *len as u64,
-            ));
-        }
-        let segments: Vec<Segment<'_>> = resolved
+        let remote = blobs
             .iter()
-            .map(|(mr, offset, len)| Segment::new(&mr.region, *offset, *len))
-            .collect();
-        Ok(if write {
-            conn.write(&segments, &remote, notification)?
-        } else {
-            conn.read(&segments, &remote)?
-        })
+            .enumerate()
+            .map(|(i, blob)| {
+                Advert::decode(blob)
+                    .map(|a| a.range())
+                    .map_err(|f| Failure::new(f.kind, format!("blob {i}: {}", f.message)))
+            })
+            .collect::<Outcome<Vec<_>>>()?;
+        self.one_sided(write, conn_id, pieces, &remote, notification)
     }
 
     /// Sends a notification on `conn_id` (delivered after this side's earlier writes).
@@ -375,7 +591,7 @@ impl Core {
         if got.is_empty() {
             return Ok(Vec::new());
         }
-        let conns = self.conns.read().unwrap_or_else(|p| p.into_inner());
+        let conns = self.st()?.conns.read().unwrap_or_else(|p| p.into_inner());
         Ok(got
             .into_iter()
             .map(|(peer, bytes)| {
@@ -389,19 +605,20 @@ impl Core {
     }
 
     /// Keeps `transfer` under a new transfer id (for `poll_async`).
-    pub fn track(&self, transfer: Transfer) -> u64 {
-        let id = self.next_xfer.fetch_add(1, Ordering::Relaxed);
-        self.xfers
+    pub fn track(&self, transfer: Transfer) -> Outcome<u64> {
+        let st = self.st()?;
+        let id = st.next_xfer.fetch_add(1, Ordering::Relaxed);
+        st.xfers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, transfer);
-        id
+        Ok(id)
     }
 
     /// `Ok(false)` while transfer `id` runs; `Ok(true)` once it finished well (the id is then
     /// forgotten); its error if it failed (forgotten too).
     pub fn poll(&self, id: u64) -> Outcome<bool> {
-        let mut xfers = self.xfers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut xfers = self.st()?.xfers.lock().unwrap_or_else(|p| p.into_inner());
         let Some(t) = xfers.get(&id) else {
             drop(xfers);
             self.endpoint()?;
@@ -418,7 +635,8 @@ impl Core {
 
     /// The transfer under `id`, still tracked.
     pub fn tracked(&self, id: u64) -> Outcome<Transfer> {
-        self.xfers
+        self.st()?
+            .xfers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
@@ -427,18 +645,23 @@ impl Core {
     }
 
     /// Closes every connection (pending transfers fail), drops registrations and stops the
-    /// engines. Idempotent. Blocks until the engines released the connections' comms, so
-    /// call it without the GIL.
+    /// engines. Idempotent; does nothing on an endpoint inherited through `fork()`. Blocks
+    /// until the engines released the connections' comms, so call it without the GIL.
     pub fn close(&self) {
-        if FORKED.load(Ordering::Relaxed) {
-            return;
+        let Ok(st) = self.st() else { return };
+        let passive = st.passive.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(p) = passive {
+            p.stop.store(true, Ordering::Relaxed);
+            // It notices within one accept slice; a panic in it has nothing left to report.
+            let _ = p.thread.join();
         }
-        let conns = std::mem::take(&mut *self.conns.write().unwrap_or_else(|p| p.into_inner()));
+        let conns = std::mem::take(&mut *st.conns.write().unwrap_or_else(|p| p.into_inner()));
         drop(conns);
-        self.xfers.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        let mrs = std::mem::take(&mut *self.mrs.write().unwrap_or_else(|p| p.into_inner()));
-        drop(mrs);
-        let endpoint = self
+        st.peers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        st.xfers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let regs = std::mem::take(&mut *st.regs.write().unwrap_or_else(|p| p.into_inner()));
+        drop(regs);
+        let endpoint = st
             .endpoint
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -446,35 +669,54 @@ impl Core {
         drop(endpoint);
     }
 
-    /// Whether [`Core::close`] ran.
+    /// Whether [`Core::close`] ran (always true for an endpoint inherited through `fork()`:
+    /// it is unusable).
     pub fn is_closed(&self) -> bool {
-        self.endpoint
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        match self.st() {
+            Ok(st) => st
+                .endpoint
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none(),
+            Err(_) => true,
+        }
     }
+}
+
+/// The address this host's endpoints announce to peers (UCCL's `get_oob_ip`):
+/// `TCPX_CONTROL_ADDR`'s when it names one, else the first data NIC's, which only an endpoint
+/// knows (its plugin lists the NICs): one is made, asked and closed.
+pub fn oob_ip() -> Outcome<IpAddr> {
+    let ip = Config::from_env()?.control_addr.ip();
+    if !ip.is_unspecified() {
+        return Ok(ip);
+    }
+    let core = Core::new(None)?;
+    let ip = core.metadata()?.control_addr.ip();
+    core.close();
+    Ok(ip)
 }
 
 impl Drop for Core {
     fn drop(&mut self) {
-        if FORKED.load(Ordering::Relaxed) {
+        if self.origin.inherited() {
             // Inherited from the parent: its threads do not exist here, and a lock they held
             // at fork() stays locked forever. Leak everything rather than touch it.
-            let endpoint = self
-                .endpoint
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            std::mem::forget(endpoint);
-            std::mem::forget(std::mem::take(
-                self.conns.get_mut().unwrap_or_else(|p| p.into_inner()),
-            ));
-            std::mem::forget(std::mem::take(
-                self.mrs.get_mut().unwrap_or_else(|p| p.into_inner()),
-            ));
-            std::mem::forget(std::mem::take(
-                self.xfers.get_mut().unwrap_or_else(|p| p.into_inner()),
-            ));
+            return;
         }
+        if let Some(p) = self
+            .state
+            .passive
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            // Not joined: this drop may run on that very thread (its slice held the last
+            // reference); it sees the flag, or a dead `Weak`, and ends by itself.
+            p.stop.store(true, Ordering::Relaxed);
+        }
+        // SAFETY: `state` is dropped exactly once, here, and never used afterwards (this is
+        // the owner's drop).
+        unsafe { ManuallyDrop::drop(&mut self.state) };
     }
 }

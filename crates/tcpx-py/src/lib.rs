@@ -8,35 +8,40 @@
 //! - `tcpx._native.Core` / `Transfer` ([`native`]): raise `tcpx.Error` subclasses; the
 //!   Pythonic layer (`tcpx.Endpoint`, `Connection`, ...) is written in Python on top;
 //! - `tcpx.p2p.Endpoint` ([`p2p`]): UCCL's p2p surface with `ok` flags;
+//! - [`xfer`]: `FloatType`, `XferDesc`, `XferHandle` (the descriptor API's values) and
+//!   [`descs`], their byte form; [`blob`]: the advertisement blob and UCCL metadata;
+//! - [`fork`]: endpoints inherited through `fork()` refuse every call in the child;
 //! - [`wait`]: blocking waits release the GIL and check for signals every 20 ms;
 //! - [`errors`]: failures become exceptions in one place.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod blob;
+pub mod checksum;
 pub mod core;
+pub mod descs;
 pub mod errors;
+pub mod fork;
 pub mod native;
 pub mod p2p;
 pub mod wait;
+pub mod xfer;
 
 use pyo3::prelude::*;
-
-/// Marks endpoints inherited through `fork()` unusable in the child (called by
-/// `os.register_at_fork(after_in_child=...)` in `tcpx/__init__.py`).
-#[pyfunction]
-fn _after_fork_in_child() {
-    core::FORKED.store(true, std::sync::atomic::Ordering::Relaxed);
-}
 
 /// `tcpx._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Before any endpoint exists: endpoints record the process that made them (see `fork`).
+    fork::install();
     m.add_class::<native::PyCore>()?;
     m.add_class::<native::PyTransfer>()?;
     m.add_class::<p2p::P2pEndpoint>()?;
+    m.add_class::<xfer::FloatType>()?;
+    m.add_class::<xfer::XferDesc>()?;
+    m.add_class::<xfer::XferHandle>()?;
     m.add_function(wrap_pyfunction!(p2p::last_error, m)?)?;
-    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(p2p::get_oob_ip, m)?)?;
     m.add("SLICE_SECONDS", wait::SLICE.as_secs_f64())?;
     Ok(())
 }

@@ -10,6 +10,7 @@ use tcpx_runtime::control::EndpointMetadata;
 
 use crate::core::{Core, Piece, Way};
 use crate::errors::{raise, Failure, Outcome};
+use crate::fork::Origin;
 use crate::wait;
 
 /// Transfers whose Python handle was dropped before they finished, with the objects whose
@@ -47,6 +48,7 @@ impl PyCore {
             inner,
             keep: Some(keep),
             orphans: self.orphans.clone(),
+            origin: self.core.origin(),
         })
     }
 }
@@ -168,9 +170,9 @@ impl PyCore {
     }
 
     /// Closes a connection; whether it existed.
-    fn close_conn(&self, py: Python<'_>, conn_id: u64) -> bool {
+    fn close_conn(&self, py: Python<'_>, conn_id: u64) -> PyResult<bool> {
         let core = self.core.clone();
-        py.detach(|| core.remove_conn(conn_id))
+        raise(py, py.detach(|| core.remove_conn(conn_id)))
     }
 
     /// Registers `size` bytes at `ptr`; the caller keeps the memory alive until `dereg`.
@@ -223,7 +225,7 @@ impl PyCore {
         let p = self::pieces(pieces);
         let t = py.detach(|| {
             let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
-            core.one_sided(true, conn_id, &p, &refs, notification.as_deref())
+            core.one_sided_blobs(true, conn_id, &p, &refs, notification.as_deref())
         });
         self.transfer(t, keep, py)
     }
@@ -240,7 +242,7 @@ impl PyCore {
         let p = self::pieces(pieces);
         let t = py.detach(|| {
             let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
-            core.one_sided(false, conn_id, &p, &refs, None)
+            core.one_sided_blobs(false, conn_id, &p, &refs, None)
         });
         self.transfer(t, keep, py)
     }
@@ -325,6 +327,17 @@ impl PyCore {
     }
 }
 
+impl Drop for PyCore {
+    fn drop(&mut self) {
+        if self.core.origin().inherited() {
+            // Inherited through fork(): the orphans' transfers belong to engines that do not
+            // exist here. A reference that is never dropped keeps them (and their memory)
+            // untouched.
+            std::mem::forget(self.orphans.clone());
+        }
+    }
+}
+
 /// A transfer in flight: `done()`, `wait(timeout)`. Holds the objects whose memory it uses
 /// until it finishes, even when this handle is dropped first.
 #[pyclass(module = "tcpx", name = "Transfer")]
@@ -332,13 +345,26 @@ pub struct PyTransfer {
     inner: tcpx_runtime::Transfer,
     keep: Option<Py<PyAny>>,
     orphans: Orphans,
+    /// The process whose endpoint started it: elsewhere (a forked child) it is unusable.
+    origin: Origin,
+}
+
+impl PyTransfer {
+    fn live(&self, py: Python<'_>) -> PyResult<()> {
+        if self.origin.inherited() {
+            return Err(self.origin.failure("transfer").into_py(py));
+        }
+        Ok(())
+    }
 }
 
 #[pymethods]
 impl PyTransfer {
-    /// True once the transfer finished (successfully or not); never blocks.
-    fn done(&self) -> bool {
-        self.inner.is_finished()
+    /// True once the transfer finished (successfully or not); never blocks. Raises
+    /// `tcpx.Closed` in a process that inherited the transfer through fork().
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        self.live(py)?;
+        Ok(self.inner.is_finished())
     }
 
     /// Blocks until the transfer finishes (at most `timeout` seconds; `None`: until the
@@ -347,6 +373,7 @@ impl PyTransfer {
     /// `KeyboardInterrupt` on Ctrl-C (likewise). Releases the GIL while waiting.
     #[pyo3(signature = (timeout=None))]
     fn wait(&mut self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
+        self.live(py)?;
         let limit = raise(py, wait::timeout(timeout))?;
         let n = raise(py, wait::transfer(py, &self.inner, limit)?)?;
         self.keep = None;
@@ -360,6 +387,9 @@ impl PyTransfer {
     }
 
     fn __repr__(&self) -> String {
+        if self.origin.inherited() {
+            return "<tcpx.Transfer inherited through fork(): unusable>".to_string();
+        }
         let state = match self.inner.poll() {
             None => "in progress".to_string(),
             Some(Ok(_)) => "done".to_string(),
@@ -375,6 +405,12 @@ impl PyTransfer {
 
 impl Drop for PyTransfer {
     fn drop(&mut self) {
+        if self.origin.inherited() {
+            // Inherited through fork(): never release what the parent's engines may hold.
+            std::mem::forget(self.inner.clone());
+            std::mem::forget(self.keep.take());
+            return;
+        }
         if let Some(keep) = self.keep.take() {
             if !self.inner.is_finished() {
                 self.orphans

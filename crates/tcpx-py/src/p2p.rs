@@ -14,8 +14,10 @@ use tcpx_runtime::control::EndpointMetadata;
 
 use crate::blob;
 use crate::core::{Core, Piece, Way};
+use crate::descs::{self, RemoteKey, RemoteRange};
 use crate::errors::{self, Failure, Kind, Outcome};
 use crate::wait;
+use crate::xfer::{FloatType, XferDesc, NO_MR};
 
 /// UCCL's `p2p.Endpoint` over the tcpx runtime (TCPX when installed, else kernel TCP).
 ///
@@ -103,7 +105,7 @@ impl P2pEndpoint {
         py: Python<'_>,
         f: impl FnOnce(&Core) -> Outcome<tcpx_runtime::Transfer> + Send,
     ) -> (bool, u64) {
-        with_id(self.submit(py, f).map(|t| self.core.track(t)))
+        with_id(self.submit(py, f).and_then(|t| self.core.track(t)))
     }
 
     fn connect_to(&self, py: Python<'_>, target: Target) -> PyResult<(bool, u64)> {
@@ -167,20 +169,23 @@ impl P2pEndpoint {
         Ok((addr.ip().to_string(), addr.port(), gpu))
     }
 
-    /// `connect(remote_ip_addr, remote_gpu_idx, remote_port=-1) -> (ok, conn_id)`, or
+    /// `connect(remote_ip_addr, remote_gpu_bdf, remote_port=-1) -> (ok, conn_id)`, or
     /// `connect(metadata)` with the peer's `get_metadata()` bytes. The control connection
     /// carries the plugin handles, so the address suffices; the port names the endpoint
-    /// (`remote_port=-1` cannot be resolved and fails: pass the peer's port), and
-    /// `remote_gpu_idx` is informational (the peer's own announcement wins).
-    #[pyo3(signature = (remote_ip_addr, remote_gpu_idx=-1, remote_port=-1))]
+    /// (`remote_port=-1` cannot be resolved and fails: pass the peer's port).
+    /// `remote_gpu_bdf` (UCCL today: the peer GPU's PCI bus id; older UCCL: its index, also
+    /// accepted as keyword `remote_gpu_idx`) is informational: the peer's own announcement
+    /// wins.
+    #[pyo3(signature = (remote_ip_addr, remote_gpu_bdf=None, remote_port=-1, *, remote_gpu_idx=None))]
     fn connect(
         &self,
         py: Python<'_>,
         remote_ip_addr: &Bound<'_, PyAny>,
-        remote_gpu_idx: i64,
+        remote_gpu_bdf: Option<&Bound<'_, PyAny>>,
         remote_port: i64,
+        remote_gpu_idx: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(bool, u64)> {
-        let _ = remote_gpu_idx;
+        let _ = (remote_gpu_bdf, remote_gpu_idx);
         if let Ok(bytes) = remote_ip_addr.cast::<PyBytes>() {
             return match target_of(bytes.as_bytes()) {
                 Ok(t) => self.connect_to(py, t),
@@ -204,23 +209,56 @@ impl P2pEndpoint {
         self.connect_to(py, Target::Addr(addr))
     }
 
-    /// Newer UCCL name: connect with the peer's metadata bytes -> `(ok, conn_id)`.
+    /// Newer UCCL name: connect with the peer's metadata bytes -> `(ok, conn_id)`. Connects
+    /// once per peer: the same metadata again gives the same `conn_id` until
+    /// `remove_remote_endpoint`.
     fn add_remote_endpoint(&self, py: Python<'_>, metadata_bytes: &[u8]) -> PyResult<(bool, u64)> {
-        match target_of(metadata_bytes) {
-            Ok(t) => self.connect_to(py, t),
-            Err(f) => Ok(with_id(Err(f))),
+        match self.core.known_peer(metadata_bytes) {
+            Ok(Some(id)) => return Ok((true, id)),
+            Ok(None) => {}
+            Err(f) => return Ok(with_id(Err(f))),
         }
+        let target = match target_of(metadata_bytes) {
+            Ok(t) => t,
+            Err(f) => return Ok(with_id(Err(f))),
+        };
+        let (ok, id) = self.connect_to(py, target)?;
+        if ok {
+            if let Err(f) = self.core.remember_peer(metadata_bytes.to_vec(), id) {
+                return Ok(with_id(Err(f)));
+            }
+        }
+        Ok((ok, id))
     }
 
-    /// Closes a connection -> ok.
+    /// Closes a connection -> ok (`False` for an unknown or already removed `conn_id`). A
+    /// later `add_remote_endpoint` of the same peer connects anew, with a new `conn_id`.
     fn remove_remote_endpoint(&self, py: Python<'_>, conn_id: u64) -> bool {
         let core = self.core.clone();
-        let found = py.detach(|| core.remove_conn(conn_id));
-        flag(if found {
-            Ok(())
-        } else {
-            Err(Failure::bad(format!("unknown conn_id {conn_id}")))
-        })
+        flag(py.detach(|| core.remove_conn(conn_id)).and_then(|found| {
+            if found {
+                Ok(())
+            } else {
+                Err(Failure::bad(format!("unknown conn_id {conn_id}")))
+            }
+        }))
+    }
+
+    /// UCCL's `start_passive_accept() -> True`: accepts every peer that connects, on a
+    /// background thread, until the endpoint closes, so peers can `add_remote_endpoint`
+    /// and then `transfer` / `write` / `read` into this side's registered memory with no
+    /// call here. Idempotent; `False` on a closed endpoint.
+    fn start_passive_accept(&self) -> bool {
+        flag(self.core.start_passive_accept())
+    }
+
+    /// UCCL's `conn_id_of_rank(rank)`: the connection of a peer rank, or 2**64-1 when there
+    /// is none. tcpx keeps no rank table (UCCL's, at the commit in tests/uccl_api.txt, is
+    /// never filled either), so this is always 2**64-1: keep the `conn_id`s that `connect`
+    /// / `add_remote_endpoint` return.
+    fn conn_id_of_rank(&self, rank: i64) -> u64 {
+        let _ = rank;
+        NO_MR
     }
 
     /// Waits for a peer -> `(ok, ip, remote_gpu_idx, conn_id)` (`remote_gpu_idx` -1 when the
@@ -243,16 +281,19 @@ impl P2pEndpoint {
 
     /// Registers `size` bytes at `ptr` (host or CUDA memory; the driver says which) ->
     /// `(ok, mr_id)`. TCPX equivalent of an RDMA MR: nothing is pinned here; the plugin
-    /// registers the range per connection at first use. `floatType` (newer UCCL) is ignored.
-    /// The memory must stay allocated until `dereg` and every transfer on it finished.
-    #[pyo3(signature = (ptr, size, floatType=None))]
+    /// registers the range per connection at first use. A range inside memory this endpoint
+    /// registered already shares that registration (a new `mr_id`, the same keys), like
+    /// UCCL's MR cache. `floatType` (a `FloatType`; UCCL compresses floats with it) is
+    /// accepted and ignored: bytes travel as they are. The memory must stay allocated until
+    /// `dereg` and every transfer on it finished.
+    #[pyo3(signature = (ptr, size, floatType=FloatType::Undefined))]
     #[allow(non_snake_case)]
     fn reg(
         &self,
         py: Python<'_>,
         ptr: u64,
         size: u64,
-        floatType: Option<&Bound<'_, PyAny>>,
+        floatType: Option<FloatType>,
     ) -> (bool, u64) {
         let _ = floatType;
         let core = self.core.clone();
@@ -566,7 +607,7 @@ impl P2pEndpoint {
         meta: &[u8],
     ) -> PyResult<bool> {
         self.blocking(py, |c| {
-            c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+            c.one_sided_blobs(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
         })
     }
 
@@ -581,7 +622,7 @@ impl P2pEndpoint {
         meta: &[u8],
     ) -> (bool, u64) {
         self.asynchronous(py, |c| {
-            c.one_sided(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+            c.one_sided_blobs(true, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
         })
     }
 
@@ -597,7 +638,7 @@ impl P2pEndpoint {
         meta: &[u8],
     ) -> PyResult<bool> {
         self.blocking(py, |c| {
-            c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+            c.one_sided_blobs(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
         })
     }
 
@@ -612,7 +653,7 @@ impl P2pEndpoint {
         meta: &[u8],
     ) -> (bool, u64) {
         self.asynchronous(py, |c| {
-            c.one_sided(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
+            c.one_sided_blobs(false, conn_id, &[Piece { mr_id, ptr, size }], &[meta], None)
         })
     }
 
@@ -720,6 +761,302 @@ impl P2pEndpoint {
         })
     }
 
+    // Descriptor API (UCCL's Ray-style calls) -----------------------------------------
+
+    /// UCCL's `register_memory(tensor_list) -> [XferDesc]`: registers each tensor (anything
+    /// with `data_ptr()`, `numel()` and `element_size()`, host or CUDA) or array / buffer
+    /// (numpy, `__cuda_array_interface__`, the buffer protocol) and returns its descriptor,
+    /// whose keys a peer can `transfer` into / from. Keep the objects alive until
+    /// `deregister_memory`. All or none: a failure deregisters the ones done and raises
+    /// (`tcpx.BadArgument` for an object that is not contiguous memory).
+    fn register_memory(
+        &self,
+        py: Python<'_>,
+        tensor_list: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<XferDesc>> {
+        let items: Vec<Bound<'_, PyAny>> = tensor_list.extract()?;
+        let mut ranges = Vec::with_capacity(items.len());
+        for (i, obj) in items.iter().enumerate() {
+            ranges.push(memory_of(py, obj).map_err(|e| {
+                let msg = format!("register_memory: item {i}: {}", e.value(py));
+                Failure::bad(msg).into_py(py)
+            })?);
+        }
+        let core = self.core.clone();
+        let descs = py.detach(move || {
+            let mut out: Vec<XferDesc> = Vec::with_capacity(ranges.len());
+            for (i, &(ptr, size)) in ranges.iter().enumerate() {
+                // SAFETY: UCCL's contract, stated in the docstring: the caller keeps the
+                // objects alive (their memory allocated) until deregister_memory.
+                let r = unsafe { core.reg(ptr, size) }.and_then(|mr_id| {
+                    let keys = core.keys(mr_id).inspect_err(|_| {
+                        let _ = core.dereg(mr_id);
+                    })?;
+                    Ok(desc_of(ptr, size, mr_id, &keys))
+                });
+                match r {
+                    Ok(d) => out.push(d),
+                    Err(f) => {
+                        for d in &out {
+                            let _ = core.dereg(d.mr_id);
+                        }
+                        return Err(Failure::new(
+                            f.kind,
+                            format!("register_memory: item {i}: {}", f.message),
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        });
+        errors::raise(py, descs)
+    }
+
+    /// UCCL's `deregister_memory(desc_list)`: deregisters each descriptor's `mr_id`
+    /// (descriptors without one, from a peer, are skipped). Returns None; an unknown `mr_id`
+    /// is skipped too and left in `last_error()`.
+    fn deregister_memory(&self, py: Python<'_>, desc_list: Vec<PyRef<'_, XferDesc>>) {
+        let ids: Vec<u64> = desc_list
+            .iter()
+            .map(|d| d.mr_id)
+            .filter(|&id| id != NO_MR)
+            .collect();
+        let core = self.core.clone();
+        let failed = py.detach(move || {
+            let mut failed = None;
+            for id in ids {
+                if let Err(f) = core.dereg(id) {
+                    failed = Some(f);
+                }
+            }
+            failed
+        });
+        if let Some(f) = failed {
+            errors::remember(f);
+        }
+    }
+
+    /// UCCL's `get_serialized_descs(desc_list) -> bytes`: the descriptors' bytes for the
+    /// peer's `deserialize_descs` (format: `descs.rs`; `mr_id` stays here).
+    fn get_serialized_descs<'py>(
+        &self,
+        py: Python<'py>,
+        desc_list: Vec<PyRef<'py, XferDesc>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let list: Vec<descs::Desc> = desc_list.iter().map(|d| d.to_desc()).collect();
+        let bytes = descs::encode(&list)
+            .map_err(|e| Failure::bad(format!("get_serialized_descs: {e}")).into_py(py))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// UCCL's `deserialize_descs(serialized_bytes) -> [XferDesc]`: the peer's descriptors
+    /// (`mr_id` 2**64-1). Raises `tcpx.BadArgument` (also a `RuntimeError`, as UCCL raises)
+    /// for bytes that are not a descriptor list, naming what is wrong.
+    fn deserialize_descs(
+        &self,
+        py: Python<'_>,
+        serialized_bytes: &[u8],
+    ) -> PyResult<Vec<XferDesc>> {
+        let list = descs::decode(serialized_bytes)
+            .map_err(|e| Failure::bad(format!("deserialize_descs: {e}")).into_py(py))?;
+        Ok(list.into_iter().map(XferDesc::from_desc).collect())
+    }
+
+    /// UCCL's `transfer(conn_id, op_name, local_desc_list, remote_desc_list) -> (ok,
+    /// transfer_id)`: starts ONE one-sided `"write"` (local descriptors into the peer's) or
+    /// `"read"` (the peer's into the local ones) of the whole list — one runtime operation,
+    /// one control message, not one per descriptor — and returns at once; finish it with
+    /// `poll_async(transfer_id)`. Entry `i` moves `local[i].size` bytes (at most
+    /// `remote[i].size`). No call is needed on the peer (it accepted the connection, e.g.
+    /// with `start_passive_accept`).
+    ///
+    /// Raises `tcpx.BadArgument` (also a `RuntimeError`, as UCCL raises) for lists of
+    /// different lengths, an `op_name` other than "read" / "write", an invalid `conn_id`
+    /// (never made or removed: the message says "Invalid conn_id"), a local descriptor
+    /// without `mr_id` or a remote one without `rkeys`. Other failures give `ok = False`
+    /// with `last_error()`; a refused access (forged or revoked keys, out of range) fails
+    /// the transfer and writes nothing.
+    fn transfer(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        op_name: &str,
+        local_desc_list: Vec<PyRef<'_, XferDesc>>,
+        remote_desc_list: Vec<PyRef<'_, XferDesc>>,
+    ) -> PyResult<(bool, u64)> {
+        let usage = |msg: String| Failure::bad(format!("transfer: {msg}")).into_py(py);
+        if local_desc_list.len() != remote_desc_list.len() {
+            return Err(usage(format!(
+                "Local and remote descriptors must have the same size ({} local, {} remote)",
+                local_desc_list.len(),
+                remote_desc_list.len()
+            )));
+        }
+        let write = match op_name {
+            "write" => true,
+            "read" => false,
+            other => {
+                return Err(usage(format!(
+                    "Invalid op_name: {other:?} (\"read\" or \"write\")"
+                )))
+            }
+        };
+        match self.core.conn(conn_id) {
+            Ok(_) => {}
+            Err(f) if f.kind == Kind::BadArgument => {
+                return Err(usage(format!(
+                    "Invalid conn_id {conn_id}: no such connection (never made, or removed)"
+                )))
+            }
+            Err(f) => return Ok(with_id(Err(f))),
+        }
+        // IPC: a same-host connection (connect_local / accept_local) sends the list through
+        // the runtime's CUDA IPC route here instead, with each remote descriptor's
+        // `ipc_info`, once that route is wired.
+        let mut pieces = Vec::with_capacity(local_desc_list.len());
+        for (i, d) in local_desc_list.iter().enumerate() {
+            if d.mr_id == NO_MR {
+                return Err(usage(format!(
+                    "local descriptor {i} has no mr_id: pass descriptors from register_memory"
+                )));
+            }
+            pieces.push(Piece {
+                mr_id: d.mr_id,
+                ptr: d.addr,
+                size: d.size,
+            });
+        }
+        let mut keys = Vec::with_capacity(remote_desc_list.len());
+        for (i, d) in remote_desc_list.iter().enumerate() {
+            if d.rkeys.is_empty() {
+                return Err(usage(format!(
+                    "remote descriptor {i} has no rkeys: pass the peer's descriptors \
+                     (get_serialized_descs there, deserialize_descs here)"
+                )));
+            }
+            keys.push((d.rkeys.clone(), d.addr, d.size));
+        }
+        Ok(self.asynchronous(py, move |c| {
+            let remote = remote_ranges(&keys)?;
+            c.one_sided(write, conn_id, &pieces, &remote, None)
+        }))
+    }
+
+    // Same-host CUDA IPC (UCCL's intra-node family) ------------------------------------
+    // IPC: every method below is UCCL's signature with its return shape; each reports
+    // `ok = False` (`last_error()`: "same-host CUDA IPC: not yet wired") until it is wired to
+    // the runtime's IPC module. Peers on one host connect through the network path
+    // (connect / add_remote_endpoint over loopback) meanwhile.
+
+    /// UCCL's `connect_local(remote_gpu_bdf) -> (ok, conn_id)` (same-host CUDA IPC).
+    fn connect_local(&self, remote_gpu_bdf: &Bound<'_, PyAny>) -> (bool, u64) {
+        let _ = remote_gpu_bdf;
+        with_id(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `accept_local() -> (ok, remote_gpu_bdf, conn_id)` (same-host CUDA IPC).
+    fn accept_local(&self) -> (bool, String, u64) {
+        errors::remember(ipc_not_wired());
+        (false, String::new(), 0)
+    }
+
+    /// UCCL's `advertise_ipc(conn_id, ptr, size) -> (ok, info)` (same-host CUDA IPC).
+    fn advertise_ipc<'py>(
+        &self,
+        py: Python<'py>,
+        conn_id: u64,
+        ptr: u64,
+        size: u64,
+    ) -> (bool, Bound<'py, PyBytes>) {
+        let _ = (conn_id, ptr, size);
+        errors::remember(ipc_not_wired());
+        (false, PyBytes::new(py, b""))
+    }
+
+    /// UCCL's `advertisev_ipc(conn_id, ptr_v, size_v) -> (ok, [info])` (same-host CUDA IPC).
+    fn advertisev_ipc<'py>(
+        &self,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+    ) -> (bool, Vec<Bound<'py, PyBytes>>) {
+        let _ = (conn_id, ptr_v, size_v);
+        errors::remember(ipc_not_wired());
+        (false, Vec::new())
+    }
+
+    /// UCCL's `write_ipc(conn_id, ptr, size, info) -> ok` (same-host CUDA IPC).
+    fn write_ipc(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> bool {
+        let _ = (conn_id, ptr, size, info);
+        flag(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `read_ipc(conn_id, ptr, size, info) -> ok` (same-host CUDA IPC).
+    fn read_ipc(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> bool {
+        let _ = (conn_id, ptr, size, info);
+        flag(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `write_ipc_async(conn_id, ptr, size, info) -> (ok, transfer_id)`.
+    fn write_ipc_async(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> (bool, u64) {
+        let _ = (conn_id, ptr, size, info);
+        with_id(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `read_ipc_async(conn_id, ptr, size, info) -> (ok, transfer_id)`.
+    fn read_ipc_async(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> (bool, u64) {
+        let _ = (conn_id, ptr, size, info);
+        with_id(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `writev_ipc(conn_id, ptr_v, size_v, info_v) -> ok`.
+    fn writev_ipc(
+        &self,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        info_v: Vec<Vec<u8>>,
+    ) -> bool {
+        let _ = (conn_id, ptr_v, size_v, info_v);
+        flag(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `readv_ipc(conn_id, ptr_v, size_v, info_v) -> ok`.
+    fn readv_ipc(
+        &self,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        info_v: Vec<Vec<u8>>,
+    ) -> bool {
+        let _ = (conn_id, ptr_v, size_v, info_v);
+        flag(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `writev_ipc_async(conn_id, ptr_v, size_v, info_v) -> (ok, transfer_id)`.
+    fn writev_ipc_async(
+        &self,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        info_v: Vec<Vec<u8>>,
+    ) -> (bool, u64) {
+        let _ = (conn_id, ptr_v, size_v, info_v);
+        with_id(Err(ipc_not_wired()))
+    }
+
+    /// UCCL's `readv_ipc_async(conn_id, ptr_v, size_v, info_v) -> (ok, transfer_id)`.
+    fn readv_ipc_async(
+        &self,
+        conn_id: u64,
+        ptr_v: Vec<u64>,
+        size_v: Vec<u64>,
+        info_v: Vec<Vec<u8>>,
+    ) -> (bool, u64) {
+        let _ = (conn_id, ptr_v, size_v, info_v);
+        with_id(Err(ipc_not_wired()))
+    }
+
     /// UCCL's `uccl_engine_send_notif`: sends `msg` (bytes or str, at most 64 KiB) to the
     /// peer of `conn_id` -> ok. It reaches the peer's `get_notifs()` after the data of every
     /// `write` this side issued on the connection before it.
@@ -788,7 +1125,7 @@ fn one_sided_v(
 ) -> Outcome<tcpx_runtime::Transfer> {
     let pieces = zip_pieces(mr_id_v, ptr_v, size_v, num_iovs)?;
     let refs: Vec<&[u8]> = metas.iter().map(Vec::as_slice).collect();
-    c.one_sided(write, conn_id, &pieces, &refs, None)
+    c.one_sided_blobs(write, conn_id, &pieces, &refs, None)
 }
 
 /// Resolves `advertise`'s two forms into [conn_id, mr_id, ptr, size].
@@ -811,6 +1148,77 @@ fn overload(
         out[start + i] = Some(v);
     }
     Ok(Ok(out))
+}
+
+/// Why every same-host IPC call reports `ok = False` for now.
+// IPC: replace with the runtime's IPC module once wired (the coordinator wires it).
+fn ipc_not_wired() -> Failure {
+    Failure::new(
+        Kind::Unsupported,
+        "same-host CUDA IPC: not yet wired (connect / add_remote_endpoint work between \
+         processes of one host, over loopback)",
+    )
+}
+
+/// `(ptr, bytes)` of one `register_memory` item: UCCL's rule for tensors (`data_ptr()`,
+/// `numel() * element_size()`, and contiguous), else the Pythonic layer's for arrays and
+/// buffers (`tcpx._buffers.describe`).
+fn memory_of(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    if obj.hasattr("data_ptr")? {
+        if let Ok(contiguous) = obj.call_method0("is_contiguous") {
+            if !contiguous.is_truthy()? {
+                return Err(
+                    Failure::bad("tensor is not contiguous: call .contiguous() first").into_py(py),
+                );
+            }
+        }
+        let ptr: u64 = obj.call_method0("data_ptr")?.extract()?;
+        let numel: u64 = obj.call_method0("numel")?.extract()?;
+        let item: u64 = obj.call_method0("element_size")?.extract()?;
+        let size = numel
+            .checked_mul(item)
+            .ok_or_else(|| Failure::bad("tensor size overflows").into_py(py))?;
+        return Ok((ptr, size));
+    }
+    let info = py
+        .import("tcpx._buffers")?
+        .getattr("describe")?
+        .call1((obj, false))?;
+    Ok((
+        info.getattr("ptr")?.extract()?,
+        info.getattr("nbytes")?.extract()?,
+    ))
+}
+
+/// The descriptor of `size` bytes at `ptr`, registered as `mr_id` with `keys`.
+fn desc_of(ptr: u64, size: u64, mr_id: u64, keys: &RemoteKey) -> XferDesc {
+    XferDesc {
+        addr: ptr,
+        size,
+        mr_id,
+        lkeys: keys.lkeys(),
+        rkeys: keys.rkeys(),
+        ipc_info: Vec::new(),
+    }
+}
+
+/// The peer's descriptors (`rkeys`, `addr`, `size`) as ranges of its registrations.
+fn remote_ranges(keys: &[(Vec<u32>, u64, u64)]) -> Outcome<Vec<RemoteRange>> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, (rkeys, addr, size))| {
+            RemoteKey::from_rkeys(rkeys)
+                .and_then(|k| k.range(*addr, *size))
+                .map_err(|e| Failure::bad(format!("remote descriptor {i}: {e}")))
+        })
+        .collect()
+}
+
+/// UCCL's module function `get_oob_ip()`: the address this host's endpoints announce to
+/// peers (`TCPX_CONTROL_ADDR`'s, else the first data NIC's).
+#[pyfunction]
+pub fn get_oob_ip(py: Python<'_>) -> PyResult<String> {
+    errors::raise(py, py.detach(crate::core::oob_ip)).map(|ip| ip.to_string())
 }
 
 /// The reason of this thread's last `ok = False` as `(exception class name, message)`, or

@@ -22,10 +22,10 @@ Behaviour: every blocking call releases the GIL and waits in 20 ms slices, check
 signals, so Ctrl-C raises ``KeyboardInterrupt`` (the interrupted transfer keeps running;
 its memory stays referenced until it finishes, and the connection stays usable). Endpoints
 close on ``close()``, on leaving a ``with`` block, on garbage collection and at interpreter
-exit. **fork()**: an endpoint does not survive into a child process (its engine threads do
-not exist there): in the child every call on an inherited endpoint raises
-:class:`Closed` and nothing of it is freed; create new endpoints in the child (or use the
-``spawn`` start method of multiprocessing).
+exit. **fork()**: an endpoint belongs to the process that created it (its engine threads
+do not exist in a child): in a forked child every call on an inherited endpoint or transfer
+raises :class:`Closed` and dropping it frees nothing, while endpoints the child creates
+itself work normally (multiprocessing's default *fork* start method is fine).
 
 Configuration comes from the environment exactly as in Rust (``Config::from_env``):
 ``TCPX_PLUGIN_PATH`` (else the TCPX install paths, else the built-in socket plugin),
@@ -35,7 +35,6 @@ Configuration comes from the environment exactly as in Rust (``Config::from_env`
 from __future__ import annotations
 
 import atexit
-import os
 import weakref
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -73,10 +72,6 @@ _live: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()
 def _close_all() -> None:
     for ep in list(_live):
         ep.close()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_native._after_fork_in_child)
 
 
 class Region:

@@ -22,9 +22,10 @@ class AccessRefused(Error, PermissionError):
     or a range outside the advertised registration. Nothing was written or read."""
 
 
-class BadArgument(Error, ValueError):
+class BadArgument(Error, ValueError, RuntimeError):
     """An unusable argument: unknown id, a pointer or size outside its registration, a
-    wrong-length or corrupted blob, a non-contiguous array..."""
+    wrong-length or corrupted blob, a non-contiguous array... Also a ``RuntimeError``:
+    UCCL's p2p raises that for the same mistakes, so its scripts' ``except`` clauses work."""
 
 
 class UnsupportedMemory(Error, TypeError):
@@ -33,7 +34,8 @@ class UnsupportedMemory(Error, TypeError):
 
 
 class Closed(Error):
-    """The endpoint or connection was closed by this side (or inherited through fork())."""
+    """The endpoint or connection was closed by this side, or the endpoint was inherited
+    through fork() (it belongs to the parent; create one in the child)."""
 
 
 __all__ = [
