@@ -325,9 +325,10 @@ impl Core {
     /// (same region, same descriptor and keys) instead of registering again.
     ///
     /// # Safety
-    /// As `tcpx_runtime::Endpoint::register_ptr`: the range is one allocation that stays
-    /// valid until every `mr_id` sharing its registration is deregistered and every
-    /// transfer using it has finished.
+    /// As `tcpx_runtime::Endpoint::register_ptr`: the range lies in one allocation that
+    /// stays valid until this `mr_id` is deregistered and every transfer using it has
+    /// finished. (A shared registration may outlive the `mr_id` that made it; that is sound
+    /// because the shared range lies in the same allocation, alive while this range is.)
     pub unsafe fn reg(&self, ptr: u64, size: u64) -> Outcome<u64> {
         if ptr == 0 {
             return Err(Failure::bad("reg: ptr is 0 (null)"));
