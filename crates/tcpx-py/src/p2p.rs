@@ -821,6 +821,7 @@ impl P2pEndpoint {
             .map(|d| d.mr_id)
             .filter(|&id| id != NO_MR)
             .collect();
+        drop(desc_list);
         let core = self.core.clone();
         let failed = py.detach(move || {
             let mut failed = None;
@@ -936,6 +937,8 @@ impl P2pEndpoint {
             }
             keys.push((d.rkeys.clone(), d.addr, d.size));
         }
+        // Not borrowed while the GIL is released: another thread may set their fields.
+        drop((local_desc_list, remote_desc_list));
         Ok(self.asynchronous(py, move |c| {
             let remote = remote_ranges(&keys)?;
             c.one_sided(write, conn_id, &pieces, &remote, None)
