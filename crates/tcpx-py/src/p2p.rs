@@ -1201,6 +1201,8 @@ fn desc_of(ptr: u64, size: u64, mr_id: u64, keys: &RemoteKey) -> XferDesc {
         mr_id,
         lkeys: keys.lkeys(),
         rkeys: keys.rkeys(),
+        // IPC: the runtime's IPC export of the registration (CUDA memory) goes here once the
+        // same-host route is wired, so that a local peer's `transfer` can open it.
         ipc_info: Vec::new(),
     }
 }
