@@ -2,8 +2,15 @@
 //! names, defaults, return tuples), so that a UCCL p2p script runs with `from tcpx import p2p`.
 //!
 //! Like UCCL, calls report failure through an `ok` flag instead of raising; the reason is in
-//! `tcpx.p2p.last_error()` (per thread). Blocking calls release the GIL and wait in short
-//! slices, so Ctrl-C raises `KeyboardInterrupt`.
+//! `tcpx.p2p.last_error()` (per thread). Where UCCL raises (the descriptor API's bad
+//! arguments), this raises too. Blocking calls release the GIL and wait in short slices, so
+//! Ctrl-C raises `KeyboardInterrupt`.
+//!
+//! The methods come in families: metadata and connections; registration; two-sided calls;
+//! one-sided calls on 64-byte blobs ([`crate::blob`]); the descriptor API (`register_memory`
+//! ... `transfer`, descriptors in [`crate::xfer`] / [`crate::descs`]); same-host CUDA IPC
+//! (UCCL's signatures, not wired yet: see the `IPC:` markers); notifications. All of them
+//! convert arguments and results around [`crate::core::Core`], which holds the state.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
