@@ -35,7 +35,9 @@ pub(crate) struct CommInner {
 // other threads are regMr/deregMr (allowed concurrently by the ABI) and close, which runs once,
 // in Drop, after every region and comm handle is gone.
 unsafe impl Send for CommInner {}
-// SAFETY: see above.
+// SAFETY: the only calls made through a shared `&CommInner` are regMr/deregMr, which the ncclNet
+// ABI allows concurrently; data-path calls need `&mut SendComm`/`&mut RecvComm`, and the other
+// fields are atomics, a mutex, or immutable after construction.
 unsafe impl Sync for CommInner {}
 
 impl CommInner {
@@ -67,7 +69,8 @@ impl Drop for CommInner {
         let result = match self.side {
             // SAFETY: last owner of a live comm; every region (which holds an Arc) is gone.
             Side::Send => unsafe { plugin.close_send(self.raw) },
-            // SAFETY: as above.
+            // SAFETY: last owner of a live receive comm; every region (which holds an Arc) and
+            // request is gone.
             Side::Recv => unsafe { plugin.close_recv(self.raw) },
         };
         match result {
