@@ -449,13 +449,17 @@ impl NetPlugin {
         send_comm: &mut *mut c_void,
         dev_handle: *mut *mut ncclNetDeviceHandle_v8_t,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY (both calls): `f` is this table's entry, which lives for the process (see
-        // NetPlugin); `handle` is the peer's handle buffer, the same on every retry (caller), and
-        // `send_comm` a valid out pointer; from v7 on, `dev_handle` is NULL or a slot the plugin
-        // may fill (caller), and v7 and v8 device handles share one layout. A v6 table has no
-        // device-handle argument.
-        call_table!(self, connect,
+        call_table!(
+            self,
+            connect,
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `handle` is the peer's handle buffer, the same on every retry (caller), and
+            // `send_comm` a valid out pointer. A v6 table takes no device handle.
             [V6] |f| unsafe { f(dev, handle, send_comm) },
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `handle` is the peer's handle buffer, the same on every retry, and `dev_handle`
+            // NULL or a slot the plugin may fill (caller); `send_comm` is a valid out pointer;
+            // v7 and v8 device handles share one layout.
             [V7 V8] |f| unsafe { f(dev, handle, send_comm, dev_handle) }
         )
     }
@@ -470,12 +474,16 @@ impl NetPlugin {
         recv_comm: &mut *mut c_void,
         dev_handle: *mut *mut ncclNetDeviceHandle_v8_t,
     ) -> Result<ResultCode, AbiError> {
-        // SAFETY (both calls): `f` is this table's entry, which lives for the process (see
-        // NetPlugin); `listen_comm` is a live listen comm of this plugin (caller) and `recv_comm`
-        // a valid out pointer; from v7 on, `dev_handle` is NULL or a slot the plugin may fill
-        // (caller). A v6 table has no device-handle argument.
-        call_table!(self, accept,
+        call_table!(
+            self,
+            accept,
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `listen_comm` is a live listen comm of this plugin (caller) and `recv_comm` a
+            // valid out pointer. A v6 table takes no device handle.
             [V6] |f| unsafe { f(listen_comm, recv_comm) },
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a slot
+            // the plugin may fill (caller); `recv_comm` is a valid out pointer.
             [V7 V8] |f| unsafe { f(listen_comm, recv_comm, dev_handle) }
         )
     }
