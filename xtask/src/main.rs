@@ -7,7 +7,7 @@
 //! cargo xtask capi [--check] [--test]  C API: header (drift check), libtcpx, C tests
 //! cargo xtask nixl [--test]     NIXL backend plugin libplugin_TCPX.so; --test: two NIXL agents
 //! cargo xtask soak [--seconds N] fault soak: verified traffic against killed and faulted peers
-//! cargo xtask layers [-v]       fail when a library's top-level modules import each other in a loop
+//! cargo xtask layers [-v]       fail when the modules (files) of a library import each other in a loop
 //! cargo xtask sysdeps           install (or print how to install) the system packages
 //! ```
 //!
@@ -50,8 +50,9 @@ Tasks:
   soak [--seconds N]          Fault soak (default 60 s): random two-sided and one-sided traffic,
                               every byte checked, against peers killed or faulted at random;
                               prints done / verified / faults / failures / lost (must be 0).
-  layers [-v]                 Fail when the top-level modules of a workspace library import each
-                              other in a loop (`use crate::` edges); -v prints each module order.
+  layers [-v]                 Fail when the modules (files) of a workspace library import each
+                              other in a loop (crate::, super::, self:: paths); -v prints each
+                              crate's module order.
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";

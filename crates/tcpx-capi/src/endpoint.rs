@@ -129,7 +129,8 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
         };
     }
     if !o.control_addr.is_null() {
-        // SAFETY: as above.
+        // SAFETY: `control_addr` is non-null (checked just above) and NUL-terminated, valid for
+        // this call (the caller's promise for every string in the options).
         let text = unsafe { c_str(o.control_addr, "options->control_addr") }?;
         config.control_addr = text.parse().map_err(|_| {
             CapiError::new(
@@ -139,7 +140,8 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
         })?;
     }
     if !o.gpu_pci.is_null() {
-        // SAFETY: as above.
+        // SAFETY: `gpu_pci` is non-null (checked just above) and NUL-terminated, valid for this
+        // call (the caller's promise for every string in the options); it is copied out.
         config.gpu_pci = Some(unsafe { c_str(o.gpu_pci, "options->gpu_pci") }?.to_owned());
     }
     match o.gpu_index {
@@ -295,7 +297,8 @@ pub unsafe extern "C" fn tcpx_endpoint_metadata(
             })?;
         // SAFETY: non-null (checked); readable and writable (the caller's promise).
         let capacity = unsafe { len.read() };
-        // SAFETY: as above.
+        // SAFETY: `len` is non-null (checked at entry) and writable (the caller's promise); the
+        // read above ended, so this is the only access.
         unsafe { write_out(len, blob.len()) };
         if buf.is_null() || capacity < blob.len() {
             return Err(CapiError::new(

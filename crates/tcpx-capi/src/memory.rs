@@ -106,7 +106,7 @@ pub unsafe extern "C" fn tcpx_region_info(
             unsafe { write_out(ptr, memory.as_ptr().cast()) };
         }
         if !len.is_null() {
-            // SAFETY: as above.
+            // SAFETY: `len` is non-null (checked just above) and writable (the caller's promise).
             unsafe { write_out(len, memory.len()) };
         }
         if !kind.is_null() {
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn tcpx_region_info(
                 MemoryKind::Host => TCPX_MEMORY_HOST,
                 MemoryKind::Cuda => TCPX_MEMORY_CUDA,
             };
-            // SAFETY: as above.
+            // SAFETY: `kind` is non-null (checked just above) and writable (the caller's promise).
             unsafe { write_out(kind, k) };
         }
         Ok(TCPX_OK)

@@ -126,7 +126,8 @@ unsafe fn one_sided(
     non_null(transfer, "transfer (output)")?;
     // SAFETY: non-null (checked), counts as promised by the caller.
     let local = unsafe { array(local, nlocal, "local") }?;
-    // SAFETY: as above.
+    // SAFETY: `remote` is non-null (checked above) and, by the caller's promise, points at
+    // `nremote` readable entries that stay valid for this call.
     let remote = unsafe { array(remote, nremote, "remote") }?;
     if remote.is_empty() {
         return Err(CapiError::invalid("the remote list is empty"));

@@ -319,7 +319,8 @@ impl P2pEndpoint {
         let r = py.detach(|| {
             let mut ids = Vec::with_capacity(ptrs.len());
             for (&p, &s) in ptrs.iter().zip(&sizes) {
-                // SAFETY: as in `reg`.
+                // SAFETY: UCCL's contract for `regv`, as for `reg`: the caller keeps each of these
+                // ranges allocated until dereg and until transfers on it finished.
                 match unsafe { core.reg(p, s) } {
                     Ok(id) => ids.push(id),
                     Err(f) => {

@@ -35,31 +35,38 @@
 //! assert_eq!(channels, [0, 1, 0]);
 //! ```
 
+// Listed in the one-way order of docs/ARCHITECTURE.md: each module imports only modules
+// listed before it (`cargo xtask layers` checks it, file by file).
+
+// Control plane: codec, messages, metadata, one-sided payloads, the blocking socket shell.
+pub mod control;
 // Sans-IO cores: deterministic state machines, no sockets, no clock of their own.
 pub mod schedule;
 pub mod window;
 
-// Control plane: sans-IO codec and messages, plus the blocking socket shell.
-pub mod control;
-
-// Configuration, errors and the application-facing types.
-pub mod config;
-pub mod error;
-mod registry;
+// Per-channel counters.
 mod stats;
+// Errors (they carry control-plane errors).
+pub mod error;
+// Configuration: builder, environment.
+pub mod config;
+// Regions, segments, plugin registrations and their per-link cache.
+mod registry;
+// `Transfer` and its completion.
 mod transfer;
 
-// The state a connection shares with its engines, the engines, and the submission path
-// above them (in that order: each imports only the ones before it).
-mod carrier;
-mod engine;
+// What a connection shares with its engines: failure, peer-gone, counters.
 mod link;
+// The pinned progress engines: lane core, action executor, staging, unpack.
+mod engine;
+// The submission path of one link: regions, pieces, jobs handed to the engines.
+mod carrier;
 
-// The Endpoint API.
-pub mod endpoint;
-
-// One-sided write / read with notifications, on separate comms.
+// One-sided write / read with notifications, on a carrier of its own.
 pub mod onesided;
+
+// The Endpoint API: Endpoint, Connection, admission, the control watcher.
+pub mod endpoint;
 
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};

@@ -156,33 +156,61 @@ impl std::fmt::Debug for NetPlugin {
     }
 }
 
+/// The first NULL among the fields every consumer needs (optional: regMrDmaBuf, iflush,
+/// getDeviceMr, irecvConsumed — those are checked at call time).
+macro_rules! first_missing {
+    ($t:expr, [$($field:ident),*]) => {{
+        let t = $t;
+        let mut missing = None;
+        $( if missing.is_none() && t.$field.is_none() { missing = Some(stringify!($field)); } )*
+        missing
+    }};
+}
+
+/// Runs `$body` with `$t` bound to the table (as `&'static ncclNet_vN_t`) and `$version` to
+/// its [`AbiVersion`]: one body, type-checked once per table layout.
+macro_rules! with_table {
+    ($table:expr, |$t:ident, $version:ident| $body:expr) => {
+        match $table {
+            Table::V6(p) => {
+                let ($t, $version) = (table_ref(p), AbiVersion::V6);
+                $body
+            }
+            Table::V7(p) => {
+                let ($t, $version) = (table_ref(p), AbiVersion::V7);
+                $body
+            }
+            Table::V8(p) => {
+                let ($t, $version) = (table_ref(p), AbiVersion::V8);
+                $body
+            }
+        }
+    };
+}
+
+/// Calls table entry `$field` through `$f` with the call written once per group of versions
+/// whose signatures agree (`[V6 V7 V8] |f| …` by default); a NULL entry is
+/// [`AbiError::NotImplemented`], and a version listed after `absent` has no such entry
+/// ([`AbiError::NotInVersion`]). The `unsafe` call and its SAFETY line are the caller's.
 macro_rules! call_table {
     ($self:ident, $field:ident, |$f:ident| $call:expr) => {
+        call_table!($self, $field, [V6 V7 V8] |$f| $call)
+    };
+    ($self:ident, $field:ident, $([$($ver:ident)+] |$f:ident| $call:expr),+
+        $(; absent [$($absent:ident)+])?) => {
         match $self.table {
-            // SAFETY: the v6 table pointer is valid for the process lifetime (see NetPlugin).
-            Table::V6(t) => match unsafe { t.as_ref() }.$field {
-                Some($f) => Ok(ResultCode($call)),
-                None => Err(AbiError::NotImplemented {
+            $($(
+                Table::$ver(t) => match table_ref(t).$field {
+                    Some($f) => Ok(ResultCode($call)),
+                    None => Err(not_implemented(stringify!($field), AbiVersion::$ver)),
+                },
+            )+)+
+            $($(
+                Table::$absent(_) => Err(AbiError::NotInVersion {
                     field: stringify!($field),
-                    version: AbiVersion::V6,
+                    version: AbiVersion::$absent,
                 }),
-            },
-            // SAFETY: the v7 table pointer is valid for the process lifetime (see NetPlugin).
-            Table::V7(t) => match unsafe { t.as_ref() }.$field {
-                Some($f) => Ok(ResultCode($call)),
-                None => Err(AbiError::NotImplemented {
-                    field: stringify!($field),
-                    version: AbiVersion::V7,
-                }),
-            },
-            // SAFETY: the v8 table pointer is valid for the process lifetime (see NetPlugin).
-            Table::V8(t) => match unsafe { t.as_ref() }.$field {
-                Some($f) => Ok(ResultCode($call)),
-                None => Err(AbiError::NotImplemented {
-                    field: stringify!($field),
-                    version: AbiVersion::V8,
-                }),
-            },
+            )+)?
         }
     };
 }
@@ -267,26 +295,31 @@ impl NetPlugin {
     /// # Safety
     /// `table` points at a live table of the version its variant names, valid for the process.
     unsafe fn from_table(table: Table, origin: PathBuf) -> Result<Self, LoadError> {
-        let (symbol, name_ptr, missing) = match table {
-            Table::V6(t) => {
-                // SAFETY: the caller passes a live, aligned v6 table valid for the process;
-                // it is only read.
-                let t = unsafe { t.as_ref() };
-                (AbiVersion::V6.symbol(), t.name, required_v6(t))
-            }
-            Table::V7(t) => {
-                // SAFETY: the caller passes a live, aligned v7 table valid for the process;
-                // it is only read.
-                let t = unsafe { t.as_ref() };
-                (AbiVersion::V7.symbol(), t.name, required_v7(t))
-            }
-            Table::V8(t) => {
-                // SAFETY: the caller passes a live, aligned v8 table valid for the process;
-                // it is only read.
-                let t = unsafe { t.as_ref() };
-                (AbiVersion::V8.symbol(), t.name, required_v8(t))
-            }
-        };
+        // `table_ref` relies on this function's contract: the pointer is live, aligned and
+        // valid for the process, which every `Table` must be.
+        let (symbol, name_ptr, missing) = with_table!(table, |t, version| (
+            version.symbol(),
+            t.name,
+            first_missing!(
+                t,
+                [
+                    init,
+                    devices,
+                    getProperties,
+                    listen,
+                    connect,
+                    accept,
+                    regMr,
+                    deregMr,
+                    isend,
+                    irecv,
+                    test,
+                    closeSend,
+                    closeRecv,
+                    closeListen
+                ]
+            )
+        ));
         let incomplete = |field| LoadError::Incomplete {
             path: origin.clone(),
             symbol,
@@ -316,11 +349,7 @@ impl NetPlugin {
 
     /// The ABI version of the table in use.
     pub fn version(&self) -> AbiVersion {
-        match self.table {
-            Table::V6(_) => AbiVersion::V6,
-            Table::V7(_) => AbiVersion::V7,
-            Table::V8(_) => AbiVersion::V8,
-        }
+        with_table!(self.table, |_t, version| version)
     }
 
     /// Where the table came from: the library path, or `<linked>`.
@@ -331,11 +360,7 @@ impl NetPlugin {
     /// Address of the table, stable for the process: identifies a plugin instance (the safe
     /// layer initializes each table once).
     pub fn table_address(&self) -> usize {
-        match self.table {
-            Table::V6(t) => t.as_ptr() as usize,
-            Table::V7(t) => t.as_ptr() as usize,
-            Table::V8(t) => t.as_ptr() as usize,
-        }
+        with_table!(self.table, |t, _version| std::ptr::from_ref(t) as usize)
     }
 
     /// Whether the table has device-handle arguments, `getDeviceMr` and `irecvConsumed` (v7+).
@@ -381,59 +406,20 @@ impl NetPlugin {
         dev: c_int,
         out: &mut ncclNetProperties_v8_t,
     ) -> Result<ResultCode, AbiError> {
-        match self.table {
-            Table::V6(t) => {
-                let mut p = ncclNetProperties_v6_t::default();
-                let code = match unsafe_table(t).getProperties {
-                    // SAFETY: `p` is a valid out pointer of the v6 layout.
-                    Some(f) => ResultCode(unsafe { f(dev, &mut p) }),
-                    None => return Err(not_implemented("getProperties", AbiVersion::V6)),
-                };
-                *out = ncclNetProperties_v8_t {
-                    name: p.name,
-                    pciPath: p.pciPath,
-                    guid: p.guid,
-                    ptrSupport: p.ptrSupport,
-                    regIsGlobal: 0,
-                    speed: p.speed,
-                    port: p.port,
-                    latency: p.latency,
-                    maxComms: p.maxComms,
-                    maxRecvs: p.maxRecvs,
-                    netDeviceType: NCCL_NET_DEVICE_HOST,
-                    netDeviceVersion: 0,
-                };
-                Ok(code)
-            }
-            Table::V7(t) => {
-                let mut p = ncclNetProperties_v7_t::default();
-                let code = match unsafe_table(t).getProperties {
-                    // SAFETY: `p` is a valid out pointer of the v7 layout.
-                    Some(f) => ResultCode(unsafe { f(dev, &mut p) }),
-                    None => return Err(not_implemented("getProperties", AbiVersion::V7)),
-                };
-                *out = ncclNetProperties_v8_t {
-                    name: p.name,
-                    pciPath: p.pciPath,
-                    guid: p.guid,
-                    ptrSupport: p.ptrSupport,
-                    regIsGlobal: 0,
-                    speed: p.speed,
-                    port: p.port,
-                    latency: p.latency,
-                    maxComms: p.maxComms,
-                    maxRecvs: p.maxRecvs,
-                    netDeviceType: p.netDeviceType,
-                    netDeviceVersion: p.netDeviceVersion,
-                };
-                Ok(code)
-            }
-            Table::V8(t) => match unsafe_table(t).getProperties {
-                // SAFETY: `out` is a valid v8 out pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(dev, out) })),
-                None => Err(not_implemented("getProperties", AbiVersion::V8)),
+        call_table!(self, getProperties,
+            [V6 V7] |f| {
+                let mut p = Default::default();
+                // SAFETY: `f` is this table's entry, which lives for the process (see
+                // NetPlugin), called after `init` (caller); `p` is a valid out pointer of the
+                // table's own properties layout, the one `f` takes.
+                let code = unsafe { f(dev, &mut p) };
+                *out = WidenProperties::widen(p);
+                code
             },
-        }
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin),
+            // called after `init` (caller); `out` is a valid out pointer of the v8 layout.
+            [V8] |f| unsafe { f(dev, out) }
+        )
     }
 
     /// `listen(dev, handle, &listenComm)`.
@@ -463,32 +449,19 @@ impl NetPlugin {
         send_comm: &mut *mut c_void,
         dev_handle: *mut *mut ncclNetDeviceHandle_v8_t,
     ) -> Result<ResultCode, AbiError> {
-        match self.table {
-            Table::V6(t) => match unsafe_table(t).connect {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `handle` is the peer's handle buffer, the same on every retry, `dev_handle` is
-                // NULL or a slot the plugin may fill (caller), and `send_comm` is a valid out
-                // pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(dev, handle, send_comm) })),
-                None => Err(not_implemented("connect", AbiVersion::V6)),
-            },
-            Table::V7(t) => match unsafe_table(t).connect {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `handle` is the peer's handle buffer, the same on every retry, `dev_handle` is
-                // NULL or a slot the plugin may fill (caller), and `send_comm` is a valid out
-                // pointer; v7 and v8 device handles share one layout.
-                Some(f) => Ok(ResultCode(unsafe { f(dev, handle, send_comm, dev_handle) })),
-                None => Err(not_implemented("connect", AbiVersion::V7)),
-            },
-            Table::V8(t) => match unsafe_table(t).connect {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `handle` is the peer's handle buffer, the same on every retry, `dev_handle` is
-                // NULL or a slot the plugin may fill (caller), and `send_comm` is a valid out
-                // pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(dev, handle, send_comm, dev_handle) })),
-                None => Err(not_implemented("connect", AbiVersion::V8)),
-            },
-        }
+        call_table!(
+            self,
+            connect,
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `handle` is the peer's handle buffer, the same on every retry (caller), and
+            // `send_comm` a valid out pointer. A v6 table takes no device handle.
+            [V6] |f| unsafe { f(dev, handle, send_comm) },
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `handle` is the peer's handle buffer, the same on every retry, and `dev_handle`
+            // NULL or a slot the plugin may fill (caller); `send_comm` is a valid out pointer;
+            // v7 and v8 device handles share one layout.
+            [V7 V8] |f| unsafe { f(dev, handle, send_comm, dev_handle) }
+        )
     }
 
     /// `accept(listenComm, &recvComm, &devHandle)`; a v6 table gets no device handle.
@@ -501,29 +474,18 @@ impl NetPlugin {
         recv_comm: &mut *mut c_void,
         dev_handle: *mut *mut ncclNetDeviceHandle_v8_t,
     ) -> Result<ResultCode, AbiError> {
-        match self.table {
-            Table::V6(t) => match unsafe_table(t).accept {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a
-                // slot the plugin may fill (caller); `recv_comm` is a valid out pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(listen_comm, recv_comm) })),
-                None => Err(not_implemented("accept", AbiVersion::V6)),
-            },
-            Table::V7(t) => match unsafe_table(t).accept {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a
-                // slot the plugin may fill (caller); `recv_comm` is a valid out pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(listen_comm, recv_comm, dev_handle) })),
-                None => Err(not_implemented("accept", AbiVersion::V7)),
-            },
-            Table::V8(t) => match unsafe_table(t).accept {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a
-                // slot the plugin may fill (caller); `recv_comm` is a valid out pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(listen_comm, recv_comm, dev_handle) })),
-                None => Err(not_implemented("accept", AbiVersion::V8)),
-            },
-        }
+        call_table!(
+            self,
+            accept,
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `listen_comm` is a live listen comm of this plugin (caller) and `recv_comm` a
+            // valid out pointer. A v6 table takes no device handle.
+            [V6] |f| unsafe { f(listen_comm, recv_comm) },
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `listen_comm` is a live listen comm of this plugin and `dev_handle` NULL or a slot
+            // the plugin may fill (caller); `recv_comm` is a valid out pointer.
+            [V7 V8] |f| unsafe { f(listen_comm, recv_comm, dev_handle) }
+        )
     }
 
     /// `regMr(comm, data, size, type, &mh)`. A v6/v7 table takes an `int` size: a size of
@@ -539,41 +501,21 @@ impl NetPlugin {
         ptr_type: c_int,
         mhandle: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        match self.table {
-            Table::V6(t) => {
-                let size = int_size("regMr", size, AbiVersion::V6)?;
-                match unsafe_table(t).regMr {
-                    // SAFETY: `f` is this table's entry, which lives for the process (see
-                    // NetPlugin); `comm` is a live comm of this plugin and `data..data+size` memory
-                    // of kind `ptr_type` (caller); `mhandle` is a valid out pointer; the size fits.
-                    Some(f) => Ok(ResultCode(unsafe {
-                        f(comm, data, size, ptr_type, mhandle)
-                    })),
-                    None => Err(not_implemented("regMr", AbiVersion::V6)),
-                }
-            }
-            Table::V7(t) => {
-                let size = int_size("regMr", size, AbiVersion::V7)?;
-                match unsafe_table(t).regMr {
-                    // SAFETY: `f` is this table's entry, which lives for the process (see
-                    // NetPlugin); `comm` is a live comm of this plugin and `data..data+size` memory
-                    // of kind `ptr_type` (caller); `mhandle` is a valid out pointer; the size fits.
-                    Some(f) => Ok(ResultCode(unsafe {
-                        f(comm, data, size, ptr_type, mhandle)
-                    })),
-                    None => Err(not_implemented("regMr", AbiVersion::V7)),
-                }
-            }
-            Table::V8(t) => match unsafe_table(t).regMr {
+        // A NULL `regMr` never reaches here (`from_table` refuses the table), so checking the
+        // size inside the call changes no answer.
+        call_table!(self, regMr,
+            [V6 V7] |f| {
+                let size = int_size("regMr", size, self.version())?;
                 // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
                 // `comm` is a live comm of this plugin and `data..data+size` memory of kind
-                // `ptr_type` (caller); `mhandle` is a valid out pointer.
-                Some(f) => Ok(ResultCode(unsafe {
-                    f(comm, data, size, ptr_type, mhandle)
-                })),
-                None => Err(not_implemented("regMr", AbiVersion::V8)),
+                // `ptr_type` (caller); `mhandle` is a valid out pointer; `size` fits the `int`.
+                unsafe { f(comm, data, size, ptr_type, mhandle) }
             },
-        }
+            // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+            // `comm` is a live comm of this plugin and `data..data+size` memory of kind
+            // `ptr_type` (caller); `mhandle` is a valid out pointer.
+            [V8] |f| unsafe { f(comm, data, size, ptr_type, mhandle) }
+        )
     }
 
     /// `regMrDmaBuf(comm, data, size, type, offset, fd, &mh)` (optional in every version).
@@ -734,26 +676,10 @@ impl NetPlugin {
         mhandle: *mut c_void,
         out: &mut *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        match self.table {
-            Table::V6(_) => Err(AbiError::NotInVersion {
-                field: "getDeviceMr",
-                version: AbiVersion::V6,
-            }),
-            Table::V7(t) => match unsafe_table(t).getDeviceMr {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `mhandle` is a live registration of the live `comm` (caller); `out` is a valid
-                // out pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(comm, mhandle, out) })),
-                None => Err(not_implemented("getDeviceMr", AbiVersion::V7)),
-            },
-            Table::V8(t) => match unsafe_table(t).getDeviceMr {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `mhandle` is a live registration of the live `comm` (caller); `out` is a valid
-                // out pointer.
-                Some(f) => Ok(ResultCode(unsafe { f(comm, mhandle, out) })),
-                None => Err(not_implemented("getDeviceMr", AbiVersion::V8)),
-            },
-        }
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+        // `mhandle` is a live registration of the live `comm` (caller); `out` is a valid out
+        // pointer.
+        call_table!(self, getDeviceMr, [V7 V8] |f| unsafe { f(comm, mhandle, out) }; absent [V6])
     }
 
     /// `irecvConsumed(recvComm, n, req)` (v7+): the receive's data has been used.
@@ -766,26 +692,10 @@ impl NetPlugin {
         n: c_int,
         request: *mut c_void,
     ) -> Result<ResultCode, AbiError> {
-        match self.table {
-            Table::V6(_) => Err(AbiError::NotInVersion {
-                field: "irecvConsumed",
-                version: AbiVersion::V6,
-            }),
-            Table::V7(t) => match unsafe_table(t).irecvConsumed {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `request` completed on the live `recv_comm` and is the oldest not yet consumed
-                // (caller).
-                Some(f) => Ok(ResultCode(unsafe { f(recv_comm, n, request) })),
-                None => Err(not_implemented("irecvConsumed", AbiVersion::V7)),
-            },
-            Table::V8(t) => match unsafe_table(t).irecvConsumed {
-                // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
-                // `request` completed on the live `recv_comm` and is the oldest not yet consumed
-                // (caller).
-                Some(f) => Ok(ResultCode(unsafe { f(recv_comm, n, request) })),
-                None => Err(not_implemented("irecvConsumed", AbiVersion::V8)),
-            },
-        }
+        // SAFETY: `f` is this table's entry, which lives for the process (see NetPlugin);
+        // `request` completed on the live `recv_comm` and is the oldest not yet consumed
+        // (caller).
+        call_table!(self, irecvConsumed, [V7 V8] |f| unsafe { f(recv_comm, n, request) }; absent [V6])
     }
 }
 
@@ -804,84 +714,59 @@ fn not_implemented(field: &'static str, version: AbiVersion) -> AbiError {
     AbiError::NotImplemented { field, version }
 }
 
-fn unsafe_table<T>(t: NonNull<T>) -> &'static T {
-    // SAFETY: NetPlugin only holds tables that live for the rest of the process.
+/// The table behind one of [`Table`]'s pointers.
+///
+/// Only ever given a `Table`'s pointer: a `Table` is built only by `from_table`, whose contract
+/// (upheld by `load_versions`, which leaks the library, and by the `'static` tables of
+/// `from_static_*`) is a live, aligned table that stays valid for the rest of the process.
+fn table_ref<T>(t: NonNull<T>) -> &'static T {
+    // SAFETY: `t` is a `Table`'s pointer (see above): live, aligned, valid and never written for
+    // the rest of the process, so a shared `'static` reference to it is sound.
     unsafe { t.as_ref() }
 }
 
-/// The first NULL among the fields every consumer needs (optional: regMrDmaBuf, iflush,
-/// getDeviceMr, irecvConsumed — those are checked at call time).
-macro_rules! first_missing {
-    ($t:expr, [$($field:ident),*]) => {{
-        let t = $t;
-        let mut missing = None;
-        $( if missing.is_none() && t.$field.is_none() { missing = Some(stringify!($field)); } )*
-        missing
-    }};
+/// A v6 or v7 properties layout, widened to v8: `regIsGlobal = 0`, and a v6 device reports a
+/// HOST device of version 0.
+trait WidenProperties: Default {
+    fn widen(self) -> ncclNetProperties_v8_t;
 }
 
-fn required_v6(t: &ncclNet_v6_t) -> Option<&'static str> {
-    first_missing!(
-        t,
-        [
-            init,
-            devices,
-            getProperties,
-            listen,
-            connect,
-            accept,
-            regMr,
-            deregMr,
-            isend,
-            irecv,
-            test,
-            closeSend,
-            closeRecv,
-            closeListen
-        ]
-    )
+impl WidenProperties for ncclNetProperties_v6_t {
+    fn widen(self) -> ncclNetProperties_v8_t {
+        let p = self;
+        ncclNetProperties_v8_t {
+            name: p.name,
+            pciPath: p.pciPath,
+            guid: p.guid,
+            ptrSupport: p.ptrSupport,
+            regIsGlobal: 0,
+            speed: p.speed,
+            port: p.port,
+            latency: p.latency,
+            maxComms: p.maxComms,
+            maxRecvs: p.maxRecvs,
+            netDeviceType: NCCL_NET_DEVICE_HOST,
+            netDeviceVersion: 0,
+        }
+    }
 }
 
-fn required_v7(t: &ncclNet_v7_t) -> Option<&'static str> {
-    first_missing!(
-        t,
-        [
-            init,
-            devices,
-            getProperties,
-            listen,
-            connect,
-            accept,
-            regMr,
-            deregMr,
-            isend,
-            irecv,
-            test,
-            closeSend,
-            closeRecv,
-            closeListen
-        ]
-    )
-}
-
-fn required_v8(t: &ncclNet_v8_t) -> Option<&'static str> {
-    first_missing!(
-        t,
-        [
-            init,
-            devices,
-            getProperties,
-            listen,
-            connect,
-            accept,
-            regMr,
-            deregMr,
-            isend,
-            irecv,
-            test,
-            closeSend,
-            closeRecv,
-            closeListen
-        ]
-    )
+impl WidenProperties for ncclNetProperties_v7_t {
+    fn widen(self) -> ncclNetProperties_v8_t {
+        let p = self;
+        ncclNetProperties_v8_t {
+            name: p.name,
+            pciPath: p.pciPath,
+            guid: p.guid,
+            ptrSupport: p.ptrSupport,
+            regIsGlobal: 0,
+            speed: p.speed,
+            port: p.port,
+            latency: p.latency,
+            maxComms: p.maxComms,
+            maxRecvs: p.maxRecvs,
+            netDeviceType: p.netDeviceType,
+            netDeviceVersion: p.netDeviceVersion,
+        }
+    }
 }

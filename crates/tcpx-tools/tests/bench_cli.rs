@@ -485,3 +485,101 @@ fn strangers_on_the_baseline_port_are_dropped_and_the_run_completes() {
     );
     drop(held);
 }
+
+/// Issue 22 item 5: an option that multiplies sockets or memory past what the process may
+/// open or allocate is refused up front — one line naming the option and the limit, exit 2 —
+/// instead of running into `EMFILE` ("Too many open files") half-way through the set-up.
+#[test]
+fn options_past_the_open_file_or_memory_limit_are_refused_up_front() {
+    use std::os::unix::process::CommandExt;
+    // The child's own limit, low and known, so the refusal does not depend on this machine's.
+    let low_limit = |c: &mut Command| {
+        // SAFETY: runs in the forked child before exec; setrlimit is async-signal-safe and
+        // the closure touches no memory shared with the parent.
+        unsafe {
+            c.pre_exec(|| {
+                let mut old = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let limit = libc::rlimit {
+                    rlim_cur: 256.min(old.rlim_max),
+                    rlim_max: old.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    };
+    let cases: &[(&[&str], &str, &str)] = &[
+        (
+            &["stack", "--channels", "100"],
+            "--channels 100",
+            "limit of 256",
+        ),
+        (
+            &["onesided", "--channels", "100"],
+            "--channels 100",
+            "limit of 256",
+        ),
+        (
+            &["latency", "--channels", "100"],
+            "--channels 100",
+            "limit of 256",
+        ),
+        (
+            &["server", "--channels", "100", "--timeout", "1"],
+            "--channels 100",
+            "limit of 256",
+        ),
+        (
+            &["client", "--peer", "00", "--channels", "100"],
+            "--channels 100",
+            "limit of 256",
+        ),
+        (
+            &["stack", "--sizes", "100000GiB"],
+            "--sizes 100000GiB",
+            "MemAvailable",
+        ),
+        (
+            &["server", "--sizes", "100000GiB", "--timeout", "1"],
+            "--sizes 100000GiB",
+            "MemAvailable",
+        ),
+    ];
+    for (args, option, limit) in cases {
+        let mut cmd = bench();
+        cmd.args(*args);
+        low_limit(&mut cmd);
+        let out = cmd.output().expect("run tcpx-bench");
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(option), "{args:?} should name {option}: {err}");
+        assert!(err.contains(limit), "{args:?} should name {limit}: {err}");
+        assert!(!err.contains("Too many open files"), "{args:?}: {err}");
+        // Refused before any endpoint exists: nothing was listening, so no port is named.
+        assert!(!err.contains("127.0.0.1"), "{args:?}: {err}");
+    }
+    // What fits passes the check: 4 channels need 2 × 4 × 2 × 2 × 2 + 2 × 4 + 64 = 200 files,
+    // so the run goes on to load the plugin (which is missing here, to end it at once).
+    let mut cmd = bench();
+    cmd.args([
+        "stack",
+        "--channels",
+        "4",
+        "--plugin",
+        "/nonexistent/libnone.so",
+    ]);
+    low_limit(&mut cmd);
+    let out = cmd.output().expect("run tcpx-bench");
+    let err = text(&out.stderr);
+    assert!(!err.contains("RLIMIT_NOFILE"), "{err}");
+    assert!(err.contains("/nonexistent/libnone.so"), "{err}");
+}

@@ -390,7 +390,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         mp.as_mut_slice()
             .copy_from_slice(cuda::unpack::meta_bytes(&mw.metas));
         let me = entries(&mw, mp.device_ptr(), &bounce, &dst);
-        // SAFETY: as above.
+        // SAFETY: the entries point into `mp`, `bounce` and `dst`, which live until this block
+        // ends, and the launch is waited for before any of them is read or dropped.
         unsafe { unpacker.launch(&me)? }.wait()?;
         let got = dst.to_vec()?;
         let mut expect = got.clone();

@@ -108,7 +108,8 @@ impl HostBuffer {
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` guarantees exclusivity.
+        // SAFETY: `ptr` owns `len` initialized (zeroed at allocation) bytes, and `&mut self`
+        // guarantees no other slice of them exists.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -157,7 +158,9 @@ pub struct ForeignMemory {
 // SAFETY: the caller promised (`ForeignMemory::new`) an allocation valid for the life of this
 // value; it is plain bytes, and this type hands out no references into it.
 unsafe impl Send for ForeignMemory {}
-// SAFETY: as above; `&self` methods only return the address and length.
+// SAFETY: the allocation stays valid for the life of this value (the caller's promise to
+// `ForeignMemory::new`); `&self` methods only return the address and length, so shared use
+// from several threads reads nothing but those two plain values.
 unsafe impl Sync for ForeignMemory {}
 
 impl ForeignMemory {
@@ -312,7 +315,9 @@ impl SharedMemory {
     /// Writes the host bytes; fails with `Busy` while operations are in flight.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
         let _guard = self.cpu_access("SharedMemory::with_bytes_mut")?;
-        // SAFETY: as in `with_bytes`; CPU_ACCESS is exclusive, so no other slice exists.
+        // SAFETY: host memory (checked), no operation in flight and none can start while the
+        // guard holds CPU_ACCESS, which is exclusive, so no other slice exists; the memory
+        // outlives `self`.
         let bytes = unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) };
         Ok(f(bytes))
     }

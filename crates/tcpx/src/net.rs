@@ -69,7 +69,8 @@ impl Net {
         let plugin = match version {
             // SAFETY: tcpx-socket's tables implement the documented ABI for the process lifetime.
             AbiVersion::V8 => unsafe { NetPlugin::from_static_v8(tcpx_socket::table_v8()) },
-            // SAFETY: as above.
+            // SAFETY: tcpx-socket's v7 table is `'static` and implements the documented v7 ABI
+            // (it is the v8 implementation behind v7 signatures).
             AbiVersion::V7 => unsafe { NetPlugin::from_static_v7(tcpx_socket::table_v7()) },
             AbiVersion::V6 => {
                 return Err(Error::invalid(

@@ -92,7 +92,8 @@ struct FakeDeviceMemory(*mut u8, usize);
 
 // SAFETY: a plain allocation, valid for the life of the process, used through SharedMemory.
 unsafe impl Send for FakeDeviceMemory {}
-// SAFETY: as above.
+// SAFETY: a plain allocation, valid for the life of the process; shared use reads only the
+// pointer and length, and the bytes are accessed through SharedMemory's own checks.
 unsafe impl Sync for FakeDeviceMemory {}
 // SAFETY: the range is one live allocation of the stand-in, never freed; kind Cuda is what the
 // plugin checks it as (the stand-in answers DEVICE for it).

@@ -42,72 +42,9 @@ pub const HANDLE_BYTES: usize = 128;
 /// One 128-byte listen handle, opaque to everyone but the plugin.
 pub type ConnectHandle = [u8; HANDLE_BYTES];
 
-/// The message type codes of the protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u16)]
-pub enum MessageType {
-    /// [`Message::Hello`].
-    Hello = 0x0001,
-    /// [`Message::ConnectHandles`].
-    ConnectHandles = 0x0002,
-    /// [`Message::Ready`].
-    Ready = 0x0003,
-    /// [`Message::Close`].
-    Close = 0x0004,
-    /// [`Message::Error`].
-    Error = 0x0005,
-    /// [`Message::Segments`].
-    Segments = 0x0006,
-    /// [`Message::WriteRequest`].
-    WriteRequest = 0x0100,
-    /// [`Message::ReadRequest`].
-    ReadRequest = 0x0101,
-    /// [`Message::Notify`].
-    Notify = 0x0102,
-    /// [`Message::WriteAck`].
-    WriteAck = 0x0103,
-    /// [`Message::ReadData`].
-    ReadData = 0x0104,
-    /// [`Message::ReadRefused`].
-    ReadRefused = 0x0105,
-}
-
-impl MessageType {
-    /// Every type this version defines.
-    pub const ALL: [MessageType; 12] = [
-        Self::Hello,
-        Self::ConnectHandles,
-        Self::Ready,
-        Self::Close,
-        Self::Error,
-        Self::Segments,
-        Self::WriteRequest,
-        Self::ReadRequest,
-        Self::Notify,
-        Self::WriteAck,
-        Self::ReadData,
-        Self::ReadRefused,
-    ];
-
-    /// The wire code.
-    pub fn code(self) -> u16 {
-        self as u16
-    }
-
-    /// The type with wire code `code`, if this version defines it.
-    pub fn from_code(code: u16) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.code() == code)
-    }
-
-    /// What a code reserved for later versions is set aside for (`None` if not reserved).
-    pub fn reserved_name(code: u16) -> Option<&'static str> {
-        match code {
-            0x0106..=0x01FF => Some("one-sided operation"),
-            0xF000..=0xFFFF => Some("experimental extension"),
-            _ => None,
-        }
-    }
-}
+// The type codes belong to the frame header (the codec reads them before any payload); they
+// are re-exported here because every message is named by one.
+pub use super::codec::MessageType;
 
 /// An error code carried by [`Message::Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

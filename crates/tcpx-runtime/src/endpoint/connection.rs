@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::setup::Established;
+use super::shared::EndpointShared;
 use super::watch;
-use super::EndpointShared;
 use crate::carrier::{segments_id, Carrier};
 use crate::control::{ControlConn, EndpointInfo, Message};
 use crate::engine::job::{staging_of, Job};

@@ -13,6 +13,7 @@ pub mod connection;
 
 mod admission;
 mod setup;
+mod shared;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -34,42 +35,7 @@ use admission::{Admission, Policy, HELLO_LIMIT};
 use backend::{BackendInfo, BackendOrigin};
 pub use connection::{Connection, Segment};
 use setup::Side;
-
-/// What an endpoint's connections share: the plugin, the engines and the configuration.
-pub(crate) struct EndpointShared {
-    pub(crate) net: Net,
-    pub(crate) config: Config,
-    pub(crate) backend: BackendInfo,
-    /// Plugin devices in use; channel `c` lives on `devices[c % devices.len()]`.
-    pub(crate) devices: Vec<usize>,
-    /// `engines_per_device` engines per device: engine `k` serves `devices[k % devices.len()]`
-    /// and owns the channels `c` with `c % engines.len() == k`.
-    pub(crate) engines: Vec<EngineHandle>,
-    pub(crate) registrations: RegistrationCounter,
-    /// What this endpoint tells peers in `Hello`.
-    pub(crate) info: EndpointInfo,
-    /// Advertised regions and delivered notifications, shared with every connection's
-    /// one-sided half.
-    pub(crate) one_sided: Arc<OneSidedShared>,
-    /// The GPU of this endpoint's CUDA regions, fixed by the first one (one GPU per
-    /// endpoint: the engines' staging rings and streams live on it).
-    pub(crate) gpu: OnceLock<CudaDevice>,
-    /// Every plugin device in use takes CUDA pointers (`NCCL_PTR_CUDA`): CUDA regions go to
-    /// the plugin directly; otherwise they are staged through pinned host memory.
-    pub(crate) plugin_cuda: bool,
-}
-
-impl EndpointShared {
-    /// Index into `engines` of the engine owning channel `channel`.
-    pub(crate) fn engine_of(&self, channel: u16) -> usize {
-        usize::from(channel) % self.engines.len()
-    }
-
-    /// The plugin device carrying channel `channel`.
-    pub(crate) fn device_of(&self, channel: u16) -> usize {
-        self.devices[usize::from(channel) % self.devices.len()]
-    }
-}
+use shared::EndpointShared;
 
 /// A transfer endpoint: create one per GPU (or per process for host memory), hand its
 /// [`metadata`](Self::metadata) to peers out of band, then [`accept`](Self::accept) or
@@ -352,8 +318,7 @@ impl Endpoint {
                 continue;
             }
             let ctl = ControlConn::from_stream(candidate.stream, self.shared.config.timeout)?;
-            return setup::establish(
-                &self.shared,
+            return self.establish(
                 ctl,
                 Side::Accepted {
                     hello: candidate.hello,
@@ -377,7 +342,13 @@ impl Endpoint {
 
     fn connect_presenting(&self, addr: SocketAddr, secret: Option<Secret>) -> Result<Connection> {
         let ctl = ControlConn::connect(addr, self.shared.config.timeout)?;
-        setup::establish(&self.shared, ctl, Side::Connecting { secret })
+        self.establish(ctl, Side::Connecting { secret })
+    }
+
+    /// Runs the handshake on `ctl` and starts the connection on the comms it set up.
+    fn establish(&self, ctl: ControlConn, side: Side) -> Result<Connection> {
+        let (ctl, established) = setup::establish(&self.shared, ctl, side)?;
+        Connection::start(self.shared.clone(), ctl, established)
     }
 
     /// The GPU index this endpoint announces to peers ([`Config::gpu_index`]), if any.

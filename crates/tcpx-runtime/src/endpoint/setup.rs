@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 
 use tcpx::{ConnectHandle, ErrorKind, ListenComm, RecvComm, SendComm};
 
-use super::connection::Connection;
-use super::EndpointShared;
+use super::shared::EndpointShared;
 use crate::control::{ControlConn, EndpointInfo, Message, MessageType, Secret, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
 
@@ -50,18 +49,20 @@ pub(crate) enum Side {
     },
 }
 
-/// Runs the handshake on `ctl` and starts the connection.
+/// Runs the handshake on `ctl` and hands back the control connection with the comms set up;
+/// the endpoint starts the [`Connection`](super::Connection) on them, so that this module
+/// stays below the connection it prepares.
 pub(crate) fn establish(
-    shared: &Arc<EndpointShared>,
+    shared: &EndpointShared,
     mut ctl: ControlConn,
     side: Side,
-) -> Result<Connection> {
+) -> Result<(ControlConn, Established)> {
     let deadline = Instant::now() + shared.config.timeout;
     let peer = ctl.peer_addr();
     match handshake(shared, &mut ctl, side, deadline) {
         Ok(established) => {
             tracing::info!(target: "tcpx_runtime", %peer, channels = established.sends.len(), "connection established");
-            Connection::start(shared.clone(), ctl, established)
+            Ok((ctl, established))
         }
         Err(e) => {
             // Tell the peer why, unless it is the one who told us.

@@ -2,6 +2,7 @@
 
 pub mod baseline;
 pub mod latency;
+pub mod limits;
 pub mod onesided;
 pub mod overhead;
 pub mod pair;

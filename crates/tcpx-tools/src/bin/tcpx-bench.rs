@@ -21,6 +21,7 @@ use clap::{Args, Parser, Subcommand};
 use tcpx_runtime::control::metadata::EndpointMetadata;
 use tcpx_runtime::{Backend, Backoff, Config, Endpoint};
 use tcpx_tools::backend_choice;
+use tcpx_tools::bench::limits::{staging_bytes, Demand};
 use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
 use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
 
@@ -408,6 +409,33 @@ fn check_chunk(text: &str) -> Result<u32, Failure> {
     u32::try_from(n).map_err(|_| bad(format!("--chunk {text}: must be below 4GiB")))
 }
 
+/// Refuses options that ask for more sockets or memory than this process may open or
+/// allocate, before anything is opened (see `tcpx_tools::bench::limits`).
+fn check_demand(demand: Demand) -> Result<(), Failure> {
+    demand.check().map_err(bad)
+}
+
+/// Host memory for `slots` messages of the largest of `sizes` (`--sizes`, named by `option`),
+/// or, with GPU memory, the engines' pinned staging for `channels` × `window` × `chunk`.
+fn memory_demand(
+    d: Demand,
+    cuda: bool,
+    sizes: (&str, &[usize], usize),
+    ring: (u64, u64, u64),
+) -> Demand {
+    let (text, list, slots) = sizes;
+    let (channels, window, chunk) = ring;
+    if cuda {
+        let bytes = staging_bytes(d.sides, channels, window, chunk);
+        let option = format!("--channels {channels} × --window {window} × --chunk {chunk}");
+        d.memory(option, bytes)
+    } else {
+        let max = list.iter().copied().max().unwrap_or(0) as u64;
+        let bytes = max.saturating_mul(slots as u64).saturating_mul(d.sides);
+        d.memory(format!("--sizes {text}"), bytes)
+    }
+}
+
 /// Everything the server and client agree on, checked once: the endpoint's configuration and
 /// the sweep.
 fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
@@ -459,6 +487,27 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         memory: if c.memory == "cuda" { "cuda" } else { "host" },
         gpu,
     };
+    // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
+    let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
+    let slots = ((1usize << 30) / max).clamp(1, sweep.depth);
+    let ring = (
+        u64::from(config.channels),
+        config.window as u64,
+        u64::from(config.chunk_bytes),
+    );
+    let base = if sweep.baseline {
+        sweep.channels as u64
+    } else {
+        0
+    };
+    let demand =
+        Demand::channels(format!("--channels {}", config.channels), 1, ring.0).baseline(base);
+    check_demand(memory_demand(
+        demand,
+        c.memory == "cuda",
+        (&c.sizes, &sweep.sizes, slots),
+        ring,
+    ))?;
     Ok((config, sweep))
 }
 
@@ -643,6 +692,20 @@ fn stack(args: StackArgs) -> Result<(), Failure> {
     let sizes = check_sizes("--sizes", &args.sizes)?;
     let bytes_per_rep = check_size("--bytes", &args.bytes, 1)?;
     let reps = check_count("--reps", args.reps)?;
+    // Both endpoints and both ends of every baseline stream live in this process.
+    let ring = (
+        u64::from(args.channels),
+        Config::default().window as u64,
+        u64::from(chunk),
+    );
+    let demand =
+        Demand::channels(format!("--channels {}", args.channels), 2, ring.0).baseline(ring.0);
+    check_demand(memory_demand(
+        demand,
+        args.memory == "cuda",
+        (&args.sizes, &sizes, 1),
+        ring,
+    ))?;
     let backend = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
     let gpus = match args.memory.as_str() {
         "cuda" => {
@@ -728,6 +791,18 @@ fn onesided(args: OnesidedArgs) -> Result<(), Failure> {
             args.block, args.batch, args.max_op
         )));
     }
+    // Both endpoints hold the largest operation's blocks (at most --max-op) on each side.
+    let largest =
+        blocks.iter().max().copied().unwrap_or(0) * batches.iter().max().copied().unwrap_or(0);
+    let held = (largest.min(max_op_bytes) as u64).saturating_mul(2);
+    check_demand(
+        Demand::channels(
+            format!("--channels {}", args.channels),
+            2,
+            u64::from(args.channels),
+        )
+        .memory(format!("--max-op {}", args.max_op), held),
+    )?;
     let backend = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
     let opts = os::Options {
         channels: args.channels,
@@ -813,8 +888,13 @@ fn latency(args: LatencyArgs) -> Result<(), Failure> {
         .backoff
         .parse()
         .map_err(|e| bad(format!("--backoff {}: {e}", args.backoff)))?;
+    let sizes = check_sizes("--sizes", &args.sizes)?;
+    // Two endpoints with one buffer of the largest size each, and one raw-TCP connection.
+    let ring = (u64::from(args.channels), 0, 0);
+    let demand = Demand::channels(format!("--channels {}", args.channels), 2, ring.0).baseline(1);
+    check_demand(memory_demand(demand, false, (&args.sizes, &sizes, 1), ring))?;
     let opts = lat::Options {
-        sizes: check_sizes("--sizes", &args.sizes)?,
+        sizes,
         iters: check_count("--iters", args.iters)?,
         warmup: args.warmup,
         channels: args.channels,

@@ -17,88 +17,18 @@ use tcpx_sys::{ncclNetDeviceHandle_v8_t, NCCL_NET_DEVICE_UNPACK, NCCL_NET_DEVICE
 use crate::call::call;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handle::ConnectHandle;
-use crate::memory::{InFlight, SharedMemory};
+use crate::memory::SharedMemory;
 use crate::net::Net;
-use request::{DroppedDone, RequestState};
+use inner::{CommInner, Side};
+use request::{DroppedDone, RequestCore, RequestState};
 pub use request::{RecvRequest, SendRequest};
 
-// Requests are part of their comm (a comm makes them, tests and consumes them; they hold the
-// comm alive): one module, so that the two never import each other across the crate.
+// What a comm shares with its regions and requests sits below both, so that requests (which
+// hold the comm alive) and the comms that make, test and consume them never import each other.
+mod inner;
 mod request;
 
 static NEXT_COMM_ID: AtomicU64 = AtomicU64::new(1);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Side {
-    Send,
-    Recv,
-}
-
-/// State shared by a comm and everything made from it (regions, requests).
-pub(crate) struct CommInner {
-    pub(crate) net: Net,
-    pub(crate) raw: *mut c_void,
-    pub(crate) side: Side,
-    pub(crate) device: usize,
-    pub(crate) id: u64,
-    /// Set when a request was dropped before `test` reported it done: the plugin still owns it
-    /// and FIFO testing can no longer proceed, so every later data call fails clearly.
-    pub(crate) poisoned: AtomicBool,
-    /// Memory of requests dropped while in flight: kept alive until the comm is closed, because
-    /// the plugin may still read or write it until then.
-    pub(crate) abandoned: Mutex<Vec<InFlight>>,
-}
-
-// SAFETY: `raw` is a plugin comm. Data-path calls need `&mut SendComm`/`&mut RecvComm` (one
-// thread at a time, the ncclNet rule); the only calls made through a shared `CommInner` from
-// other threads are regMr/deregMr (allowed concurrently by the ABI) and close, which runs once,
-// in Drop, after every region and comm handle is gone.
-unsafe impl Send for CommInner {}
-// SAFETY: see above.
-unsafe impl Sync for CommInner {}
-
-impl CommInner {
-    pub(crate) fn label(&self) -> String {
-        let side = match self.side {
-            Side::Send => "send",
-            Side::Recv => "recv",
-        };
-        format!("{side} comm #{} on device {}", self.id, self.device)
-    }
-
-    fn check_usable(&self, api: &'static str) -> Result<()> {
-        if self.poisoned.load(Ordering::Relaxed) {
-            return Err(Error::new(
-                api,
-                ErrorKind::InvalidArgument(
-                    "a request was dropped before completion; close this comm".into(),
-                ),
-                self.label(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for CommInner {
-    fn drop(&mut self) {
-        let plugin = &self.net.inner.plugin;
-        let result = match self.side {
-            // SAFETY: last owner of a live comm; every region (which holds an Arc) is gone.
-            Side::Send => unsafe { plugin.close_send(self.raw) },
-            // SAFETY: as above.
-            Side::Recv => unsafe { plugin.close_recv(self.raw) },
-        };
-        match result {
-            Ok(code) if code.is_success() => {}
-            Ok(code) => tracing::warn!(target: "tcpx", comm = %self.label(), %code, "close failed"),
-            Err(e) => {
-                tracing::warn!(target: "tcpx", comm = %self.label(), error = %e, "close failed")
-            }
-        }
-        // `abandoned` drops after close: only now may that memory be freed.
-    }
-}
 
 /// A listening comm on one device, with the handle a peer connects with.
 pub struct ListenComm {
@@ -728,15 +658,6 @@ impl RecvComm {
     pub fn label(&self) -> String {
         self.inner.label()
     }
-}
-
-/// The shared part of send and receive requests.
-pub(crate) struct RequestCore {
-    pub(crate) raw: *mut c_void,
-    pub(crate) comm: Arc<CommInner>,
-    pub(crate) op: Option<InFlight>,
-    pub(crate) len: usize,
-    pub(crate) state: RequestState,
 }
 
 /// How a completed request's size is found.

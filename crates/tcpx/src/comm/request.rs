@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::{CommInner, RequestCore};
+use super::inner::CommInner;
 use crate::memory::InFlight;
 
 /// Receives dropped after completion but before being consumed, by sequence number. The flag
@@ -47,6 +47,15 @@ impl DroppedDone {
         }
         raw
     }
+}
+
+/// The shared part of send and receive requests.
+pub(crate) struct RequestCore {
+    pub(crate) raw: *mut c_void,
+    pub(crate) comm: Arc<CommInner>,
+    pub(crate) op: Option<InFlight>,
+    pub(crate) len: usize,
+    pub(crate) state: RequestState,
 }
 
 /// Where a request stands.

@@ -5,10 +5,10 @@ use std::fmt;
 
 use cudarc::driver::sys;
 
-use super::device::{CudaDevice, CudaEvent};
+use super::device::{CudaDevice, CudaEvent, CudaStream};
 use super::driver::check;
 use crate::error::{Error, Result};
-use crate::memory::{InFlight, Memory, MemoryKind, BUFFER_ALIGN};
+use crate::memory::{InFlight, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
 
 /// `len` plus the slack needed to align an allocation up to [`BUFFER_ALIGN`].
 fn padded(api: &'static str, len: usize) -> Result<usize> {
@@ -316,6 +316,53 @@ impl Drop for PinnedHostBuffer {
             // SAFETY: frees the allocation made in `new`, once.
             let _ = unsafe { sys::cuMemFreeHost(self.raw.cast()) };
         }
+    }
+}
+
+// The buffer constructors and the stream's copy live with the buffers they make, so that
+// `device` (contexts, streams, events) never imports `buffer`: buffers sit above devices.
+impl CudaDevice {
+    /// Allocates a zeroed, 4 KiB-aligned device buffer of `len` bytes.
+    pub fn alloc(&self, len: usize) -> Result<CudaBuffer> {
+        CudaBuffer::new(self, len)
+    }
+
+    /// Allocates a zeroed, 4 KiB-aligned pinned host buffer of `len` bytes, mapped into the GPU.
+    pub fn alloc_pinned(&self, len: usize) -> Result<PinnedHostBuffer> {
+        PinnedHostBuffer::new(self, len)
+    }
+}
+
+impl CudaStream {
+    /// Queues a copy of `len` bytes from `src[src_offset..]` to `dst[dst_offset..]` (host or
+    /// device memory on either side; host memory should be pinned for the copy to overlap) and
+    /// returns at once. Both memories stay alive and count as in flight (CPU access fails with
+    /// `Busy`) until the returned [`AsyncCopy`] is dropped; dropping it waits for the copy.
+    pub fn copy_async(
+        &self,
+        dst: &SharedMemory,
+        dst_offset: usize,
+        src: &SharedMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<AsyncCopy> {
+        const API: &str = "CudaStream::copy_async";
+        dst.check_range(API, dst_offset, len)?;
+        src.check_range(API, src_offset, len)?;
+        let ops = vec![dst.begin_operation(API)?, src.begin_operation(API)?];
+        if len > 0 {
+            // SAFETY: ranges checked; the memories are kept alive and free of CPU slices by
+            // `ops`, which the AsyncCopy holds until the event says the copy is done.
+            unsafe {
+                self.copy_raw_async(
+                    dst.as_ptr() as u64 + dst_offset as u64,
+                    src.as_ptr() as u64 + src_offset as u64,
+                    len,
+                )?;
+            }
+        }
+        let event = self.record()?;
+        Ok(AsyncCopy::new(event, ops))
     }
 }
 

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::buffer::{AsyncCopy, CudaBuffer, PinnedHostBuffer};
 use super::driver::{check, require};
 use crate::error::{Error, Result};
 use crate::memory::SharedMemory;
@@ -209,16 +208,6 @@ impl CudaDevice {
         check("cuCtxSynchronize", rc, || self.describe())
     }
 
-    /// Allocates a zeroed, 4 KiB-aligned device buffer of `len` bytes.
-    pub fn alloc(&self, len: usize) -> Result<CudaBuffer> {
-        CudaBuffer::new(self, len)
-    }
-
-    /// Allocates a zeroed, 4 KiB-aligned pinned host buffer of `len` bytes, mapped into the GPU.
-    pub fn alloc_pinned(&self, len: usize) -> Result<PinnedHostBuffer> {
-        PinnedHostBuffer::new(self, len)
-    }
-
     /// Creates a stream (non-blocking with respect to the legacy default stream).
     pub fn stream(&self) -> Result<CudaStream> {
         CudaStream::new(self)
@@ -350,37 +339,6 @@ impl CudaStream {
         let event = CudaEvent::new(&self.device, false)?;
         event.record(self)?;
         Ok(event)
-    }
-
-    /// Queues a copy of `len` bytes from `src[src_offset..]` to `dst[dst_offset..]` (host or
-    /// device memory on either side; host memory should be pinned for the copy to overlap) and
-    /// returns at once. Both memories stay alive and count as in flight (CPU access fails with
-    /// `Busy`) until the returned [`AsyncCopy`] is dropped; dropping it waits for the copy.
-    pub fn copy_async(
-        &self,
-        dst: &SharedMemory,
-        dst_offset: usize,
-        src: &SharedMemory,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<AsyncCopy> {
-        const API: &str = "CudaStream::copy_async";
-        dst.check_range(API, dst_offset, len)?;
-        src.check_range(API, src_offset, len)?;
-        let ops = vec![dst.begin_operation(API)?, src.begin_operation(API)?];
-        if len > 0 {
-            // SAFETY: ranges checked; the memories are kept alive and free of CPU slices by
-            // `ops`, which the AsyncCopy holds until the event says the copy is done.
-            unsafe {
-                self.copy_raw_async(
-                    dst.as_ptr() as u64 + dst_offset as u64,
-                    src.as_ptr() as u64 + src_offset as u64,
-                    len,
-                )?;
-            }
-        }
-        let event = self.record()?;
-        Ok(AsyncCopy::new(event, ops))
     }
 
     /// Queues a copy between two unified addresses.

@@ -1,0 +1,50 @@
+//! What an endpoint's connections share, below both the handshake (`setup`) and the
+//! [`Connection`](super::Connection) that use it.
+
+use std::sync::{Arc, OnceLock};
+
+use tcpx::cuda::CudaDevice;
+use tcpx::Net;
+
+use super::backend::BackendInfo;
+use crate::config::Config;
+use crate::control::EndpointInfo;
+use crate::engine::EngineHandle;
+use crate::onesided::OneSidedShared;
+use crate::registry::RegistrationCounter;
+
+/// What an endpoint's connections share: the plugin, the engines and the configuration.
+pub(crate) struct EndpointShared {
+    pub(crate) net: Net,
+    pub(crate) config: Config,
+    pub(crate) backend: BackendInfo,
+    /// Plugin devices in use; channel `c` lives on `devices[c % devices.len()]`.
+    pub(crate) devices: Vec<usize>,
+    /// `engines_per_device` engines per device: engine `k` serves `devices[k % devices.len()]`
+    /// and owns the channels `c` with `c % engines.len() == k`.
+    pub(crate) engines: Vec<EngineHandle>,
+    pub(crate) registrations: RegistrationCounter,
+    /// What this endpoint tells peers in `Hello`.
+    pub(crate) info: EndpointInfo,
+    /// Advertised regions and delivered notifications, shared with every connection's
+    /// one-sided half.
+    pub(crate) one_sided: Arc<OneSidedShared>,
+    /// The GPU of this endpoint's CUDA regions, fixed by the first one (one GPU per
+    /// endpoint: the engines' staging rings and streams live on it).
+    pub(crate) gpu: OnceLock<CudaDevice>,
+    /// Every plugin device in use takes CUDA pointers (`NCCL_PTR_CUDA`): CUDA regions go to
+    /// the plugin directly; otherwise they are staged through pinned host memory.
+    pub(crate) plugin_cuda: bool,
+}
+
+impl EndpointShared {
+    /// Index into `engines` of the engine owning channel `channel`.
+    pub(crate) fn engine_of(&self, channel: u16) -> usize {
+        usize::from(channel) % self.engines.len()
+    }
+
+    /// The plugin device carrying channel `channel`.
+    pub(crate) fn device_of(&self, channel: u16) -> usize {
+        self.devices[usize::from(channel) % self.devices.len()]
+    }
+}
