@@ -1,10 +1,13 @@
 //! Benchmark building blocks.
 
 pub mod baseline;
+pub mod control;
+pub mod kv;
 pub mod latency;
 pub mod onesided;
 pub mod overhead;
 pub mod pair;
+pub mod rawtcp;
 pub mod report;
 pub mod safe_layer;
 pub mod sizes;
