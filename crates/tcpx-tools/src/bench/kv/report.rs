@@ -214,7 +214,7 @@ pub fn preamble(plan: &Plan, path: &str) -> String {
         "# kv: {path}; {} in flight; GB/s = 10^9 B/s\n\
          # each transfer: N blocks of B bytes at shuffled, non-adjacent offsets on both sides, \
          by one-sided {}; contiguous: the same bytes as one block; send/recv: two-sided, each \
-         acknowledged; raw TCP: {} streams, same bytes\n\
+         acknowledged; raw TCP: {} streams, the same bytes back to back\n\
          # a fresh connection per shape; `first` rows: a phase's first transfer alone (not in \
          the steady figures), its time under p50; {}",
         plan.depth,
