@@ -146,6 +146,22 @@ pub fn pack_bytes<const N: usize>(bytes: &[u8]) -> Option<[u64; N]> {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Control messages come from the peer: any bytes decode (short ones zero-padded),
+        /// and words survive encoding.
+        #[test]
+        fn any_bytes_decode_and_words_round_trip(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+            w in proptest::array::uniform7(proptest::num::u64::ANY),
+        ) {
+            let words: [u64; 7] = decode(&bytes);
+            let encoded = encode(&words);
+            let n = bytes.len().min(56);
+            proptest::prop_assert_eq!(&encoded[..n], &bytes[..n]);
+            proptest::prop_assert_eq!(decode::<7>(&encode(&w)), w);
+        }
+    }
+
     #[test]
     fn words_round_trip() {
         let w = [1u64, u64::MAX, 0x0102_0304_0506_0708];

@@ -267,6 +267,39 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any shape: N distinct, never adjacent, in-bounds block slots on every side, and
+        /// the image passes its own checks.
+        #[test]
+        fn every_shape_places_its_blocks_apart(blocks in 1usize..300, block in 1usize..3000) {
+            let s = shape(blocks, block);
+            for side in [Side::Target, Side::Source, Side::Back] {
+                let l = Layout::new(s, side);
+                let mut sorted = l.offsets.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                proptest::prop_assert_eq!(sorted.len(), blocks);
+                proptest::prop_assert!(sorted.windows(2).all(|w| w[1] - w[0] >= 2 * block));
+                proptest::prop_assert!(sorted.iter().all(|&o| o % block == 0 && o + block <= l.scattered_len()));
+                let image = l.image();
+                let (scattered, contiguous) = image.split_at(l.contiguous_offset());
+                proptest::prop_assert_eq!(l.check_scattered(scattered), Verdict::Ok);
+                proptest::prop_assert_eq!(l.check_contiguous(contiguous), Verdict::Ok);
+            }
+        }
+
+        /// A verdict comes from the peer: any three words decode to a verdict or to nothing,
+        /// never a panic, and what decodes encodes back to the same words.
+        #[test]
+        fn any_verdict_words_decode_without_panic(w in proptest::array::uniform3(proptest::num::u64::ANY)) {
+            if let Some(v) = Verdict::from_words(w) {
+                let again = Verdict::from_words(v.to_words());
+                proptest::prop_assert_eq!(again, Some(v));
+                let _ = v.describe("write scattered");
+            }
+        }
+    }
+
     #[test]
     fn verdicts_round_trip() {
         for v in [

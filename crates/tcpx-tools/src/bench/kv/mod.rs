@@ -376,6 +376,19 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever is typed after --shapes is a list of shapes or an error, never a panic;
+        /// what parses prints back to itself.
+        #[test]
+        fn any_shape_text_parses_or_is_refused(text in "[0-9xX*,kKmMgGiIbB ]{0,24}") {
+            if let Ok(shapes) = parse_shapes(&text) {
+                for s in shapes {
+                    proptest::prop_assert_eq!(s.to_string().parse::<Shape>().ok(), Some(s));
+                }
+            }
+        }
+    }
+
     #[test]
     fn phases_and_codes() {
         let plan = Plan {
