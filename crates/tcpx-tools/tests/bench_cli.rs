@@ -50,10 +50,16 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Self {
+        Self::start_role(&["server"], args)
+    }
+
+    /// `role` is `["server"]` or `["kv", "server"]`.
+    fn start_role(role: &[&str], args: &[&str]) -> Self {
         let port = free_ports();
         let bind = format!("127.0.0.1:{port}");
         let mut child = bench()
-            .args(["server", "--bind", &bind])
+            .args(role)
+            .args(["--bind", &bind])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -582,4 +588,177 @@ fn options_past_the_open_file_or_memory_limit_are_refused_up_front() {
     let err = text(&out.stderr);
     assert!(!err.contains("RLIMIT_NOFILE"), "{err}");
     assert!(err.contains("/nonexistent/libnone.so"), "{err}");
+}
+
+/// Issue 25 item 4: `tcpx-bench kv` in two processes — scattered blocks by one-sided write
+/// and read, against the same bytes contiguous, two-sided and over raw TCP, every byte checked
+/// — prints a steady row per shape and phase and the first transfer of each phase on a row
+/// of its own.
+#[test]
+fn kv_mode_moves_scattered_blocks_between_two_processes_verified() {
+    let args = [
+        "--shapes",
+        "16x4KiB,4x64KiB",
+        "--iters",
+        "4",
+        "--min-bytes",
+        "0",
+        "--warmup",
+        "1",
+        "--channels",
+        "2",
+        "--verify",
+        "--timeout",
+        "30",
+    ];
+    let server = Server::start_role(&["kv", "server"], &args);
+    let json = tmp("kv.json");
+    let out = bench()
+        .args(["kv", "client", "--peer", &server.peer, "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, err) = server.wait();
+    assert_eq!(code, Some(0), "server: {err}");
+    let stdout = text(&out.stdout);
+    for label in [
+        "write contiguous",
+        "read",
+        "send/recv",
+        "raw TCP",
+        "first write",
+    ] {
+        assert!(stdout.contains(label), "no `{label}` row: {stdout}");
+    }
+    let rows = json_rows(&json);
+    // Per shape: write, read (each scattered and contiguous), send, raw TCP; then a first
+    // row for each of the five phases that have one.
+    assert_eq!(rows.len(), 2 * (6 + 5), "{rows:#?}");
+    for row in &rows {
+        assert_eq!(row["bench"], "kv", "{row}");
+        let gbps = row["gbps"].as_f64().unwrap();
+        assert!(gbps > 0.0 && gbps.is_finite(), "{row}");
+        let first = row["first"].as_bool().unwrap();
+        let raw = row["op"] == "raw-tcp";
+        assert_eq!(row["verified"], !raw, "{row}");
+        if first {
+            assert_eq!(row["transfers"], 1, "{row}");
+            assert!(row["first_us"].as_f64().unwrap() > 0.0, "{row}");
+            assert!(
+                row["p50_us"].is_null(),
+                "a first transfer is not a steady figure"
+            );
+        } else {
+            assert!(row["ratio"].as_f64().unwrap() > 0.0, "vs raw TCP: {row}");
+            if !raw {
+                assert_eq!(row["transfers"], 4, "{row}");
+                let (p50, p99) = (row["p50_us"].as_f64(), row["p99_us"].as_f64());
+                assert!(p50.unwrap() > 0.0 && p99 >= p50, "{row}");
+            }
+        }
+        if row["layout"] == "scattered" && !first {
+            assert!(row["vs_contiguous"].as_f64().unwrap() > 0.0, "{row}");
+        }
+    }
+    let shapes: Vec<&str> = rows.iter().map(|r| r["shape"].as_str().unwrap()).collect();
+    assert_eq!(shapes[0], "16x4KiB");
+    assert_eq!(shapes[rows.len() - 1], "4x64KiB");
+    let _ = std::fs::remove_file(json);
+}
+
+/// Issue 25 item 4: kv checks its options like every mode (exit 2, one line, the flag
+/// named), and a client whose options differ from the server's is told so, while the server
+/// gives up within its timeout.
+#[test]
+fn kv_bad_options_and_mismatched_processes_are_refused() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["kv", "server", "--shapes", "16KiB", "--timeout", "1"],
+            "--shapes",
+        ),
+        (
+            &["kv", "server", "--shapes", "0x4KiB", "--timeout", "1"],
+            "--shapes",
+        ),
+        (
+            &["kv", "server", "--shapes", "99999x4KiB", "--timeout", "1"],
+            "--shapes",
+        ),
+        (
+            &["kv", "server", "--blocks", "4", "--timeout", "1"],
+            "--blocks",
+        ),
+        (
+            &[
+                "kv",
+                "server",
+                "--blocks",
+                "x",
+                "--block",
+                "4KiB",
+                "--timeout",
+                "1",
+            ],
+            "--blocks",
+        ),
+        (&["kv", "server", "--op", "fly", "--timeout", "1"], "--op"),
+        (
+            &["kv", "server", "--depth", "0", "--timeout", "1"],
+            "--depth",
+        ),
+        (
+            &["kv", "server", "--window", "17", "--timeout", "1"],
+            "--window",
+        ),
+        (&["kv", "server", "--gpu", "0,1", "--timeout", "1"], "--gpu"),
+        (&["kv", "client", "--peer", "00", "--iters", "0"], "--iters"),
+        (&["kv", "client", "--peer", "zz"], "--peer"),
+    ];
+    for (args, flag) in cases {
+        let out = run(args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?} should name {flag}: {err}");
+    }
+
+    let missing = "/nonexistent/libnccl-net-missing.so";
+    let port = free_ports();
+    let out = bench()
+        .args(["kv", "server", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["--timeout", "1", "--plugin", missing])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "kv server ignored --plugin");
+    assert!(text(&out.stderr).contains(missing), "{}", text(&out.stderr));
+
+    let server = Server::start_role(
+        &["kv", "server"],
+        &["--shapes", "8x4KiB", "--iters", "4", "--timeout", "5"],
+    );
+    let out = bench()
+        .args(["kv", "client", "--peer", &server.peer])
+        .args(["--shapes", "8x8KiB", "--iters", "4", "--timeout", "5"])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("same options"), "{err}");
+    // Bounded, so a server that never gives up fails the test instead of hanging it.
+    let mut server = server;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the kv server never gave up");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !status.success(),
+        "the server went on with a mismatched client"
+    );
 }

@@ -35,6 +35,11 @@ use crate::{run_command, sysdeps, workspace_root};
 const LOCAL_SIZES: &str = "4KiB..64MiB";
 /// Default measured messages per size of the local run.
 const LOCAL_ITERS: &str = "200";
+/// Measured transfers per kv phase on this machine and in namespaces (with `KV_MIN_BYTES`:
+/// seconds per shape on a 2-core box).
+const KV_LOCAL_ITERS: &str = "8";
+/// Bytes each kv phase moves at least, on this machine and in namespaces.
+const KV_LOCAL_MIN_BYTES: &str = "64MiB";
 /// Channels of a netns run: one per data NIC.
 const NETNS_CHANNELS: usize = netns::DATA_NICS.len();
 
@@ -88,6 +93,7 @@ fn run_with(
         ready_timeout: opts.ready_timeout,
         dry_run: opts.dry_run,
         log_dir: run_dir.join("logs"),
+        kv: false,
     };
     if !opts.dry_run {
         std::fs::create_dir_all(&plan.log_dir)
@@ -101,11 +107,16 @@ fn run_with(
         );
     }
     let outcomes = pairs::run_pairs(launcher, &plan)?;
+    let kv_outcomes = match kv_plan(opts, &plan) {
+        Some(kv) => pairs::run_pairs(launcher, &kv)?,
+        None => Vec::new(),
+    };
     if opts.dry_run {
         return Ok(());
     }
     let rows = results::parse(&outcomes, run_id, launcher.name())?;
-    results::write_files(run_dir, &rows)?;
+    let kv_rows = results::parse(&kv_outcomes, run_id, launcher.name())?;
+    results::write_files(run_dir, &[rows.as_slice(), &kv_rows].concat())?;
     let title = plot_title(&rows, run_id);
     std::fs::write(
         run_dir.join("plot.svg"),
@@ -116,6 +127,9 @@ fn run_with(
         print!("\n{}", results::multi_table(&rows));
     } else if !plan.echo {
         print!("\n{}", results::single_table(&rows));
+    }
+    if !kv_rows.is_empty() && !plan.echo {
+        print!("\n{}", results::kv_table(&kv_rows));
     }
     point_latest(run_dir);
     println!(
@@ -225,6 +239,43 @@ fn plan_pairs(opts: &Options, launcher: &dyn Launcher) -> Result<Vec<Pair>> {
                 })
             })
             .collect::<Result<_>>()?,
+    })
+}
+
+/// The kv pairs that follow the sweep: the same pairs, ports and launcher, `tcpx-bench kv`
+/// with the shapes of `--kv` and the options it shares with the sweep; `None` with `--no-kv`
+/// or `--single-process` (kv drives one GPU per process).
+fn kv_plan(opts: &Options, sweep: &Plan) -> Option<Plan> {
+    let shapes = opts.kv.as_ref()?;
+    if opts.single_process {
+        eprintln!("xtask: note: no kv rows with --single-process (kv drives one GPU per process)");
+        return None;
+    }
+    if !opts.dry_run {
+        eprintln!("xtask: then kv pairs (tcpx-bench kv) on {shapes}");
+    }
+    let mut common = options::kv_shared_args(&opts.bench_args);
+    common.extend(["--shapes".to_string(), shapes.clone()]);
+    if matches!(opts.mode, Mode::Local | Mode::Netns) {
+        common.extend([
+            "--iters".to_string(),
+            KV_LOCAL_ITERS.to_string(),
+            "--min-bytes".to_string(),
+            KV_LOCAL_MIN_BYTES.to_string(),
+        ]);
+    }
+    if opts.mode == Mode::Netns && !options::has_flag(&common, "--channels") {
+        common.extend(["--channels".to_string(), NETNS_CHANNELS.to_string()]);
+    }
+    Some(Plan {
+        pairs: sweep.pairs.clone(),
+        common,
+        env: sweep.env.clone(),
+        ready_timeout: sweep.ready_timeout,
+        echo: sweep.echo,
+        dry_run: sweep.dry_run,
+        log_dir: sweep.log_dir.clone(),
+        kv: true,
     })
 }
 

@@ -48,6 +48,16 @@ OPTIONS
                          address when it is an IP or localhost, else the first of `hostname -I`
                          on A).
   --ready-timeout SECS   How long a server may take to print its METADATA line (default 60).
+  --kv SHAPES            After the size sweep, run `tcpx-bench kv server/client` pairs (same
+                         launcher, ports and --gpu) on these shapes (BLOCKSxSIZE, comma list;
+                         default 1024x16KiB,512x64KiB,64x1MiB): scattered blocks by one-sided
+                         WRITE and READ against the same bytes contiguous, two-sided and over
+                         raw TCP, first transfers on rows of their own. Its rows go to the
+                         same results files with \"bench\": \"kv\". On this machine and in
+                         --netns each phase moves 8 transfers, at least 64 MiB (seconds).
+                         --channels --chunk --window --memory --plugin --baseline --timeout
+                         and --verify apply to it too.
+  --no-kv                Skip the kv rows (also skipped with --single-process).
   --out DIR              Results directory (default target/bench).
   --bin PATH             Use this tcpx-bench instead of building one.
   --no-build             Use target/release/tcpx-bench as it is.
@@ -90,6 +100,21 @@ const BENCH_VALUE_FLAGS: &[&str] = &[
 
 /// Benchmark options without a value.
 const BENCH_SWITCHES: &[&str] = &["--verify"];
+
+/// Default shapes of the kv rows: vLLM-like block lists (the shapes of issue 25).
+pub const KV_SHAPES: &str = "1024x16KiB,512x64KiB,64x1MiB";
+
+/// The benchmark options `tcpx-bench kv` shares with server/client (its other options mean
+/// something else there, or nothing).
+const KV_VALUE_FLAGS: &[&str] = &[
+    "--channels",
+    "--chunk",
+    "--window",
+    "--memory",
+    "--plugin",
+    "--baseline",
+    "--timeout",
+];
 
 /// Where the two ends run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,6 +172,8 @@ pub struct Options {
     pub bench_args: Vec<String>,
     /// `--help` was asked for.
     pub help: bool,
+    /// Shapes of the kv pairs run after the sweep; `None`: no kv rows.
+    pub kv: Option<String>,
 }
 
 impl Options {
@@ -166,6 +193,7 @@ impl Options {
             out: None,
             bench_args: Vec::new(),
             help: false,
+            kv: Some(KV_SHAPES.to_string()),
         };
         let mut netns = false;
         let mut nodes = None;
@@ -214,6 +242,14 @@ impl Options {
                     opts.ready_timeout = Duration::from_secs(secs);
                 }
                 "--out" => opts.out = Some(PathBuf::from(value(flag)?)),
+                "--kv" => {
+                    let shapes = value(flag)?;
+                    if shapes.trim().is_empty() {
+                        bail!("--kv needs shapes, e.g. --kv 1024x16KiB,64x1MiB (or --no-kv)");
+                    }
+                    opts.kv = Some(shapes);
+                }
+                "--no-kv" => opts.kv = None,
                 "--gpu" => bail!("use --gpus LIST (xtask gives each pair its own --gpu N)"),
                 f if BENCH_VALUE_FLAGS.contains(&f) => {
                     let v = value(flag)?;
@@ -257,6 +293,32 @@ impl Options {
         }
         found
     }
+}
+
+/// The options of `args` (the user's bench options) that `tcpx-bench kv` understands too, in
+/// order; the sweep's own (`--sizes`, `--iters`, …) and their values are left out.
+pub fn kv_shared_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.iter().peekable();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, _)) if f.starts_with("--") => (f, true),
+            _ => (arg.as_str(), false),
+        };
+        let takes_value = !inline && it.peek().is_some_and(|next| !next.starts_with("--"));
+        if KV_VALUE_FLAGS.contains(&flag) {
+            out.push(arg.clone());
+            if takes_value {
+                out.extend(it.next().cloned());
+            }
+        } else if BENCH_SWITCHES.contains(&flag) && !inline {
+            out.push(arg.clone());
+        } else if takes_value && !BENCH_SWITCHES.contains(&flag) {
+            // Another option's value: left out with it.
+            it.next();
+        }
+    }
+    out
 }
 
 /// Whether `args` contain `flag` as `--flag` or `--flag=…`.
@@ -357,5 +419,27 @@ mod tests {
         assert!(Options::parse(&args("--nodes a")).is_err());
         assert!(Options::parse(&args("--single-process")).is_err());
         assert!(Options::parse(&args("--gpu 1")).is_err());
+    }
+
+    #[test]
+    fn kv_rows_and_their_options() {
+        let o = Options::parse(&args("--sizes 1MiB --channels 8 --verify")).unwrap();
+        assert_eq!(o.kv.as_deref(), Some(KV_SHAPES));
+        assert_eq!(
+            kv_shared_args(&o.bench_args),
+            args("--channels 8 --verify"),
+            "the sweep's --sizes stays with the sweep"
+        );
+        let o = Options::parse(&args(
+            "--kv 64x1MiB --memory cuda -- --min-bytes 1GiB --plugin=/x.so --odd --timeout 9",
+        ))
+        .unwrap();
+        assert_eq!(o.kv.as_deref(), Some("64x1MiB"));
+        assert_eq!(
+            kv_shared_args(&o.bench_args),
+            args("--memory cuda --plugin=/x.so --timeout 9")
+        );
+        assert!(Options::parse(&args("--no-kv")).unwrap().kv.is_none());
+        assert!(Options::parse(&args("--kv")).is_err());
     }
 }

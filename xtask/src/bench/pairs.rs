@@ -57,6 +57,41 @@ pub struct Plan {
     pub dry_run: bool,
     /// Where logs (and local result files) go.
     pub log_dir: PathBuf,
+    /// Run `tcpx-bench kv server/client` instead of `server/client` (files and labels get a
+    /// `kv` prefix, so both runs' logs sit side by side).
+    pub kv: bool,
+}
+
+impl Plan {
+    /// The words before a role's options: `server`, or `kv server`.
+    fn role(&self, role: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        if self.kv {
+            words.push("kv".to_string());
+        }
+        words.push(role.to_string());
+        words
+    }
+
+    /// A file stem of pair `p`'s `what` (`server-gpu3`, `kv-client-pair`); `what` empty for
+    /// the result file.
+    fn stem(&self, what: &str, p: &Pair) -> String {
+        let prefix = if self.kv { "kv-" } else { "" };
+        if what.is_empty() {
+            format!("{prefix}{}", p.stem)
+        } else {
+            format!("{prefix}{what}-{}", p.stem)
+        }
+    }
+
+    /// `kv ` before a process label when running kv.
+    fn label(&self) -> &'static str {
+        if self.kv {
+            "kv "
+        } else {
+            ""
+        }
+    }
 }
 
 /// The JSON lines one client wrote.
@@ -76,7 +111,7 @@ pub fn run_pairs(launcher: &mut dyn Launcher, plan: &Plan) -> Result<Vec<PairOut
         }
         println!("# clients, each with its server's metadata");
         for p in &plan.pairs {
-            let peer = format!("<hex from server-{}>", p.stem);
+            let peer = format!("<hex from {}>", plan.stem("server", p));
             println!(
                 "{}",
                 launcher.render(&client_spec(&*launcher, plan, p, &peer))
@@ -84,7 +119,7 @@ pub fn run_pairs(launcher: &mut dyn Launcher, plan: &Plan) -> Result<Vec<PairOut
         }
         println!("# results: the clients' JSON lines");
         for p in &plan.pairs {
-            println!("{}", launcher.result_path(&plan.log_dir, &p.stem));
+            println!("{}", launcher.result_path(&plan.log_dir, &plan.stem("", p)));
         }
         return Ok(Vec::new());
     }
@@ -128,7 +163,7 @@ pub fn run_pairs(launcher: &mut dyn Launcher, plan: &Plan) -> Result<Vec<PairOut
     }
     let mut outcomes = Vec::new();
     for p in &plan.pairs {
-        let path = launcher.result_path(&plan.log_dir, &p.stem);
+        let path = launcher.result_path(&plan.log_dir, &plan.stem("", p));
         outcomes.push(PairOutcome {
             pair: p.clone(),
             json: launcher.fetch(Node::B, &path)?,
@@ -139,17 +174,22 @@ pub fn run_pairs(launcher: &mut dyn Launcher, plan: &Plan) -> Result<Vec<PairOut
 
 /// The server of pair `p`: `server --bind IP:PORT [--gpu N] COMMON`.
 fn server_spec(launcher: &dyn Launcher, plan: &Plan, p: &Pair) -> ProcSpec {
-    let mut args = vec![
-        "server".to_string(),
+    let mut args = plan.role("server");
+    args.extend([
         "--bind".into(),
         format!("{}:{}", launcher.server_ip(), p.port),
-    ];
+    ]);
     args.extend(gpu_args(p));
     args.extend(plan.common.iter().cloned());
     ProcSpec {
         node: Node::A,
-        label: format!("server{} on {}", p.tag(), launcher.node_name(Node::A)),
-        stem: format!("server-{}", p.stem),
+        label: format!(
+            "{}server{} on {}",
+            plan.label(),
+            p.tag(),
+            launcher.node_name(Node::A)
+        ),
+        stem: plan.stem("server", p),
         args,
         env: plan.env.clone(),
     }
@@ -157,17 +197,23 @@ fn server_spec(launcher: &dyn Launcher, plan: &Plan, p: &Pair) -> ProcSpec {
 
 /// The client of pair `p`: `client --peer HEX [--gpu N] COMMON --json PATH`.
 fn client_spec(launcher: &dyn Launcher, plan: &Plan, p: &Pair, peer: &str) -> ProcSpec {
-    let mut args = vec!["client".to_string(), "--peer".into(), peer.to_string()];
+    let mut args = plan.role("client");
+    args.extend(["--peer".into(), peer.to_string()]);
     args.extend(gpu_args(p));
     args.extend(plan.common.iter().cloned());
     args.extend([
         "--json".into(),
-        launcher.result_path(&plan.log_dir, &p.stem),
+        launcher.result_path(&plan.log_dir, &plan.stem("", p)),
     ]);
     ProcSpec {
         node: Node::B,
-        label: format!("client{} on {}", p.tag(), launcher.node_name(Node::B)),
-        stem: format!("client-{}", p.stem),
+        label: format!(
+            "{}client{} on {}",
+            plan.label(),
+            p.tag(),
+            launcher.node_name(Node::B)
+        ),
+        stem: plan.stem("client", p),
         args,
         env: plan.env.clone(),
     }

@@ -260,6 +260,73 @@ pub fn multi_table(rows: &[Row]) -> String {
     out
 }
 
+/// The kv rows (`tcpx-bench kv`) as the kv client prints them, with the pair's GPU first
+/// when there are several pairs: steady rows, then each phase's first transfer.
+pub fn kv_table(rows: &[Row]) -> String {
+    let several = gpus(rows).len() > 1;
+    let text = |r: &Row, key: &str| {
+        r.fields
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# kv (tcpx-bench kv): scattered blocks by one-sided write / read vs the same bytes \
+         contiguous, two-sided and raw TCP; GB/s = 10^9 B/s per pair; first rows: one \
+         transfer, its time under p50"
+    );
+    if several {
+        let _ = write!(out, "{:>5} ", "gpu");
+    }
+    let _ = writeln!(
+        out,
+        "{:>11} {:<22} {:>8} {:>10} {:>10} {:>9} {:>7} {:>9}",
+        "shape", "transfer", "GB/s", "p50 µs", "p99 µs", "vs contig", "vs raw", "first/p50"
+    );
+    for r in rows {
+        let first = r.fields.get("first").and_then(Value::as_bool) == Some(true);
+        let (op, layout) = (text(r, "op"), text(r, "layout"));
+        let what = match (op.as_str(), layout.as_str()) {
+            ("send", _) => "send/recv".to_string(),
+            ("raw-tcp", _) => "raw TCP".to_string(),
+            (op, "contiguous") => format!("{op} contiguous"),
+            (op, _) => op.to_string(),
+        };
+        let (label, p50, p99) = if first {
+            (
+                format!("first {what}"),
+                r.opt("first_us", 1),
+                "-".to_string(),
+            )
+        } else {
+            (what, r.opt("p50_us", 1), r.opt("p99_us", 1))
+        };
+        if several {
+            let _ = write!(
+                out,
+                "{:>5} ",
+                r.gpu.map_or("-".to_string(), |g| g.to_string())
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:>11} {:<22} {:>8.2} {:>10} {:>10} {:>9} {:>7} {:>9}",
+            text(r, "shape"),
+            label,
+            r.num("gbps"),
+            p50,
+            p99,
+            r.opt("vs_contiguous", 3),
+            r.opt("ratio", 3),
+            r.opt("first_vs_p50", 1)
+        );
+    }
+    out
+}
+
 /// Formats a size with a binary unit when it divides evenly (`4KiB`, `64MiB`, `1000B`).
 pub fn format_size(n: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
@@ -304,6 +371,28 @@ mod tests {
         assert!(csv.contains("\"a,b\""));
         assert!(parse(&[outcome(None, "not json")], "r", "m").is_err());
         assert!(parse(&[outcome(None, "")], "r", "m").is_err());
+    }
+
+    #[test]
+    fn kv_rows_print_as_the_client_does() {
+        let json = r#"{"bench":"kv","shape":"64x1MiB","bytes":67108864,"op":"write","layout":"scattered","first":false,"gbps":2.5,"p50_us":26000.0,"p99_us":30000.0,"vs_contiguous":0.9,"ratio":0.8,"first_vs_p50":null}
+{"bench":"kv","shape":"64x1MiB","bytes":67108864,"op":"write","layout":"scattered","first":true,"gbps":0.5,"first_us":130000.0,"p50_us":null,"ratio":null,"first_vs_p50":5.0}
+{"bench":"kv","shape":"64x1MiB","bytes":67108864,"op":"raw-tcp","layout":"contiguous","first":false,"gbps":3.1,"ratio":1.0}"#;
+        let rows = parse(&[outcome(None, json)], "r", "local").unwrap();
+        let table = kv_table(&rows);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5, "{table}");
+        assert!(
+            lines[2].contains("write") && lines[2].contains("26000.0"),
+            "{table}"
+        );
+        assert!(
+            lines[3].contains("first write") && lines[3].contains("130000.0"),
+            "{table}"
+        );
+        assert!(lines[3].trim_end().ends_with("5.0"), "{table}");
+        assert!(lines[4].contains("raw TCP"), "{table}");
+        assert!(csv(&rows).lines().next().unwrap().contains("shape"));
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! Benchmark building blocks.
 
 pub mod baseline;
+pub mod control;
+pub mod kv;
 pub mod latency;
 pub mod limits;
 pub mod onesided;
 pub mod overhead;
 pub mod pair;
+pub mod rawtcp;
 pub mod report;
 pub mod safe_layer;
 pub mod sizes;

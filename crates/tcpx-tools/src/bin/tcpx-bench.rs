@@ -6,7 +6,10 @@
 //! against N streams); `onesided` (one-sided write / read sweep over block and batch sizes
 //! against two-sided send / recv of the same bytes, two endpoints in this process);
 //! `overhead` (engine cost per request with a plugin that completes instantly); `latency`
-//! (one-way latency from ping-pong round trips, tcpx and raw TCP with TCP_NODELAY).
+//! (one-way latency from ping-pong round trips, tcpx and raw TCP with TCP_NODELAY); `kv`
+//! (`kv server` / `kv client`, two processes: scattered KV blocks by one-sided WRITE and
+//! READ against the same bytes contiguous, two-sided and over raw TCP, first transfers on
+//! their own rows).
 //!
 //! Every subcommand checks its options the same way before doing anything: a bad value is
 //! one line on stderr and exit code 2.
@@ -23,7 +26,7 @@ use tcpx_runtime::{Backend, Backoff, Config, Endpoint};
 use tcpx_tools::backend_choice;
 use tcpx_tools::bench::limits::{staging_bytes, Demand};
 use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
-use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
+use tcpx_tools::bench::{baseline, kv, report, safe_layer, sizes, stats};
 
 /// Measure tcpx transfers against plain TCP in the same run.
 ///
@@ -32,6 +35,7 @@ use tcpx_tools::bench::{baseline, report, safe_layer, sizes, stats};
 ///
 /// Two processes:   tcpx-bench server --bind 127.0.0.1:7700
 ///                  tcpx-bench client --peer HEX   (the metadata line the server prints)
+/// KV blocks:       tcpx-bench kv server / tcpx-bench kv client --peer HEX  (see `kv --help`)
 /// (`cargo xtask bench` does this for you, locally, in namespaces or across nodes.)
 ///
 /// Exit codes: 0 ok, 1 error, 2 usage, 3 peer unreachable or lost, 4 data verification failed.
@@ -60,11 +64,43 @@ enum Command {
     /// One-way latency (ping-pong round trip / 2, p50 and p99) through the whole stack and
     /// through one raw TCP connection with TCP_NODELAY, two endpoints in this process.
     Latency(LatencyArgs),
+    /// KV-cache hand-off between two processes: N scattered blocks by one-sided WRITE / READ,
+    /// against the same bytes contiguous, two-sided and over raw TCP (`kv server`, `kv client`).
+    ///
+    /// A transfer is N blocks of B bytes (`--shapes 1024x16KiB,64x1MiB`, or `--blocks 1024
+    /// --block 16KiB`) at shuffled, non-adjacent offsets in a region twice their size, on both
+    /// sides, as in a paged KV cache: nothing coalesces. Per shape, on a fresh connection, the
+    /// client (the initiator) times, one after the other:
+    ///
+    ///   write              one-sided WRITE of the block list, a notification with each
+    ///   write contiguous   the same bytes as one block: what the list could reach
+    ///   read               one-sided READ of the block list
+    ///   read contiguous    the same bytes as one block
+    ///   send/recv          the same bytes two-sided, each transfer acknowledged by the server
+    ///   raw TCP            the same bytes over as many plain TCP streams as channels
+    ///
+    /// and prints, per shape and transfer: GB/s (10^9 B/s), p50 / p99 per transfer, the ratio
+    /// to the contiguous transfer and to raw TCP, and each phase's FIRST transfer on a row of
+    /// its own (the first use of the connection and of the list shape; kept out of the steady
+    /// figures, its time under `p50 µs` and as a multiple of the steady p50). The server (the
+    /// target) advertises its region and makes no call during one-sided phases; after each,
+    /// it checks that every notification arrived, in order, and with --verify every byte
+    /// (the initiator checks what it read).
+    ///
+    ///   tcpx-bench kv server --bind 127.0.0.1:7700 --verify
+    ///   tcpx-bench kv client --peer HEX --verify      (HEX: the server's metadata line)
+    ///   add --memory cuda --gpu N to both for GPU memory (staged through pinned host memory
+    ///   on the built-in plugin)
+    ///
+    /// Both processes need the same options (the client checks). Exit codes as for
+    /// server/client: 0 ok, 1 error, 2 usage, 3 peer unreachable or lost, 4 data differed.
+    #[command(verbatim_doc_comment)]
+    Kv(KvArgs),
 }
 
-/// Settings both roles must share.
+/// Connection and run settings every two-process mode shares (server/client and kv).
 #[derive(Args, Debug, Clone)]
-struct Common {
+struct Link {
     /// Channels (comm pairs each way); the baseline uses as many TCP streams. Default:
     /// TCPX_NUM_CHANNELS, else UCCL_TCPX_NUM_CHANNELS, else 4.
     #[arg(long)]
@@ -76,6 +112,32 @@ struct Common {
     /// Plugin requests in flight per comm, 1 to 16 (TCPX allows 16).
     #[arg(long, default_value_t = 16)]
     window: usize,
+    /// Memory to move: host, or cuda (device memory on `--gpu`, default GPU 0; staged
+    /// through pinned host memory when the plugin takes host memory only).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    memory: String,
+    /// GPU(s) this process serves: `3`, or `0-7` / `0,1` for one process driving several
+    /// (`--single-process`); reported with every row.
+    #[arg(long, value_parser = parse_gpus)]
+    gpu: Option<GpuList>,
+    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else a TCPX install
+    /// if present, else the built-in socket plugin.
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// In-run baseline: raw-tcp (same number of plain TCP streams) or none.
+    #[arg(long, default_value = "raw-tcp", value_parser = ["raw-tcp", "none"])]
+    baseline: String,
+    /// Check every byte after each timed part (the figures do not include the checking).
+    #[arg(long)]
+    verify: bool,
+    /// Seconds any single wait may take before the run fails.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+/// The size sweep's settings; both roles must be given the same.
+#[derive(Args, Debug, Clone)]
+struct Common {
     /// Messages in flight at once (enough to keep every channel's window busy at mid sizes).
     #[arg(long, default_value_t = 8)]
     depth: usize,
@@ -93,28 +155,8 @@ struct Common {
     /// Unmeasured messages per size.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
-    /// Memory to move: host, or cuda (device memory on `--gpu`, default GPU 0; staged
-    /// through pinned host memory when the plugin takes host memory only).
-    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
-    memory: String,
-    /// GPU(s) this process serves: `3`, or `0-7` / `0,1` for one process driving several
-    /// (`--single-process`); reported with every row.
-    #[arg(long, value_parser = parse_gpus)]
-    gpu: Option<GpuList>,
-    /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else a TCPX install
-    /// if present, else the built-in socket plugin.
-    #[arg(long)]
-    plugin: Option<PathBuf>,
-    /// In-run baseline: raw-tcp (same number of plain TCP streams) or none.
-    #[arg(long, default_value = "raw-tcp", value_parser = ["raw-tcp", "none"])]
-    baseline: String,
-    /// Check every byte of every size at the server, after each size's timed part (the
-    /// figures do not include the checking).
-    #[arg(long)]
-    verify: bool,
-    /// Seconds any single wait may take before the run fails.
-    #[arg(long, default_value_t = 60)]
-    timeout: u64,
+    #[command(flatten)]
+    link: Link,
 }
 
 #[derive(Args, Debug)]
@@ -136,6 +178,75 @@ struct ClientArgs {
     json: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
+}
+
+#[derive(Args, Debug)]
+struct KvArgs {
+    #[command(subcommand)]
+    role: KvRole,
+}
+
+#[derive(Subcommand, Debug)]
+enum KvRole {
+    /// The target: print the metadata line, serve one client's shapes, exit.
+    Server(KvServerArgs),
+    /// The initiator: run every shape against a server and print the table.
+    Client(KvClientArgs),
+}
+
+#[derive(Args, Debug)]
+struct KvServerArgs {
+    /// Control address (the raw-TCP baseline listens on its port + 1).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    bind: SocketAddr,
+    #[command(flatten)]
+    kv: KvCommon,
+}
+
+#[derive(Args, Debug)]
+struct KvClientArgs {
+    /// The server's metadata (the hex after TCPX-BENCH-METADATA).
+    #[arg(long)]
+    peer: String,
+    /// Also write one JSON object per row to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    kv: KvCommon,
+}
+
+/// The kv run's settings; both processes must be given the same.
+#[derive(Args, Debug, Clone)]
+struct KvCommon {
+    /// Transfer shapes, BLOCKSxSIZE, comma-separated (one fresh connection each).
+    #[arg(long, default_value = "1024x16KiB,512x64KiB,64x1MiB")]
+    shapes: String,
+    /// Blocks per transfer of a single shape (with --block; replaces --shapes).
+    #[arg(long)]
+    blocks: Option<String>,
+    /// Bytes per block of a single shape (with --blocks; replaces --shapes).
+    #[arg(long)]
+    block: Option<String>,
+    /// One-sided operations, a comma list of write and read (each also runs on one
+    /// contiguous block).
+    #[arg(long, default_value = "write,read")]
+    op: String,
+    /// Measured transfers per phase (raised to move at least --min-bytes, capped so a phase
+    /// moves about 1 GiB at most, never fewer than 4).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Every phase moves at least this many bytes; 0 turns the floor off.
+    #[arg(long, default_value = "256MiB")]
+    min_bytes: String,
+    /// Unmeasured transfers per phase, after its first one.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Transfers in flight (1: one hand-off at a time, as a serving stack moves one
+    /// request's blocks).
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    #[command(flatten)]
+    link: Link,
 }
 
 #[derive(Args, Debug)]
@@ -340,6 +451,10 @@ fn main() {
         Command::Onesided(a) => onesided(a),
         Command::Overhead(a) => overhead(a),
         Command::Latency(a) => latency(a),
+        Command::Kv(a) => match a.role {
+            KvRole::Server(s) => kv_server(s),
+            KvRole::Client(c) => kv_client(c),
+        },
     };
     if let Err(f) = result {
         eprintln!("tcpx-bench: error: {}", tcpx_tools::error_text(&f.error));
@@ -409,6 +524,7 @@ fn check_chunk(text: &str) -> Result<u32, Failure> {
     u32::try_from(n).map_err(|_| bad(format!("--chunk {text}: must be below 4GiB")))
 }
 
+<<<<<<< HEAD
 /// Refuses options that ask for more sockets or memory than this process may open or
 /// allocate, before anything is opened (see `tcpx_tools::bench::limits`).
 fn check_demand(demand: Demand) -> Result<(), Failure> {
@@ -439,6 +555,22 @@ fn memory_demand(
 /// Everything the server and client agree on, checked once: the endpoint's configuration and
 /// the sweep.
 fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
+=======
+/// What the shared link settings decided, besides the endpoint's configuration.
+struct LinkChoice {
+    channels: usize,
+    chunk: usize,
+    baseline: bool,
+    verify: bool,
+    timeout: Duration,
+    memory: &'static str,
+    gpu: usize,
+}
+
+/// The endpoint's configuration from the environment and the shared flags, checked once
+/// (server/client and kv alike).
+fn link_settings(l: &Link, bind: SocketAddr) -> Result<(Config, LinkChoice), Failure> {
+>>>>>>> kv
     // The plan overrides are read (and refused when malformed) by every tool alike.
     let request = tcpx_topo::PlanRequest::from_env().map_err(|e| bad(e.to_string()))?;
     if let Some(map) = &request.gpu_nic_map {
@@ -446,46 +578,62 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
             .map_err(|e| bad(e.to_string()))?;
     }
     let mut config = Config::from_env().map_err(|e| bad(e.to_string()))?;
-    if let Some(p) = &c.plugin {
+    if let Some(p) = &l.plugin {
         config.backend = Backend::Path(p.clone());
     }
-    if let Some(n) = c.channels {
+    if let Some(n) = l.channels {
         config.channels = n;
     }
     if config.channels == 0 {
         return Err(bad("--channels 0: must be at least 1".into()));
     }
-    if let Some(text) = &c.chunk {
+    if let Some(text) = &l.chunk {
         config.chunk_bytes = check_chunk(text)?;
     }
-    config.window = check_window(c.window)?;
-    config.timeout = check_timeout(c.timeout)?;
+    config.window = check_window(l.window)?;
+    config.timeout = check_timeout(l.timeout)?;
     config.control_addr = bind;
     config.validate().map_err(|e| bad(e.to_string()))?;
-    let gpu = c
+    let gpu = l
         .gpu
         .as_ref()
         .and_then(|g| g.indices.first().copied())
         .unwrap_or(0);
-    if c.memory == "cuda" && !tcpx::cuda::driver_available() {
+    if l.memory == "cuda" && !tcpx::cuda::driver_available() {
         return Err(bad(format!(
             "--memory cuda: no CUDA driver ({})",
             tcpx::cuda::driver_status()
         )));
     }
+    let choice = LinkChoice {
+        channels: usize::from(config.channels),
+        chunk: config.chunk_bytes as usize,
+        baseline: l.baseline == "raw-tcp",
+        verify: l.verify,
+        timeout: config.timeout,
+        memory: if l.memory == "cuda" { "cuda" } else { "host" },
+        gpu,
+    };
+    Ok((config, choice))
+}
+
+/// Everything the server and client agree on, checked once: the endpoint's configuration and
+/// the sweep.
+fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
+    let (config, link) = link_settings(&c.link, bind)?;
     let sweep = Sweep {
         sizes: check_sizes("--sizes", &c.sizes)?,
         iters: check_count("--iters", c.iters)?,
         min_bytes: check_size("--min-bytes", &c.min_bytes, 0)?,
         warmup: c.warmup,
         depth: check_count("--depth", c.depth)?,
-        channels: usize::from(config.channels),
-        chunk: config.chunk_bytes as usize,
-        baseline: c.baseline == "raw-tcp",
-        verify: c.verify,
-        timeout: config.timeout,
-        memory: if c.memory == "cuda" { "cuda" } else { "host" },
-        gpu,
+        channels: link.channels,
+        chunk: link.chunk,
+        baseline: link.baseline,
+        verify: link.verify,
+        timeout: link.timeout,
+        memory: link.memory,
+        gpu: link.gpu,
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
@@ -511,9 +659,11 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
     Ok((config, sweep))
 }
 
-fn server(a: ServerArgs) -> Result<(), Failure> {
-    let (config, sweep) = settings(&a.common, a.bind)?;
-    let baseline_addr = SocketAddr::new(a.bind.ip(), a.bind.port().wrapping_add(1));
+/// Starts a server's endpoint on `config` (peers must present the secret of the metadata it
+/// prints), binds the raw-TCP baseline listener on the control port + 1 and prints the
+/// metadata line launchers wait for.
+fn start_server(config: Config, bind: SocketAddr) -> Result<(Endpoint, TcpListener), Failure> {
+    let baseline_addr = tcpx_tools::bench::rawtcp::baseline_addr(bind);
     let baseline = TcpListener::bind(baseline_addr)
         .with_context(|| format!("bind the baseline listener {baseline_addr}"))?;
     // Only a client holding the metadata this server prints may connect (issue 14 item 2):
@@ -530,13 +680,19 @@ fn server(a: ServerArgs) -> Result<(), Failure> {
     writeln!(out, "{METADATA_PREFIX} {hex}")?;
     out.flush()?;
     drop(out);
+    Ok((endpoint, baseline))
+}
+
+fn server(a: ServerArgs) -> Result<(), Failure> {
+    let (config, sweep) = settings(&a.common, a.bind)?;
+    let (endpoint, baseline) = start_server(config, a.bind)?;
     pair::serve(&endpoint, &baseline, &sweep)
 }
 
-fn client(a: ClientArgs) -> Result<(), Failure> {
-    // Options first, so that a bad option is reported as such whatever --peer holds.
-    settings(&a.common, SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    let peer = a.peer.trim().trim_start_matches(METADATA_PREFIX).trim();
+/// The server's metadata from `--peer` (with or without the METADATA prefix) and the address
+/// the client binds: loopback for a loopback server, else any.
+fn peer_and_bind(text: &str) -> Result<(EndpointMetadata, SocketAddr), Failure> {
+    let peer = text.trim().trim_start_matches(METADATA_PREFIX).trim();
     let peer: EndpointMetadata = peer
         .parse()
         .map_err(|e| bad(format!("--peer is not server metadata: {e}")))?;
@@ -548,6 +704,13 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
         },
         0,
     );
+    Ok((peer, bind))
+}
+
+fn client(a: ClientArgs) -> Result<(), Failure> {
+    // Options first, so that a bad option is reported as such whatever --peer holds.
+    settings(&a.common, SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let (peer, bind) = peer_and_bind(&a.peer)?;
     let (config, sweep) = settings(&a.common, bind)?;
     let endpoint = Endpoint::new(config)?;
     let mut json = match &a.json {
@@ -556,13 +719,14 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
         }
         None => None,
     };
-    let bar = progress_bar(sweep.sizes.len());
+    let bar = progress_bar(sweep.sizes.len(), "sizes");
     report::print_header(
         &format!(
             "{} via tcpx-runtime, {} channels, gpu {}",
             endpoint.backend().name,
             sweep.channels,
             a.common
+                .link
                 .gpu
                 .as_ref()
                 .map_or("-".to_string(), |g| g.text.clone())
@@ -584,7 +748,7 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
             "not verified"
         }
     );
-    let gpu = a.common.gpu.as_ref().map(GpuList::json);
+    let gpu = a.common.link.gpu.as_ref().map(GpuList::json);
     let mut write_err = None;
     pair::drive(&endpoint, &peer, &sweep, |row| {
         bar.suspend(|| report::print_row(row));
@@ -604,18 +768,132 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn progress_bar(len: usize) -> indicatif::ProgressBar {
+/// A progress bar on a terminal's stderr (hidden otherwise) counting `len` `things`.
+fn progress_bar(len: usize, things: &str) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} sizes {pos}/{len} [{elapsed_precise}] {wide_bar}",
-        )
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} {things} {{pos}}/{{len}} [{{elapsed_precise}}] {{wide_bar}}"
+        ))
         .expect("static template"),
     );
     bar
+}
+
+/// The kv plan and the endpoint's configuration, every option checked.
+fn kv_plan(k: &KvCommon, bind: SocketAddr) -> Result<(Config, kv::Plan), Failure> {
+    let (config, link) = link_settings(&k.link, bind)?;
+    if k.link.gpu.as_ref().is_some_and(|g| g.indices.len() > 1) {
+        return Err(bad(
+            "--gpu: kv runs one GPU per process (give one index)".into()
+        ));
+    }
+    let shapes = match (&k.blocks, &k.block) {
+        (None, None) => kv::parse_shapes(&k.shapes).map_err(|e| bad(format!("--shapes: {e}")))?,
+        (Some(n), Some(b)) => {
+            let blocks: usize = n
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("--blocks {n}: not a block count")))?;
+            let block = check_size("--block", b, 1)?;
+            vec![kv::Shape::new(blocks, block)
+                .map_err(|e| bad(format!("--blocks {n} --block {b}: {e}")))?]
+        }
+        _ => {
+            return Err(bad(
+                "--blocks and --block go together (one shape: --blocks 1024 --block 16KiB)".into(),
+            ))
+        }
+    };
+    let mut ops = Vec::new();
+    for word in k.op.split(',') {
+        let op: kv::Op = word.parse().map_err(|e| bad(format!("--op: {e}")))?;
+        if !ops.contains(&op) {
+            ops.push(op);
+        }
+    }
+    let plan = kv::Plan {
+        shapes,
+        ops,
+        iters: check_count("--iters", k.iters)?,
+        min_bytes: check_size("--min-bytes", &k.min_bytes, 0)?,
+        warmup: k.warmup,
+        depth: check_count("--depth", k.depth)?,
+        channels: link.channels,
+        chunk: link.chunk,
+        baseline: link.baseline,
+        verify: link.verify,
+        timeout: link.timeout,
+        memory: link.memory,
+        gpu: link.gpu,
+    };
+    Ok((config, plan))
+}
+
+fn kv_server(a: KvServerArgs) -> Result<(), Failure> {
+    let (config, plan) = kv_plan(&a.kv, a.bind)?;
+    let (endpoint, baseline) = start_server(config, a.bind)?;
+    kv::serve(&endpoint, &baseline, &plan)
+}
+
+fn kv_client(a: KvClientArgs) -> Result<(), Failure> {
+    // Options first, so that a bad option is reported as such whatever --peer holds.
+    kv_plan(&a.kv, SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let mut json = json_file(a.json.as_ref())?;
+    let (peer, bind) = peer_and_bind(&a.peer)?;
+    let (config, plan) = kv_plan(&a.kv, bind)?;
+    let endpoint = Endpoint::new(config)?;
+    let gpu = match plan.memory {
+        "cuda" => format!(" on GPU {}", plan.gpu),
+        _ => String::new(),
+    };
+    println!(
+        "{}",
+        kv::report::preamble(
+            &plan,
+            &format!(
+                "{} via tcpx-runtime, {} channels (+{} one-sided), {} memory{gpu}",
+                endpoint.backend().name,
+                plan.channels,
+                plan.channels,
+                plan.memory
+            )
+        )
+    );
+    println!("{}", kv::report::header());
+    let bar = progress_bar(plan.shapes.len() * plan.phases().len(), "phases");
+    let gpu = a.kv.link.gpu.as_ref().map(GpuList::json);
+    let mut write_err = None;
+    kv::drive(
+        &endpoint,
+        &peer,
+        &plan,
+        || bar.inc(1),
+        |rows| {
+            bar.suspend(|| {
+                for row in rows {
+                    println!("{}", kv::report::line(row));
+                }
+            });
+            if let Some(f) = json.as_mut() {
+                for row in rows {
+                    let mut v = serde_json::to_value(row).expect("rows serialize");
+                    v["gpu"] = serde_json::json!(gpu);
+                    if let Err(e) = writeln!(f, "{v}") {
+                        write_err.get_or_insert(e);
+                    }
+                }
+            }
+        },
+    )?;
+    bar.finish_and_clear();
+    if let Some(e) = write_err {
+        return Err(anyhow::Error::from(e).context("writing --json").into());
+    }
+    Ok(())
 }
 
 fn pin_loopback() {

@@ -1,0 +1,422 @@
+//! The raw-TCP baseline of the two-process benchmarks (`server`/`client`, `kv`): the same bytes
+//! as the measured transfers over as many plain TCP streams as the connection has channels,
+//! cut as the stack cuts them, to the server's port + 1, in the same run.
+//!
+//! The streams prove they belong to this run: the server sends a random token over the
+//! (authenticated) tcpx connection first, and every baseline stream must open with it.
+//! Anything else connecting to port + 1 is dropped after a short deadline of its own, logged
+//! with its address, without holding up the real streams. Every wait gives up once nothing
+//! moved for the plan's timeout.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// How long a stranger on the baseline port may take to present the run's token.
+const STRANGER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Unproven baseline connections held at once; beyond this the oldest is dropped.
+const MAX_PENDING: usize = 256;
+
+/// One baseline measurement: `messages` messages of `size` bytes over `channels` streams.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamPlan {
+    /// Bytes per message.
+    pub size: usize,
+    /// Messages.
+    pub messages: usize,
+    /// Chunk size: how a message is cut over the streams, as the stack cuts it.
+    pub chunk: usize,
+    /// Streams (the connection's channels).
+    pub channels: usize,
+    /// Any wait without progress gives up after this long.
+    pub timeout: Duration,
+}
+
+/// A fresh random token for this run's baseline streams.
+pub fn new_token() -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("read a baseline token from /dev/urandom")?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// The baseline address of a server whose control address is `control`: its port + 1.
+pub fn baseline_addr(control: SocketAddr) -> SocketAddr {
+    SocketAddr::new(control.ip(), control.port().wrapping_add(1))
+}
+
+/// Bytes each baseline stream carries for `messages` messages of `size`: the stack's own
+/// schedule (chunks of `chunk`, rotated per message over `channels`), so that small messages
+/// go whole on one stream each, as they do through the stack, instead of in slivers.
+pub fn baseline_plan(size: usize, messages: usize, chunk: usize, channels: usize) -> Vec<u64> {
+    let channels = channels.max(1);
+    let chunk = chunk.max(1) as u64;
+    let mut per = vec![0u64; channels];
+    let size = size as u64;
+    let chunks = size.div_ceil(chunk).max(1);
+    let whole_rounds = messages as u64 / channels as u64;
+    // Every `channels` consecutive messages put the same bytes on every channel in total.
+    let per_round: u64 = size;
+    for bytes in per.iter_mut() {
+        *bytes = whole_rounds * per_round;
+    }
+    for m in 0..(messages % channels) as u64 {
+        for c in 0..chunks {
+            let len = (size - c * chunk).min(chunk);
+            per[((c + m) % channels as u64) as usize] += len;
+        }
+    }
+    per
+}
+
+/// Turns an I/O error of the baseline into one that says what timed out.
+fn io_context(e: std::io::Error, what: &str, timeout: Duration) -> anyhow::Error {
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+            anyhow!(
+                "{what}: timed out after {} s (--timeout)",
+                timeout.as_secs_f64()
+            )
+        }
+        _ => anyhow::Error::from(e).context(what.to_string()),
+    }
+}
+
+/// How long one blocking socket call may sleep before the caller looks at its clock again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// `write_all` that fails once no byte has moved for `timeout` (each call sleeps at most
+/// [`POLL`], set on the socket beforehand), however the kernel splits the writes.
+fn write_all_by(s: &mut TcpStream, mut buf: &[u8], timeout: Duration, what: &str) -> Result<()> {
+    let mut progress = Instant::now();
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(0) => bail!("{what}: the peer closed the connection"),
+            Ok(n) => {
+                buf = &buf[n..];
+                progress = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if progress.elapsed() >= timeout {
+                    bail!(
+                        "{what}: timed out after {} s (--timeout)",
+                        timeout.as_secs_f64()
+                    );
+                }
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context(what.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// `read_exact` that fails once no byte has arrived for `timeout` (see [`write_all_by`]).
+fn read_exact_by(
+    s: &mut TcpStream,
+    mut buf: &mut [u8],
+    timeout: Duration,
+    what: &str,
+) -> Result<()> {
+    let mut progress = Instant::now();
+    while !buf.is_empty() {
+        match s.read(buf) {
+            Ok(0) => bail!("{what}: the peer closed the connection"),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                progress = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                if progress.elapsed() >= timeout {
+                    bail!(
+                        "{what}: timed out after {} s (--timeout)",
+                        timeout.as_secs_f64()
+                    );
+                }
+            }
+            Err(e) => return Err(anyhow::Error::from(e).context(what.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Short socket timeouts so that every blocking call comes back to [`write_all_by`] /
+/// [`read_exact_by`] in time to honour `--timeout`.
+fn poll_timeouts(s: &TcpStream) -> Result<()> {
+    s.set_read_timeout(Some(POLL))?;
+    s.set_write_timeout(Some(POLL))?;
+    Ok(())
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+/// The client's side of one measurement: opens the streams to `addr`, presents `token` on
+/// each, waits for the server's GO, writes the plan's bytes and returns the time from GO to
+/// the server's acknowledgement that everything arrived.
+pub fn send(addr: SocketAddr, streams: &StreamPlan, token: u64) -> Result<Duration> {
+    let plan = baseline_plan(
+        streams.size,
+        streams.messages,
+        streams.chunk,
+        streams.channels,
+    );
+    let deadline = Instant::now() + streams.timeout;
+    let timeout = streams.timeout;
+    let mut conns = Vec::with_capacity(plan.len());
+    for i in 0..plan.len() {
+        let mut s = TcpStream::connect_timeout(&addr, remaining(deadline))
+            .map_err(|e| io_context(e, &format!("connect stream {i}"), timeout))?;
+        s.set_nodelay(true)?;
+        poll_timeouts(&s)?;
+        write_all_by(
+            &mut s,
+            &token.to_le_bytes(),
+            remaining(deadline),
+            &format!("stream {i}: send the run's token"),
+        )?;
+        conns.push(s);
+    }
+    // The server says GO on every stream once all of them are in: the clock starts then.
+    for (i, s) in conns.iter_mut().enumerate() {
+        let mut go = [0u8; 1];
+        read_exact_by(
+            s,
+            &mut go,
+            remaining(deadline),
+            &format!("stream {i}: wait for the server's GO"),
+        )?;
+    }
+    let chunk = streams.chunk.max(1);
+    let t0 = Instant::now();
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = conns
+            .iter_mut()
+            .zip(&plan)
+            .enumerate()
+            .map(|(i, (c, &bytes))| {
+                scope.spawn(move || -> Result<()> {
+                    let buf = vec![0x5au8; chunk];
+                    let what = format!("stream {i}: write");
+                    let mut left = bytes;
+                    while left > 0 {
+                        let n = left.min(chunk as u64) as usize;
+                        write_all_by(c, &buf[..n], timeout, &what)?;
+                        left -= n as u64;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow!("baseline writer panicked"))??;
+        }
+        Ok(())
+    })?;
+    let mut ack = [0u8; 1];
+    read_exact_by(
+        &mut conns[0],
+        &mut ack,
+        timeout,
+        "wait for the server's acknowledgement",
+    )?;
+    Ok(t0.elapsed())
+}
+
+/// Connections on the baseline port that have not proven they belong to the run yet; kept
+/// across measurements so that a slow stranger is judged on its own deadline.
+#[derive(Default)]
+pub struct Strangers {
+    pending: VecDeque<Pending>,
+}
+
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+    got: [u8; 8],
+    len: usize,
+}
+
+/// What one poll of an unproven connection found.
+enum Proof {
+    Member,
+    Waiting,
+    Stranger(String),
+}
+
+impl Pending {
+    fn poll(&mut self, token: u64) -> Proof {
+        loop {
+            match self.stream.read(&mut self.got[self.len..]) {
+                Ok(0) => return Proof::Stranger("closed before sending the run's token".into()),
+                Ok(n) => {
+                    self.len += n;
+                    if self.len == 8 {
+                        return if u64::from_le_bytes(self.got) == token {
+                            Proof::Member
+                        } else {
+                            Proof::Stranger("sent a wrong token".into())
+                        };
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return if self.since.elapsed() > STRANGER_DEADLINE {
+                        Proof::Stranger(format!(
+                            "no token within {} s",
+                            STRANGER_DEADLINE.as_secs()
+                        ))
+                    } else {
+                        Proof::Waiting
+                    };
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Proof::Stranger(format!("read failed: {e}")),
+            }
+        }
+    }
+}
+
+/// The server's side of one measurement: accepts the plan's streams on `listener` (each must
+/// open with `token`; strangers are dropped and logged), says GO on each, reads every byte
+/// and acknowledges.
+pub fn receive(
+    listener: &TcpListener,
+    streams: &StreamPlan,
+    token: u64,
+    strangers: &mut Strangers,
+) -> Result<()> {
+    let plan = baseline_plan(
+        streams.size,
+        streams.messages,
+        streams.chunk,
+        streams.channels,
+    );
+    let wanted = plan.len();
+    let mut conns: Vec<TcpStream> = Vec::with_capacity(wanted);
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + streams.timeout;
+    while conns.len() < wanted {
+        let mut progressed = false;
+        match listener.accept() {
+            Ok((s, peer)) => {
+                s.set_nonblocking(true)?;
+                if strangers.pending.len() >= MAX_PENDING {
+                    if let Some(old) = strangers.pending.pop_front() {
+                        tracing::warn!(peer = %old.peer, "baseline: dropped an unproven connection (too many pending)");
+                    }
+                }
+                strangers.pending.push_back(Pending {
+                    stream: s,
+                    peer,
+                    since: Instant::now(),
+                    got: [0; 8],
+                    len: 0,
+                });
+                progressed = true;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            // Transient per-connection failures (aborted before accept, out of fds) must not
+            // end the run: note them and keep waiting for the real streams.
+            Err(e) => tracing::warn!("baseline: accept failed: {e}"),
+        }
+        let mut i = 0;
+        while i < strangers.pending.len() && conns.len() < wanted {
+            match strangers.pending[i].poll(token) {
+                Proof::Waiting => i += 1,
+                Proof::Member => {
+                    let p = strangers.pending.remove(i).expect("index in range");
+                    p.stream.set_nonblocking(false)?;
+                    conns.push(p.stream);
+                    progressed = true;
+                }
+                Proof::Stranger(why) => {
+                    let p = strangers.pending.remove(i).expect("index in range");
+                    tracing::warn!(peer = %p.peer, "baseline: dropped a stranger: {why}");
+                    progressed = true;
+                }
+            }
+        }
+        if conns.len() < wanted && !progressed {
+            if Instant::now() > deadline {
+                bail!(
+                    "{} of {wanted} streams presented the run's token within {} s (--timeout)",
+                    conns.len(),
+                    streams.timeout.as_secs_f64()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let timeout = streams.timeout;
+    for (i, c) in conns.iter_mut().enumerate() {
+        poll_timeouts(c)?;
+        write_all_by(c, &[1], timeout, &format!("stream {i}: send GO"))?;
+    }
+    let chunk = streams.chunk.max(1);
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = conns
+            .iter_mut()
+            .zip(&plan)
+            .enumerate()
+            .map(|(i, (c, &bytes))| {
+                scope.spawn(move || -> Result<()> {
+                    let mut buf = vec![0u8; chunk];
+                    let what = format!("stream {i}: read");
+                    let mut left = bytes;
+                    while left > 0 {
+                        let n = left.min(chunk as u64) as usize;
+                        read_exact_by(c, &mut buf[..n], timeout, &what)?;
+                        left -= n as u64;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow!("baseline reader panicked"))??;
+        }
+        Ok(())
+    })?;
+    write_all_by(&mut conns[0], &[1], timeout, "send the acknowledgement")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn baseline_plan_matches_the_stack_schedule() {
+        // Small messages go whole, one stream each, rotating.
+        assert_eq!(
+            baseline_plan(4096, 10, 512 << 10, 4),
+            vec![3 * 4096, 3 * 4096, 2 * 4096, 2 * 4096]
+        );
+        // 3 chunks per message over 4 channels, rotated: every channel gets 3 of 4 messages.
+        assert_eq!(baseline_plan(3 * 1024, 4, 1024, 4), vec![3 * 1024; 4]);
+        assert_eq!(baseline_plan(2500, 1, 1024, 2), vec![1024 + 452, 1024]);
+        let plan = baseline_plan(5 << 20, 7, 512 << 10, 8);
+        assert_eq!(plan.iter().sum::<u64>(), 7 * (5 << 20));
+    }
+}
