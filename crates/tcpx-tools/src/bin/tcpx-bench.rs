@@ -524,7 +524,6 @@ fn check_chunk(text: &str) -> Result<u32, Failure> {
     u32::try_from(n).map_err(|_| bad(format!("--chunk {text}: must be below 4GiB")))
 }
 
-<<<<<<< HEAD
 /// Refuses options that ask for more sockets or memory than this process may open or
 /// allocate, before anything is opened (see `tcpx_tools::bench::limits`).
 fn check_demand(demand: Demand) -> Result<(), Failure> {
@@ -552,10 +551,6 @@ fn memory_demand(
     }
 }
 
-/// Everything the server and client agree on, checked once: the endpoint's configuration and
-/// the sweep.
-fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
-=======
 /// What the shared link settings decided, besides the endpoint's configuration.
 struct LinkChoice {
     channels: usize,
@@ -570,7 +565,6 @@ struct LinkChoice {
 /// The endpoint's configuration from the environment and the shared flags, checked once
 /// (server/client and kv alike).
 fn link_settings(l: &Link, bind: SocketAddr) -> Result<(Config, LinkChoice), Failure> {
->>>>>>> kv
     // The plan overrides are read (and refused when malformed) by every tool alike.
     let request = tcpx_topo::PlanRequest::from_env().map_err(|e| bad(e.to_string()))?;
     if let Some(map) = &request.gpu_nic_map {
@@ -652,7 +646,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         Demand::channels(format!("--channels {}", config.channels), 1, ring.0).baseline(base);
     check_demand(memory_demand(
         demand,
-        c.memory == "cuda",
+        c.link.memory == "cuda",
         (&c.sizes, &sweep.sizes, slots),
         ring,
     ))?;
