@@ -12,11 +12,12 @@ pub mod backend;
 pub mod connection;
 
 mod admission;
+mod metrics;
 mod setup;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tcpx::cuda::{CudaBuffer, CudaDevice};
@@ -27,6 +28,8 @@ use crate::control::{ControlConn, ControlError, EndpointInfo, EndpointMetadata, 
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
+use crate::link::Link;
+use crate::metrics::{EndpointCounters, Exporter};
 use crate::onesided::Descriptor;
 use crate::onesided::OneSidedShared;
 use crate::registry::{Region, RegistrationCounter};
@@ -57,12 +60,32 @@ pub(crate) struct EndpointShared {
     /// Every plugin device in use takes CUDA pointers (`NCCL_PTR_CUDA`): CUDA regions go to
     /// the plugin directly; otherwise they are staged through pinned host memory.
     pub(crate) plugin_cuda: bool,
+    /// Plugin device names, parallel to `devices` (what metrics call a NIC).
+    pub(crate) nic_names: Vec<String>,
+    /// Event counters (connections, failures by cause) for [`Endpoint::metrics`].
+    pub(crate) counters: Arc<EndpointCounters>,
+    /// Every connection's two links (two-sided, one-sided), for metrics; pruned of dead
+    /// ones whenever a connection is added or a snapshot taken. Locked only then, never on
+    /// the data path.
+    pub(crate) links: Mutex<Vec<(Weak<Link>, Weak<Link>)>>,
 }
 
 impl EndpointShared {
     /// Index into `engines` of the engine owning channel `channel`.
     pub(crate) fn engine_of(&self, channel: u16) -> usize {
         usize::from(channel) % self.engines.len()
+    }
+
+    /// Remembers a new connection's links for metrics.
+    pub(crate) fn track(&self, link: &Arc<Link>, rma: &Arc<Link>) {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.retain(|(l, _)| l.strong_count() > 0);
+        links.push((Arc::downgrade(link), Arc::downgrade(rma)));
+    }
+
+    /// The NIC (plugin device name) carrying channel `channel`.
+    pub(crate) fn nic_of(&self, channel: u16) -> &str {
+        &self.nic_names[usize::from(channel) % self.nic_names.len()]
     }
 
     /// The plugin device carrying channel `channel`.
@@ -108,6 +131,8 @@ pub struct Endpoint {
     /// Turns strangers away and queues real peers for `accept`; stops (and closes what it
     /// holds) when dropped.
     admission: Admission,
+    /// The Prometheus exporter ([`Config::metrics_addr`]); stops when dropped.
+    exporter: Option<Exporter>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -254,21 +279,34 @@ impl Endpoint {
             cores = ?engines.iter().map(|e| e.core).collect::<Vec<_>>(),
             "endpoint ready"
         );
+        let shared = Arc::new(EndpointShared {
+            net,
+            config,
+            backend,
+            devices,
+            engines,
+            registrations: RegistrationCounter::default(),
+            info,
+            one_sided: Arc::new(OneSidedShared::default()),
+            gpu: OnceLock::new(),
+            plugin_cuda,
+            nic_names: names,
+            counters: Arc::default(),
+            links: Mutex::new(Vec::new()),
+        });
+        let exporter = match shared.config.metrics_addr {
+            Some(addr) => Some(metrics::start_exporter(
+                addr,
+                Arc::downgrade(&shared),
+                admission.rejections.clone(),
+            )?),
+            None => None,
+        };
         Ok(Self {
-            shared: Arc::new(EndpointShared {
-                net,
-                config,
-                backend,
-                devices,
-                engines,
-                registrations: RegistrationCounter::default(),
-                info,
-                one_sided: Arc::new(OneSidedShared::default()),
-                gpu: OnceLock::new(),
-                plugin_cuda,
-            }),
+            shared,
             metadata,
             admission,
+            exporter,
         })
     }
 

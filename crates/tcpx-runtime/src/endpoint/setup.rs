@@ -26,6 +26,7 @@ use super::connection::Connection;
 use super::EndpointShared;
 use crate::control::{ControlConn, EndpointInfo, Message, MessageType, Secret, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
+use crate::metrics::EndpointCounters;
 
 /// The comms of a set-up connection, indexed by channel: `0..N` two-sided, `N..2N` one-sided.
 pub(crate) struct Established {
@@ -58,7 +59,17 @@ pub(crate) fn establish(
 ) -> Result<Connection> {
     let deadline = Instant::now() + shared.config.timeout;
     let peer = ctl.peer_addr();
-    match handshake(shared, &mut ctl, side, deadline) {
+    let span = tracing::info_span!(
+        target: "tcpx_runtime",
+        "connection_setup",
+        %peer,
+        side = match side {
+            Side::Accepted { .. } => "accept",
+            Side::Connecting { .. } => "connect",
+        }
+    );
+    let _entered = span.enter();
+    let outcome = match handshake(shared, &mut ctl, side, deadline) {
         Ok(established) => {
             tracing::info!(target: "tcpx_runtime", %peer, channels = established.sends.len(), "connection established");
             Connection::start(shared.clone(), ctl, established)
@@ -75,7 +86,13 @@ pub(crate) fn establish(
             tracing::warn!(target: "tcpx_runtime", %peer, error = %e, "connection set-up failed");
             Err(e)
         }
-    }
+    };
+    let counters = &shared.counters;
+    EndpointCounters::bump(match outcome {
+        Ok(_) => &counters.connections_opened,
+        Err(_) => &counters.setup_failures,
+    });
+    outcome
 }
 
 fn handshake(
