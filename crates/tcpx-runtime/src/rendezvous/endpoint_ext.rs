@@ -59,8 +59,10 @@ impl Endpoint {
     }
 }
 
-/// Reads `name` from `store` (waiting up to `wait`) as endpoint metadata.
-pub(super) fn lookup(store: &dyn Store, name: &str, wait: Duration) -> Result<EndpointMetadata> {
+/// Reads `name` from `store` (waiting up to `wait`) as endpoint metadata: what
+/// [`Endpoint::connect_by_name`] connects to, for callers that need the metadata first (to
+/// pick a bind address, or to connect later).
+pub fn lookup(store: &dyn Store, name: &str, wait: Duration) -> Result<EndpointMetadata> {
     let blob = store.get(name, wait)?;
     EndpointMetadata::from_bytes(&blob).map_err(|source| {
         StoreError::Value {

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use crate::control::MetadataError;
 
+pub use endpoint_ext::lookup;
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
 pub use group::Group;
