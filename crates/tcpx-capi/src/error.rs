@@ -73,6 +73,10 @@ pub(crate) fn status_of(e: &Error) -> tcpx_status {
         Error::Mismatch { .. } => TCPX_ERR_PROTOCOL,
         Error::Closed { .. } => TCPX_ERR_CLOSED,
         Error::Access { .. } => TCPX_ERR_ACCESS,
+        Error::Rendezvous {
+            timed_out: true, ..
+        } => TCPX_ERR_TIMEOUT,
+        Error::Rendezvous { .. } => TCPX_ERR_CONNECT,
         Error::Internal(_) => TCPX_ERR_INTERNAL,
     }
 }

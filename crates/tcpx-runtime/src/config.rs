@@ -17,6 +17,7 @@
 //! | `TCPX_GPU_PCI` | PCI bus id of this endpoint's GPU | none |
 //! | `TCPX_GPU_INDEX` | GPU index announced to peers ([`Config::gpu_index`]) | none |
 //! | `TCPX_REQUIRE_SECRET` | accept only peers presenting this endpoint's metadata secret (`0`/`1`) | `0` |
+//! | `TCPX_METRICS_ADDR` | serve Prometheus metrics over HTTP at this address ([`Config::metrics_addr`]) | off |
 //! | `TCPX_BACKOFF` | engine idle policy: `spin`, `yield`, `park` | `park` |
 //! | `TCPX_WAIT_SPIN_US` | how long [`Transfer::wait`](crate::Transfer::wait) polls before it sleeps, µs ([`Config::wait_spin`]) | `50` (`0` below 4 cores) |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
@@ -163,6 +164,11 @@ pub struct Config {
     /// ([`Endpoint::connect_addr`](crate::Endpoint::connect_addr)) are then refused. Off by
     /// default so that address-only (UCCL-style) connects work.
     pub require_secret: bool,
+    /// Serve this endpoint's metrics in Prometheus text format over HTTP at this address
+    /// (`GET /metrics`), from a thread of its own that stops with the endpoint
+    /// (`TCPX_METRICS_ADDR=127.0.0.1:9464`). Off (`None`) by default. Port 0 picks a free
+    /// port ([`Endpoint::metrics_addr`](crate::Endpoint::metrics_addr) tells which).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -184,6 +190,7 @@ impl Default for Config {
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
             require_secret: false,
+            metrics_addr: None,
         }
     }
 }
@@ -270,6 +277,14 @@ impl Config {
         }
         if let Some((name, v)) = get(&["TCPX_REQUIRE_SECRET"]) {
             b = b.require_secret(parse_bool(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_METRICS_ADDR"]) {
+            let addr = v.trim().parse::<SocketAddr>().map_err(|e| {
+                Error::Config(format!(
+                    "{name}={v:?} is not an address like 127.0.0.1:9464: {e}"
+                ))
+            })?;
+            b = b.metrics_addr(Some(addr));
         }
         if let Some((name, v)) = get(&["TCPX_ENGINES_PER_NIC"]) {
             b = b.engines_per_device(parse_num(name, &v)?);
@@ -425,6 +440,12 @@ impl ConfigBuilder {
     /// Accept only peers presenting this endpoint's secret (see [`Config::require_secret`]).
     pub fn require_secret(mut self, require: bool) -> Self {
         self.config.require_secret = require;
+        self
+    }
+
+    /// Serve Prometheus metrics at `addr` (see [`Config::metrics_addr`]).
+    pub fn metrics_addr(mut self, addr: Option<SocketAddr>) -> Self {
+        self.config.metrics_addr = addr;
         self
     }
 

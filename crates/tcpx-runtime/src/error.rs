@@ -145,6 +145,16 @@ pub enum Error {
         /// Why (`wrong access key`, `descriptor revoked`…).
         reason: String,
     },
+    /// A rendezvous store failed, did not answer, or a name did not appear in time (the
+    /// store's own error, [`crate::rendezvous::StoreError`], as text: this module sits below
+    /// the rendezvous layer).
+    #[error("rendezvous: {message}")]
+    Rendezvous {
+        /// What failed, naming the store and the key.
+        message: String,
+        /// Whether a wait ran out (as opposed to the store failing).
+        timed_out: bool,
+    },
     /// A runtime thread could not be started or stopped, or an internal channel broke.
     #[error("internal: {0}")]
     Internal(String),
@@ -193,6 +203,7 @@ impl Error {
     pub fn is_timeout(&self) -> bool {
         match self {
             Self::Timeout { .. } | Self::WaitTimedOut(_) => true,
+            Self::Rendezvous { timed_out, .. } => *timed_out,
             Self::Control(e) => e.is_timeout(),
             Self::Setup { source, .. } => source.is_timeout(),
             _ => false,

@@ -17,7 +17,13 @@
 //! - [`onesided`]: one-sided write / read into a peer's advertised memory ([`Descriptor`],
 //!   [`Connection::write`], [`Connection::read`]) with notifications
 //!   ([`Connection::notify`], [`Endpoint::notifications`]), on comms of their own so that
-//!   engines can order them without disturbing two-sided traffic.
+//!   engines can order them without disturbing two-sided traffic;
+//! - [`rendezvous`]: endpoints meet by name through a key-value [`Store`] (etcd with feature
+//!   `etcd`, in-memory): [`Endpoint::publish`], [`Endpoint::connect_by_name`] and the group
+//!   form [`Endpoint::rendezvous`].
+//!
+//! [`Endpoint::metrics`] reads every connection's, channel's and NIC's counters in process;
+//! [`Config::metrics_addr`] (`TCPX_METRICS_ADDR`) serves them to Prometheus.
 //!
 //! The benchmarks that drive this API (whole stack vs raw TCP, engine overhead) live in
 //! `tcpx-tools`, above it.
@@ -55,6 +61,8 @@ mod registry;
 // `Transfer` and its completion.
 mod transfer;
 
+// Snapshots of the counters, their Prometheus form and the opt-in HTTP exporter.
+pub mod metrics;
 // What a connection shares with its engines: failure, peer-gone, counters.
 mod link;
 // The pinned progress engines: lane core, action executor, staging, unpack.
@@ -67,12 +75,16 @@ pub mod onesided;
 
 // The Endpoint API: Endpoint, Connection, admission, the control watcher.
 pub mod endpoint;
+// Endpoints meet by name through a key-value store (etcd, in-memory), above the Endpoint API.
+pub mod rendezvous;
 
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};
 pub use endpoint::{Connection, Endpoint, Segment};
 pub use error::{Direction, Error, Result};
+pub use metrics::{ChannelMetrics, ConnectionMetrics, Metrics};
 pub use onesided::{Descriptor, PackStats, RemoteSegment};
 pub use registry::Region;
+pub use rendezvous::{Group, MemoryStore, Store, StoreError};
 pub use stats::ChannelStats;
 pub use transfer::Transfer;

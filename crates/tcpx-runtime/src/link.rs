@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use crate::control::ControlError;
 use crate::error::Error;
+use crate::metrics::EndpointCounters;
 use crate::registry::RegistrationCache;
 use crate::stats::ChannelCounters;
 
@@ -59,6 +61,9 @@ pub(crate) struct Link {
     /// The other link of the same connection (two-sided ↔ one-sided): failing either fails
     /// both, and a departed peer is departed on both.
     partner: OnceLock<Weak<Link>>,
+    /// The endpoint's event counters, where this link's failure is counted (once per
+    /// connection: only the two-sided link of a pair holds them).
+    events: Option<Arc<EndpointCounters>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -80,6 +85,7 @@ impl Link {
         channels: u16,
         timeout: Duration,
         engines: Vec<Box<dyn Wake>>,
+        events: Option<Arc<EndpointCounters>>,
     ) -> Self {
         Self {
             id: NEXT_LINK_ID.fetch_add(1, Ordering::Relaxed),
@@ -96,6 +102,7 @@ impl Link {
             registrations: Arc::new(RegistrationCache::default()),
             in_flight: AtomicUsize::new(0),
             partner: OnceLock::new(),
+            events,
         }
     }
 
@@ -116,6 +123,24 @@ impl Link {
             return false;
         }
         self.failed.store(true, Ordering::Release);
+        if let (Some(events), Some(e)) = (&self.events, self.failure.get()) {
+            match e {
+                Error::Closed { .. } => {}
+                Error::Timeout { .. } => EndpointCounters::bump(&events.timeouts),
+                Error::PeerClosed { .. } => EndpointCounters::bump(&events.peers_lost),
+                Error::Control(c)
+                    if matches!(
+                        **c,
+                        ControlError::Closed { .. }
+                            | ControlError::ClosedByPeer { .. }
+                            | ControlError::Io { .. }
+                    ) =>
+                {
+                    EndpointCounters::bump(&events.peers_lost)
+                }
+                _ => EndpointCounters::bump(&events.failures),
+            }
+        }
         match self.failure.get() {
             // Our own close is the normal end of a connection, not a failure worth a warning.
             Some(e @ Error::Closed { .. }) => {

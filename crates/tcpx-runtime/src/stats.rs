@@ -82,3 +82,15 @@ pub struct ChannelStats {
     /// Engine passes in which this channel had work but nothing moved.
     pub idle_loops: u64,
 }
+
+impl ChannelStats {
+    /// Adds `other` to `self`, field by field (sums over channels, connections or NICs).
+    pub fn add(&mut self, other: &ChannelStats) {
+        self.bytes_sent += other.bytes_sent;
+        self.bytes_received += other.bytes_received;
+        self.sends += other.sends;
+        self.recvs += other.recvs;
+        self.busy += other.busy;
+        self.idle_loops += other.idle_loops;
+    }
+}

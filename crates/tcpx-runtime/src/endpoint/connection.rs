@@ -88,9 +88,16 @@ impl Connection {
                 .map(|e| Box::new(e.clone()) as Box<dyn Wake>)
                 .collect()
         };
-        let link = Arc::new(Link::new(peer, channels, config.timeout, wakers()));
-        let rma_link = Arc::new(Link::new(peer, channels, config.timeout, wakers()));
+        let link = Arc::new(Link::new(
+            peer,
+            channels,
+            config.timeout,
+            wakers(),
+            Some(shared.counters.clone()),
+        ));
+        let rma_link = Arc::new(Link::new(peer, channels, config.timeout, wakers(), None));
         Link::pair(&link, &rma_link);
+        shared.track(&link, &rma_link);
         let carrier = Arc::new(Carrier::new(
             link.clone(),
             engines.clone(),
@@ -172,6 +179,14 @@ impl Connection {
     /// The peer's control address.
     pub fn peer(&self) -> SocketAddr {
         self.link.peer
+    }
+
+    /// This side's address of the control connection: the address the peer sees as
+    /// [`peer`](Self::peer) on its side (how a group rendezvous tells the acceptor who
+    /// connected).
+    pub fn local_control_addr(&self) -> Result<SocketAddr> {
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(writer.local_addr()?)
     }
 
     /// What the peer said about itself in `Hello`.

@@ -12,12 +12,13 @@ pub mod backend;
 pub mod connection;
 
 mod admission;
+mod metrics;
 mod setup;
 mod shared;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tcpx::cuda::{CudaBuffer, CudaDevice};
@@ -28,6 +29,7 @@ use crate::control::{ControlConn, ControlError, EndpointInfo, EndpointMetadata, 
 use crate::engine::pin::plan_cores;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
+use crate::metrics::Exporter;
 use crate::onesided::Descriptor;
 use crate::onesided::OneSidedShared;
 use crate::registry::{Region, RegistrationCounter};
@@ -74,6 +76,8 @@ pub struct Endpoint {
     /// Turns strangers away and queues real peers for `accept`; stops (and closes what it
     /// holds) when dropped.
     admission: Admission,
+    /// The Prometheus exporter ([`Config::metrics_addr`]); stops when dropped.
+    exporter: Option<Exporter>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -220,21 +224,34 @@ impl Endpoint {
             cores = ?engines.iter().map(|e| e.core).collect::<Vec<_>>(),
             "endpoint ready"
         );
+        let shared = Arc::new(EndpointShared {
+            net,
+            config,
+            backend,
+            devices,
+            engines,
+            registrations: RegistrationCounter::default(),
+            info,
+            one_sided: Arc::new(OneSidedShared::default()),
+            gpu: OnceLock::new(),
+            plugin_cuda,
+            nic_names: names,
+            counters: Arc::default(),
+            links: Mutex::new(Vec::new()),
+        });
+        let exporter = match shared.config.metrics_addr {
+            Some(addr) => Some(metrics::start_exporter(
+                addr,
+                Arc::downgrade(&shared),
+                admission.rejections.clone(),
+            )?),
+            None => None,
+        };
         Ok(Self {
-            shared: Arc::new(EndpointShared {
-                net,
-                config,
-                backend,
-                devices,
-                engines,
-                registrations: RegistrationCounter::default(),
-                info,
-                one_sided: Arc::new(OneSidedShared::default()),
-                gpu: OnceLock::new(),
-                plugin_cuda,
-            }),
+            shared,
             metadata,
             admission,
+            exporter,
         })
     }
 

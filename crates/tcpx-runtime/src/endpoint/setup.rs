@@ -25,6 +25,7 @@ use tcpx::{ConnectHandle, ErrorKind, ListenComm, RecvComm, SendComm};
 use super::shared::EndpointShared;
 use crate::control::{ControlConn, EndpointInfo, Message, MessageType, Secret, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
+use crate::metrics::EndpointCounters;
 
 /// The comms of a set-up connection, indexed by channel: `0..N` two-sided, `N..2N` one-sided.
 pub(crate) struct Established {
@@ -59,7 +60,17 @@ pub(crate) fn establish(
 ) -> Result<(ControlConn, Established)> {
     let deadline = Instant::now() + shared.config.timeout;
     let peer = ctl.peer_addr();
-    match handshake(shared, &mut ctl, side, deadline) {
+    let span = tracing::info_span!(
+        target: "tcpx_runtime",
+        "connection_setup",
+        %peer,
+        side = match side {
+            Side::Accepted { .. } => "accept",
+            Side::Connecting { .. } => "connect",
+        }
+    );
+    let _entered = span.enter();
+    let outcome = match handshake(shared, &mut ctl, side, deadline) {
         Ok(established) => {
             tracing::info!(target: "tcpx_runtime", %peer, channels = established.sends.len(), "connection established");
             Ok((ctl, established))
@@ -76,7 +87,13 @@ pub(crate) fn establish(
             tracing::warn!(target: "tcpx_runtime", %peer, error = %e, "connection set-up failed");
             Err(e)
         }
-    }
+    };
+    let counters = &shared.counters;
+    EndpointCounters::bump(match outcome {
+        Ok(_) => &counters.connections_opened,
+        Err(_) => &counters.setup_failures,
+    });
+    outcome
 }
 
 fn handshake(

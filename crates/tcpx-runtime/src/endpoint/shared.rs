@@ -1,15 +1,17 @@
 //! What an endpoint's connections share, below both the handshake (`setup`) and the
 //! [`Connection`](super::Connection) that use it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tcpx::cuda::CudaDevice;
 use tcpx::Net;
 
 use super::backend::BackendInfo;
+use crate::metrics::EndpointCounters;
 use crate::config::Config;
 use crate::control::EndpointInfo;
 use crate::engine::EngineHandle;
+use crate::link::Link;
 use crate::onesided::OneSidedShared;
 use crate::registry::RegistrationCounter;
 
@@ -35,12 +37,32 @@ pub(crate) struct EndpointShared {
     /// Every plugin device in use takes CUDA pointers (`NCCL_PTR_CUDA`): CUDA regions go to
     /// the plugin directly; otherwise they are staged through pinned host memory.
     pub(crate) plugin_cuda: bool,
+    /// Plugin device names, parallel to `devices` (what metrics call a NIC).
+    pub(crate) nic_names: Vec<String>,
+    /// Event counters (connections, failures by cause) for [`super::Endpoint::metrics`].
+    pub(crate) counters: Arc<EndpointCounters>,
+    /// Every connection's two links (two-sided, one-sided), for metrics; pruned of dead
+    /// ones whenever a connection is added or a snapshot taken. Locked only then, never on
+    /// the data path.
+    pub(crate) links: Mutex<Vec<(Weak<Link>, Weak<Link>)>>,
 }
 
 impl EndpointShared {
     /// Index into `engines` of the engine owning channel `channel`.
     pub(crate) fn engine_of(&self, channel: u16) -> usize {
         usize::from(channel) % self.engines.len()
+    }
+
+    /// Remembers a new connection's links for metrics.
+    pub(crate) fn track(&self, link: &Arc<Link>, rma: &Arc<Link>) {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        links.retain(|(l, _)| l.strong_count() > 0);
+        links.push((Arc::downgrade(link), Arc::downgrade(rma)));
+    }
+
+    /// The NIC (plugin device name) carrying channel `channel`.
+    pub(crate) fn nic_of(&self, channel: u16) -> &str {
+        &self.nic_names[usize::from(channel) % self.nic_names.len()]
     }
 
     /// The plugin device carrying channel `channel`.

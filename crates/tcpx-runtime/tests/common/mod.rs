@@ -247,3 +247,41 @@ pub fn send_verified(
         &format!("{len} bytes on {} channels", ab.channels()),
     );
 }
+
+/// Every rank of `group` sends `len` bytes to every other and checks what it received:
+/// rank r sends `fill(seed(r, p))` to rank p. Receives are posted before sends, all in
+/// flight at once; every wait has [`DEADLINE`].
+pub fn all_to_all(ep: &Endpoint, group: &tcpx_runtime::Group, len: usize) {
+    let seed = |from: usize, to: usize| (from * 1000 + to) as u64 + 1;
+    let me = group.rank();
+    let world = group.world();
+    let inbox = ep.alloc_host(len * world).expect("inbox");
+    let outbox: Vec<Option<Region>> = (0..world)
+        .map(|p| (p != me).then(|| source(ep, len, seed(me, p))))
+        .collect();
+    let mut pending = Vec::new();
+    for p in (0..world).filter(|&p| p != me) {
+        let conn = group
+            .connection(p)
+            .expect("a connection to every other rank");
+        assert_eq!(group.rank_of(conn), Some(p));
+        pending.push(conn.recv(&inbox, p * len, len).expect("recv"));
+    }
+    for p in (0..world).filter(|&p| p != me) {
+        let conn = group.connection(p).unwrap();
+        let out = outbox[p].as_ref().unwrap();
+        pending.push(conn.send(out, 0, len).expect("send"));
+    }
+    for t in pending {
+        assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
+    }
+    for p in (0..world).filter(|&p| p != me) {
+        assert_pattern(
+            &inbox,
+            p * len,
+            len,
+            seed(p, me),
+            &format!("rank {me} from {p}"),
+        );
+    }
+}
