@@ -363,7 +363,10 @@ fn kv_list_round_trip(blocks: usize, block: usize, chunk: u32) {
         .any(|(_, n)| n == b"kv ready")));
     let after = ab.pack_stats();
     assert_eq!(after.packed_sent, before.packed_sent + 1, "{after:?}");
-    assert_eq!(after.buffers, 0, "staged sides use no pack buffer: {after:?}");
+    assert_eq!(
+        after.buffers, 0,
+        "staged sides use no pack buffer: {after:?}"
+    );
 
     // Read it back into the odd blocks of a fresh staged region.
     let back = region(&a, true, 2 * len);
@@ -376,7 +379,10 @@ fn kv_list_round_trip(blocks: usize, block: usize, chunk: u32) {
     let got = snapshot(&back);
     for i in 0..blocks {
         let (at, from) = ((2 * i + 1) * block, 2 * i * block);
-        assert!(got[at..at + block] == sent[from..from + block], "read block {i}");
+        assert!(
+            got[at..at + block] == sent[from..from + block],
+            "read block {i}"
+        );
     }
 
     // An unpacked write behind them still pairs chunk for chunk.
@@ -435,7 +441,10 @@ fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in
     let (index, why) = access_error(tx.wait(DEADLINE));
     assert_eq!(index, 0);
     assert!(why.contains("revoked"), "{why}");
-    assert!(snapshot(&kv) == before, "a refused write changed target memory");
+    assert!(
+        snapshot(&kv) == before,
+        "a refused write changed target memory"
+    );
     assert!(b.notifications().is_empty());
     assert_eq!(ab.pack_stats().packed_sent, 1, "it travelled packed");
 
