@@ -116,6 +116,28 @@ struct PoolInner {
     pooled: AtomicUsize,
 }
 
+/// Most pack buffers the process keeps from closed connections for later ones (64 MiB).
+const SPARE_BUFFERS: usize = 16;
+
+/// Pack buffer memory of closed connections, its pages already touched: a new connection's
+/// first packed batch takes it instead of faulting in 4 MiB of fresh pages (about 1 ms), so
+/// re-created connections (agents re-made under the same names, say) do not pay again.
+static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+        for region in free {
+            // Idle (nothing in flight) and no longer the pool's: the next connection may have
+            // it. Its old registrations, if any, are released with their link.
+            if spare.len() < SPARE_BUFFERS && region.memory().in_flight() == 0 {
+                spare.push(region.memory().clone());
+            }
+        }
+    }
+}
+
 /// One connection's pack buffers (see the module docs).
 pub(crate) struct PackPool {
     cap: usize,
@@ -290,6 +312,9 @@ impl PackPool {
 }
 
 fn allocate() -> Result<Region> {
+    if let Some(memory) = SPARE.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        return Ok(Region::new(memory));
+    }
     // PACK_BYTES is 4 MiB: it fits a usize.
     let memory = SharedMemory::host(PACK_BYTES as usize)
         .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
