@@ -329,10 +329,22 @@ fn a_local_list_mixing_staged_and_host_memory_is_refused_up_front() {
 /// none), every byte lands, the notification follows its data, and the lanes stay in step for
 /// an unpacked write after them.
 fn kv_list_round_trip(blocks: usize, block: usize, chunk: u32) {
+    kv_list_between(true, true, blocks, block, chunk);
+}
+
+/// [`kv_list_round_trip`] from `local_staged` memory (else host) to `remote_staged` memory;
+/// a host side packs through a pack buffer, so such lists fit one.
+fn kv_list_between(
+    local_staged: bool,
+    remote_staged: bool,
+    blocks: usize,
+    block: usize,
+    chunk: u32,
+) {
     let (a, b, ab, _ba) = pair(3, chunk);
     let len = blocks * block;
-    let src = filled(&a, true, 2 * len, 4242);
-    let kv = region(&b, true, 2 * len);
+    let src = filled(&a, local_staged, 2 * len, 4242);
+    let kv = region(&b, remote_staged, 2 * len);
     let d = b.advertise(&kv).unwrap();
     // Local blocks at even slots, remote at odd ones: nothing coalesces on either side.
     let local: Vec<Segment<'_>> = (0..blocks)
@@ -363,13 +375,15 @@ fn kv_list_round_trip(blocks: usize, block: usize, chunk: u32) {
         .any(|(_, n)| n == b"kv ready")));
     let after = ab.pack_stats();
     assert_eq!(after.packed_sent, before.packed_sent + 1, "{after:?}");
-    assert_eq!(
-        after.buffers, 0,
-        "staged sides use no pack buffer: {after:?}"
-    );
+    if local_staged {
+        assert_eq!(
+            after.buffers, 0,
+            "a staged side uses no pack buffer: {after:?}"
+        );
+    }
 
-    // Read it back into the odd blocks of a fresh staged region.
-    let back = region(&a, true, 2 * len);
+    // Read it back into the odd blocks of a fresh region.
+    let back = region(&a, local_staged, 2 * len);
     let local: Vec<Segment<'_>> = (0..blocks)
         .map(|i| Segment::new(&back, (2 * i + 1) * block, block))
         .collect();
@@ -386,7 +400,7 @@ fn kv_list_round_trip(blocks: usize, block: usize, chunk: u32) {
     }
 
     // An unpacked write behind them still pairs chunk for chunk.
-    let one = filled(&a, true, 3 * block, 77);
+    let one = filled(&a, local_staged, 3 * block, 77);
     let tx = ab
         .write(
             &[Segment::new(&one, 0, 3 * block)],
@@ -406,6 +420,15 @@ fn a_kv_list_past_a_pack_buffer_packs_through_the_ring_slots() {
     loopback();
     // 1536 × 4 KiB = 6 MiB, past a 4 MiB pack buffer; chunks of 64 KiB gather 16 blocks.
     kv_list_round_trip(1536, 4 << 10, 64 << 10);
+}
+
+#[test]
+fn scattered_lists_between_host_and_staged_memory_pack_both_ways() {
+    loopback();
+    // 512 × 4 KiB = 2 MiB: a host side gathers into (or scatters out of) a pack buffer, the
+    // staged side through its ring slots.
+    kv_list_between(false, true, 512, 4 << 10, 64 << 10);
+    kv_list_between(true, false, 512, 4 << 10, 64 << 10);
 }
 
 #[test]

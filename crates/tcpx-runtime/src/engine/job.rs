@@ -103,13 +103,16 @@ impl<'j> Iterator for StagedSpans<'j> {
                 continue;
             }
             let len = avail.min(self.left);
-            // Pieces lie inside their regions (checked at submission): offsets and lengths
-            // fit a usize.
-            let span = tcpx::cuda::Span::new(
-                &piece.memory,
-                piece.offset + self.offset as usize,
-                len as usize,
-            );
+            // Pieces lie inside their regions (checked at submission), so this fits; should
+            // it not, the spans end short and the lane reports the chunk outside its piece.
+            let at = usize::try_from(self.offset)
+                .ok()
+                .and_then(|o| piece.offset.checked_add(o));
+            let (Some(at), Ok(n)) = (at, usize::try_from(len)) else {
+                self.left = 0;
+                return None;
+            };
+            let span = tcpx::cuda::Span::new(&piece.memory, at, n);
             self.left -= len;
             self.offset += len;
             return Some(span);

@@ -90,7 +90,10 @@ impl RingPool {
     /// less than [`POOL_IDLE_BYTES`]; frees it otherwise. Emulated rings (plain host memory,
     /// cheap) are simply dropped.
     pub(crate) fn give(&self, mut ring: StagingRing) {
-        if ring.device().is_none() {
+        // A request abandoned on a failed link keeps its slot in flight until its comm closes
+        // (the plugin may still write it): such a ring is never handed to another lane (it is
+        // freed once the comm lets go of it).
+        if ring.device().is_none() || ring.memory().in_flight() > 0 {
             return;
         }
         if let Err(e) = ring.recycle() {
