@@ -33,8 +33,9 @@
 #   scripts/gpu/staged_small.sh run DIR [ROUNDS]
 #     - BINS="main gpu" (default) names DIR/tcpx-bench.<name> to compare, in this order;
 #     - CASES="os-small os-kv os-kv1 stack" picks the cases; ROUNDS (default 1) repeats them;
-#     - OS_BYTES (default 64MiB) bytes per throughput point, OS_REPS (default 3), OS_ITERS
-#       (default 100) latency iterations; STACK_BYTES (default 256MiB), STACK_SIZES
+#     - OS_BYTES (default 64MiB) bytes per throughput point of os-small, KV_BYTES (default
+#       512MiB) of os-kv and os-kv1, OS_REPS (default 3), OS_ITERS (default 100) latency
+#       iterations of os-small (20 for os-kv / os-kv1); STACK_BYTES (default 256MiB), STACK_SIZES
 #       (default 4KiB..256MiB), STACK_CHANNELS (default 4);
 #     - logs and JSON rows go to ${OUT:-DIR}/staged_small/; the summary is printed at the end
 #       (and written to summary.txt there). About 6-9 minutes for two binaries, one round, on
@@ -72,6 +73,7 @@ cases="${CASES:-os-small os-kv os-kv1 stack}"
 os_bytes="${OS_BYTES:-64MiB}"
 os_reps="${OS_REPS:-3}"
 os_iters="${OS_ITERS:-100}"
+kv_bytes="${KV_BYTES:-512MiB}"
 stack_bytes="${STACK_BYTES:-256MiB}"
 stack_sizes="${STACK_SIZES:-4KiB..256MiB}"
 stack_channels="${STACK_CHANNELS:-4}"
@@ -147,12 +149,12 @@ for round in $(seq 1 "$rounds"); do
                     ;;
                 os-kv)
                     run_case "$round" "$bin" "$case" "$memory" onesided --op send,write,read \
-                        --block 16KiB --batch 1024 --layout "$layout" --bytes 512MiB \
+                        --block 16KiB --batch 1024 --layout "$layout" --bytes "$kv_bytes" \
                         --reps "$os_reps" --latency-iters 20
                     ;;
                 os-kv1)
                     run_case "$round" "$bin" "$case" "$memory" onesided --op send,write,read \
-                        --block 16MiB --batch 1 --bytes 512MiB \
+                        --block 16MiB --batch 1 --bytes "$kv_bytes" \
                         --reps "$os_reps" --latency-iters 20
                     ;;
                 stack)
@@ -183,7 +185,8 @@ for name in sorted(os.listdir(logs)):
     _, bin_, case, memory = m.groups()
     for line in open(os.path.join(logs, name)):
         r = json.loads(line)
-        key = (case, memory, r["op"], r["block"], r["batch"], r["layout"])
+        # A binary without `--layout scattered` ran os-kv strided: same row, see the logs.
+        key = (case, memory, r["op"], r["block"], r["batch"])
         rows.setdefault(key, {}).setdefault(bin_, []).append((r["p50_us"], r["gbps"]))
 def size(n):
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -194,7 +197,7 @@ head = f"{'case':8} {'mem':4} {'op':5} {'block':>6} {'batch':>5}" + "".join(
     f" {b + ' p50':>12} {b + ' GB/s':>12}" for b in bins)
 print(head)
 for key in sorted(rows, key=lambda k: (k[0], k[1], k[3], k[4], k[2])):
-    case, memory, op, block, batch, layout = key
+    case, memory, op, block, batch = key
     line = f"{case:8} {memory:4} {op:5} {size(block):>6} {batch:>5}"
     for b in bins:
         got = rows[key].get(b)
