@@ -731,10 +731,12 @@ unsafe fn copy_async(
 /// Writes slot `index`'s pieces as kernel fragments into its metadata area and queues one
 /// gather (or scatter) for them on the unpacker's stream.
 ///
-/// A gather reads device memory (its fragments' source offsets are 32-bit, so pieces are
-/// grouped into entries whose sources lie within 4 GiB of the entry's base) and writes the
-/// slot; a scatter reads the slot and writes device memory (64-bit destination offsets: one
-/// entry per run of rising addresses).
+/// A gather reads device memory and writes the slot; a scatter reads the slot and writes
+/// device memory. One kernel entry covers the whole list, based at its lowest address, when
+/// the offsets fit (a scatter's 64-bit destination offsets always do; a gather's 32-bit
+/// source offsets when the list spans at most 4 GiB): a KV list in any block order is one
+/// entry. A gather spanning more is cut into entries of rising addresses within 4 GiB of
+/// their base.
 ///
 /// # Safety
 /// As [`start_copy`]; the slot's metadata area must not be read by a queued launch.
@@ -749,35 +751,76 @@ unsafe fn launch_list(
     let area = index * FRAGMENTS_PER_SLOT * META_BYTES;
     let metas_dev = metas.device_ptr() + area as u64;
     let bytes = &mut metas.as_mut_slice()[area..area + FRAGMENTS_PER_SLOT * META_BYTES];
+    plan_list(
+        &slot.frags,
+        slot.way,
+        slot.expected,
+        slot_dev,
+        metas_dev,
+        bytes,
+        entries,
+    );
+    // SAFETY: each entry's metas lie in this slot's metadata area (pinned, mapped, written
+    // above and not rewritten before the slot's copy is seen done); sources and destinations
+    // are the caller's pieces (device memory, range-checked) and the slot, valid per the
+    // caller until the event recorded after this launch is seen done; the lengths given to
+    // the kernel are the pieces' and the slot's true extents.
+    unsafe { unpacker.enqueue(entries) }?;
+    Ok(())
+}
+
+/// The kernel's view of a list (pure, so that it is tested without a GPU): writes `frags`,
+/// cut at [`FRAGMENT_BYTES`], as fragments (`LoadMeta`: source offset, length, destination
+/// offset) into `metas` (whose first byte the GPU sees at `metas_dev`) and the entries that
+/// name them into `entries` (see [`launch_list`]). The slot is at `slot_dev` and holds
+/// `expected` bytes. `metas` must hold [`fragments`]`(frags)` fragments. Returns how many
+/// were written.
+fn plan_list(
+    frags: &[Frag],
+    way: Way,
+    expected: usize,
+    slot_dev: u64,
+    metas_dev: u64,
+    metas: &mut [u8],
+    entries: &mut Vec<UnpackEntry>,
+) -> usize {
     entries.clear();
     let mut written = 0usize;
+    // One entry for the whole list when its offsets fit (see `launch_list`).
+    let low = frags.iter().map(|f| f.addr).min().unwrap_or(0) & !15;
+    let top = frags
+        .iter()
+        .map(|f| f.addr + f.len as u64)
+        .max()
+        .unwrap_or(0);
+    let single = way == Way::Scatter || top - low <= u64::from(u32::MAX);
     // The open entry: its base address and first fragment.
-    let mut open: Option<(u64, usize)> = None;
+    let mut open: Option<(u64, usize)> = single.then_some((low, 0));
     let close = |entries: &mut Vec<UnpackEntry>, base: u64, first: usize, end: usize, high: u64| {
         let count = (end - first) as u32;
         let metas = metas_dev + (first * META_BYTES) as u64;
-        entries.push(match slot.way {
+        entries.push(match way {
             Way::Gather => UnpackEntry {
                 metas,
                 count,
                 bounce: base,
                 bounce_len: high - base,
                 dst: slot_dev,
-                dst_len: slot.expected as u64,
+                dst_len: expected as u64,
             },
             Way::Scatter => UnpackEntry {
                 metas,
                 count,
                 bounce: slot_dev,
-                bounce_len: slot.expected as u64,
+                bounce_len: expected as u64,
                 dst: base,
                 dst_len: high - base,
             },
         });
     };
     // Highest address the open entry's fragments reach.
-    let mut high = 0u64;
-    for f in &slot.frags {
+    let mut high = low;
+    for f in frags {
         let mut done = 0usize;
         while done < f.len {
             let len = (f.len - done).min(FRAGMENT_BYTES);
@@ -787,7 +830,7 @@ unsafe fn launch_list(
             // for a gather, within the 32-bit reach of the source offsets.
             let fits = |base: u64| {
                 addr >= base
-                    && match slot.way {
+                    && match way {
                         Way::Gather => addr + len as u64 - base <= u64::from(u32::MAX),
                         Way::Scatter => true,
                     }
@@ -806,11 +849,11 @@ unsafe fn launch_list(
                 }
             };
             high = high.max(addr + len as u64);
-            let (src_off, dst_off) = match slot.way {
+            let (src_off, dst_off) = match way {
                 Way::Gather => ((addr - base) as u32, at as u64),
                 Way::Scatter => (at as u32, addr - base),
             };
-            let m = &mut bytes[written * META_BYTES..(written + 1) * META_BYTES];
+            let m = &mut metas[written * META_BYTES..(written + 1) * META_BYTES];
             m[0..4].copy_from_slice(&src_off.to_ne_bytes());
             m[4..8].copy_from_slice(&(len as u32).to_ne_bytes());
             m[8..16].copy_from_slice(&dst_off.to_ne_bytes());
@@ -821,13 +864,7 @@ unsafe fn launch_list(
     if let Some((base, first)) = open {
         close(entries, base, first, written, high);
     }
-    // SAFETY: each entry's metas lie in this slot's metadata area (pinned, mapped, written
-    // above and not rewritten before the slot's copy is seen done); sources and destinations
-    // are the caller's pieces (device memory, range-checked) and the slot, valid per the
-    // caller until the event recorded after this launch is seen done; the lengths given to
-    // the kernel are the pieces' and the slot's true extents.
-    unsafe { unpacker.enqueue(entries) }?;
-    Ok(())
+    written
 }
 
 /// Slot `slot`, checked to exist and to hold `len` bytes.
@@ -962,6 +999,143 @@ mod tests {
         assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
         assert!(ring.is_copied(0).unwrap(), "the slot stayed idle");
         ring.recycle().unwrap();
+    }
+
+    /// Runs `entries` the way the kernel does (every fragment checked against its entry's
+    /// lengths, then copied), on host addresses standing in for device ones.
+    fn run_like_the_kernel(entries: &[UnpackEntry], metas: &[u8], metas_base: u64) {
+        for e in entries {
+            for k in 0..e.count as usize {
+                let at = (e.metas - metas_base) as usize + k * META_BYTES;
+                let m = &metas[at..at + META_BYTES];
+                let src_off = u32::from_ne_bytes(m[0..4].try_into().unwrap()) as u64;
+                let len = u32::from_ne_bytes(m[4..8].try_into().unwrap()) as u64;
+                let dst_off = u64::from_ne_bytes(m[8..16].try_into().unwrap());
+                assert!(src_off + len <= e.bounce_len, "{e:?}: source out of range");
+                assert!(
+                    dst_off + len <= e.dst_len,
+                    "{e:?}: destination out of range"
+                );
+                assert_eq!(e.metas % 16, 0);
+                // SAFETY: host buffers of the test, checked in range of their entry above,
+                // whose extents the test's spans lie in.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (e.bounce + src_off) as *const u8,
+                        (e.dst + dst_off) as *mut u8,
+                        len as usize,
+                    )
+                };
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The kernel's fragments and entries for random lists (pieces in any order, of any
+        /// size up to a few fragments, from or into two buffers), run as the kernel would,
+        /// move exactly the bytes the CPU copies of an emulated ring move.
+        #[test]
+        fn kernel_lists_move_what_the_copies_move(
+            pieces in proptest::collection::vec((0usize..2, 0usize..60_000, 1usize..40_000), 1..24),
+            scatter in proptest::bool::ANY,
+        ) {
+            let mut bufs = [vec![0u8; 100_000], vec![0u8; 100_000]];
+            for (k, b) in bufs.iter_mut().enumerate() {
+                b.iter_mut().enumerate().for_each(|(i, x)| *x = (i * 7 + 3 + k) as u8);
+            }
+            let slot_bytes = 1 << 20;
+            let mut slot = vec![0u8; slot_bytes];
+            slot.iter_mut().enumerate().for_each(|(i, x)| *x = (i * 13 + 1) as u8);
+            let way = if scatter { Way::Scatter } else { Way::Gather };
+            // Destinations of a scatter never overlap in a real list (the kernel copies its
+            // fragments in parallel): pieces are kept apart here.
+            let mut used = [Vec::new(), Vec::new()];
+            let mut kept = Vec::new();
+            for &(b, off, len) in &pieces {
+                let len = len.min(bufs[b].len() - off);
+                if scatter && used[b].iter().any(|&(o, l): &(usize, usize)| off < o + l && o < off + len) {
+                    continue;
+                }
+                used[b].push((off, len));
+                kept.push((b, off, len));
+            }
+            let bases = [bufs[0].as_mut_ptr() as u64, bufs[1].as_mut_ptr() as u64];
+            let mut frags = Vec::new();
+            let mut at = 0;
+            for &(b, off, len) in &kept {
+                frags.push(Frag { at, addr: bases[b] + off as u64, len, kind: MemoryKind::Cuda });
+                at += len;
+            }
+            // What the copies would do.
+            let mut want_bufs = bufs.clone();
+            let mut want_slot = slot.clone();
+            for (f, &(b, off, _)) in frags.iter().zip(&kept) {
+                match way {
+                    Way::Gather => want_slot[f.at..f.at + f.len].copy_from_slice(&bufs[b][off..off + f.len]),
+                    Way::Scatter => want_bufs[b][off..off + f.len].copy_from_slice(&slot[f.at..f.at + f.len]),
+                }
+            }
+            let count = fragments(&frags);
+            let mut metas = vec![0u8; count.max(1) * META_BYTES + 16];
+            // 16-aligned metadata, as in the pinned area.
+            let skew = (16 - (metas.as_ptr() as usize % 16)) % 16;
+            let metas_base = metas.as_ptr() as u64 + skew as u64;
+            let mut entries = Vec::new();
+            let slot_dev = slot.as_mut_ptr() as u64;
+            let written = plan_list(&frags, way, at, slot_dev, metas_base, &mut metas[skew..], &mut entries);
+            proptest::prop_assert_eq!(written, count);
+            if scatter {
+                proptest::prop_assert_eq!(entries.len(), 1, "a scatter is one entry");
+            }
+            proptest::prop_assert_eq!(entries.iter().map(|e| e.count as usize).sum::<usize>(), count);
+            run_like_the_kernel(&entries, &metas[skew..], metas_base);
+            proptest::prop_assert!(slot == want_slot, "slot differs");
+            proptest::prop_assert!(bufs == want_bufs, "pieces differ");
+        }
+    }
+
+    #[test]
+    fn a_gather_spanning_more_than_4_gib_is_cut_into_entries_within_reach() {
+        // Addresses only (no copy): two pieces 5 GiB apart, then one back near the first.
+        let f = |at, addr, len| Frag {
+            at,
+            addr,
+            len,
+            kind: MemoryKind::Cuda,
+        };
+        let frags = [
+            f(0, 0x10_0000, 4096),
+            f(4096, 0x10_0000 + (5 << 30), 4096),
+            f(8192, 0x10_2000, 100),
+        ];
+        let mut metas = vec![0u8; 3 * META_BYTES];
+        let mut entries = Vec::new();
+        let n = plan_list(
+            &frags,
+            Way::Gather,
+            8292,
+            0x9000_0000,
+            0x1000,
+            &mut metas,
+            &mut entries,
+        );
+        assert_eq!(n, 3);
+        assert_eq!(entries.len(), 3, "{entries:?}");
+        for e in &entries {
+            assert!(e.bounce_len <= u64::from(u32::MAX) + 16, "{e:?}");
+            assert_eq!((e.dst, e.dst_len), (0x9000_0000, 8292));
+        }
+        // A scatter of the same pieces needs one entry (64-bit destination offsets).
+        let n = plan_list(
+            &frags,
+            Way::Scatter,
+            8292,
+            0x9000_0000,
+            0x1000,
+            &mut metas,
+            &mut entries,
+        );
+        assert_eq!((n, entries.len()), (3, 1));
     }
 
     #[test]
