@@ -13,6 +13,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use crate::engine::job::{Job, Piece};
+use crate::engine::stage::Staging;
 use crate::engine::Command;
 use crate::error::{Direction, Error, Result};
 use crate::link::{Link, Signal};
@@ -155,6 +156,44 @@ impl Carrier {
         Ok(link
             .registrations
             .insert(region, direction, Registration { by_channel }))
+    }
+
+    /// Makes the staging rings of every lane of the link for `staging` (slots of
+    /// `slot_bytes`: the link's chunk size) now, where a lane has none, so that the first
+    /// staged transfers find them ready (the engines make them: they drive the comms the rings
+    /// are registered on). Returns how many rings were made; waits at most the link's
+    /// timeout.
+    pub(crate) fn prepare_staging(&self, staging: &Staging, slot_bytes: usize) -> Result<u16> {
+        let link = &self.link;
+        let (tx, rx) = crossbeam_channel::bounded(self.engines.len());
+        for engine in &self.engines {
+            engine
+                .send(Command::Prepare {
+                    link: link.id,
+                    staging: staging.clone(),
+                    slot_bytes,
+                    reply: tx.clone(),
+                })
+                .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
+        }
+        drop(tx);
+        let deadline = Instant::now() + link.timeout;
+        let mut made = 0u16;
+        for _ in &self.engines {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = rx.recv_timeout(left).map_err(|_| {
+                Error::Internal("an engine did not make its staging rings in time".into())
+            })?;
+            for (channel, result) in reply {
+                made += result.map_err(|source| Error::Staging {
+                    channel,
+                    direction: Direction::Send,
+                    peer: link.peer,
+                    source: Arc::new(source),
+                })?;
+            }
+        }
+        Ok(made)
     }
 
     /// Hands `job` to the engines that own a channel with chunks of it (every engine of the

@@ -14,6 +14,7 @@ pub(crate) struct ChannelCounters {
     recvs: AtomicU64,
     busy: AtomicU64,
     idle_loops: AtomicU64,
+    staging_rings: AtomicU64,
 }
 
 #[inline]
@@ -48,6 +49,16 @@ impl ChannelCounters {
         bump(&self.idle_loops, 1);
     }
 
+    /// A lane of the channel made its staging ring.
+    pub(crate) fn ring_opened(&self) {
+        bump(&self.staging_rings, 1);
+    }
+
+    /// A lane of the channel gave its staging ring back.
+    pub(crate) fn ring_released(&self) {
+        bump(&self.staging_rings, u64::MAX);
+    }
+
     /// Requests completed so far in both directions (progress detection).
     pub(crate) fn completed(&self) -> u64 {
         self.sends.load(Ordering::Relaxed) + self.recvs.load(Ordering::Relaxed)
@@ -62,6 +73,7 @@ impl ChannelCounters {
             recvs: get(&self.recvs),
             busy: get(&self.busy),
             idle_loops: get(&self.idle_loops),
+            staging_rings: get(&self.staging_rings),
         }
     }
 }
@@ -81,6 +93,10 @@ pub struct ChannelStats {
     pub busy: u64,
     /// Engine passes in which this channel had work but nothing moved.
     pub idle_loops: u64,
+    /// Lanes of this channel holding a pinned staging ring (0 to 2): made when the
+    /// connection starts on an endpoint with staged CUDA memory, or at the first staged
+    /// transfer.
+    pub staging_rings: u64,
 }
 
 impl ChannelStats {

@@ -264,3 +264,136 @@ fn one_sided_write_and_read_gpu_to_gpu() {
         assert!(ab.error().is_none());
     }
 }
+
+/// A region's bytes, copied to the host.
+fn bytes_of(region: &Region) -> Vec<u8> {
+    let mut out = vec![0u8; region.len()];
+    region.read(0, &mut out).expect("read region");
+    out
+}
+
+/// Staging rings held by `conn`'s lanes, both halves (two-sided and one-sided channels).
+fn rings(conn: &tcpx_runtime::Connection) -> u64 {
+    conn.stats()
+        .iter()
+        .chain(conn.one_sided_stats().iter())
+        .map(|s| s.staging_rings)
+        .sum()
+}
+
+/// Issue 25, no first-transfer tax: with CUDA memory registered before the connection, every
+/// lane's ring exists once `connect` / `accept` return (a send and a receive ring per channel,
+/// both halves), before any transfer; with CUDA memory registered after, `Connection::register`
+/// makes them. The first transfers then make none, and their data is right.
+#[test]
+fn staging_rings_exist_after_connect_when_cuda_memory_is_registered() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    const CHANNELS: u16 = 2;
+    let all = 2 * 2 * u64::from(CHANNELS);
+    let a = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint a");
+    let b = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint b");
+    let src = region(&a, Some(&ga), 4 << 20, None);
+    let dst = region(&b, Some(&gb), 4 << 20, None);
+    let started = std::time::Instant::now();
+    let (ab, ba) = connect(&a, &b);
+    println!("connect with staged CUDA memory: {:?}", started.elapsed());
+    assert_eq!(
+        (rings(&ab), rings(&ba)),
+        (all, all),
+        "rings made at connect"
+    );
+    for (i, len) in [4096usize, 64 << 10, 1 << 20, 4 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 2500 + i as u64;
+        let mut bytes = vec![0u8; len];
+        fill(&mut bytes, seed);
+        src.write(0, &bytes).expect("write");
+        let started = std::time::Instant::now();
+        send_verified(&ab, &ba, &src, &dst, len, seed);
+        println!("transfer {i} ({len} bytes): {:?}", started.elapsed());
+    }
+    assert_eq!((rings(&ab), rings(&ba)), (all, all), "transfers made none");
+
+    // Connected first, CUDA memory registered on the connection afterwards.
+    let c = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint c");
+    let d = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint d");
+    let (cd, dc) = connect(&c, &d);
+    assert_eq!((rings(&cd), rings(&dc)), (0, 0), "no CUDA memory yet");
+    let late = region(&c, Some(&ga), 1 << 20, Some(7));
+    cd.register(&late).expect("register");
+    assert_eq!(rings(&cd), all, "rings made at registration");
+    assert!(ab.error().is_none() && ba.error().is_none() && cd.error().is_none());
+}
+
+/// Issue 25: a vLLM-like list of scattered 16 KiB GPU blocks written with a notification and
+/// read back, packed through the ring slots (one gather launch per chunk on the sending side,
+/// one scatter on the receiving side), every byte checked; printed next to one contiguous
+/// transfer of the same bytes for the record (no timed assertion).
+#[test]
+fn a_kv_list_of_gpu_blocks_is_gathered_and_scattered_by_the_rings() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    const BLOCK: usize = 16 << 10;
+    const BLOCKS: usize = 1024;
+    const LEN: usize = BLOCK * BLOCKS;
+    let (a, b, ab, _ba) = pair(4, 512 << 10);
+    let src = region(&a, Some(&ga), 2 * LEN, Some(4040));
+    let kv = region(&b, Some(&gb), 2 * LEN, None);
+    let d = b.advertise(&kv).expect("advertise");
+    let local: Vec<Segment<'_>> = (0..BLOCKS)
+        .map(|i| Segment::new(&src, 2 * i * BLOCK, BLOCK))
+        .collect();
+    let remote: Vec<RemoteSegment> = (0..BLOCKS)
+        .map(|i| RemoteSegment::new(d, ((2 * i + 1) * BLOCK) as u64, BLOCK as u64))
+        .collect();
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let tx = ab.write(&local, &remote, Some(b"kv")).expect("write");
+        assert_eq!(tx.wait(DEADLINE).expect("write"), LEN as u64);
+        println!(
+            "write {BLOCKS} × {BLOCK} B, round {round}: {:?}",
+            started.elapsed()
+        );
+    }
+    let sent = bytes_of(&src);
+    let got = bytes_of(&kv);
+    for i in 0..BLOCKS {
+        let (at, from) = ((2 * i + 1) * BLOCK, 2 * i * BLOCK);
+        assert!(got[at..at + BLOCK] == sent[from..from + BLOCK], "block {i}");
+        assert!(
+            got[at - BLOCK..at].iter().all(|&x| x == 0),
+            "gap before {i}"
+        );
+    }
+    let back = region(&a, Some(&ga), 2 * LEN, None);
+    let local_back: Vec<Segment<'_>> = (0..BLOCKS)
+        .map(|i| Segment::new(&back, (2 * i + 1) * BLOCK, BLOCK))
+        .collect();
+    let started = std::time::Instant::now();
+    let rx = ab.read(&local_back, &remote).expect("read");
+    assert_eq!(rx.wait(DEADLINE).expect("read"), LEN as u64);
+    println!("read {BLOCKS} × {BLOCK} B: {:?}", started.elapsed());
+    let got = bytes_of(&back);
+    for i in 0..BLOCKS {
+        let (at, from) = ((2 * i + 1) * BLOCK, 2 * i * BLOCK);
+        assert!(
+            got[at..at + BLOCK] == sent[from..from + BLOCK],
+            "read block {i}"
+        );
+    }
+    let contiguous = [Segment::new(&src, 0, LEN)];
+    let whole = [RemoteSegment::new(d, 0, LEN as u64)];
+    let started = std::time::Instant::now();
+    let tx = ab.write(&contiguous, &whole, None).expect("write");
+    assert_eq!(tx.wait(DEADLINE).expect("write"), LEN as u64);
+    println!("write one contiguous {LEN} B: {:?}", started.elapsed());
+    let stats = ab.pack_stats();
+    assert!(
+        stats.packed_sent >= 3 && stats.packed_received >= 1,
+        "{stats:?}"
+    );
+    assert!(ab.error().is_none());
+}

@@ -3,7 +3,10 @@
 //! CPU copies standing in for the GPU's, each reported done one poll late), on the initiator,
 //! on the target, or both. Random descriptor lists with their contents checked, notifications
 //! never ahead of their data, and a remote list mixing staged and host memory refused with
-//! `UnsupportedMemory` leaving every byte as it was. The GPU version is in `gpu_staged.rs`.
+//! `UnsupportedMemory` leaving every byte as it was. Lists of small blocks travel packed: a
+//! staged side gathers each chunk's blocks into its ring slot (or scatters them out of it) in
+//! one copy, with no pack buffer and no size cap (issue 25: KV-cache lists of GPU blocks).
+//! The GPU version is in `gpu_staged.rs`.
 
 mod common;
 
@@ -43,7 +46,8 @@ fn label(staged: bool) -> &'static str {
 /// Random lists written from `local_staged` memory on a into `remote_staged` memory on b
 /// (two advertised regions), checked block by block, then read back into a fresh local
 /// region cut another way and checked. Some rounds use small blocks (batches the packing
-/// rule would pack in host memory): staged memory on either side must never pack.
+/// rule packs): staged memory on either side packs like host memory, through the lanes'
+/// ring slots.
 fn random_lists(local_staged: bool, remote_staged: bool, seed: u64) {
     let (a, b, ab, _ba) = pair(3, 64 << 10);
     let what = format!("{} → {}", label(local_staged), label(remote_staged));
@@ -114,11 +118,18 @@ fn random_lists(local_staged: bool, remote_staged: bool, seed: u64) {
             panic!("{what}: read round {round}: differs at byte {at} of {total}");
         }
     }
+    // Before issue 25 staged memory never packed (and this asserted (0, 0)): now the
+    // small-block rounds' writes and reads travel packed, gathered and scattered through the
+    // ring slots of the staged side(s), and every byte above was checked all the same.
     let stats = ab.pack_stats();
+    assert!(
+        stats.packed_sent >= 1 && stats.packed_received >= 1,
+        "{what}: small-block lists of staged memory pack: {stats:?}"
+    );
     assert_eq!(
-        (stats.packed_sent, stats.packed_received),
-        (0, 0),
-        "{what}: staged memory never packs"
+        stats.buffers, 0,
+        "{what}: a staged side needs no pack buffer, and a host side here is one run or \
+         the target's: {stats:?}"
     );
     assert_eq!(b.access_refusals(), 0);
     assert!(ab.error().is_none());
@@ -310,4 +321,168 @@ fn a_local_list_mixing_staged_and_host_memory_is_refused_up_front() {
         .unwrap();
     assert_eq!(tx.wait(DEADLINE).unwrap(), 4096);
     assert_eq!(b.access_refusals(), 0);
+}
+
+/// A KV-cache-like list: `blocks` scattered blocks of `block` bytes, each written to block
+/// `2i + 1` of an advertised staged region with a notification, then read back from there
+/// into other scattered blocks; both lists pack (past a pack buffer: a staged side needs
+/// none), every byte lands, the notification follows its data, and the lanes stay in step for
+/// an unpacked write after them.
+fn kv_list_round_trip(blocks: usize, block: usize, chunk: u32) {
+    kv_list_between(true, true, blocks, block, chunk);
+}
+
+/// [`kv_list_round_trip`] from `local_staged` memory (else host) to `remote_staged` memory;
+/// a host side packs through a pack buffer, so such lists fit one.
+fn kv_list_between(
+    local_staged: bool,
+    remote_staged: bool,
+    blocks: usize,
+    block: usize,
+    chunk: u32,
+) {
+    let (a, b, ab, _ba) = pair(3, chunk);
+    let len = blocks * block;
+    let src = filled(&a, local_staged, 2 * len, 4242);
+    let kv = region(&b, remote_staged, 2 * len);
+    let d = b.advertise(&kv).unwrap();
+    // Local blocks at even slots, remote at odd ones: nothing coalesces on either side.
+    let local: Vec<Segment<'_>> = (0..blocks)
+        .map(|i| Segment::new(&src, 2 * i * block, block))
+        .collect();
+    let remote: Vec<RemoteSegment> = (0..blocks)
+        .map(|i| RemoteSegment::new(d, ((2 * i + 1) * block) as u64, block as u64))
+        .collect();
+    let before = ab.pack_stats();
+    let tx = ab.write(&local, &remote, Some(b"kv ready")).unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+    let got = snapshot(&kv);
+    let sent = snapshot(&src);
+    for i in 0..blocks {
+        let (at, from) = ((2 * i + 1) * block, 2 * i * block);
+        assert!(
+            got[at..at + block] == sent[from..from + block],
+            "block {i} of {blocks} × {block}"
+        );
+        assert!(
+            got[at - block..at].iter().all(|&x| x == 0),
+            "the gap before block {i} was written"
+        );
+    }
+    assert!(eventually(DEADLINE, || b
+        .notifications()
+        .iter()
+        .any(|(_, n)| n == b"kv ready")));
+    let after = ab.pack_stats();
+    assert_eq!(after.packed_sent, before.packed_sent + 1, "{after:?}");
+    if local_staged {
+        assert_eq!(
+            after.buffers, 0,
+            "a staged side uses no pack buffer: {after:?}"
+        );
+    }
+
+    // Read it back into the odd blocks of a fresh region.
+    let back = region(&a, local_staged, 2 * len);
+    let local: Vec<Segment<'_>> = (0..blocks)
+        .map(|i| Segment::new(&back, (2 * i + 1) * block, block))
+        .collect();
+    let rx = ab.read(&local, &remote).unwrap();
+    assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64);
+    assert_eq!(ab.pack_stats().packed_received, before.packed_received + 1);
+    let got = snapshot(&back);
+    for i in 0..blocks {
+        let (at, from) = ((2 * i + 1) * block, 2 * i * block);
+        assert!(
+            got[at..at + block] == sent[from..from + block],
+            "read block {i}"
+        );
+    }
+
+    // An unpacked write behind them still pairs chunk for chunk.
+    let one = filled(&a, local_staged, 3 * block, 77);
+    let tx = ab
+        .write(
+            &[Segment::new(&one, 0, 3 * block)],
+            &[RemoteSegment::new(d, 0, 3 * block as u64)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 3 * block as u64);
+    if let Err(at) = check(&snapshot(&kv)[..3 * block], 77) {
+        panic!("write after the packed ones: differs at byte {at}");
+    }
+    assert!(ab.error().is_none() && b.access_refusals() == 0);
+}
+
+#[test]
+fn a_kv_list_past_a_pack_buffer_packs_through_the_ring_slots() {
+    loopback();
+    // 1536 × 4 KiB = 6 MiB, past a 4 MiB pack buffer; chunks of 64 KiB gather 16 blocks.
+    kv_list_round_trip(1536, 4 << 10, 64 << 10);
+}
+
+#[test]
+fn scattered_lists_between_host_and_staged_memory_pack_both_ways() {
+    loopback();
+    // 512 × 4 KiB = 2 MiB: a host side gathers into (or scatters out of) a pack buffer, the
+    // staged side through its ring slots.
+    kv_list_between(false, true, 512, 4 << 10, 64 << 10);
+    kv_list_between(true, false, 512, 4 << 10, 64 << 10);
+}
+
+#[test]
+fn blocks_smaller_than_a_chunk_and_not_dividing_it_pack_exactly() {
+    loopback();
+    // 3000-byte blocks cross every chunk boundary of 16 KiB chunks: a chunk covers parts of
+    // up to seven blocks, and most blocks are split between two chunks (and channels).
+    kv_list_round_trip(301, 3000, 16 << 10);
+}
+
+/// A refused packed write past a pack buffer (its descriptor revoked) lands in the discard
+/// region chunk by chunk, changes no byte, delivers no notification, and leaves the lanes in
+/// step.
+#[test]
+fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in_step() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 64 << 10);
+    const BLOCK: usize = 4 << 10;
+    const BLOCKS: usize = 1280; // 5 MiB
+    let len = BLOCKS * BLOCK;
+    let src = filled(&a, true, 2 * len, 5);
+    let kv = filled(&b, true, 2 * len, 6);
+    let d = b.advertise(&kv).unwrap();
+    assert!(b.revoke(&d));
+    let local: Vec<Segment<'_>> = (0..BLOCKS)
+        .map(|i| Segment::new(&src, 2 * i * BLOCK, BLOCK))
+        .collect();
+    let remote: Vec<RemoteSegment> = (0..BLOCKS)
+        .map(|i| RemoteSegment::new(d, (2 * i * BLOCK) as u64, BLOCK as u64))
+        .collect();
+    let before = snapshot(&kv);
+    let tx = ab.write(&local, &remote, Some(b"never")).unwrap();
+    let (index, why) = access_error(tx.wait(DEADLINE));
+    assert_eq!(index, 0);
+    assert!(why.contains("revoked"), "{why}");
+    assert!(
+        snapshot(&kv) == before,
+        "a refused write changed target memory"
+    );
+    assert!(b.notifications().is_empty());
+    assert_eq!(ab.pack_stats().packed_sent, 1, "it travelled packed");
+
+    // The lanes are still in step.
+    let d2 = b.advertise(&kv).unwrap();
+    let tx = ab
+        .write(
+            &[Segment::new(&src, 0, 5 * BLOCK)],
+            &[RemoteSegment::new(d2, 0, 5 * BLOCK as u64)],
+            None,
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 5 * BLOCK as u64);
+    if let Err(at) = check(&snapshot(&kv)[..5 * BLOCK], 5) {
+        panic!("write after the refusal: differs at byte {at}");
+    }
+    assert!(ab.error().is_none());
 }

@@ -170,3 +170,42 @@ fn a_transfer_cannot_mix_staged_and_host_segments() {
     assert!(err.to_string().contains("mix"), "{err}");
     assert!(ab.error().is_none());
 }
+
+/// Staging rings held by `conn`'s lanes, both halves (two-sided and one-sided channels).
+fn rings(conn: &tcpx_runtime::Connection) -> u64 {
+    conn.stats()
+        .iter()
+        .chain(conn.one_sided_stats().iter())
+        .map(|s| s.staging_rings)
+        .sum()
+}
+
+/// Registering a staged region on a connection makes every lane's ring then (issue 25: no
+/// first-transfer tax), once: transfers afterwards make none, and closing the connection
+/// hands them back.
+#[test]
+fn registering_a_staged_region_makes_every_lanes_ring_ahead_of_use() {
+    loopback();
+    const CHANNELS: u16 = 3;
+    let (a, b, ab, ba) = pair(CHANNELS, 64 << 10);
+    assert_eq!((rings(&ab), rings(&ba)), (0, 0), "no staged memory yet");
+    let src = staged(&a, 1 << 20, Some(31));
+    let dst = staged(&b, 1 << 20, None);
+    ab.register(&src).expect("register on a");
+    // A send and a receive ring per channel, for both halves.
+    let all = 2 * 2 * u64::from(CHANNELS);
+    assert_eq!(rings(&ab), all);
+    ab.register(&src).expect("again");
+    assert_eq!(rings(&ab), all, "made once");
+    ba.register(&dst).expect("register on b");
+    assert_eq!(rings(&ba), all);
+    for len in [4096usize, 1 << 20] {
+        send_verified(&ab, &ba, &src, &dst, len, 31);
+    }
+    assert_eq!(
+        (rings(&ab), rings(&ba)),
+        (all, all),
+        "transfers made no more"
+    );
+    assert!(ab.error().is_none() && ba.error().is_none());
+}

@@ -21,6 +21,7 @@ use super::watch;
 use crate::carrier::{segments_id, Carrier};
 use crate::control::{ControlConn, EndpointInfo, Message};
 use crate::engine::job::{staging_of, Job};
+use crate::engine::stage::Staging;
 use crate::engine::{Command, NewChannel};
 use crate::error::{Direction, Error, Result};
 use crate::link::{Link, Wake};
@@ -117,6 +118,7 @@ impl Connection {
             shared.one_sided.clone(),
             config.clone(),
             writer.clone(),
+            !shared.plugin_cuda,
         ));
 
         let mut conn = Self {
@@ -162,6 +164,13 @@ impl Connection {
             reply_rx.recv_timeout(left).map_err(|_| {
                 Error::Internal("an engine did not take its channel in time".into())
             })??;
+        }
+        // CUDA memory already registered on this endpoint will be staged: make every lane's
+        // ring now rather than on its first transfer (issue 25: no first-transfer tax).
+        if let Some(staging) = shared.staging() {
+            if let Err(e) = conn.prepare_staging(&staging) {
+                tracing::warn!(target: "tcpx_runtime", %peer, error = %e, "staging rings not made at connect; lanes make them at their first staged transfer");
+            }
         }
         let (acker_tx, acker_rx) = crossbeam_channel::unbounded();
         conn.acker = Some(spawn_acker(rma.clone(), acker_rx)?);
@@ -339,11 +348,12 @@ impl Connection {
 
     /// Registers `region` on this connection's comms now (both directions), instead of at
     /// its first transfer.
-    /// A staged CUDA region needs nothing here: the plugin never sees it, only the engines'
-    /// pinned rings, which are registered once per channel.
+    /// A staged CUDA region is never registered with the plugin, only the engines' pinned
+    /// rings are: this makes every lane's ring now (where not made yet), so that the first
+    /// transfers do not pay for them.
     pub fn register(&self, region: &Region) -> Result<()> {
-        if region.is_staged() {
-            return Ok(());
+        if let Some(staging) = crate::engine::job::staging_for(region) {
+            return self.prepare_staging(&staging);
         }
         self.registration(region, Direction::Send)?;
         self.registration(region, Direction::Recv)?;
@@ -468,6 +478,17 @@ impl Connection {
             self.link.fail(e.into());
             job.fail_with_link();
         }
+    }
+
+    /// Makes the staging rings of both halves (two-sided and one-sided lanes) for `staging`.
+    fn prepare_staging(&self, staging: &Staging) -> Result<()> {
+        let slot_bytes = self.shared.config.chunk_bytes as usize;
+        let made = self.carrier.prepare_staging(staging, slot_bytes)?
+            + self.rma.carrier.prepare_staging(staging, slot_bytes)?;
+        if made > 0 {
+            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, rings = made, "staging rings made ahead of the first transfer");
+        }
+        Ok(())
     }
 
     /// The registration of `region` on this connection in `direction`, made on first use.

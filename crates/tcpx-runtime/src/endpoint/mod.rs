@@ -27,6 +27,7 @@ use tcpx::{ForeignMemory, MemoryKind, Net, SharedMemory};
 use crate::config::Config;
 use crate::control::{ControlConn, ControlError, EndpointInfo, EndpointMetadata, Secret};
 use crate::engine::pin::plan_cores;
+use crate::engine::stage::RingPool;
 use crate::engine::EngineHandle;
 use crate::error::{Error, Result};
 use crate::metrics::Exporter;
@@ -484,7 +485,17 @@ impl Endpoint {
 
     /// Registers CUDA memory living on `device` (staged on host-only plugins).
     fn register_on_gpu(&self, memory: SharedMemory, device: CudaDevice) -> Result<Region> {
-        let gpu = self.shared.gpu.get_or_init(|| device.clone());
+        let mut first = false;
+        let gpu = self.shared.gpu.get_or_init(|| {
+            first = true;
+            device.clone()
+        });
+        if first && !self.shared.plugin_cuda {
+            // The endpoint's first CUDA memory: pin a connection's worth of staging rings now
+            // (connections made from here on take them; those made before take them at their
+            // first staged transfer), rather than on the first transfers.
+            self.reserve_staging_rings(&device);
+        }
         if gpu.ordinal() != device.ordinal() {
             return Err(Error::InvalidArgument(format!(
                 "this endpoint's CUDA regions live on GPU {} and this buffer on GPU {}: use \
@@ -498,6 +509,22 @@ impl Endpoint {
             tracing::debug!(target: "tcpx_runtime", gpu = device.ordinal(), len = memory.len(), "CUDA region staged through pinned host memory");
         }
         Ok(Region::with_cuda(memory, Some(device), staged))
+    }
+
+    /// Fills the process's ring pool with the rings one connection of this endpoint uses
+    /// (both halves: a send and a receive ring per channel each). A failure only means the
+    /// lanes allocate their rings later: logged, not returned.
+    fn reserve_staging_rings(&self, device: &CudaDevice) {
+        let config = &self.shared.config;
+        let rings = 2 * usize::from(config.channels);
+        let chunk = config.chunk_bytes as usize;
+        let pool = RingPool::global();
+        let reserved = pool
+            .reserve(device, 2 * config.window, chunk, rings)
+            .and_then(|()| pool.reserve(device, config.window, chunk, rings));
+        if let Err(e) = reserved {
+            tracing::warn!(target: "tcpx_runtime", gpu = device.ordinal(), error = %e, "staging rings not reserved at registration");
+        }
     }
 
     /// Testing aid: registers host memory whose transfers take the staged path anyway, with

@@ -10,6 +10,7 @@ use super::backend::BackendInfo;
 use crate::metrics::EndpointCounters;
 use crate::config::Config;
 use crate::control::EndpointInfo;
+use crate::engine::stage::Staging;
 use crate::engine::EngineHandle;
 use crate::link::Link;
 use crate::onesided::OneSidedShared;
@@ -68,5 +69,14 @@ impl EndpointShared {
     /// The plugin device carrying channel `channel`.
     pub(crate) fn device_of(&self, channel: u16) -> usize {
         self.devices[usize::from(channel) % self.devices.len()]
+    }
+
+    /// Where this endpoint's CUDA memory is staged: its GPU, once CUDA memory is registered
+    /// and when the plugin takes host memory only; `None` otherwise.
+    pub(crate) fn staging(&self) -> Option<Staging> {
+        if self.plugin_cuda {
+            return None;
+        }
+        self.gpu.get().map(|gpu| Staging::Cuda(gpu.clone()))
     }
 }

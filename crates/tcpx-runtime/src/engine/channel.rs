@@ -20,7 +20,7 @@ use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMem
 
 use crate::engine::job::Job;
 use crate::engine::lane::{Action, ConsumeFailed, Event, LaneCore, Place, TestFailed};
-use crate::engine::stage::LaneStage;
+use crate::engine::stage::{LaneStage, Staging};
 use crate::engine::unpack::LaneUnpack;
 use crate::error::{Direction, Error};
 use crate::link::Link;
@@ -281,6 +281,18 @@ impl Channel {
         [self.send.core.oldest_job(), self.recv.core.oldest_job()]
     }
 
+    /// Makes the staging rings of both lanes for `staging` (slots of `slot_bytes`) where a
+    /// lane has none yet, registering them on the lanes' comms: the first staged transfers
+    /// of the channel then find them ready. Returns how many rings were made.
+    pub(crate) fn prepare(&mut self, staging: &Staging, slot_bytes: usize) -> tcpx::Result<u16> {
+        let made =
+            self.send.prepare(staging, slot_bytes)? + self.recv.prepare(staging, slot_bytes)?;
+        for _ in 0..made {
+            self.counters.ring_opened();
+        }
+        Ok(made)
+    }
+
     /// Drops every request and transfer, failing the transfers with the link's error.
     /// Requests still pending are dropped without being tested: the safe layer keeps their
     /// memory until the comm closes and refuses further use of the comm.
@@ -290,7 +302,43 @@ impl Channel {
     }
 }
 
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // The rings go back to the process's pool for later connections (the comms close
+        // after this, with the rest of the channel).
+        for stage in [self.send.stage.take(), self.recv.stage.take()]
+            .into_iter()
+            .flatten()
+        {
+            stage.release();
+            self.counters.ring_released();
+        }
+    }
+}
+
 impl<C: Comm> Lane<C> {
+    /// Makes the lane's ring ahead of its first staged transfer, unless it has one; returns
+    /// how many were made (0 or 1).
+    fn prepare(&mut self, staging: &Staging, slot_bytes: usize) -> tcpx::Result<u16> {
+        if self.core.has_ring() {
+            return Ok(0);
+        }
+        let comm = &self.comm;
+        let stage = LaneStage::new(staging, self.core.ring_slots(), slot_bytes, |m| {
+            comm.register(m)
+        })?;
+        if let Err(what) = self.core.ring_made() {
+            stage.release();
+            return Err(tcpx::Error::new(
+                "staging ring",
+                tcpx::ErrorKind::InvalidArgument(what.into()),
+                String::new(),
+            ));
+        }
+        self.stage = Some(Box::new(stage));
+        Ok(1)
+    }
+
     /// Runs the core's post actions until it has nothing to post, testing after each post.
     fn pump(&mut self, cx: &Cx<'_>) -> Result<bool, LinkFailed> {
         let mut moved = false;
@@ -481,7 +529,10 @@ impl<C: Comm> Lane<C> {
                 };
                 let comm = &self.comm;
                 match LaneStage::new(&staging, slots, slot_bytes, |m| comm.register(m)) {
-                    Ok(stage) => self.stage = Some(Box::new(stage)),
+                    Ok(stage) => {
+                        self.stage = Some(Box::new(stage));
+                        cx.counters.ring_opened();
+                    }
                     Err(e) => return Err(cx.fail_staging(direction, e)),
                 }
                 self.report(Event::Opened, cx)?;
@@ -570,23 +621,24 @@ impl<C: Comm> Lane<C> {
                         if stage.ring.device().map(|d| d.ordinal()) != gpu {
                             return Err(cx.fail_internal(direction, "staged transfers on two GPUs"));
                         }
-                        match staged_target(job, chunk) {
-                            Some(target) => Some(target),
-                            None => {
-                                return Err(cx.fail_internal(
-                                    direction,
-                                    "a staged chunk lies outside its segment",
-                                ))
-                            }
-                        }
+                        Some(job.staged_spans(chunk))
                     }
                 };
                 let offset = stage.ring.slot_offset(slot);
                 let posted = self.comm.post(&stage.region, offset, len);
-                if let (Ok(Some(_)), Some((memory, offset))) = (&posted, target) {
-                    if let Err(e) = stage.ring.set_drain_target(slot, memory, offset, len) {
+                if let (Ok(Some(_)), Some(spans)) = (&posted, target) {
+                    // One piece for an unpacked transfer, the pieces the chunk covers for a
+                    // packed one: the drain scatters the slot into them in one copy.
+                    match stage.ring.set_scatter_targets(slot, spans) {
+                        Ok(n) if n == len => {}
                         // The request drops here; the link fails.
-                        return Err(cx.fail_staging(direction, e));
+                        Ok(_) => {
+                            return Err(cx.fail_internal(
+                                direction,
+                                "a staged chunk lies outside its segment",
+                            ))
+                        }
+                        Err(e) => return Err(cx.fail_staging(direction, e)),
                     }
                 }
                 posted
@@ -631,13 +683,16 @@ impl<C: Comm> Lane<C> {
         if stage.ring.device().map(|d| d.ordinal()) != gpu {
             return Err(cx.fail_internal(direction, "staged transfers on two GPUs"));
         }
-        let Some((memory, offset)) = staged_target(job, chunk) else {
-            return Err(cx.fail_internal(direction, "a staged chunk lies outside its segment"));
-        };
-        stage
+        // One copy for an unpacked transfer's chunk; one gather launch for the pieces a packed
+        // transfer's chunk covers.
+        match stage
             .ring
-            .fill(usize::from(slot), memory, offset, chunk.len as usize)
-            .map_err(|e| cx.fail_staging(direction, e))
+            .gather(usize::from(slot), job.staged_spans(chunk))
+        {
+            Ok(n) if n == chunk.len as usize => Ok(()),
+            Ok(_) => Err(cx.fail_internal(direction, "a staged chunk lies outside its segment")),
+            Err(e) => Err(cx.fail_staging(direction, e)),
+        }
     }
 
     fn report(&mut self, event: Event, cx: &Cx<'_>) -> Result<(), LinkFailed> {
@@ -729,13 +784,4 @@ fn locate<'j>(job: &'j Job, channel: u16, chunk: &Chunk) -> Option<(&'j MemoryRe
         .offset
         .checked_add(usize::try_from(chunk.segment_offset).ok()?)?;
     Some((region, offset))
-}
-
-/// The memory and offset a staged chunk is copied from or into.
-fn staged_target<'j>(job: &'j Job, chunk: &Chunk) -> Option<(&'j SharedMemory, usize)> {
-    let piece = job.pieces.get(chunk.segment)?;
-    let offset = usize::try_from(chunk.segment_offset)
-        .ok()
-        .and_then(|o| piece.offset.checked_add(o))?;
-    Some((&piece.memory, offset))
 }

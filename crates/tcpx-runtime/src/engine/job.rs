@@ -73,6 +73,54 @@ pub(crate) fn staging_for(region: &Region) -> Option<Staging> {
     })
 }
 
+/// Stream offset of each piece of a packed staged transfer (see [`Job::packed`]).
+#[derive(Debug)]
+pub(crate) struct PackedPieces {
+    starts: Vec<u64>,
+}
+
+/// The pieces of memory one staged chunk covers, in stream order ([`Job::staged_spans`]).
+pub(crate) struct StagedSpans<'j> {
+    /// Pieces from the one holding the chunk's next byte on.
+    pieces: &'j [Piece],
+    /// Offset of that byte in the first piece.
+    offset: u64,
+    /// Bytes of the chunk not yet covered.
+    left: u64,
+}
+
+impl<'j> Iterator for StagedSpans<'j> {
+    type Item = tcpx::cuda::Span<'j>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.left > 0 {
+            let (piece, rest) = self.pieces.split_first()?;
+            let avail = piece.len.saturating_sub(self.offset);
+            if avail == 0 {
+                self.pieces = rest;
+                self.offset = 0;
+                continue;
+            }
+            let len = avail.min(self.left);
+            // Pieces lie inside their regions (checked at submission), so this fits; should
+            // it not, the spans end short and the lane reports the chunk outside its piece.
+            let at = usize::try_from(self.offset)
+                .ok()
+                .and_then(|o| piece.offset.checked_add(o));
+            let (Some(at), Ok(n)) = (at, usize::try_from(len)) else {
+                self.left = 0;
+                return None;
+            };
+            let span = tcpx::cuda::Span::new(&piece.memory, at, n);
+            self.left -= len;
+            self.offset += len;
+            return Some(span);
+        }
+        None
+    }
+}
+
 /// One transfer as the engines see it.
 #[derive(Debug)]
 pub(crate) struct Job {
@@ -89,6 +137,12 @@ pub(crate) struct Job {
     /// (that of the first one). The receive lane routes those segments' chunks through its
     /// unpack step. Computed from the pieces at creation: two-sided and one-sided alike.
     pub(crate) cuda_dst: Option<tcpx::cuda::CudaDevice>,
+    /// Set on a staged transfer that travels packed (a one-sided batch of small blocks, see
+    /// [`crate::onesided`]): its schedule cuts one contiguous stream over all its pieces, so
+    /// a chunk may span many pieces; the lane gathers them into its ring slot, or scatters the
+    /// slot into them, in one copy ([`Job::staged_spans`]). `None` otherwise: a chunk then
+    /// lies in its schedule segment's piece.
+    pub(crate) packed: Option<PackedPieces>,
     /// Set at creation for contiguous transfers; for vectored ones once the peer's segment
     /// list arrived. Engines post nothing from a job (nor from any job behind it on a lane)
     /// before it is set.
@@ -125,6 +179,7 @@ impl Job {
             pieces,
             staging,
             cuda_dst,
+            packed: None,
             schedule: OnceLock::new(),
             remaining: AtomicU64::new(0),
             completion: Arc::new(Completion::default()),
@@ -134,6 +189,53 @@ impl Job {
     /// The local segment lengths, in stream order.
     pub(crate) fn local_lens(&self) -> Vec<u64> {
         self.pieces.iter().map(|p| p.len).collect()
+    }
+
+    /// Marks a staged transfer as packed: its schedule is the packed one (one segment of the
+    /// whole length), and its pieces are gathered and scattered per chunk by the lanes.
+    pub(crate) fn set_packed(&mut self) {
+        let mut at = 0u64;
+        let starts = self
+            .pieces
+            .iter()
+            .map(|p| {
+                let start = at;
+                at += p.len;
+                start
+            })
+            .collect();
+        self.packed = Some(PackedPieces { starts });
+    }
+
+    /// Where a staged `chunk`'s bytes are: the pieces of memory the lane copies into its ring
+    /// slot (send) or out of it (receive), back to back. One span for an unpacked transfer
+    /// (the chunk lies in its segment's piece), as many as the chunk covers for a packed one.
+    /// The spans cover fewer than `chunk.len` bytes only if the chunk lies outside the
+    /// transfer (a bug the ring's caller reports).
+    #[inline]
+    pub(crate) fn staged_spans(&self, chunk: &Chunk) -> StagedSpans<'_> {
+        let (index, offset) = match &self.packed {
+            None => (chunk.segment, chunk.segment_offset),
+            Some(packed) => {
+                // The last piece starting at or before the chunk's first byte.
+                let index = packed
+                    .starts
+                    .partition_point(|&s| s <= chunk.offset)
+                    .saturating_sub(1);
+                let start = packed.starts.get(index).copied().unwrap_or(0);
+                (index, chunk.offset.saturating_sub(start))
+            }
+        };
+        let pieces = match &self.packed {
+            // Unpacked: the chunk never leaves its segment.
+            None => self.pieces.get(index..=index).unwrap_or(&[]),
+            Some(_) => self.pieces.get(index..).unwrap_or(&[]),
+        };
+        StagedSpans {
+            pieces,
+            offset,
+            left: u64::from(chunk.len),
+        }
     }
 
     /// The schedule, once known.

@@ -383,7 +383,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             (Direction::Recv, Route::Staged) => {
                 let Some(ring) = self.ring.as_ref() else {
                     let slot_bytes = job.schedule().map_or(chunk.len, |s| s.chunk_bytes());
-                    return Some(self.open_ring(self.window.capacity(), slot_bytes as usize));
+                    return Some(self.open_ring(self.ring_slots(), slot_bytes as usize));
                 };
                 // Slots in use never exceed the window's requests, so a window with room has
                 // a free slot; refusing here would only mean a bookkeeping bug, kept harmless.
@@ -450,7 +450,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         let Some(ring) = self.ring.as_mut() else {
             // Twice the window: a window's worth of sends in flight and as many copies running
             // ahead of them.
-            return Some(self.open_ring(2 * self.window.capacity(), slot_bytes));
+            return Some(self.open_ring(self.ring_slots(), slot_bytes));
         };
         // Slots < 2 × window ≤ 32.
         let slot = ring.slots.take()? as u16;
@@ -713,15 +713,7 @@ impl<R, J: LaneWork> LaneCore<R, J> {
     pub(crate) fn handle(&mut self, event: Event) -> Result<(), &'static str> {
         let expect = std::mem::replace(&mut self.expect, Expect::Nothing);
         match (expect, event) {
-            (Expect::Open { slots }, Event::Opened) => {
-                self.ring = Some(Ring {
-                    slots: SlotFifo::new(slots),
-                    ahead: VecDeque::with_capacity(slots),
-                    front_copied: false,
-                    head_copied: false,
-                });
-                self.consume_first = self.direction == Direction::Recv;
-            }
+            (Expect::Open { slots }, Event::Opened) => self.set_ring(slots),
             (Expect::Probe, Event::UnpackProbed(present)) => {
                 self.unpack.probe = if present {
                     self.consume_first = true;
@@ -749,6 +741,46 @@ impl<R, J: LaneWork> LaneCore<R, J> {
             _ => return Err("a lane event answered an action it did not follow"),
         }
         Ok(())
+    }
+
+    /// The slots of the ring this lane asks for ([`Action::OpenRing`]): twice the window on a
+    /// send lane (a window's worth of copies runs ahead of the sends), the window on a
+    /// receive lane.
+    pub(crate) fn ring_slots(&self) -> usize {
+        match self.direction {
+            Direction::Send => 2 * self.window.capacity(),
+            Direction::Recv => self.window.capacity(),
+        }
+    }
+
+    /// Whether the lane has its staging ring.
+    pub(crate) fn has_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// The engine made the lane's ring ([`Self::ring_slots`] slots) ahead of its first staged
+    /// transfer (when the connection started, or CUDA memory was registered): staged chunks
+    /// then go straight to their slots, with no [`Action::OpenRing`]. Only between passes
+    /// (no action waiting for its report) and only once; `Err` names the bookkeeping bug.
+    pub(crate) fn ring_made(&mut self) -> Result<(), &'static str> {
+        if !matches!(self.expect, Expect::Nothing) {
+            return Err("a ring was made while an action waited for its report");
+        }
+        if self.ring.is_some() {
+            return Err("a second ring was made");
+        }
+        self.set_ring(self.ring_slots());
+        Ok(())
+    }
+
+    fn set_ring(&mut self, slots: usize) {
+        self.ring = Some(Ring {
+            slots: SlotFifo::new(slots),
+            ahead: VecDeque::with_capacity(slots),
+            front_copied: false,
+            head_copied: false,
+        });
+        self.consume_first = self.direction == Direction::Recv;
     }
 
     /// Fails every transfer the lane holds and forgets every request (dropped here, without

@@ -37,6 +37,7 @@ use backoff::{Idle, Pause};
 use channel::Channel;
 use job::Job;
 use pin::CoreLease;
+use stage::Staging;
 
 /// Commands queued per engine before a submitter waits (the queue is preallocated).
 const COMMAND_QUEUE: usize = 4096;
@@ -59,6 +60,9 @@ pub(crate) struct NewChannel {
 /// Registrations of one region on one engine's channels of a link, by channel.
 pub(crate) type RegisterReply = Vec<(u16, tcpx::Result<CountedRegion>)>;
 
+/// Staging rings made on one engine's channels of a link, by channel.
+pub(crate) type PrepareReply = Vec<(u16, tcpx::Result<u16>)>;
+
 /// What an engine can be asked to do.
 pub(crate) enum Command {
     /// Take ownership of a channel.
@@ -73,6 +77,15 @@ pub(crate) enum Command {
         memory: SharedMemory,
         counter: RegistrationCounter,
         reply: Sender<RegisterReply>,
+    },
+    /// Make the staging rings of a link's channels on this engine for `staging` (slots of
+    /// `slot_bytes`) where a lane has none, ahead of the first staged transfer; reply with the
+    /// rings made per channel.
+    Prepare {
+        link: u64,
+        staging: Staging,
+        slot_bytes: usize,
+        reply: Sender<PrepareReply>,
     },
     /// Abandon and close a link's channels; reply once the comms are closed.
     Remove { link: u64, reply: Sender<()> },
@@ -332,6 +345,20 @@ impl Engine {
                     })
                     .collect();
                 let _ = reply.send(regs);
+            }
+            Command::Prepare {
+                link,
+                staging,
+                slot_bytes,
+                reply,
+            } => {
+                let made = self
+                    .channels
+                    .iter_mut()
+                    .filter(|c| c.link.id == link && !c.link.is_failed())
+                    .map(|c| (c.index, c.prepare(&staging, slot_bytes)))
+                    .collect();
+                let _ = reply.send(made);
             }
             Command::Remove { link, reply } => {
                 self.abandon_link(link);

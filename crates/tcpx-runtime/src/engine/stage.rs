@@ -1,27 +1,151 @@
 //! The staged path of one lane: CUDA memory moved through a host-only plugin by way of a
 //! pinned host ring (docs/ARCHITECTURE.md, data path step 5).
 //!
-//! A lane gets its [`LaneStage`] when the first staged transfer reaches it, once: the ring
-//! (pinned memory, a stream, an event per slot) is allocated and registered on the lane's comm
-//! then, and reused by every later staged transfer. Slots are handed out and taken back in
-//! FIFO order, which is also the order in which requests complete and are consumed on a comm,
-//! so slot `k mod slots` is free whenever fewer than `slots` are in use.
+//! A lane gets its [`LaneStage`] once: when the connection is set up or CUDA memory is
+//! registered on it (the endpoint has a GPU: [`crate::carrier::Carrier::prepare_staging`]), or
+//! else when the first staged transfer reaches it. The ring (pinned memory, a stream, an event
+//! per slot, the gather kernel) is taken from the process's [`RingPool`] or allocated, and
+//! registered on the lane's comm; every later staged transfer reuses it. Slots are handed out
+//! and taken back in FIFO order, which is also the order in which requests complete and are
+//! consumed on a comm, so slot `k mod slots` is free whenever fewer than `slots` are in use.
 //!
 //! * Send lane: ring of `2 × window` slots. Each staged chunk gets a slot and a device → slot
 //!   copy at once (up to the ring's room: a window's worth of copies runs ahead of the
 //!   window's sends), waits until its event is seen done, is then posted from the slot, and
-//!   frees the slot when `test` reports the send done.
+//!   frees the slot when `test` reports the send done. A chunk of a packed transfer covers
+//!   many small blocks: they are gathered into the slot in one kernel launch.
 //! * Receive lane: ring of `window` slots, one per window slot. Each staged chunk is received
-//!   into a slot; once `test` says done, slot → device is queued; once that copy's event is
-//!   seen done, the receive is consumed (`irecvConsumed`) and the slot freed.
+//!   into a slot; once `test` says done, slot → device is queued (a scatter launch for a
+//!   packed chunk); once that copy's event is seen done, the receive is consumed
+//!   (`irecvConsumed`) and the slot freed.
 //!
 //! Which slot a chunk gets and when it is free again is the lane core's bookkeeping
 //! ([`super::lane`], with [`SlotFifo`]); this holds the ring itself. Nothing here allocates,
 //! locks or synchronizes per chunk: slots are counters, and copies are only polled
 //! (`cuEventQuery`).
+//!
+//! # Why rings are made ahead and pooled
+//! A ring is megabytes of pinned memory (`cuMemHostAlloc` pins and maps every page: tens of
+//! milliseconds for the rings of one connection) plus a stream, events and the kernel.
+//! Made on a lane's first staged transfer, that cost landed on the first transfers of every
+//! channel of every new connection (the first 3–4 transfers of a new NIXL agent pair took
+//! 10–18 ms each). So rings are made when the connection starts (or its endpoint's first CUDA
+//! memory is registered), and a closed connection's rings go back to a process-wide pool
+//! ([`RingPool`], at most [`POOL_IDLE_BYTES`] idle) from which the next connection's lanes
+//! take them: re-creating agents or endpoints pays the pinning once per process.
+
+use std::sync::Mutex;
 
 use tcpx::cuda::{CudaDevice, StagingRing};
 use tcpx::{MemoryRegion, SharedMemory};
+
+/// Most bytes of pinned rings the process keeps idle for later lanes (beyond, a returned
+/// ring is freed). A connection's rings at the defaults (4 channels, 512 KiB chunks, windows
+/// of 16, both halves) are 192 MiB per side.
+pub(crate) const POOL_IDLE_BYTES: usize = 1 << 30;
+
+/// Pinned rings of closed lanes, kept for new lanes of the same shape (see the module docs).
+pub(crate) struct RingPool {
+    idle: Mutex<Vec<StagingRing>>,
+}
+
+/// The process's pool.
+static POOL: RingPool = RingPool {
+    idle: Mutex::new(Vec::new()),
+};
+
+impl RingPool {
+    /// The process's pool.
+    pub(crate) fn global() -> &'static RingPool {
+        &POOL
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<StagingRing>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle ring of `slots` × `slot_bytes` (rounded up to 4 KiB) on `device`, if any.
+    fn take(&self, device: &CudaDevice, slots: usize, slot_bytes: usize) -> Option<StagingRing> {
+        let mut idle = self.idle();
+        let at = idle
+            .iter()
+            .position(|r| fits(r, device, slots, slot_bytes))?;
+        Some(idle.swap_remove(at))
+    }
+
+    /// A ring of `slots` × `slot_bytes` on `device`: an idle one, else a new one.
+    pub(crate) fn ring(
+        &self,
+        device: &CudaDevice,
+        slots: usize,
+        slot_bytes: usize,
+    ) -> tcpx::Result<StagingRing> {
+        match self.take(device, slots, slot_bytes) {
+            Some(ring) => Ok(ring),
+            None => StagingRing::new(device, slots, slot_bytes),
+        }
+    }
+
+    /// Takes `ring` back for later lanes, once it is idle and healthy, while the pool holds
+    /// less than [`POOL_IDLE_BYTES`]; frees it otherwise. Emulated rings (plain host memory,
+    /// cheap) are simply dropped.
+    pub(crate) fn give(&self, mut ring: StagingRing) {
+        // A request abandoned on a failed link keeps its slot in flight until its comm closes
+        // (the plugin may still write it): such a ring is never handed to another lane (it is
+        // freed once the comm lets go of it).
+        if ring.device().is_none() || ring.memory().in_flight() > 0 {
+            return;
+        }
+        if let Err(e) = ring.recycle() {
+            tracing::warn!(target: "tcpx_runtime", error = %e, "staging ring not reused");
+            return;
+        }
+        let mut idle = self.idle();
+        let held: usize = idle.iter().map(ring_bytes).sum();
+        if held + ring_bytes(&ring) <= POOL_IDLE_BYTES {
+            idle.push(ring);
+        }
+    }
+
+    /// Makes sure `count` idle rings of `slots` × `slot_bytes` on `device` are in the pool
+    /// (within [`POOL_IDLE_BYTES`]), allocating what is missing: pays the pinning now (when
+    /// CUDA memory is registered) rather than on a lane's first transfer.
+    pub(crate) fn reserve(
+        &self,
+        device: &CudaDevice,
+        slots: usize,
+        slot_bytes: usize,
+        count: usize,
+    ) -> tcpx::Result<()> {
+        let have = self
+            .idle()
+            .iter()
+            .filter(|r| fits(r, device, slots, slot_bytes))
+            .count();
+        for _ in have..count {
+            // Allocated outside the lock: pinning takes milliseconds.
+            let ring = StagingRing::new(device, slots, slot_bytes)?;
+            let mut idle = self.idle();
+            let held: usize = idle.iter().map(ring_bytes).sum();
+            if held + ring_bytes(&ring) > POOL_IDLE_BYTES {
+                break;
+            }
+            idle.push(ring);
+        }
+        Ok(())
+    }
+}
+
+/// Whether `ring` has the shape a lane asks for.
+fn fits(ring: &StagingRing, device: &CudaDevice, slots: usize, slot_bytes: usize) -> bool {
+    ring.device().map(CudaDevice::ordinal) == Some(device.ordinal())
+        && ring.slots() == slots
+        && ring.slot_bytes() == slot_bytes.div_ceil(tcpx::BUFFER_ALIGN) * tcpx::BUFFER_ALIGN
+}
+
+fn ring_bytes(ring: &StagingRing) -> usize {
+    ring.slots() * ring.slot_bytes()
+}
 
 /// Where a staged transfer's copies run.
 #[derive(Debug, Clone)]
@@ -114,7 +238,7 @@ impl SlotFifo {
 }
 
 impl LaneStage {
-    /// Allocates a ring of `slots` × `slot_bytes` for `staging` and registers it with
+    /// A ring of `slots` × `slot_bytes` for `staging` (from the pool, or new) registered with
     /// `register` (the lane's comm). Binds the GPU's context to this (engine) thread first.
     pub(crate) fn new(
         staging: &Staging,
@@ -125,12 +249,24 @@ impl LaneStage {
         let ring = match staging {
             Staging::Cuda(device) => {
                 device.bind()?;
-                StagingRing::new(device, slots, slot_bytes)?
+                RingPool::global().ring(device, slots, slot_bytes)?
             }
             Staging::Emulated => StagingRing::emulated(slots, slot_bytes)?,
         };
-        let region = register(ring.memory())?;
-        Ok(Self { ring, region })
+        match register(ring.memory()) {
+            Ok(region) => Ok(Self { ring, region }),
+            Err(e) => {
+                RingPool::global().give(ring);
+                Err(e)
+            }
+        }
+    }
+
+    /// Deregisters the ring and hands it back to the pool (the lane is going away).
+    pub(crate) fn release(self) {
+        let Self { ring, region } = self;
+        drop(region);
+        RingPool::global().give(ring);
     }
 
     /// Waits for every queued copy (the lane was abandoned; its window is failed and never

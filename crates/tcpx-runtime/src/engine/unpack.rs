@@ -23,11 +23,14 @@
 //!   in the window; they are consumed and retired in FIFO order once their launch's event is
 //!   seen done (polled, never waited for), after [`Unpacker::check`] found no out-of-range
 //!   fragment.
+//! * Each launch is followed by one of the lane's [`SLOTS`] events, made with the lane and
+//!   reused in turn (at most one launch per receive is outstanding, and a window holds at most
+//!   16): creating and destroying an event per launch cost two more driver calls each time.
 
 use std::collections::VecDeque;
 
-use tcpx::cuda::unpack::{UnpackEntry, UnpackLaunch, UnpackQueue, Unpacker, SLOTS};
-use tcpx::cuda::CudaDevice;
+use tcpx::cuda::unpack::{UnpackEntry, UnpackQueue, Unpacker, SLOTS};
+use tcpx::cuda::{CudaDevice, CudaEvent};
 use tcpx::RecvComm;
 
 /// A lane's unpack state (receive lanes only).
@@ -41,8 +44,12 @@ pub(crate) struct LaneUnpack {
     pub(crate) dst: [(u64, u64); SLOTS],
     /// Done receives whose gathers are not launched yet, oldest first.
     pub(crate) batch: Vec<UnpackEntry>,
-    /// Launches not yet seen done, oldest first.
-    launches: VecDeque<UnpackLaunch>,
+    /// Launches not yet seen done, oldest first: the index of the event recorded after each.
+    launches: VecDeque<usize>,
+    /// The lane's events, used in turn.
+    events: Vec<CudaEvent>,
+    /// The event the next launch records.
+    next_event: usize,
 }
 
 impl LaneUnpack {
@@ -54,6 +61,9 @@ impl LaneUnpack {
             return Ok(None);
         };
         let unpacker = Unpacker::new(device)?;
+        let events = (0..SLOTS)
+            .map(|_| CudaEvent::new(device, false))
+            .collect::<tcpx::Result<Vec<_>>>()?;
         Ok(Some(Self {
             device: device.clone(),
             unpacker,
@@ -61,6 +71,8 @@ impl LaneUnpack {
             dst: [(0, 0); SLOTS],
             batch: Vec::with_capacity(SLOTS),
             launches: VecDeque::with_capacity(SLOTS),
+            events,
+            next_event: 0,
         }))
     }
 
@@ -68,6 +80,18 @@ impl LaneUnpack {
     pub(crate) fn launch(&mut self) -> tcpx::Result<()> {
         if self.batch.is_empty() {
             return Ok(());
+        }
+        if self.launches.len() >= self.events.len() {
+            // Never: each launch gathers at least one receive of a window of at most 16.
+            return Err(tcpx::Error::new(
+                "unpack launch",
+                tcpx::ErrorKind::InvalidArgument(format!(
+                    "{} launches outstanding on a lane of {} events",
+                    self.launches.len(),
+                    self.events.len()
+                )),
+                String::new(),
+            ));
         }
         // SAFETY: every entry names the plugin's meta slot and bounce buffer of a receive that
         // `test` reported done and that is not consumed before this launch is seen done (the
@@ -77,8 +101,11 @@ impl LaneUnpack {
         // registration until the receive is retired, which comes after the launch completes;
         // nothing else writes it while the receive is in flight. `bounce_len` is unknown
         // (u64::MAX), as with TCPX's handle; `dst_len` is the posted length.
-        let launch = unsafe { self.unpacker.launch(&self.batch)? };
-        self.launches.push_back(launch);
+        unsafe { self.unpacker.enqueue(&self.batch)? };
+        let index = self.next_event;
+        self.next_event = (index + 1) % self.events.len();
+        self.events[index].record(self.unpacker.stream())?;
+        self.launches.push_back(index);
         self.batch.clear();
         Ok(())
     }
@@ -106,10 +133,10 @@ impl LaneUnpack {
     /// Whether the oldest launch completed (it is then forgotten): its receives may be
     /// consumed. An out-of-range fragment reported by a completed launch is an error.
     pub(crate) fn poll_head(&mut self) -> tcpx::Result<bool> {
-        let Some(launch) = self.launches.front() else {
+        let Some(&index) = self.launches.front() else {
             return Ok(false);
         };
-        if !launch.is_done()? {
+        if !self.events[index].is_done()? {
             return Ok(false);
         }
         self.unpacker.check()?;

@@ -40,8 +40,9 @@ impl AdvertBook {
         );
         // A staged region is advertised as CUDA memory even when it is emulated (host memory
         // taking the staged route): peers then treat it exactly like the GPU region it stands
-        // in for — in particular they never pack a batch naming it (staged memory never packs,
-        // see `pack`), so an emulation run exercises the same protocol as a GPU run.
+        // in for — in particular they pack a batch naming it only as they would a GPU one
+        // (through the rings, see `pack`), so an emulation run exercises the same protocol as
+        // a GPU run.
         let kind = if region.is_staged() {
             tcpx::MemoryKind::Cuda
         } else {

@@ -54,8 +54,20 @@
 //! write (before its notification and `WriteAck`), gathers a read it serves (after every
 //! earlier write was scattered) and scatters a read it initiated (before completing it).
 //! The watcher only builds jobs. A refused packed write lands in a pack buffer and is not
-//! scattered. A sender with no free pooled buffer sends unpacked; CUDA memory and staged
-//! regions never pack.
+//! scattered. A sender with no free pooled buffer sends unpacked.
+//!
+//! Staged memory (CUDA memory on a host-only plugin) packs too, without pack buffers: the
+//! engines already copy every chunk of it through a pinned ring slot, so a staged side's job
+//! keeps its scattered pieces under the contiguous schedule and each lane gathers the pieces a
+//! chunk covers into its slot in one GPU launch (or scatters the slot into them), see
+//! `engine::stage`. Before this, a KV list of 1024 × 16 KiB GPU blocks was 1024
+//! chunks with a copy and an event each, and moved at 0.3 × the speed of 64 × 1 MiB. With no
+//! pack buffer on a staged side, a batch of staged ↔ staged memory has no size cap (one with a
+//! host side still fits [`PACK_BYTES`]); an initiator packs toward CUDA descriptors only when
+//! its own endpoint stages CUDA memory (same plugin on both ends: the target stages too). A
+//! target takes a packed write into CUDA memory through its rings in any case, and discards a
+//! refused one past a pack buffer chunk by chunk, as an unpacked one. CUDA memory a plugin
+//! takes directly (TCPX) never packs on the initiating side.
 //!
 //! # Staged regions (CUDA memory on a host-only plugin)
 //! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs
@@ -67,9 +79,10 @@
 //! ([`crate::Error::InvalidArgument`]); a target refuses a mixed remote list with
 //! [`RefusalReason::UnsupportedMemory`] like any other refusal (the lanes stay in step, the
 //! discard region is host memory). A staged region is advertised as CUDA memory, emulated
-//! ones included, so initiators never pack a batch naming it; a packed request naming one
-//! is a protocol violation. A write's notification still follows its bytes: a staged
-//! receive chunk is retired only once its ring → memory copy is seen done.
+//! ones included, so an emulation run exercises the same protocol as a GPU run; batches of
+//! small blocks naming it travel packed through the rings (above). A write's notification
+//! still follows its bytes: a staged receive chunk is retired only once its ring → memory
+//! copy (or scatter) is seen done.
 //!
 //! # Notifications
 //! Standalone ([`crate::Connection::notify`]) or attached to a write; delivered to

@@ -39,14 +39,39 @@ pub const PACK_BYTES: u64 = 4 << 20;
 
 /// Whether a data sender packs a batch of `total` bytes cut into `runs` pieces (the larger
 /// of both sides' merged run counts, which sets the number of plugin requests unpacked):
-/// packing is on, there is more than one run, the batch fits a pack buffer, and the average
-/// run is smaller than `pack_below`.
-pub(crate) fn worth_packing(total: u64, runs: usize, pack_below: u32) -> bool {
+/// packing is on, there is more than one run, the batch is at most `cap` bytes, and the
+/// average run is smaller than `pack_below`. `cap` is [`PACK_BYTES`] when a side copies
+/// through a pack buffer (host memory); a staged side gathers and scatters per chunk through
+/// its ring slots and needs none ([`PackSide`]).
+pub(crate) fn worth_packing(total: u64, runs: usize, pack_below: u32, cap: u64) -> bool {
     pack_below > 0
         && runs > 1
         && total > 0
-        && total <= PACK_BYTES
+        && total <= cap
         && total / (runs as u64) < u64::from(pack_below)
+}
+
+/// How one side of a batch takes part in packing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PackSide {
+    /// Unstaged host memory: a scattered list is copied through a pack buffer, so the batch
+    /// fits one ([`PACK_BYTES`]).
+    Host,
+    /// Staged memory (CUDA memory on a host-only plugin, or its emulation): each chunk of the
+    /// contiguous stream is gathered into its ring slot (send) or scattered out of it
+    /// (receive) by the lane, one copy per chunk, with no pack buffer and no size cap.
+    Staged,
+}
+
+impl PackSide {
+    /// The largest batch both sides can pack.
+    pub(crate) fn cap(a: PackSide, b: PackSide) -> u64 {
+        if a == PackSide::Host || b == PackSide::Host {
+            PACK_BYTES
+        } else {
+            u64::MAX
+        }
+    }
 }
 
 /// The schedule of a packed transfer of `total` bytes: the same on both sides (one contiguous
@@ -89,6 +114,28 @@ struct PoolInner {
     free: Mutex<Vec<Region>>,
     /// Pooled buffers alive (free or leased).
     pooled: AtomicUsize,
+}
+
+/// Most pack buffers the process keeps from closed connections for later ones (64 MiB).
+const SPARE_BUFFERS: usize = 16;
+
+/// Pack buffer memory of closed connections, its pages already touched: a new connection's
+/// first packed batch takes it instead of faulting in 4 MiB of fresh pages (about 1 ms), so
+/// re-created connections (agents re-made under the same names, say) do not pay again.
+static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+        for region in free {
+            // Idle (nothing in flight) and no longer the pool's: the next connection may have
+            // it. Its old registrations, if any, are released with their link.
+            if spare.len() < SPARE_BUFFERS && region.memory().in_flight() == 0 {
+                spare.push(region.memory().clone());
+            }
+        }
+    }
 }
 
 /// One connection's pack buffers (see the module docs).
@@ -265,6 +312,9 @@ impl PackPool {
 }
 
 fn allocate() -> Result<Region> {
+    if let Some(memory) = SPARE.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        return Ok(Region::new(memory));
+    }
     // PACK_BYTES is 4 MiB: it fits a usize.
     let memory = SharedMemory::host(PACK_BYTES as usize)
         .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
@@ -329,20 +379,44 @@ mod tests {
 
     #[test]
     fn the_rule_packs_small_blocks_only() {
-        assert!(worth_packing(4 << 20, 1024, 64 << 10));
+        assert!(worth_packing(4 << 20, 1024, 64 << 10, PACK_BYTES));
         assert!(
-            !worth_packing(4 << 20, 1, 64 << 10),
+            !worth_packing(4 << 20, 1, 64 << 10, PACK_BYTES),
             "one run is contiguous already"
         );
-        assert!(!worth_packing(4 << 20, 1024, 0), "0 turns packing off");
         assert!(
-            !worth_packing(8 << 20, 64, 64 << 10),
+            !worth_packing(4 << 20, 1024, 0, PACK_BYTES),
+            "0 turns packing off"
+        );
+        assert!(
+            !worth_packing(8 << 20, 64, 64 << 10, PACK_BYTES),
             "128 KiB blocks stay unpacked"
         );
         assert!(
-            !worth_packing(PACK_BYTES + 1, 1 << 20, 64 << 10),
+            !worth_packing(PACK_BYTES + 1, 1 << 20, 64 << 10, PACK_BYTES),
             "past a pack buffer"
         );
+    }
+
+    #[test]
+    fn staged_sides_pack_past_a_pack_buffer() {
+        use PackSide::{Host, Staged};
+        let cap = PackSide::cap(Staged, Staged);
+        // A KV list of 1024 × 16 KiB GPU blocks: packed, though 4 × a pack buffer.
+        assert!(worth_packing(16 << 20, 1024, 64 << 10, cap));
+        assert!(
+            !worth_packing(16 << 20, 64, 64 << 10, cap),
+            "256 KiB blocks"
+        );
+        for (a, b) in [(Host, Staged), (Staged, Host), (Host, Host)] {
+            assert_eq!(PackSide::cap(a, b), PACK_BYTES, "{a:?} / {b:?}");
+            assert!(!worth_packing(
+                16 << 20,
+                1024,
+                64 << 10,
+                PackSide::cap(a, b)
+            ));
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
-use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, Part};
+use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part};
 use super::OneSidedShared;
 use crate::carrier::Carrier;
 use crate::config::Config;
@@ -102,6 +102,10 @@ pub(crate) struct Rma {
     scratch: Mutex<Option<(Region, Arc<Registration>)>>,
     /// Pack buffers for batches of small blocks (see `pack`).
     pub(crate) pack: PackPool,
+    /// This endpoint stages CUDA memory (its plugin takes host memory only). Both ends of a
+    /// connection run the same plugin, so the peer then stages its CUDA regions too and can
+    /// take a packed stream into them through its rings.
+    pub(crate) stages_cuda: bool,
 }
 
 impl Rma {
@@ -111,10 +115,12 @@ impl Rma {
         shared: Arc<OneSidedShared>,
         config: Config,
         writer: Arc<Mutex<ControlConn>>,
+        stages_cuda: bool,
     ) -> Self {
         let pack = PackPool::new(config.pack_buffers);
         Self {
             pack,
+            stages_cuda,
             link: carrier.link.clone(),
             carrier,
             main,
@@ -259,21 +265,38 @@ impl Rma {
         .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
-    /// Whether a batch is worth packing and every block of it is unstaged host memory on
-    /// both sides (CUDA memory is not CPU-accessible: those batches stay unpacked; staged
-    /// regions never pack either, emulated ones included, so that one rule covers every
-    /// staged region). The remote kinds come from the descriptors (a staged region is
-    /// advertised as CUDA memory); the target checks its own regions again.
-    fn packable(&self, local: &[Segment<'_>], remote: &[RemoteSegment], plan: &Plan) -> bool {
+    /// How this side takes part if the batch travels packed, or `None` when it does not
+    /// (see [`crate::onesided`], "Packing small scattered blocks"). Packed when the batch is
+    /// worth it ([`worth_packing`]) and each side can copy: a local list of unstaged host
+    /// memory (through a pack buffer) or of staged memory (through the lanes' ring slots);
+    /// a remote list of host memory, or of CUDA memory when this endpoint stages CUDA memory
+    /// (the peer runs the same plugin, so it stages its CUDA regions too; a target that does
+    /// not still takes the stream through rings, see `target`). Batches are capped at a
+    /// pack buffer when either side is host memory. CUDA memory a plugin takes directly
+    /// never packs on this side (no GPU pack buffer).
+    fn pack_side(&self, remote: &[RemoteSegment], plan: &Plan) -> Option<PackSide> {
+        let local = if plan.staging.is_some() {
+            PackSide::Staged
+        } else if plan
+            .pieces
+            .iter()
+            .all(|p| p.memory.kind() == tcpx::MemoryKind::Host && p.registration.is_some())
+        {
+            PackSide::Host
+        } else {
+            return None;
+        };
+        let kinds = |kind| remote.iter().all(|r| r.descriptor.kind() == kind);
+        let far = if kinds(tcpx::MemoryKind::Host) {
+            PackSide::Host
+        } else if self.stages_cuda && kinds(tcpx::MemoryKind::Cuda) {
+            PackSide::Staged
+        } else {
+            return None;
+        };
         let runs = plan.pieces.len().max(plan.remote_lens.len());
-        plan.staging.is_none()
-            && worth_packing(plan.len, runs, self.config.pack_below)
-            && local.iter().all(|s| {
-                !s.region.is_staged() && s.region.memory().kind() == tcpx::MemoryKind::Host
-            })
-            && remote
-                .iter()
-                .all(|r| r.descriptor.kind() == tcpx::MemoryKind::Host)
+        let cap = PackSide::cap(local, far);
+        worth_packing(plan.len, runs, self.config.pack_below, cap).then_some(local)
     }
 
     /// The packed form of a batch: the contiguous schedule, and this side's pieces — the
@@ -286,10 +309,14 @@ impl Rma {
         len: u64,
         direction: Direction,
         op_id: u64,
+        staged: bool,
     ) -> Result<(Vec<Piece>, Schedule)> {
         let schedule = packed_schedule(len, self.config.chunk_bytes, self.link.channels, op_id)
             .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
         let pieces = match lease {
+            // Staged: the lanes gather each chunk's pieces into their ring slots (or scatter
+            // them out), so the list stays as it is, however scattered.
+            None if staged => own,
             Some(lease) => {
                 vec![self
                     .carrier
@@ -328,12 +355,15 @@ impl Rma {
             check_notification(n)?;
         }
         let plan = self.plan(local, remote, Direction::Send)?;
-        // Packing: gathered here, on the submitting thread (the copies cost the caller, not
-        // the watcher or the engines), before anything is queued. A local list that is one
-        // run already is sent from in place; a scattered one needs a pooled buffer, or the
-        // batch goes unpacked.
-        let mut packed = self.packable(local, remote, &plan);
-        let pack = if packed && plan.pieces.len() > 1 {
+        // Packing: host memory is gathered here, on the submitting thread (the copies cost
+        // the caller, not the watcher or the engines), before anything is queued. A local
+        // list that is one run already is sent from in place; a scattered one needs a pooled
+        // buffer, or the batch goes unpacked. A staged list is gathered by the lanes, chunk
+        // by chunk, into their ring slots.
+        let side = self.pack_side(remote, &plan);
+        let mut packed = side.is_some();
+        let staged = side == Some(PackSide::Staged);
+        let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
             let lease = self.pack.for_sender()?;
             packed = lease.is_some();
             lease
@@ -353,22 +383,29 @@ impl Rma {
         };
         check_batch(request.payload_len(), request.entries.len())?;
         let (pieces, schedule) = if packed {
-            self.packed_job_parts(pack.as_ref(), plan.pieces, plan.len, Direction::Send, op_id)?
+            self.packed_job_parts(
+                pack.as_ref(),
+                plan.pieces,
+                plan.len,
+                Direction::Send,
+                op_id,
+                staged,
+            )?
         } else {
             (
                 plan.pieces,
                 self.schedule(&request.local_lens, &plan.remote_lens, op_id)?,
             )
         };
-        let staging = if packed { None } else { plan.staging };
         let job = new_job(
             &self.link,
             Direction::Send,
             op_id,
             pieces,
-            staging,
+            plan.staging,
             schedule,
             None,
+            packed,
         );
         if packed {
             self.pack.count_sent();
@@ -413,10 +450,12 @@ impl Rma {
     pub(crate) fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
         self.usable()?;
         let plan = self.plan(local, remote, Direction::Recv)?;
-        // Offer to receive packed (into place when the local list is one run, else into a
-        // pooled buffer reserved for it: none free, no offer); the target decides.
-        let mut offered = self.packable(local, remote, &plan);
-        let pack = if offered && plan.pieces.len() > 1 {
+        // Offer to receive packed (host memory: into place when the local list is one run,
+        // else into a pooled buffer reserved for it, none free, no offer; staged memory:
+        // scattered by the lanes out of their ring slots); the target decides.
+        let side = self.pack_side(remote, &plan);
+        let mut offered = side.is_some();
+        let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
             let pack = self.pack.for_sender()?.map(|lease| ReadPack {
                 lease,
                 parts: local_parts(local),
@@ -575,7 +614,9 @@ pub(crate) fn remote_lens(entries: &[RemoteEntry]) -> Vec<u64> {
 
 /// A job on `link` counted in its in-flight transfers, with `schedule` published; `staging`
 /// set when its pieces are staged regions (`registration: None`: the lanes copy through
-/// their rings).
+/// their rings); `packed` when `schedule` is the packed one (a staged job's lanes then
+/// gather or scatter the pieces each chunk covers).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn new_job(
     link: &Arc<Link>,
     direction: Direction,
@@ -584,7 +625,9 @@ pub(crate) fn new_job(
     staging: Option<Staging>,
     schedule: Schedule,
     completion: Option<Arc<Completion>>,
+    packed: bool,
 ) -> Arc<Job> {
+    let staged = staging.is_some();
     let mut job = Job::new(
         direction,
         link.clone(),
@@ -593,6 +636,9 @@ pub(crate) fn new_job(
         staging,
         Instant::now(),
     );
+    if packed && staged {
+        job.set_packed();
+    }
     if let Some(completion) = completion {
         job.completion = completion;
     }

@@ -38,6 +38,14 @@ const MAX_DISCARD_CHUNKS: u64 = 1 << 18;
 /// fails the connection at the deadline; this only bounds the wait).
 const ACK_GRACE: Duration = Duration::from_secs(1);
 
+/// Where a packed write's bytes go on the target.
+enum PackedInto {
+    /// Staged (or CUDA) memory: scattered by the lanes out of their ring slots.
+    Staged(Vec<Region>, Staging),
+    /// Host memory (or nowhere, refused): through a pack buffer, scattered into these parts.
+    Host(Vec<Part>),
+}
+
 /// What the acknowledger handles, in control-stream order.
 pub(crate) enum TargetItem {
     /// A write this side serves: its receive job (into the application's regions, or the
@@ -159,6 +167,18 @@ impl Rma {
                 "validated regions mix staged and other memory".into(),
             ));
         }
+        self.pieces_staged(entries, regions, direction, staging)
+    }
+
+    /// As [`Self::pieces`], staged through `staging` when given (unregistered pieces), else
+    /// registered for `direction`.
+    fn pieces_staged(
+        &self,
+        entries: &[RemoteEntry],
+        regions: &[Region],
+        direction: Direction,
+        staging: Option<Staging>,
+    ) -> Result<(Vec<Piece>, Option<Staging>)> {
         let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
         let mut pieces = Vec::with_capacity(runs.len());
         for run in runs {
@@ -212,6 +232,7 @@ impl Rma {
             staging,
             schedule,
             None,
+            false,
         );
         self.carrier.submit_job(&job);
         self.ack(
@@ -227,16 +248,37 @@ impl Rma {
         Ok(())
     }
 
-    /// The total of a packed request, checked: both lists agree, and it fits a pack buffer.
+    /// The total of a packed request, checked: not empty, and both lists agree. (Whether it
+    /// must fit a pack buffer depends on this side's memory: see the callers.)
     fn packed_total(&self, entries: &[RemoteEntry], peer_lens: &[u64], op_id: u64) -> Result<u64> {
         let total = entries.iter().try_fold(0u64, |a, e| a.checked_add(e.len));
         let peer_total = peer_lens.iter().try_fold(0u64, |a, &l| a.checked_add(l));
-        if total.is_none_or(|t| t == 0 || t > PACK_BYTES) || peer_total != total {
-            return Err(self.violation(format!(
-                "packed request #{op_id}: empty, past {PACK_BYTES} bytes, or the lists disagree"
-            )));
+        match total {
+            Some(t) if t > 0 && peer_total == total => Ok(t),
+            _ => Err(self.violation(format!(
+                "packed request #{op_id}: empty, or the lists disagree"
+            ))),
         }
-        Ok(total.unwrap_or(0))
+    }
+
+    /// How validated `regions` take a packed stream through the lanes' rings: their GPU (or
+    /// the emulation) when they are all staged, or all CUDA memory the plugin could take
+    /// directly (a peer packs toward CUDA memory only when its own plugin stages it; a plugin
+    /// that takes CUDA pointers here takes host memory too, so the stream can still go
+    /// through rings); `None` for host memory (pack buffers).
+    fn packed_staging(regions: &[Region]) -> Option<Staging> {
+        let first = regions.first()?;
+        if let Some(staging) = staging_for(first) {
+            return Some(staging);
+        }
+        let device = first.cuda_device()?;
+        regions
+            .iter()
+            .all(|r| {
+                r.memory().kind() == tcpx::MemoryKind::Cuda
+                    && r.cuda_device().map(|d| d.ordinal()) == Some(device.ordinal())
+            })
+            .then(|| Staging::Cuda(device.clone()))
     }
 
     /// Where a packed batch's bytes go (or come from) in validated `regions`, merged runs in
@@ -269,9 +311,12 @@ impl Rma {
         Ok(parts)
     }
 
-    /// Target: a packed write. Received whole into a pack buffer (refused or not: the data
-    /// is on the wire with the same contiguous schedule either way); the acknowledger
-    /// scatters it, unless refused, before acknowledging.
+    /// Target: a packed write. Into staged (or CUDA) memory, its chunks are scattered out of
+    /// the lanes' ring slots as they land; into host memory, it is received whole into a pack
+    /// buffer (an accepted list of one run: in place) and the acknowledger scatters it,
+    /// unless refused, before acknowledging. A refused write's data still lands (the wire
+    /// carries the same contiguous schedule either way): in a pack buffer, or, past one, in
+    /// the discard region chunk by chunk.
     fn on_packed_write(
         &self,
         op_id: u64,
@@ -281,44 +326,76 @@ impl Rma {
         acker: &Sender<TargetItem>,
     ) -> Result<()> {
         let total = self.packed_total(entries, peer_lens, op_id)?;
-        let (parts, refusal) = match self.shared.adverts.validate(entries) {
-            Ok(regions) => (self.parts(entries, &regions, op_id)?, None),
+        let (into, refusal) = match self.shared.adverts.validate(entries) {
+            Ok(regions) => match Self::packed_staging(&regions) {
+                Some(staging) => (PackedInto::Staged(regions, staging), None),
+                None if total <= PACK_BYTES => (
+                    PackedInto::Host(self.parts(entries, &regions, op_id)?),
+                    None,
+                ),
+                None => {
+                    return Err(self.violation(format!(
+                        "packed request #{op_id} of {total} bytes into host memory: past \
+                         {PACK_BYTES} bytes"
+                    )))
+                }
+            },
             Err(refusal) => {
                 tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "packed one-sided write refused; not scattering it");
-                (Vec::new(), Some(refusal))
+                (PackedInto::Host(Vec::new()), Some(refusal))
             }
         };
-        // An accepted list of one run is received in place; anything else (a scattered
-        // list, or a refused write's data) lands in a pack buffer.
-        let (own, pack) = match (&refusal, parts.as_slice()) {
-            (None, [part]) => {
-                let own = vec![self.carrier.region_piece(
-                    &part.region,
-                    // Validated: within the region, a usize.
-                    part.offset as usize,
+        let schedule =
+            super::pack::packed_schedule(total, self.config.chunk_bytes, self.link.channels, op_id)
+                .map_err(|e| self.violation(format!("packed request #{op_id}: {e}")))?;
+        let (pieces, staging, schedule, pack) = match (into, &refusal) {
+            (PackedInto::Staged(regions, staging), _) => {
+                let (pieces, staging) =
+                    self.pieces_staged(entries, &regions, Direction::Recv, Some(staging))?;
+                (pieces, staging, schedule, None)
+            }
+            // Refused past a pack buffer: the data goes to the discard region.
+            (PackedInto::Host(_), Some(_)) if total > PACK_BYTES => {
+                let (pieces, schedule) = self.discard(&schedule, &[total], op_id)?;
+                (pieces, None, schedule, None)
+            }
+            // An accepted list of one run is received in place; anything else (a scattered
+            // list, or a refused write's data) lands in a pack buffer.
+            (PackedInto::Host(parts), refusal) => {
+                let (own, pack) = match (refusal, parts.as_slice()) {
+                    (None, [part]) => {
+                        let own = vec![self.carrier.region_piece(
+                            &part.region,
+                            // Validated: within the region, a usize.
+                            part.offset as usize,
+                            total,
+                            Direction::Recv,
+                            false,
+                        )?];
+                        (own, None)
+                    }
+                    _ => (Vec::new(), Some((self.pack.for_receiver()?, parts))),
+                };
+                let (pieces, schedule) = self.packed_job_parts(
+                    pack.as_ref().map(|(lease, _)| lease),
+                    own,
                     total,
                     Direction::Recv,
+                    op_id,
                     false,
-                )?];
-                (own, None)
+                )?;
+                (pieces, None, schedule, pack)
             }
-            _ => (Vec::new(), Some((self.pack.for_receiver()?, parts))),
         };
-        let (pieces, schedule) = self.packed_job_parts(
-            pack.as_ref().map(|(lease, _)| lease),
-            own,
-            total,
-            Direction::Recv,
-            op_id,
-        )?;
         let job = new_job(
             &self.link,
             Direction::Recv,
             op_id,
             pieces,
-            None,
+            staging,
             schedule,
             None,
+            true,
         );
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
@@ -400,6 +477,7 @@ impl Rma {
                         staging,
                         schedule,
                         None,
+                        false,
                     )),
                     op_id,
                     refusal: None,
@@ -422,10 +500,12 @@ impl Rma {
         Ok(())
     }
 
-    /// Target: an accepted read the initiator offered to receive packed. This side sends the
-    /// data, so it decides: packed when its own rule says so, every region is unstaged host
-    /// memory (staged regions never pack, emulated ones included) and a pooled buffer is
-    /// free; `None` serves it unpacked.
+    /// Target: an accepted read the initiator offered to receive packed (it can take the
+    /// contiguous stream: see `Rma::pack_side`). This side sends the data, so it decides:
+    /// packed when its own rule says so and its memory can be gathered — staged (or CUDA)
+    /// memory chunk by chunk into the lanes' ring slots, any size; unstaged host memory
+    /// through a pooled buffer (none free: unpacked), at most a pack buffer. `None` serves
+    /// it unpacked.
     fn packed_read(
         &self,
         op_id: u64,
@@ -435,7 +515,35 @@ impl Rma {
     ) -> Result<Option<TargetItem>> {
         let total = self.packed_total(entries, peer_lens, op_id)?;
         let own_runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len))).len();
-        if !worth_packing(total, own_runs.max(peer_lens.len()), self.config.pack_below)
+        let runs = own_runs.max(peer_lens.len());
+        let pack_below = self.config.pack_below;
+        if let Some(staging) = Self::packed_staging(regions) {
+            if !worth_packing(total, runs, pack_below, u64::MAX) {
+                return Ok(None);
+            }
+            let (pieces, staging) =
+                self.pieces_staged(entries, regions, Direction::Send, Some(staging))?;
+            let (pieces, schedule) =
+                self.packed_job_parts(None, pieces, total, Direction::Send, op_id, true)?;
+            let job = new_job(
+                &self.link,
+                Direction::Send,
+                op_id,
+                pieces,
+                staging,
+                schedule,
+                None,
+                true,
+            );
+            return Ok(Some(TargetItem::ServeRead {
+                job: Some(job),
+                op_id,
+                refusal: None,
+                packed: true,
+                pack: None,
+            }));
+        }
+        if !worth_packing(total, runs, pack_below, PACK_BYTES)
             || regions
                 .iter()
                 .any(|r| r.is_staged() || r.memory().kind() != tcpx::MemoryKind::Host)
@@ -459,6 +567,7 @@ impl Rma {
             total,
             Direction::Send,
             op_id,
+            false,
         )?;
         let job = new_job(
             &self.link,
@@ -468,6 +577,7 @@ impl Rma {
             None,
             schedule,
             None,
+            true,
         );
         Ok(Some(TargetItem::ServeRead {
             job: Some(job),
@@ -495,20 +605,26 @@ impl Rma {
                 "packed ReadData for read #{op_id}, which did not offer packing"
             ))),
             PendingKind::Read {
-                pieces, pack: None, ..
+                pieces,
+                pack: None,
+                staging,
+                ..
             } if packed => {
-                // This side's list is one run: the packed data lands in place (never staged:
-                // a staged list does not offer packing).
+                // A staged list: the lanes scatter each chunk out of their ring slots, and the
+                // read completes once every chunk's copy was seen done. A host list that is
+                // one run: the packed data lands in place.
+                let staged = staging.is_some();
                 let (pieces, schedule) =
-                    self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id)?;
+                    self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id, staged)?;
                 let job = new_job(
                     &self.link,
                     Direction::Recv,
                     op_id,
                     pieces,
-                    None,
+                    staging,
                     schedule,
                     Some(op.completion),
+                    true,
                 );
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
@@ -524,6 +640,7 @@ impl Rma {
                     op.len,
                     Direction::Recv,
                     op_id,
+                    false,
                 )?;
                 let job = new_job(
                     &self.link,
@@ -533,6 +650,7 @@ impl Rma {
                     None,
                     schedule,
                     None,
+                    true,
                 );
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
@@ -564,6 +682,7 @@ impl Rma {
                     staging,
                     schedule,
                     Some(op.completion),
+                    false,
                 );
                 self.carrier.submit_job(&job);
                 Ok(())
@@ -591,7 +710,7 @@ impl Rma {
             }
         };
         if job.is_finished() {
-            complete_write(&self.link, &job, op, refusal);
+            complete_write(&self.link, &job, op, refusal, Duration::ZERO);
         } else {
             self.ack(acker, TargetItem::Complete { job, op, refusal })?;
         }
@@ -619,15 +738,15 @@ fn discard_schedule(
 
 /// Completes an answered write: the refusal, else the send job's outcome (waited for, up to
 /// its deadline: the target has every byte, so the sends are done or about to be).
-fn complete_write(link: &crate::link::Link, job: &Job, op: PendingOp, refusal: Option<Refusal>) {
+fn complete_write(
+    link: &crate::link::Link,
+    job: &Job,
+    op: PendingOp,
+    refusal: Option<Refusal>,
+    spin: Duration,
+) {
     let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
-    let sent = Transfer::new(
-        job.completion.clone(),
-        Direction::Send,
-        job.len,
-        Duration::ZERO,
-    )
-    .wait(left);
+    let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len, spin).wait(left);
     let outcome = match (refusal, sent) {
         (Some(refusal), _) => Err(access_error(link, refusal)),
         (None, Ok(_)) => Ok(op.len),
@@ -683,6 +802,12 @@ pub(crate) fn spawn_acker(rma: Arc<Rma>, items: Receiver<TargetItem>) -> Result<
 
 fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
     let peer = rma.link.peer;
+    // The acknowledger is the hand-off between a served write's last chunk and its
+    // notification and `WriteAck` (and between a packed read's data and its scatter): it
+    // polls the job for the configured wait spin before it sleeps, like an application's
+    // wait, so that a small write's answer does not also wait for this thread's futex
+    // wake-up (tens of µs; the spin is 0 on machines with fewer than 4 cores).
+    let spin = rma.config.wait_spin;
     for item in items {
         match item {
             TargetItem::Notify(bytes) => rma.shared.inbox.deliver(peer, bytes),
@@ -744,13 +869,8 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 len,
             } => {
                 let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
-                let landed = Transfer::new(
-                    job.completion.clone(),
-                    Direction::Recv,
-                    job.len,
-                    Duration::ZERO,
-                )
-                .wait(left);
+                let landed = Transfer::new(job.completion.clone(), Direction::Recv, job.len, spin)
+                    .wait(left);
                 let outcome = landed.and_then(|_| scatter(&pack.lease, &pack.parts).map(|_| len));
                 if outcome.is_err() && !job.is_finished() {
                     // The job may still post into the buffer: never reuse it.
@@ -759,7 +879,7 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 completion.finish(outcome);
             }
             TargetItem::Complete { job, op, refusal } => {
-                complete_write(&rma.link, &job, op, refusal)
+                complete_write(&rma.link, &job, op, refusal, spin)
             }
             TargetItem::Write {
                 job,
@@ -774,13 +894,8 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 // only after its ring → memory copy was seen done (`consume_recv` in
                 // `engine/channel.rs` returns before a slot whose copy is still running), so
                 // the notification below never precedes the bytes it announces.
-                let landed = Transfer::new(
-                    job.completion.clone(),
-                    Direction::Recv,
-                    job.len,
-                    Duration::ZERO,
-                )
-                .wait(left);
+                let landed = Transfer::new(job.completion.clone(), Direction::Recv, job.len, spin)
+                    .wait(left);
                 // A packed write's bytes reach the application's memory here, before the
                 // notification and the acknowledgement (a refused one's never do).
                 let landed = match (&pack, landed) {

@@ -4,6 +4,11 @@
 //! run. Throughput keeps `depth` operations in flight; latency is measured separately, one
 //! operation at a time (write: until the target's acknowledgement arrives; read: until the
 //! data arrived; two-sided: from the send until the pre-posted receive completed).
+//!
+//! With [`Options::gpus`] every region is CUDA memory (the initiator's on the first GPU, the
+//! target's on the second): on the built-in socket plugin it is staged through the engines'
+//! pinned rings, and batches of small blocks travel packed through the ring slots.
+//! [`Layout::Scattered`] scatters the blocks on both sides (a KV cache's paged blocks).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -49,6 +54,9 @@ pub enum Layout {
     Contiguous,
     /// Remote block i at 2 · i · block: nothing coalesces (one run per block).
     Strided,
+    /// Local block i at 2 · i · block and remote block i at (2 · i + 1) · block: nothing
+    /// coalesces on either side (paged KV blocks on both ends).
+    Scattered,
 }
 
 /// What to sweep.
@@ -80,6 +88,9 @@ pub struct Options {
     pub timeout: Duration,
     /// Plugin to run on.
     pub backend: Backend,
+    /// CUDA memory instead of host memory: the initiator's regions on GPU `gpus[0]`, the
+    /// target's on GPU `gpus[1]`.
+    pub gpus: Option<[usize; 2]>,
 }
 
 /// One (op, block, batch) point.
@@ -238,20 +249,36 @@ struct Point<'b> {
 impl Bench {
     fn point(&self, o: &Options, block: usize, batch: usize) -> Result<Point<'_>> {
         let op_bytes = block * batch;
-        let remote_bytes = match o.layout {
-            Layout::Contiguous => op_bytes,
-            Layout::Strided => 2 * op_bytes,
+        let (local_bytes, remote_bytes) = match o.layout {
+            Layout::Contiguous => (op_bytes, op_bytes),
+            Layout::Strided => (op_bytes, 2 * op_bytes),
+            Layout::Scattered => (2 * op_bytes, 2 * op_bytes),
         };
-        let src = self.initiator.alloc_host(op_bytes)?;
-        src.memory()
-            .with_bytes_mut(|b| {
-                for (i, x) in b.iter_mut().enumerate() {
-                    *x = (i % 251) as u8;
-                }
-            })
-            .map_err(|e| anyhow::anyhow!("fill: {e}"))?;
-        let back = self.initiator.alloc_host(op_bytes)?;
-        let dst = self.target.alloc_host(remote_bytes)?;
+        let (src, back, dst) = match o.gpus {
+            None => (
+                self.initiator.alloc_host(local_bytes)?,
+                self.initiator.alloc_host(local_bytes)?,
+                self.target.alloc_host(remote_bytes)?,
+            ),
+            Some([gi, gt]) => {
+                let open =
+                    |i: usize| tcpx::cuda::CudaDevice::new(i).with_context(|| format!("GPU {i}"));
+                let (gi, gt) = (open(gi)?, open(gt)?);
+                (
+                    self.initiator.alloc_cuda_on(&gi, local_bytes)?,
+                    self.initiator.alloc_cuda_on(&gi, local_bytes)?,
+                    self.target.alloc_cuda_on(&gt, remote_bytes)?,
+                )
+            }
+        };
+        let pattern: Vec<u8> = (0..local_bytes).map(|i| (i % 251) as u8).collect();
+        src.write(0, &pattern)?;
+        // Registration up front (host: the plugin registrations; staged CUDA memory: every
+        // lane's pinned ring), so that no point's first operation pays for it.
+        for region in [&src, &back] {
+            self.ab.register(region)?;
+        }
+        self.ba.register(&dst)?;
         let descriptor = self.target.advertise(&dst)?;
         Ok(Point {
             bench: self,
@@ -277,18 +304,29 @@ impl Point<'_> {
     }
 
     fn remote(&self, layout: Layout) -> Vec<RemoteSegment> {
-        let stride = match layout {
-            Layout::Contiguous => self.block,
-            Layout::Strided => 2 * self.block,
+        let (stride, first) = match layout {
+            Layout::Contiguous => (self.block, 0),
+            Layout::Strided => (2 * self.block, 0),
+            Layout::Scattered => (2 * self.block, self.block),
         };
         (0..self.batch)
-            .map(|i| RemoteSegment::new(self.descriptor, (i * stride) as u64, self.block as u64))
+            .map(|i| {
+                RemoteSegment::new(
+                    self.descriptor,
+                    (first + i * stride) as u64,
+                    self.block as u64,
+                )
+            })
             .collect()
     }
 
-    fn local<'r>(&self, region: &'r Region) -> Vec<Segment<'r>> {
+    fn local<'r>(&self, region: &'r Region, layout: Layout) -> Vec<Segment<'r>> {
+        let stride = match layout {
+            Layout::Contiguous | Layout::Strided => self.block,
+            Layout::Scattered => 2 * self.block,
+        };
         (0..self.batch)
-            .map(|i| Segment::new(region, i * self.block, self.block))
+            .map(|i| Segment::new(region, i * stride, self.block))
             .collect()
     }
 
@@ -296,10 +334,14 @@ impl Point<'_> {
     fn start(&self, op: Op, layout: Layout) -> Result<Vec<Transfer>> {
         let b = self.bench;
         Ok(match op {
-            Op::Write => vec![b
+            Op::Write => {
+                vec![b
+                    .ab
+                    .write(&self.local(&self.src, layout), &self.remote(layout), None)?]
+            }
+            Op::Read => vec![b
                 .ab
-                .write(&self.local(&self.src), &self.remote(layout), None)?],
-            Op::Read => vec![b.ab.read(&self.local(&self.back), &self.remote(layout))?],
+                .read(&self.local(&self.back, layout), &self.remote(layout))?],
             Op::Send => {
                 let rx = b.ba.recv(&self.dst, 0, self.op_bytes())?;
                 let tx = b.ab.send(&self.src, 0, self.op_bytes())?;

@@ -318,9 +318,18 @@ struct OnesidedArgs {
     /// Blocks per operation (a comma list; 1 to 1024 is the nixlbench range).
     #[arg(long, default_value = "1,32,1024")]
     batch: String,
-    /// Remote placement: contiguous (blocks coalesce) or strided (one run per block).
-    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "strided"])]
+    /// Block placement: contiguous (blocks coalesce), strided (remote: one run per block) or
+    /// scattered (both sides: one run per block, like paged KV blocks).
+    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "strided", "scattered"])]
     layout: String,
+    /// Memory to move: host, or cuda (initiator on the first --gpu, target on the second;
+    /// staged through pinned host memory by the built-in socket plugin).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    memory: String,
+    /// With --memory cuda: the initiator's and target's GPUs, `0,1` (one index: both on that
+    /// GPU). Default: 0,1 when there are two GPUs, else 0.
+    #[arg(long, value_parser = parse_gpus)]
+    gpu: Option<GpuList>,
     /// Channels (and as many one-sided channels).
     #[arg(long, default_value_t = 4)]
     channels: u16,
@@ -955,6 +964,27 @@ fn comm(args: CommArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The (first, second) GPUs of `--memory cuda` (`None` for host memory): `--gpu a,b`, one
+/// index for both, else 0,1 with two GPUs and 0 otherwise. No CUDA driver is an error (exit 2
+/// as a usage error would be: the option cannot be served here).
+fn cuda_pair(memory: &str, gpu: Option<&GpuList>) -> Result<Option<[usize; 2]>, Failure> {
+    if memory != "cuda" {
+        return Ok(None);
+    }
+    if !tcpx::cuda::driver_available() {
+        return Err(bad(format!(
+            "--memory cuda: no CUDA driver ({})",
+            tcpx::cuda::driver_status()
+        )));
+    }
+    Ok(Some(match gpu.map(|g| g.indices.as_slice()) {
+        Some([one]) => [*one, *one],
+        Some([a, b, ..]) => [*a, *b],
+        _ if tcpx::cuda::CudaDevice::count() >= 2 => [0, 1],
+        _ => [0, 0],
+    }))
+}
+
 fn stack(args: StackArgs) -> Result<(), Failure> {
     pin_loopback();
     if args.channels == 0 {
@@ -979,23 +1009,7 @@ fn stack(args: StackArgs) -> Result<(), Failure> {
         ring,
     ))?;
     let backend = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
-    let gpus = match args.memory.as_str() {
-        "cuda" => {
-            if !tcpx::cuda::driver_available() {
-                return Err(bad(format!(
-                    "--memory cuda: no CUDA driver ({})",
-                    tcpx::cuda::driver_status()
-                )));
-            }
-            Some(match args.gpu.as_ref().map(|g| g.indices.as_slice()) {
-                Some([one]) => [*one, *one],
-                Some([a, b, ..]) => [*a, *b],
-                _ if tcpx::cuda::CudaDevice::count() >= 2 => [0, 1],
-                _ => [0, 0],
-            })
-        }
-        _ => None,
-    };
+    let gpus = cuda_pair(&args.memory, args.gpu.as_ref())?;
     let opts = tcpx_tools::bench::stack::ThroughputOptions {
         channels: args.channels,
         chunk_bytes: chunk,
@@ -1076,7 +1090,9 @@ fn onesided(args: OnesidedArgs) -> Result<(), Failure> {
         .memory(format!("--max-op {}", args.max_op), held),
     )?;
     let backend = backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?;
+    let gpus = cuda_pair(&args.memory, args.gpu.as_ref())?;
     let opts = os::Options {
+        gpus,
         channels: args.channels,
         chunk_bytes: chunk,
         ops,
@@ -1087,19 +1103,23 @@ fn onesided(args: OnesidedArgs) -> Result<(), Failure> {
         depth: check_count("--depth", args.depth)?,
         latency_iters: check_count("--latency-iters", args.latency_iters)?.max(3),
         reps: check_count("--reps", args.reps)?,
-        layout: if args.layout == "strided" {
-            Layout::Strided
-        } else {
-            Layout::Contiguous
+        layout: match args.layout.as_str() {
+            "strided" => Layout::Strided,
+            "scattered" => Layout::Scattered,
+            _ => Layout::Contiguous,
         },
         timeout: check_timeout(args.timeout)?,
         backend,
     };
     let mut json = json_file(args.json.as_ref())?;
+    let memory = match gpus {
+        Some([a, b]) => format!("GPU {a} → GPU {b} (staged through pinned host memory)"),
+        None => "host memory".to_string(),
+    };
     println!(
         "# one-sided vs two-sided send/recv of the same bytes per op; 2 endpoints in this \
-         process, {} channels (+{} one-sided), loopback, {} layout, {} ops in flight; \
-         GB/s = 10^9 B/s; latency one op at a time (write: until acknowledged)",
+         process, {} channels (+{} one-sided), loopback, {} layout, {memory}, {} ops in \
+         flight; GB/s = 10^9 B/s; latency one op at a time (write: until acknowledged)",
         opts.channels, opts.channels, args.layout, opts.depth
     );
     println!(

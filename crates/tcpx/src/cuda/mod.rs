@@ -18,7 +18,8 @@
 //!   [`SharedMemory`](crate::SharedMemory) handles; the memory counts as in flight until the copy
 //!   completes.
 //! * [`StagingRing`]: pinned host slots with a stream and per-slot events, through which the
-//!   runtime stages CUDA memory for host-only plugins.
+//!   runtime stages CUDA memory for host-only plugins; lists of pieces ([`Span`]) go in and
+//!   out of a slot in one gather launch.
 //! * [`unpack`]: the CPU reference gather and the GPU [`Unpacker`](unpack::Unpacker).
 //!
 //! ```
@@ -47,7 +48,7 @@ pub use device::{CudaDevice, CudaEvent, CudaStream};
 pub use driver::{
     driver_available, driver_status, pointer_allocation, pointer_device, skip_reason, DriverStatus,
 };
-pub use staging::StagingRing;
+pub use staging::{Span, StagingRing, FRAGMENTS_PER_SLOT, FRAGMENT_BYTES};
 
 /// Why a CUDA operation failed; defined with the crate's error type, which carries it.
 pub use crate::error::CudaError;

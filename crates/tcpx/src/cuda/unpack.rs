@@ -348,7 +348,31 @@ impl Drop for UnpackKernel {
     }
 }
 
+/// Kernels loaded so far, by device ordinal (see [`UnpackKernel::shared`]).
+static SHARED: std::sync::Mutex<Vec<(usize, std::sync::Weak<UnpackKernel>)>> =
+    std::sync::Mutex::new(Vec::new());
+
 impl UnpackKernel {
+    /// The kernel on `device`, loaded once per process and shared while anyone holds it:
+    /// loading JIT-compiles the PTX (milliseconds to tens of milliseconds), which every
+    /// staging ring and unpack step of a GPU would otherwise pay again.
+    pub fn shared(device: &CudaDevice) -> Result<Arc<Self>> {
+        // The lock is held while loading: two threads asking for the same GPU's kernel load
+        // it once.
+        let mut cache = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(_, k)| k.strong_count() > 0);
+        if let Some(kernel) = cache
+            .iter()
+            .find(|(ordinal, _)| *ordinal == device.ordinal())
+            .and_then(|(_, k)| k.upgrade())
+        {
+            return Ok(kernel);
+        }
+        let kernel = Arc::new(Self::load(device)?);
+        cache.push((device.ordinal(), Arc::downgrade(&kernel)));
+        Ok(kernel)
+    }
+
     /// Loads the kernel as [`KERNEL_ENV`] says (default: the checked-in PTX, then the
     /// compat PTX, then NVRTC; the error lists why each failed).
     pub fn load(device: &CudaDevice) -> Result<Self> {
@@ -640,9 +664,10 @@ impl fmt::Debug for Unpacker {
 }
 
 impl Unpacker {
-    /// Loads the kernel ([`UnpackKernel::load`]) and makes a stream for it on `device`.
+    /// Takes the kernel ([`UnpackKernel::shared`]: loaded once per GPU and process) and makes
+    /// a stream for it on `device`.
     pub fn new(device: &CudaDevice) -> Result<Self> {
-        let kernel = Arc::new(UnpackKernel::load(device)?);
+        let kernel = UnpackKernel::shared(device)?;
         Self::with_kernel(kernel, device.stream()?)
     }
 
@@ -717,7 +742,27 @@ impl Unpacker {
     /// returned launch has completed. Fragments are checked against `bounce_len` and `dst_len`
     /// on the GPU; those lengths must therefore be true.
     pub unsafe fn launch(&self, entries: &[UnpackEntry]) -> Result<UnpackLaunch> {
-        const API: &str = "Unpacker::launch";
+        // SAFETY: forwarded from the caller.
+        let (launches, first_seq) = unsafe { self.enqueue(entries)? };
+        let event = self.stream.record()?;
+        Ok(UnpackLaunch {
+            event,
+            status: self.status.clone(),
+            launches,
+            first_seq,
+        })
+    }
+
+    /// As [`launch`](Self::launch), without recording an event: the caller records its own
+    /// (a preallocated one: creating and destroying an event per launch costs two driver
+    /// calls each time) on [`stream`](Self::stream) and polls it. Returns the kernel launches
+    /// made and the sequence number of the first (reported in out-of-range errors).
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch), until the work queued here has completed (an event
+    /// recorded on the stream after this call says so).
+    pub unsafe fn enqueue(&self, entries: &[UnpackEntry]) -> Result<(u32, u32)> {
+        const API: &str = "Unpacker::enqueue";
         let device = self.kernel.device();
         device.bind()?;
         let fpb = self.config.frags_per_block;
@@ -768,13 +813,10 @@ impl Unpacker {
             unsafe { self.launch_batch(&mut batch, &mut first_seq)? };
             launches += 1;
         }
-        let event = self.stream.record()?;
-        Ok(UnpackLaunch {
-            event,
-            status: self.status.clone(),
+        Ok((
             launches,
-            first_seq: first_seq.unwrap_or_else(|| self.seq.load(Ordering::Relaxed)),
-        })
+            first_seq.unwrap_or_else(|| self.seq.load(Ordering::Relaxed)),
+        ))
     }
 
     /// # Safety

@@ -503,7 +503,28 @@ fn spec(direction: Direction) -> impl Strategy<Value = Spec> {
     })
 }
 
+/// The engine makes the lane's ring ahead of its first staged transfer (at connect, or when
+/// CUDA memory is registered), between passes: the core must then never ask for one, and
+/// refuses a second.
+fn prepare(model: &mut Model, core: &mut Core) {
+    let want = match model.direction {
+        Direction::Send => 2 * model.capacity,
+        Direction::Recv => model.capacity,
+    };
+    assert_eq!(core.ring_slots(), want);
+    if model.ring.is_some() {
+        assert!(core.has_ring());
+        assert!(core.ring_made().is_err(), "a second ring was accepted");
+        return;
+    }
+    assert!(!core.has_ring());
+    core.ring_made().expect("a ring made between passes");
+    model.ring = Some(vec![SlotState::Free; want]);
+    assert!(core.has_ring());
+}
+
 /// Runs `specs` through a lane of `direction` and checks the rules; returns the model.
+/// `prepare_at`: the pass before which the engine makes the lane's ring ahead of use.
 #[allow(clippy::too_many_arguments)]
 fn run(
     direction: Direction,
@@ -515,6 +536,34 @@ fn run(
     unpack_present: bool,
     odds: Odds,
     seed: u64,
+) -> Model {
+    run_prepared(
+        direction,
+        specs,
+        window,
+        channel,
+        channels,
+        chunk_bytes,
+        unpack_present,
+        odds,
+        seed,
+        None,
+    )
+}
+
+/// [`run`], with the ring made ahead of use before pass `prepare_at`, if given.
+#[allow(clippy::too_many_arguments)]
+fn run_prepared(
+    direction: Direction,
+    specs: &[Spec],
+    window: usize,
+    channel: u16,
+    channels: u16,
+    chunk_bytes: u32,
+    unpack_present: bool,
+    odds: Odds,
+    seed: u64,
+    prepare_at: Option<u32>,
 ) -> Model {
     let mut core = Core::new(direction, channel, channels, window).unwrap();
     assert_eq!(core.capacity(), window);
@@ -565,6 +614,9 @@ fn run(
     let specs: Vec<Spec> = order.iter().map(|&i| specs[i].clone()).collect();
     let mut failed = false;
     for pass in 0..20_000u32 {
+        if prepare_at == Some(pass) {
+            prepare(&mut model, &mut core);
+        }
         for (job, spec) in jobs.iter().zip(&specs) {
             if spec.submit_at == pass {
                 core.push(job.clone());
@@ -821,8 +873,79 @@ fn odds() -> impl Strategy<Value = Odds> {
         })
 }
 
+#[test]
+fn a_prepared_lane_stages_without_asking_for_a_ring() {
+    for direction in [Direction::Send, Direction::Recv] {
+        let mut core = Core::new(direction, 0, 1, 2).unwrap();
+        core.ring_made().unwrap();
+        assert!(core.ring_made().is_err(), "a second ring");
+        let job = Rc::new(ModelJob {
+            id: 0,
+            route: Route::Staged,
+            schedule: OnceCell::from(Schedule::contiguous(64, 64, 1).unwrap()),
+            expected: Cell::new(1),
+            completed: Cell::new(0),
+            finished: Cell::new(0),
+            failed: Cell::new(0),
+        });
+        core.push(job);
+        let first = core.poll_post();
+        match direction {
+            Direction::Send => assert!(matches!(first, Some(Action::Fill { slot: 0 }))),
+            Direction::Recv => assert!(matches!(
+                first,
+                Some(Action::Post {
+                    place: Place::Ring(0)
+                })
+            )),
+        }
+    }
+}
+
+#[test]
+fn a_ring_made_while_the_lane_waits_for_a_report_is_refused() {
+    let mut core = Core::new(Direction::Recv, 0, 1, 2).unwrap();
+    let job = Rc::new(ModelJob {
+        id: 0,
+        route: Route::Staged,
+        schedule: OnceCell::from(Schedule::contiguous(64, 64, 1).unwrap()),
+        expected: Cell::new(1),
+        completed: Cell::new(0),
+        finished: Cell::new(0),
+        failed: Cell::new(0),
+    });
+    core.push(job);
+    assert!(matches!(core.poll_post(), Some(Action::OpenRing { .. })));
+    assert!(core.ring_made().is_err(), "the OpenRing report is pending");
+    core.handle(Event::Opened).unwrap();
+    assert!(core.has_ring());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    /// As `lane_keeps_the_plugin_rules`, with the ring made ahead of use by the engine at a
+    /// random pass (before the first staged transfer, amid them, or after): the core never
+    /// asks for a second ring, and every rule holds.
+    #[test]
+    fn a_lane_whose_ring_is_made_ahead_keeps_the_plugin_rules(
+        (direction, specs) in prop_oneof![Just(Direction::Send), Just(Direction::Recv)]
+            .prop_flat_map(|d| (Just(d), proptest::collection::vec(spec(d), 0..12))),
+        window in 1usize..=16,
+        channels in 1u16..4,
+        channel_pick in 0u16..4,
+        chunk_bytes in prop_oneof![Just(1000u32), 1u32..9000],
+        unpack_present in any::<bool>(),
+        odds in odds(),
+        seed in any::<u64>(),
+        prepare_at in 0u32..30,
+    ) {
+        let channel = channel_pick % channels;
+        run_prepared(
+            direction, &specs, window, channel, channels, chunk_bytes, unpack_present, odds,
+            seed, Some(prepare_at),
+        );
+    }
 
     /// Random transfers on every route, random plugin answers (busy, slow tests, slow copies
     /// and gathers, rare failures and size mismatches), random windows and channels: every
