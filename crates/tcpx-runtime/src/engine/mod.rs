@@ -114,6 +114,7 @@ impl EngineHandle {
     pub(crate) fn spawn(
         device: usize,
         backoff: Backoff,
+        linger: Duration,
         window: usize,
         lease: Option<CoreLease>,
     ) -> Result<Self> {
@@ -130,7 +131,7 @@ impl EngineHandle {
                 Engine {
                     rx,
                     channels: Vec::new(),
-                    idle: Idle::new(backoff),
+                    idle: Idle::new(backoff, linger),
                     window,
                     passes: 0,
                 }
