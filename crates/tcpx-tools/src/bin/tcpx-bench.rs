@@ -75,9 +75,11 @@ struct Common {
     /// Plugin requests in flight per comm, 1 to 16 (TCPX allows 16).
     #[arg(long, default_value_t = 16)]
     window: usize,
-    /// Messages in flight at once (enough to keep every channel's window busy at mid sizes).
-    #[arg(long, default_value_t = 8)]
-    depth: usize,
+    /// Messages in flight at once. Default: per size, enough to fill every channel's window
+    /// (channels × window requests; at least 8, at most 1024), as the raw-TCP baseline has
+    /// no limit in flight; give a number to measure at a fixed depth.
+    #[arg(long)]
+    depth: Option<usize>,
     /// Message sizes: a doubling range `A..B` or a comma list (KiB, MiB, GiB).
     #[arg(long, default_value = "4KiB..256MiB")]
     sizes: String,
@@ -249,6 +251,11 @@ struct OverheadArgs {
     /// Transfers per side per repetition.
     #[arg(long, default_value_t = 2000)]
     transfers: usize,
+    /// Bytes per transfer, cut into 4 KiB requests. The default measures the engine (many
+    /// requests per transfer); `4KiB` measures the whole per-message path (submission,
+    /// engine, completion, wait: one request per transfer).
+    #[arg(long, default_value = "64MiB")]
+    transfer_bytes: String,
     /// Engine idle policy: spin, yield or park (park for instruction counts under callgrind,
     /// which runs one thread at a time: a spinning idle engine's passes would be counted).
     #[arg(long, default_value = "spin")]
@@ -450,7 +457,8 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         iters: check_count("--iters", c.iters)?,
         min_bytes: check_size("--min-bytes", &c.min_bytes, 0)?,
         warmup: c.warmup,
-        depth: check_count("--depth", c.depth)?,
+        depth: c.depth.map(|d| check_count("--depth", d)).transpose()?,
+        window: config.window,
         channels: usize::from(config.channels),
         chunk: config.chunk_bytes as usize,
         baseline: c.baseline == "raw-tcp",
@@ -796,6 +804,15 @@ fn overhead(args: OverheadArgs) -> Result<(), Failure> {
             .parse()
             .map_err(|e| bad(format!("--backoff {}: {e}", args.backoff)))?,
         transfers: check_count("--transfers", args.transfers)?,
+        transfer_bytes: match tcpx_tools::bench::sizes::parse_size(&args.transfer_bytes) {
+            Ok(0) | Err(_) => {
+                return Err(bad(format!(
+                    "--transfer-bytes {}: expected a positive size such as 4KiB or 64MiB",
+                    args.transfer_bytes
+                )))
+            }
+            Ok(n) => n,
+        },
         ..Default::default()
     };
     let r = tcpx_tools::bench::overhead::engine_overhead(&opts)?;
