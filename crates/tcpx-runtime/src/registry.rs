@@ -8,9 +8,10 @@
 //! connection it was used on, and closing a connection drops its cache. A transfer in flight
 //! holds its registrations, so neither can be deregistered under it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+use rustc_hash::FxHashMap;
 
 use tcpx::{MemoryRegion, SharedMemory};
 
@@ -197,13 +198,20 @@ impl Drop for RegionInner {
 ///
 /// The link owns it; regions point back at it weakly ([`Region::note_cache`]) so that either
 /// side going away releases the entries.
+///
+/// Every transfer looks its regions up here, so the map hashes with FxHash: the keys are
+/// sequential region ids from this process, and SipHash's protection against chosen keys
+/// cost as much as the rest of the lookup.
 #[derive(Debug, Default)]
 pub(crate) struct RegistrationCache {
-    entries: Mutex<HashMap<(u64, Direction), Arc<Registration>>>,
+    entries: Mutex<Entries>,
 }
 
+/// Registrations by (region id, direction).
+type Entries = FxHashMap<(u64, Direction), Arc<Registration>>;
+
 impl RegistrationCache {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, Direction), Arc<Registration>>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 

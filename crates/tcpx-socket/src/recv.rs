@@ -2,10 +2,19 @@
 //! cursors, and the consumption rule.
 //!
 //! Receives match sends in posting order: the k-th `irecv` gets message k. Each socket carries
-//! the parts of the messages the striping rule assigns to it, in order; a part's payload is read
-//! straight into the posted buffer (the bytes that follow it, the next frame header, are read in
-//! the same call). A header is checked against the rule before anything is written anywhere, so
-//! a confused or hostile peer yields an error code, never a write outside the posted buffer.
+//! the parts of the messages the striping rule assigns to it, in order. A header is checked
+//! against the rule before anything is written anywhere, so a confused or hostile peer yields
+//! an error code, never a write outside the posted buffer.
+//!
+//! **Read-ahead.** Each socket owns a buffer of [`READ_AHEAD`] bytes, allocated with the comm.
+//! After a short part, one `recv` fills it: the headers and payloads of many small messages
+//! arrive in one system call and are copied out into their posted buffers. A part's payload
+//! that is not buffered yet is read straight into its destination, together with what follows
+//! it in the stream (all of the read-ahead buffer after a short remainder, only the next header
+//! after a long one), and after a long part the socket reads just the next header: a stream of
+//! large messages is copied once, by the kernel, as before. Bytes of messages that are not
+//! posted yet stay in the buffer (and the socket is not read further) until their `irecv`
+//! comes.
 //!
 //! Request lifetime: posted → done (reported by `test`) → released. When the accept caller asked
 //! for a device handle (TCPX-style callers preset an UNPACK handle), a slot is released only by
@@ -35,6 +44,16 @@ use crate::sock::{self, Io};
 use crate::wire::{FrameHeader, Stripe, FRAME_LEN};
 
 const RING: u64 = MAX_REQUESTS as u64;
+
+/// Bytes of each socket's read-ahead buffer: about 30 messages of 4 KiB per `recv`, small
+/// enough to stay in cache between the kernel's copy into it and ours out of it.
+pub(crate) const READ_AHEAD: usize = 128 << 10;
+
+/// A part whose payload (or unread rest of it) is at least this long is read straight into its
+/// destination with only the next header behind it: copying it through the read-ahead buffer
+/// would cost more than the system call it saves.
+pub(crate) const DIRECT_MIN: usize = 32 << 10;
+const _: () = assert!(DIRECT_MIN <= READ_AHEAD && FRAME_LEN < DIRECT_MIN);
 
 /// One request slot; a pointer to it is the `request` handed to the caller.
 #[repr(C)]
@@ -79,10 +98,42 @@ struct RxCursor {
     /// Lower bound of the next message this socket carries a part of.
     seq: u64,
     state: RxState,
-    hdr: [u8; FRAME_LEN],
-    hdr_have: usize,
+    /// Read-ahead buffer; `[lo, hi)` holds received bytes not consumed yet.
+    ra: Box<[u8]>,
+    lo: usize,
+    hi: usize,
+    /// The last part delivered was shorter than [`DIRECT_MIN`]: read ahead as far as the
+    /// buffer goes. After a long part only the next header is read ahead.
+    wide: bool,
     /// The peer closed this socket at a frame boundary.
     eof: bool,
+}
+
+impl RxCursor {
+    fn new() -> Self {
+        Self {
+            seq: 0,
+            state: RxState::Header,
+            ra: vec![0u8; READ_AHEAD].into_boxed_slice(),
+            lo: 0,
+            hi: 0,
+            wide: true,
+            eof: false,
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.hi - self.lo
+    }
+}
+
+/// What one `recv` on a socket found.
+enum Filled {
+    /// Everything asked for: more may be waiting in the socket.
+    All,
+    /// Less than asked for, nothing, or the peer's orderly close at a frame boundary: the
+    /// socket has nothing more now.
+    Drained,
 }
 
 /// A failure found while driving the sockets: code and log line.
@@ -148,15 +199,7 @@ impl RecvComm {
                 parts_mask: 0,
             }),
             socks,
-            rx: (0..n)
-                .map(|_| RxCursor {
-                    seq: 0,
-                    state: RxState::Header,
-                    hdr: [0; FRAME_LEN],
-                    hdr_have: 0,
-                    eof: false,
-                })
-                .collect(),
+            rx: (0..n).map(|_| RxCursor::new()).collect(),
             stripe: Stripe { nsocks: n },
             posted: 0,
             head: 0,
@@ -258,11 +301,15 @@ impl RecvComm {
             }
             Action::Drop => sock::shutdown_all(&self.socks),
         }
-        let outcome = self.progress().and_then(|()| self.check_head_reachable());
-        if let Err(f) = outcome {
-            log_warn!("tcpx-socket: {}: {}; the comm is failed", self.name, f.msg);
-            self.failed = Some(f.code);
-            return Err(f.code);
+        // A complete request needs no socket work (a read-ahead often completes several at
+        // once): its successors are driven when they are tested.
+        if !self.slots[index].complete() {
+            let outcome = self.progress().and_then(|()| self.check_head_reachable());
+            if let Err(f) = outcome {
+                log_warn!("tcpx-socket: {}: {}; the comm is failed", self.name, f.msg);
+                self.failed = Some(f.code);
+                return Err(f.code);
+            }
         }
         let slot = &self.slots[index];
         if slot.complete() && self.fault.release(seq) {
@@ -380,46 +427,50 @@ impl RecvComm {
         format!("{} of {total} bytes", total as usize - got)
     }
 
+    /// Delivers what socket `j` has buffered, then reads while a posted message needs the
+    /// socket, until it has nothing more or the syscall budget is spent.
     fn progress_socket(&mut self, j: usize) -> Result<(), Failure> {
         for _ in 0..SYSCALL_BUDGET {
-            match self.rx[j].state {
+            self.drain(j)?;
+            let cur = &self.rx[j];
+            let needed = match cur.state {
+                // `drain` began every posted part: this one's message is not posted, and its
+                // bytes wait in the buffer.
+                RxState::Parked { .. } => false,
+                // Read only when a posted message may need this socket: its next frame can
+                // belong to a message that is not posted yet.
+                RxState::Header => cur.seq.max(self.head) < self.posted,
+                RxState::Payload { .. } => true,
+            };
+            if !needed {
+                return Ok(());
+            }
+            if let Filled::Drained = self.fill(j)? {
+                return self.drain(j);
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumes socket `j`'s buffered bytes: decodes and checks headers, begins parts of posted
+    /// messages, copies payload out into posted buffers. Stops when the buffer holds less than
+    /// a header or when the next part's message is not posted yet.
+    fn drain(&mut self, j: usize) -> Result<(), Failure> {
+        loop {
+            let cur = &mut self.rx[j];
+            match cur.state {
                 RxState::Header => {
-                    if self.rx[j].hdr_have == FRAME_LEN {
-                        self.rx[j].hdr_have = 0;
-                        self.on_header(j)?;
-                        continue;
+                    if cur.buffered() < FRAME_LEN {
+                        break;
                     }
-                    // Read only when a posted message may need this socket: a socket's next
-                    // frame can belong to a message that is not posted yet.
-                    if self.rx[j].seq.max(self.head) >= self.posted {
-                        return Ok(());
-                    }
-                    let io = {
-                        let cur = &mut self.rx[j];
-                        let mut bufs = [IoSliceMut::new(&mut cur.hdr[cur.hdr_have..])];
-                        sock::recv_vectored(&self.socks[j], &mut bufs)
-                    };
-                    let io = io.map_err(|e| self.io(j, e))?;
-                    let cur = &mut self.rx[j];
-                    match io {
-                        Io::WouldBlock => return Ok(()),
-                        Io::Moved(n) => cur.hdr_have += n,
-                        Io::Eof if cur.hdr_have == 0 => {
-                            cur.eof = true;
-                            return Ok(());
-                        }
-                        Io::Eof => {
-                            return Err(remote(format!(
-                                "peer closed socket {j} in the middle of a frame header ({} of \
-                                 {FRAME_LEN} bytes received)",
-                                cur.hdr_have
-                            )))
-                        }
-                    }
+                    let mut hdr = [0u8; FRAME_LEN];
+                    hdr.copy_from_slice(&cur.ra[cur.lo..cur.lo + FRAME_LEN]);
+                    cur.lo += FRAME_LEN;
+                    self.on_header(j, &hdr)?;
                 }
                 RxState::Parked { seq, hdr } => {
                     if seq >= self.posted {
-                        return Ok(());
+                        break;
                     }
                     self.begin_part(j, seq, hdr)?;
                 }
@@ -429,47 +480,138 @@ impl RecvComm {
                     off,
                     end,
                 } => {
-                    let io = {
-                        let slot = &self.slots[(seq % RING) as usize];
-                        let cur = &mut self.rx[j];
-                        // SAFETY: irecv's contract keeps the posted buffer valid and untouched
-                        // by the caller until the request completes; [off, end) ⊆ [0, total)
-                        // and total ≤ cap was checked when the part began.
-                        let payload = unsafe {
-                            std::slice::from_raw_parts_mut(slot.data.add(off), end - off)
-                        };
-                        let mut bufs = [IoSliceMut::new(payload), IoSliceMut::new(&mut cur.hdr)];
-                        sock::recv_vectored(&self.socks[j], &mut bufs)
+                    let k = cur.buffered().min(end - off);
+                    if k == 0 {
+                        break;
+                    }
+                    let slot = &self.slots[(seq % RING) as usize];
+                    // SAFETY: irecv's contract keeps the posted buffer valid, and untouched by
+                    // the caller, until the request completes; [off, off+k) ⊆ [0, total) and
+                    // total ≤ cap was checked when the part began. `ra[lo..lo+k]` is buffered
+                    // data of this comm's own allocation, which cannot overlap the caller's.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            cur.ra.as_ptr().add(cur.lo),
+                            slot.data.add(off),
+                            k,
+                        )
                     };
-                    let n = match io.map_err(|e| self.io(j, e))? {
-                        Io::WouldBlock => return Ok(()),
-                        Io::Moved(n) => n,
-                        Io::Eof => {
-                            return Err(remote(format!(
-                                "peer closed socket {j} in the middle of message #{seq}: {} \
-                                 missing",
-                                self.missing(seq)
-                            )))
-                        }
-                    };
-                    let cur = &mut self.rx[j];
-                    let into_payload = n.min(end - off);
-                    let off = off + into_payload;
-                    if off < end {
+                    cur.lo += k;
+                    if off + k == end {
+                        self.finish_part(j, seq, part, end);
+                    } else {
                         cur.state = RxState::Payload {
                             seq,
                             part,
-                            off,
+                            off: off + k,
                             end,
                         };
-                    } else {
-                        cur.hdr_have = n - into_payload;
-                        self.finish_part(j, seq, part);
                     }
                 }
             }
         }
+        let cur = &mut self.rx[j];
+        if cur.lo == cur.hi {
+            (cur.lo, cur.hi) = (0, 0);
+        }
         Ok(())
+    }
+
+    /// One `recv` on socket `j`, after [`Self::drain`] (so the buffer holds no payload of a
+    /// posted part and at most a partial header). In a payload: straight into the destination,
+    /// then into the buffer. Between parts: into the buffer.
+    fn fill(&mut self, j: usize) -> Result<Filled, Failure> {
+        let (io, want) = {
+            let cur = &mut self.rx[j];
+            if cur.lo > 0 {
+                // At most a partial header: a few bytes to move so the buffer is whole again.
+                cur.ra.copy_within(cur.lo..cur.hi, 0);
+                (cur.lo, cur.hi) = (0, cur.hi - cur.lo);
+            }
+            match cur.state {
+                RxState::Payload { seq, off, end, .. } => {
+                    debug_assert_eq!(cur.hi, 0, "payload left in the read-ahead buffer");
+                    let tail = if end - off >= DIRECT_MIN {
+                        FRAME_LEN
+                    } else {
+                        cur.ra.len()
+                    };
+                    let slot = &self.slots[(seq % RING) as usize];
+                    // SAFETY: as in `drain`: [off, end) lies inside the posted buffer, which
+                    // stays valid and the caller's hands off it until the request completes.
+                    let dst =
+                        unsafe { std::slice::from_raw_parts_mut(slot.data.add(off), end - off) };
+                    let mut bufs = [IoSliceMut::new(dst), IoSliceMut::new(&mut cur.ra[..tail])];
+                    (
+                        sock::recv_vectored(&self.socks[j], &mut bufs),
+                        end - off + tail,
+                    )
+                }
+                RxState::Header | RxState::Parked { .. } => {
+                    let want = if cur.wide {
+                        cur.ra.len() - cur.hi
+                    } else {
+                        FRAME_LEN - cur.hi
+                    };
+                    let mut bufs = [IoSliceMut::new(&mut cur.ra[cur.hi..cur.hi + want])];
+                    (sock::recv_vectored(&self.socks[j], &mut bufs), want)
+                }
+            }
+        };
+        let n = match io.map_err(|e| self.io(j, e))? {
+            Io::WouldBlock => return Ok(Filled::Drained),
+            Io::Moved(n) => n,
+            Io::Eof => return self.on_eof(j).map(|()| Filled::Drained),
+        };
+        let cur = &mut self.rx[j];
+        match cur.state {
+            RxState::Payload {
+                seq,
+                part,
+                off,
+                end,
+            } => {
+                let into_payload = n.min(end - off);
+                cur.hi = n - into_payload;
+                if off + into_payload == end {
+                    self.finish_part(j, seq, part, end);
+                } else {
+                    cur.state = RxState::Payload {
+                        seq,
+                        part,
+                        off: off + into_payload,
+                        end,
+                    };
+                }
+            }
+            RxState::Header | RxState::Parked { .. } => cur.hi += n,
+        }
+        Ok(if n == want {
+            Filled::All
+        } else {
+            Filled::Drained
+        })
+    }
+
+    /// The peer closed socket `j` (a `recv` returned 0, with nothing left in the buffer but
+    /// maybe a partial header): fine between frames (`check_head_reachable` decides whether a
+    /// posted message is lost), an error inside one.
+    fn on_eof(&mut self, j: usize) -> Result<(), Failure> {
+        let cur = &mut self.rx[j];
+        match cur.state {
+            RxState::Payload { seq, .. } => Err(remote(format!(
+                "peer closed socket {j} in the middle of message #{seq}: {} missing",
+                self.missing(seq)
+            ))),
+            _ if cur.buffered() > 0 => Err(remote(format!(
+                "peer closed socket {j} in the middle of a frame header ({} of {FRAME_LEN}                  bytes received)",
+                cur.buffered()
+            ))),
+            _ => {
+                cur.eof = true;
+                Ok(())
+            }
+        }
     }
 
     fn io(&self, j: usize, e: io::Error) -> Failure {
@@ -494,17 +636,22 @@ impl RecvComm {
         }
     }
 
-    fn finish_part(&mut self, j: usize, seq: u64, part: u8) {
+    /// Part `part` of message `seq`, ending at byte `end` of it, is complete on socket `j`.
+    fn finish_part(&mut self, j: usize, seq: u64, part: u8, end: usize) {
         let slot = &mut self.slots[(seq % RING) as usize];
         slot.parts_mask |= 1 << part;
+        let start = slot
+            .total
+            .map_or(0, |t| self.stripe.range(t, usize::from(part)).0);
         let cur = &mut self.rx[j];
         cur.seq = seq + 1;
         cur.state = RxState::Header;
+        cur.wide = end - start < DIRECT_MIN;
     }
 
     /// A complete header arrived on socket `j`: place it in the message sequence and check it.
-    fn on_header(&mut self, j: usize) -> Result<(), Failure> {
-        let hdr = match FrameHeader::decode(&self.rx[j].hdr) {
+    fn on_header(&mut self, j: usize, hdr: &[u8; FRAME_LEN]) -> Result<(), Failure> {
+        let hdr = match FrameHeader::decode(hdr) {
             Ok(h) => h,
             Err(e) => return Err(remote(format!("malformed frame header on socket {j}: {e}"))),
         };
@@ -586,7 +733,7 @@ impl RecvComm {
         }
         let (start, end) = self.stripe.range(hdr.total, usize::from(hdr.part));
         if start == end {
-            self.finish_part(j, seq, hdr.part);
+            self.finish_part(j, seq, hdr.part, end);
         } else {
             self.rx[j].state = RxState::Payload {
                 seq,

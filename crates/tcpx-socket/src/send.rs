@@ -1,10 +1,15 @@
 //! The send side of a connection: a fixed ring of 16 request slots and the per-socket
 //! transmit cursors that `test` drives.
 //!
-//! `isend` only records the request; bytes move only inside `test` (the TCPX behaviour the
-//! layers above must cope with). Each socket walks the posted messages in sequence order and
-//! writes the parts the striping rule ([`crate::wire::Stripe`]) gives it, header and payload in
-//! one `sendmsg`.
+//! `isend` only records the request (and encodes the frame headers of its parts); bytes move
+//! only inside `test` (the TCPX behaviour the layers above must cope with). Each socket walks
+//! the posted messages in sequence order and writes the parts the striping rule
+//! ([`crate::wire::Stripe`]) gives it: every part it has queued, header and payload each an
+//! iovec, goes out in **one** `sendmsg` (at most [`IOV_CAP`] iovecs, more parts only while the
+//! call holds under [`GATHER_BYTES`]). Many small messages thus cost one system call, not one
+//! each, and a large one costs what it did: its payload is handed to the kernel straight from
+//! the caller's buffer. A short write means the socket buffer is full; the cursor resumes
+//! inside the part (even inside its header) at the next `test`.
 //!
 //! Devmem emulation: a send from CUDA memory (registered as `NCCL_PTR_CUDA`) is copied to the
 //! slot's host staging buffer when it is posted (a synchronous device-to-host copy), and the
@@ -29,6 +34,22 @@ use crate::wire::{FrameHeader, Stripe, FRAME_LEN};
 /// that a call returns promptly even when the peer drains as fast as we write.
 pub(crate) const SYSCALL_BUDGET: usize = 32;
 
+/// Iovecs of one `sendmsg`: a header and a payload for each of the 16 messages a comm can have
+/// in flight, so every queued part fits in one call (Linux allows 1024, `UIO_MAXIOV`).
+pub(crate) const IOV_CAP: usize = 2 * MAX_REQUESTS;
+const _: () = assert!(IOV_CAP <= 1024);
+
+/// Bytes past which one `sendmsg` takes no further part: more than a socket buffer holds, so
+/// the limit never costs a call while the peer keeps up, and a queue of large messages is not
+/// walked for iovecs the kernel cannot take anyway.
+pub(crate) const GATHER_BYTES: usize = 8 << 20;
+
+const RING: u64 = MAX_REQUESTS as u64;
+
+fn ring_index(seq: u64) -> usize {
+    (seq % RING) as usize
+}
+
 /// One request slot; a pointer to it is the `request` handed to the caller.
 #[repr(C)]
 pub(crate) struct SendSlot {
@@ -44,15 +65,154 @@ pub(crate) struct SendSlot {
 
 /// Where one socket stands in the stream of parts it carries.
 struct TxCursor {
-    /// Every message before `seq` has been handled on this socket (sent or not carried).
+    /// Every message before `seq` has been handled on this socket (sent or not carried); while
+    /// `active`, `seq` is the message whose part is being written.
     seq: u64,
     /// True while a part of message `seq` is being written.
     active: bool,
-    hdr: [u8; FRAME_LEN],
+    /// Bytes of the active part's header already written.
     hdr_sent: usize,
+    /// The active part's payload is `[start, end)` of its message; `[start, off)` is written.
     start: usize,
     off: usize,
     end: usize,
+    /// The encoded header of the part this socket carries of the message in each ring slot
+    /// (written by `isend`; a slot is reused only once every part of its message is written).
+    hdrs: [[u8; FRAME_LEN]; MAX_REQUESTS],
+}
+
+impl TxCursor {
+    fn new() -> Self {
+        Self {
+            seq: 0,
+            active: false,
+            hdr_sent: 0,
+            start: 0,
+            off: 0,
+            end: 0,
+            hdrs: [[0; FRAME_LEN]; MAX_REQUESTS],
+        }
+    }
+
+    /// Makes the first part socket `j` carries of the messages `from..posted` active; false
+    /// (and `seq = posted`) when it carries none of them.
+    fn begin_next(
+        &mut self,
+        slots: &[SendSlot; MAX_REQUESTS],
+        stripe: &Stripe,
+        from: u64,
+        posted: u64,
+        j: usize,
+    ) -> bool {
+        for m in from..posted {
+            let size = slots[ring_index(m)].size;
+            if let Some(part) = stripe.part_on(m, size, j) {
+                let (start, end) = stripe.range(size, part);
+                *self = Self {
+                    seq: m,
+                    active: true,
+                    hdr_sent: 0,
+                    start,
+                    off: start,
+                    end,
+                    hdrs: self.hdrs,
+                };
+                return true;
+            }
+        }
+        self.seq = posted.max(from);
+        self.active = false;
+        false
+    }
+
+    /// Fills `iov` with what socket `j` writes next: the rest of the active part, then every
+    /// later posted part it carries (while iovecs last and under [`GATHER_BYTES`]). Returns the
+    /// number of iovecs and of bytes.
+    fn gather<'a>(
+        &'a self,
+        slots: &[SendSlot; MAX_REQUESTS],
+        stripe: &Stripe,
+        posted: u64,
+        j: usize,
+        iov: &mut [IoSlice<'a>; IOV_CAP],
+    ) -> (usize, usize) {
+        let (mut count, mut bytes) = (0, 0);
+        let mut push = |b: &'a [u8], count: &mut usize, bytes: &mut usize| {
+            if !b.is_empty() {
+                iov[*count] = IoSlice::new(b);
+                *count += 1;
+                *bytes += b.len();
+            }
+        };
+        let first = &slots[ring_index(self.seq)];
+        push(
+            &self.hdrs[ring_index(self.seq)][self.hdr_sent..],
+            &mut count,
+            &mut bytes,
+        );
+        // SAFETY: isend's contract keeps `data..data+size` valid and unmodified until the
+        // request completes, and this part is not complete; [off, end) ⊆ [0, size) by the
+        // striping rule.
+        let rest = unsafe { payload(first.data, self.off, self.end) };
+        push(rest, &mut count, &mut bytes);
+        for m in self.seq + 1..posted {
+            if count + 2 > IOV_CAP || bytes >= GATHER_BYTES {
+                break;
+            }
+            let slot = &slots[ring_index(m)];
+            if let Some(part) = stripe.part_on(m, slot.size, j) {
+                let (start, end) = stripe.range(slot.size, part);
+                push(&self.hdrs[ring_index(m)], &mut count, &mut bytes);
+                // SAFETY: as above, for posted request `m`, which cannot be complete before
+                // this socket wrote its part.
+                let whole = unsafe { payload(slot.data, start, end) };
+                push(whole, &mut count, &mut bytes);
+            }
+        }
+        (count, bytes)
+    }
+
+    /// Accounts `n` bytes written from what [`Self::gather`] returned (same slots, same
+    /// `posted`): completes the parts they cover and leaves the cursor inside the next one.
+    fn advance(
+        &mut self,
+        slots: &mut [SendSlot; MAX_REQUESTS],
+        stripe: &Stripe,
+        posted: u64,
+        j: usize,
+        mut n: usize,
+    ) {
+        loop {
+            let h = n.min(FRAME_LEN - self.hdr_sent);
+            self.hdr_sent += h;
+            n -= h;
+            let p = n.min(self.end - self.off);
+            self.off += p;
+            n -= p;
+            if self.hdr_sent < FRAME_LEN || self.off < self.end {
+                debug_assert_eq!(n, 0, "bytes written beyond an incomplete part");
+                return;
+            }
+            slots[ring_index(self.seq)].parts_done += 1;
+            let next = self.seq + 1;
+            if !self.begin_next(slots, stripe, next, posted, j) || n == 0 {
+                debug_assert_eq!(n, 0, "bytes written beyond the queued parts");
+                return;
+            }
+        }
+    }
+}
+
+/// `[start, end)` of the message at `data` (empty without touching `data` when the range is).
+///
+/// # Safety
+/// When `start < end`, `data..data+end` is readable and not written for the returned lifetime.
+unsafe fn payload<'a>(data: *const u8, start: usize, end: usize) -> &'a [u8] {
+    if start >= end {
+        return &[];
+    }
+    // SAFETY: forwarded contract: the range is non-empty and readable.
+    unsafe { std::slice::from_raw_parts(data.add(start), end - start) }
 }
 
 /// A send comm (the `sendComm` handed to callers).
@@ -91,17 +251,7 @@ impl SendComm {
                 parts_done: 0,
             }),
             socks,
-            tx: (0..n)
-                .map(|_| TxCursor {
-                    seq: 0,
-                    active: false,
-                    hdr: [0; FRAME_LEN],
-                    hdr_sent: 0,
-                    start: 0,
-                    off: 0,
-                    end: 0,
-                })
-                .collect(),
+            tx: (0..n).map(|_| TxCursor::new()).collect(),
             stripe: Stripe { nsocks: n },
             stages: Default::default(),
             posted: 0,
@@ -150,7 +300,19 @@ impl SendComm {
         } else {
             data
         };
-        let nparts = self.stripe.nparts(size32) as u8;
+        let nparts = self.stripe.nparts(size32);
+        // Headers are encoded once here, so `test` gathers them like payload: the slot is free
+        // (its previous message completed), so no socket is still writing its old header.
+        for part in 0..nparts {
+            self.tx[self.stripe.socket_of(seq, part)].hdrs[index] = FrameHeader {
+                seq: seq as u32,
+                total: size32,
+                part: part as u8,
+                nparts: nparts as u8,
+            }
+            .encode();
+        }
+        let nparts = nparts as u8;
         let slot = &mut self.slots[index];
         slot.seq = seq;
         slot.data = data;
@@ -223,7 +385,11 @@ impl SendComm {
             }
             Action::Drop => sock::shutdown_all(&self.socks),
         }
-        self.progress()?;
+        // A complete request needs no socket work: its successors are driven when they are
+        // tested, and a caller draining completions pays no system call per request.
+        if self.slots[index].parts_done < self.slots[index].nparts {
+            self.progress()?;
+        }
         let slot = &self.slots[index];
         if slot.parts_done == slot.nparts && self.fault.release(seq) {
             self.head += 1;
@@ -267,6 +433,8 @@ impl SendComm {
         Ok(())
     }
 
+    /// Writes what socket `j` has queued, one `sendmsg` for all of it, until the queue is empty,
+    /// the socket buffer is full (a short write) or the syscall budget is spent.
     fn progress_socket(&mut self, j: usize) -> io::Result<()> {
         let Self {
             slots,
@@ -278,59 +446,21 @@ impl SendComm {
             ..
         } = self;
         let cur = &mut tx[j];
-        let sock = &socks[j];
         for _ in 0..SYSCALL_BUDGET {
-            if !cur.active {
-                // Messages before `head` are complete, so this socket carries nothing of them
-                // (and their slots may already hold newer requests).
-                cur.seq = cur.seq.max(*head);
-                loop {
-                    if cur.seq >= *posted {
-                        return Ok(());
-                    }
-                    let slot = &slots[(cur.seq % MAX_REQUESTS as u64) as usize];
-                    if let Some(part) = stripe.part_on(cur.seq, slot.size, j) {
-                        let (start, end) = stripe.range(slot.size, part);
-                        cur.hdr = FrameHeader {
-                            seq: cur.seq as u32,
-                            total: slot.size,
-                            part: part as u8,
-                            nparts: slot.nparts,
-                        }
-                        .encode();
-                        cur.hdr_sent = 0;
-                        cur.start = start;
-                        cur.off = start;
-                        cur.end = end;
-                        cur.active = true;
-                        break;
-                    }
-                    cur.seq += 1;
-                }
+            // Messages before `head` are complete, so this socket carries nothing of them (and
+            // their slots may already hold newer requests).
+            if !cur.active && !cur.begin_next(slots, stripe, cur.seq.max(*head), *posted, j) {
+                return Ok(());
             }
-            let slot = &mut slots[(cur.seq % MAX_REQUESTS as u64) as usize];
-            let payload: &[u8] = if cur.end > cur.off {
-                // SAFETY: isend's contract keeps `data..data+size` valid and unmodified until
-                // the request completes; [off, end) lies within [0, size) by the striping rule.
-                unsafe { std::slice::from_raw_parts(slot.data.add(cur.off), cur.end - cur.off) }
-            } else {
-                &[]
-            };
-            let bufs = [
-                IoSlice::new(&cur.hdr[cur.hdr_sent..]),
-                IoSlice::new(payload),
-            ];
-            let n = match sock::send_vectored(sock, &bufs)? {
+            let mut iov = [IoSlice::new(&[]); IOV_CAP];
+            let (count, want) = cur.gather(slots, stripe, *posted, j, &mut iov);
+            let n = match sock::send_vectored(&socks[j], &iov[..count])? {
                 Io::Moved(n) => n,
                 Io::WouldBlock | Io::Eof => return Ok(()),
             };
-            let from_hdr = n.min(FRAME_LEN - cur.hdr_sent);
-            cur.hdr_sent += from_hdr;
-            cur.off += n - from_hdr;
-            if cur.hdr_sent == FRAME_LEN && cur.off == cur.end {
-                slot.parts_done += 1;
-                cur.active = false;
-                cur.seq += 1;
+            cur.advance(slots, stripe, *posted, j, n);
+            if n < want {
+                return Ok(());
             }
         }
         Ok(())

@@ -214,7 +214,13 @@ impl Endpoint {
             .enumerate()
             .map(|(k, lease)| {
                 let device = devices[k % devices.len()];
-                EngineHandle::spawn(device, config.backoff, config.window, lease)
+                EngineHandle::spawn(
+                    device,
+                    config.backoff,
+                    config.idle_linger,
+                    config.window,
+                    lease,
+                )
             })
             .collect::<Result<Vec<_>>>()?;
         tracing::info!(

@@ -11,6 +11,11 @@
 //! slower, and a sleeping sender leaves its socket idle (a blocked `write` would have woken
 //! the moment space freed). Two milliseconds without a single completion means the peer is
 //! not keeping up at all.
+//!
+//! With nothing in flight the park policy blocks on the engine's queue, but only after a
+//! *linger* ([`crate::Config::idle_linger`]) of polling: a stream of small transfers spread
+//! over several engines leaves each one idle between two of its messages, and blocking at
+//! once made every submission pay a futex wake plus the engine's reschedule.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +48,8 @@ pub(crate) enum Pause {
 #[derive(Debug, Clone)]
 pub(crate) struct Idle {
     policy: Backoff,
+    /// How long the park policy keeps polling with nothing in flight before it blocks.
+    linger: Duration,
     streak: u32,
     /// When the current streak began (read from the clock once per streak).
     since: Option<Instant>,
@@ -51,9 +58,10 @@ pub(crate) struct Idle {
 }
 
 impl Idle {
-    pub(crate) fn new(policy: Backoff) -> Self {
+    pub(crate) fn new(policy: Backoff, linger: Duration) -> Self {
         Self {
             policy,
+            linger,
             streak: 0,
             since: None,
             sleeps: 0,
@@ -74,10 +82,15 @@ impl Idle {
         let since = *self.since.get_or_insert(now);
         match self.policy {
             Backoff::Spin => Pause::Spin,
-            _ if !busy && self.policy == Backoff::Park => Pause::Block,
+            _ if !busy
+                && self.policy == Backoff::Park
+                && now.duration_since(since) >= self.linger =>
+            {
+                Pause::Block
+            }
             _ if self.streak <= SPIN_PASSES => Pause::Spin,
             Backoff::Yield => Pause::Yield,
-            _ if now.duration_since(since) < PARK_AFTER => Pause::Yield,
+            _ if !busy || now.duration_since(since) < PARK_AFTER => Pause::Yield,
             _ => {
                 // Double the sleep every 16 sleeps, up to the cap.
                 let doublings = (self.sleeps / 16).min(16);
@@ -94,7 +107,7 @@ mod tests {
 
     #[test]
     fn spin_policy_never_backs_off() {
-        let mut idle = Idle::new(Backoff::Spin);
+        let mut idle = Idle::new(Backoff::Spin, Duration::ZERO);
         let t0 = Instant::now();
         for i in 0..100_000u64 {
             let now = t0 + Duration::from_micros(i);
@@ -104,7 +117,7 @@ mod tests {
 
     #[test]
     fn yield_policy_spins_then_yields_forever() {
-        let mut idle = Idle::new(Backoff::Yield);
+        let mut idle = Idle::new(Backoff::Yield, Duration::ZERO);
         let t0 = Instant::now();
         for _ in 0..SPIN_PASSES {
             assert_eq!(idle.empty_pass(true, t0), Pause::Spin);
@@ -117,7 +130,7 @@ mod tests {
 
     #[test]
     fn park_policy_sleeps_only_after_a_quiet_time_and_boundedly() {
-        let mut idle = Idle::new(Backoff::Park);
+        let mut idle = Idle::new(Backoff::Park, Duration::ZERO);
         let t0 = Instant::now();
         // Many fast empty passes inside PARK_AFTER: spin, then yield, never sleep.
         let early: Vec<_> = (0..100_000u64)
@@ -148,7 +161,7 @@ mod tests {
 
     #[test]
     fn progress_resets_the_streak() {
-        let mut idle = Idle::new(Backoff::Park);
+        let mut idle = Idle::new(Backoff::Park, Duration::ZERO);
         let t0 = Instant::now();
         for i in 0..2000u64 {
             idle.empty_pass(true, t0 + Duration::from_micros(i * 10));
@@ -160,5 +173,27 @@ mod tests {
             idle.empty_pass(true, later);
         }
         assert_eq!(idle.empty_pass(true, later), Pause::Yield);
+    }
+
+    #[test]
+    fn park_policy_lingers_before_blocking_when_idle() {
+        let linger = Duration::from_micros(200);
+        let mut idle = Idle::new(Backoff::Park, linger);
+        let t0 = Instant::now();
+        // Inside the linger: spin, then yield, never block nor sleep.
+        let inside: Vec<_> = (0..10_000u64)
+            .map(|i| idle.empty_pass(false, t0 + linger * (i as u32) / 10_000))
+            .collect();
+        assert!(inside[..SPIN_PASSES as usize]
+            .iter()
+            .all(|p| *p == Pause::Spin));
+        assert!(inside[SPIN_PASSES as usize..]
+            .iter()
+            .all(|p| *p == Pause::Yield));
+        // Once the linger has passed without work: block.
+        assert_eq!(idle.empty_pass(false, t0 + linger), Pause::Block);
+        // New work resets the linger.
+        idle.moved();
+        assert_eq!(idle.empty_pass(false, t0 + linger * 2), Pause::Spin);
     }
 }

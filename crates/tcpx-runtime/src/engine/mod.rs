@@ -127,6 +127,7 @@ impl EngineHandle {
     pub(crate) fn spawn(
         device: usize,
         backoff: Backoff,
+        linger: Duration,
         window: usize,
         lease: Option<CoreLease>,
     ) -> Result<Self> {
@@ -143,7 +144,7 @@ impl EngineHandle {
                 Engine {
                     rx,
                     channels: Vec::new(),
-                    idle: Idle::new(backoff),
+                    idle: Idle::new(backoff, linger),
                     window,
                     passes: 0,
                 }

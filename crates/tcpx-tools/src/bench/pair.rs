@@ -82,8 +82,10 @@ pub struct Sweep {
     pub min_bytes: usize,
     /// Unmeasured messages per size.
     pub warmup: usize,
-    /// Messages in flight at once.
-    pub depth: usize,
+    /// Messages in flight at once; `None` chooses per size ([`Sweep::depth_for`]).
+    pub depth: Option<usize>,
+    /// Plugin requests in flight per comm (what an automatic depth fills).
+    pub window: usize,
     /// Channels (for the baseline's stream count and the report).
     pub channels: usize,
     /// Chunk size: how the baseline cuts a message over its streams, as the stack does.
@@ -118,6 +120,29 @@ impl Sweep {
             timeout: self.timeout,
         }
     }
+
+    /// Messages in flight at once for `size`: `--depth` if given, else enough to fill every
+    /// channel's window (channels × window requests of at most one chunk each), and at least
+    /// [`MIN_AUTO_DEPTH`]. The raw-TCP baseline streams its bytes with no limit in flight, so
+    /// a fixed small depth measured the stack's latency at small sizes, not its throughput
+    /// (H100, 8 channels, 4 KiB: depth 8 puts one message per channel in flight).
+    pub fn depth_for(&self, size: usize) -> usize {
+        self.depth.unwrap_or_else(|| {
+            let chunks = size.max(1).div_ceil(self.chunk.max(1));
+            (self.channels.max(1) * self.window.max(1))
+                .div_ceil(chunks)
+                .clamp(MIN_AUTO_DEPTH, MAX_AUTO_DEPTH)
+        })
+    }
+
+    /// The largest depth of any size (how many message buffers to allocate).
+    pub fn max_depth(&self) -> usize {
+        self.sizes
+            .iter()
+            .map(|&s| self.depth_for(s))
+            .max()
+            .unwrap_or(MIN_AUTO_DEPTH)
+    }
 }
 
 /// Messages of `size` bytes to measure: `iters`, raised to move at least `min_bytes`, capped
@@ -130,6 +155,11 @@ pub fn messages_for(size: usize, iters: usize, min_bytes: usize, at_least: usize
         .min(((1usize << 30) / size).max(at_least))
         .max(at_least)
 }
+
+/// Fewest messages in flight an automatic depth chooses (the depth of earlier releases).
+pub const MIN_AUTO_DEPTH: usize = 8;
+/// Most messages in flight an automatic depth chooses.
+pub const MAX_AUTO_DEPTH: usize = 1024;
 
 /// Line the server prints once it accepts connections; launchers wait for it.
 pub const METADATA_PREFIX: &str = "TCPX-BENCH-METADATA";
@@ -210,10 +240,11 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         ctl.send([0, 0, 0])?;
         let probe = Probe::start(endpoint);
         let total = sweep.warmup + sweep.iters_for(size);
-        let mut inflight: VecDeque<Transfer> = VecDeque::with_capacity(sweep.depth);
+        let depth = sweep.depth_for(size);
+        let mut inflight: VecDeque<Transfer> = VecDeque::with_capacity(depth);
         let mut posted = 0;
         while posted < total || !inflight.is_empty() {
-            while posted < total && inflight.len() < sweep.depth {
+            while posted < total && inflight.len() < depth {
                 let slot = posted % regions.len();
                 inflight.push_back(conn.recv(&regions[slot], 0, size)?);
                 posted += 1;
@@ -317,14 +348,15 @@ fn send_size(
     sweep: &Sweep,
 ) -> Result<(Duration, Vec<Duration>, TimedWork), Failure> {
     let total = sweep.warmup + iters;
-    let mut inflight: VecDeque<(Transfer, Instant)> = VecDeque::with_capacity(sweep.depth);
+    let depth = sweep.depth_for(size);
+    let mut inflight: VecDeque<(Transfer, Instant)> = VecDeque::with_capacity(depth);
     let mut latencies = Vec::with_capacity(iters);
     let mut posted = 0;
     let mut done = 0;
     let mut probe = Probe::start(endpoint);
     let mut t0 = Instant::now();
     while done < total {
-        while posted < total && inflight.len() < sweep.depth {
+        while posted < total && inflight.len() < depth {
             let region = &regions[posted % regions.len()];
             inflight.push_back((conn.send(region, 0, size)?, Instant::now()));
             posted += 1;
@@ -363,7 +395,7 @@ fn alloc_slots(
     fill: Option<&[u8]>,
 ) -> Result<Vec<Region>, Failure> {
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
-    let slots = ((1usize << 30) / max).clamp(1, sweep.depth.max(1));
+    let slots = ((1usize << 30) / max).clamp(1, sweep.max_depth().max(1));
     let mut regions = Vec::with_capacity(slots);
     let gpu = match sweep.memory {
         "cuda" => Some(

@@ -14,6 +14,13 @@
 //! Every subcommand checks its options the same way before doing anything: a bad value is
 //! one line on stderr and exit code 2.
 
+/// The runtime allocates a few small objects per transfer on the submitting thread and frees
+/// them on an engine thread; glibc's malloc handles that producer/consumer pattern badly
+/// (a third of the CPU of a 4 KiB message stream went to `_int_malloc` and bin walks), so the
+/// tools use mimalloc, as `libtcpx` and the Python extension do.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::{IsTerminal, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -138,9 +145,11 @@ struct Link {
 /// The size sweep's settings; both roles must be given the same.
 #[derive(Args, Debug, Clone)]
 struct Common {
-    /// Messages in flight at once (enough to keep every channel's window busy at mid sizes).
-    #[arg(long, default_value_t = 8)]
-    depth: usize,
+    /// Messages in flight at once. Default: per size, enough to fill every channel's window
+    /// (channels × window requests; at least 8, at most 1024), as the raw-TCP baseline has
+    /// no limit in flight; give a number to measure at a fixed depth.
+    #[arg(long)]
+    depth: Option<usize>,
     /// Message sizes: a doubling range `A..B` or a comma list (KiB, MiB, GiB).
     #[arg(long, default_value = "4KiB..256MiB")]
     sizes: String,
@@ -370,6 +379,11 @@ struct OverheadArgs {
     /// Transfers per side per repetition.
     #[arg(long, default_value_t = 2000)]
     transfers: usize,
+    /// Bytes per transfer, cut into 4 KiB requests. The default measures the engine (many
+    /// requests per transfer); `4KiB` measures the whole per-message path (submission,
+    /// engine, completion, wait: one request per transfer).
+    #[arg(long, default_value = "64MiB")]
+    transfer_bytes: String,
     /// Engine idle policy: spin, yield or park (park for instruction counts under callgrind,
     /// which runs one thread at a time: a spinning idle engine's passes would be counted).
     #[arg(long, default_value = "spin")]
@@ -629,7 +643,8 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         iters: check_count("--iters", c.iters)?,
         min_bytes: check_size("--min-bytes", &c.min_bytes, 0)?,
         warmup: c.warmup,
-        depth: check_count("--depth", c.depth)?,
+        depth: c.depth.map(|d| check_count("--depth", d)).transpose()?,
+        window: config.window,
         channels: link.channels,
         chunk: link.chunk,
         baseline: link.baseline,
@@ -640,7 +655,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
-    let slots = ((1usize << 30) / max).clamp(1, sweep.depth);
+    let slots = ((1usize << 30) / max).clamp(1, sweep.max_depth());
     let ring = (
         u64::from(config.channels),
         config.window as u64,
@@ -1163,6 +1178,15 @@ fn overhead(args: OverheadArgs) -> Result<(), Failure> {
             .parse()
             .map_err(|e| bad(format!("--backoff {}: {e}", args.backoff)))?,
         transfers: check_count("--transfers", args.transfers)?,
+        transfer_bytes: match tcpx_tools::bench::sizes::parse_size(&args.transfer_bytes) {
+            Ok(0) | Err(_) => {
+                return Err(bad(format!(
+                    "--transfer-bytes {}: expected a positive size such as 4KiB or 64MiB",
+                    args.transfer_bytes
+                )))
+            }
+            Ok(n) => n,
+        },
         ..Default::default()
     };
     let r = tcpx_tools::bench::overhead::engine_overhead(&opts)?;
