@@ -71,6 +71,8 @@ mod object;
 mod recv;
 mod send;
 mod sock;
+#[cfg(test)]
+mod stream_model;
 mod switch;
 mod table;
 pub mod wire;

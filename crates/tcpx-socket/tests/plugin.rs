@@ -9,6 +9,7 @@ use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use common::*;
+use proptest::prelude::*;
 use tcpx_sys::{
     ncclNetProperties_v8_t, AbiError, AbiVersion, NetPlugin, ResultCode, HANDLE_SIZE,
     NCCL_NET_DEVICE_HOST, NCCL_PTR_CUDA, NCCL_PTR_HOST,
@@ -896,4 +897,177 @@ fn test_with_a_null_size_reports_completion() {
     assert!(got == pattern(9, len), "received bytes differ");
     deregister(p, pair.send, src);
     pair.close();
+}
+
+/// Sizes that straddle every threshold of the data path (empty, one byte, a page and its
+/// neighbours, the stripe part size, several MiB), in an order that mixes them.
+fn mixed_sizes() -> Vec<usize> {
+    let base = [
+        0,
+        1,
+        4096,
+        4095,
+        4097,
+        3,
+        65_535,
+        65_536,
+        65_537,
+        (5 << 20) + 3,
+        7,
+        0,
+        12_289,
+        32 << 10,
+        (32 << 10) - 1,
+        128 << 10,
+        (128 << 10) + 17,
+        1 << 20,
+        100,
+        2,
+    ];
+    (0..6)
+        .flat_map(|r| base.iter().map(move |&s| s + r % 2))
+        .collect()
+}
+
+#[test]
+fn mixed_small_and_large_messages_interleaved() {
+    let p = linked();
+    for dh in [DevHandle::Null, DevHandle::Preset] {
+        let pair = pair(p, dh);
+        transfer(&pair, &mixed_sizes(), 31);
+        // A fixed uneven interleaving: receives run ahead of sends and lag behind them.
+        let steps: Vec<u8> = (0..3000u32).map(|i| ((i * 7 + i / 13) % 5) as u8).collect();
+        interleaved(&pair, &mixed_sizes(), 3, &steps, 32);
+        pair.close();
+    }
+}
+
+#[test]
+fn receives_posted_after_the_sender_finished_find_their_messages() {
+    let p = linked();
+    for dh in [DevHandle::Null, DevHandle::Preset] {
+        let pair = pair(p, dh);
+        let mut sizes: Vec<usize> = (0..16).map(|k| [0, 1, 4096, 1000, 3][k % 5]).collect();
+        sizes.extend(mixed_sizes());
+        receive_late(&pair, &sizes, 33);
+        pair.close();
+    }
+}
+
+/// Frames that arrive together are read ahead together: the good ones are delivered into their
+/// buffers, the bad one behind them fails the comm (at whichever `test` decodes it, as a
+/// corrupt stream fails the whole comm), and no byte of it reaches any posted buffer.
+#[test]
+fn a_bad_frame_read_ahead_behind_good_ones_fails_the_comm_and_lands_nowhere() {
+    setup();
+    use tcpx_socket::wire::{FrameHeader, Hello};
+    let p = linked();
+    let mut handle = [0u8; HANDLE_SIZE];
+    let mut listen = null_mut();
+    // SAFETY: valid handle buffer and out pointer.
+    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
+    let port = u16::from_le_bytes([handle[8], handle[9]]);
+    let nonce = u64::from_le_bytes(handle[32..40].try_into().unwrap());
+    let mut raw = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let hello = Hello {
+        nsocks: 1,
+        index: 0,
+        nonce,
+        conn_id: 43,
+    };
+    raw.write_all(&hello.encode()).unwrap();
+    let mut recv: *mut c_void = null_mut();
+    let start = Instant::now();
+    while recv.is_null() {
+        assert!(start.elapsed() < DEADLINE);
+        // SAFETY: live listen comm.
+        ok(unsafe { p.accept(listen, &mut recv, null_mut()) });
+    }
+    let payloads = [pattern(40, 300), pattern(41, 5000)];
+    let mut traffic = Vec::new();
+    for (seq, body) in payloads.iter().enumerate() {
+        let h = FrameHeader {
+            seq: seq as u32,
+            total: body.len() as u32,
+            part: 0,
+            nparts: 1,
+        };
+        traffic.extend_from_slice(&h.encode());
+        traffic.extend_from_slice(body);
+    }
+    // Message #2 claims to be message #7, then carries bytes that must land nowhere.
+    let bad = FrameHeader {
+        seq: 7,
+        total: 100,
+        part: 0,
+        nparts: 1,
+    };
+    traffic.extend_from_slice(&bad.encode());
+    traffic.extend_from_slice(&[0xee; 100]);
+    raw.write_all(&traffic).unwrap();
+    let mut dst = register(p, recv, vec![0u8; 3 * 8192]);
+    let reqs: Vec<_> = (0..3)
+        .map(|k| irecv(p, recv, &mut dst, k * 8192, 8192))
+        .collect();
+    let mut outcomes = Vec::new();
+    for &r in &reqs {
+        let start = Instant::now();
+        let outcome = loop {
+            assert!(start.elapsed() < DEADLINE, "no outcome for a receive");
+            match test(p, r) {
+                Ok(None) => continue,
+                other => break other,
+            }
+        };
+        outcomes.push(outcome);
+        if outcomes.last().unwrap().is_err() {
+            break;
+        }
+    }
+    let (last, done) = outcomes.split_last().unwrap();
+    assert_eq!(*last, Err(ResultCode::REMOTE_ERROR), "{outcomes:?}");
+    assert!(done.len() <= 2 && [Ok(Some(300)), Ok(Some(5000))].starts_with(done));
+    assert!(logged(&["frame for message #7", "expected message #2"]));
+    assert!(dst.data[..300] == payloads[0][..]);
+    assert!(dst.data[8192..8192 + 5000] == payloads[1][..]);
+    assert!(dst.data[300..8192].iter().all(|&b| b == 0));
+    assert!(dst.data[8192 + 5000..].iter().all(|&b| b == 0));
+    deregister(p, recv, dst);
+    // SAFETY: live comms, closed once.
+    unsafe {
+        ok(p.close_recv(recv));
+        ok(p.close_listen(listen));
+    }
+    drop(raw);
+}
+
+fn any_size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        1 => Just(0usize),
+        3 => 1usize..=64,
+        3 => prop_oneof![Just(4095usize), Just(4096), Just(4097)],
+        3 => 65usize..16 << 10,
+        2 => 16usize << 10..200 << 10,
+        1 => 200usize << 10..4 << 20,
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random sizes and a random interleaving of posts, tests and consumptions, through the
+    /// ABI: bytes in order, sizes reported, nothing written past a message (see `Schedule`).
+    #[test]
+    fn random_sizes_and_interleavings_match_the_model(
+        consume: bool,
+        sizes in proptest::collection::vec(any_size(), 1..40),
+        slack in 0usize..3,
+        steps in proptest::collection::vec(any::<u8>(), 0..300),
+        seed: u64,
+    ) {
+        let dh = if consume { DevHandle::Preset } else { DevHandle::Null };
+        let pair = pair(linked(), dh);
+        interleaved(&pair, &sizes, slack, &steps, seed);
+        pair.close();
+    }
 }

@@ -381,3 +381,237 @@ pub fn transfer(pair: &Pair, sizes: &[usize], seed: u64) {
         );
     }
 }
+
+/// Poison of the receive buffers of a [`Schedule`]: a byte past a message must still hold it.
+const POISON: u8 = 0xa5;
+
+/// A message schedule of `sizes`, laid out back to back in one registered buffer per side (each
+/// receive gets `slack` spare bytes after its message, poisoned), driven one step at a time
+/// through the plugin's ABI. Checks what a plugin owes its caller whatever the interleaving:
+/// message k lands whole in receive k with its size reported, nothing past a message is
+/// written, and a post answers busy exactly when 16 requests are held.
+pub struct Schedule<'a> {
+    pair: &'a Pair,
+    sizes: Vec<usize>,
+    slack: usize,
+    soffs: Vec<usize>,
+    roffs: Vec<usize>,
+    src: Option<Buf>,
+    dst: Option<Buf>,
+    sreqs: Vec<*mut c_void>,
+    rreqs: Vec<*mut c_void>,
+    /// Sends reported done.
+    pub sent: usize,
+    /// Receives reported done.
+    pub received: usize,
+    released: usize,
+}
+
+/// One step of a [`Schedule`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Post the next send (if any is left).
+    PostSend,
+    /// Post the next receive.
+    PostRecv,
+    /// Test the oldest outstanding send.
+    TestSend,
+    /// Test the oldest outstanding receive.
+    TestRecv,
+    /// Consume the oldest completed receive (only with a preset device handle).
+    Consume,
+}
+
+impl Step {
+    /// Every step, in the order a drain loop takes them.
+    pub const ALL: [Step; 5] = [
+        Step::PostSend,
+        Step::PostRecv,
+        Step::TestSend,
+        Step::TestRecv,
+        Step::Consume,
+    ];
+}
+
+impl<'a> Schedule<'a> {
+    /// Registers both buffers of the schedule (send bytes from `seed`).
+    pub fn new(pair: &'a Pair, sizes: &[usize], slack: usize, seed: u64) -> Self {
+        let p = pair.p;
+        let stotal: usize = sizes.iter().sum();
+        let rtotal = stotal + sizes.len() * slack;
+        Self {
+            pair,
+            sizes: sizes.to_vec(),
+            slack,
+            soffs: offsets(sizes, 0),
+            roffs: offsets(sizes, slack),
+            src: Some(register(p, pair.send, pattern(seed, stotal.max(1)))),
+            dst: Some(register(p, pair.recv, vec![POISON; rtotal.max(1)])),
+            sreqs: Vec::new(),
+            rreqs: Vec::new(),
+            sent: 0,
+            received: 0,
+            released: 0,
+        }
+    }
+
+    /// Receive slots held: completed ones stay held until consumed with a device handle.
+    fn held(&self) -> usize {
+        if self.pair.dev_handle.is_some() {
+            self.released
+        } else {
+            self.received
+        }
+    }
+
+    /// Sends posted so far.
+    pub fn sends_posted(&self) -> usize {
+        self.sreqs.len()
+    }
+
+    /// Receives posted so far.
+    pub fn recvs_posted(&self) -> usize {
+        self.rreqs.len()
+    }
+
+    /// Takes `step` if it applies now (a post with nothing left, a test with nothing
+    /// outstanding are skipped).
+    pub fn step(&mut self, step: Step) {
+        let p = self.pair.p;
+        let n = self.sizes.len();
+        let held = self.held();
+        let src = self.src.as_mut().unwrap();
+        let dst = self.dst.as_mut().unwrap();
+        match step {
+            Step::PostSend if self.sreqs.len() < n => {
+                let k = self.sreqs.len();
+                let r = isend(p, self.pair.send, src, self.soffs[k], self.sizes[k]);
+                assert_eq!(r.is_null(), k - self.sent >= 16, "isend #{k}: busy answer");
+                if !r.is_null() {
+                    self.sreqs.push(r);
+                }
+            }
+            Step::PostRecv if self.rreqs.len() < n => {
+                let k = self.rreqs.len();
+                let cap = self.sizes[k] + self.slack;
+                let busy = k - held >= 16;
+                let r = irecv(p, self.pair.recv, dst, self.roffs[k], cap);
+                assert_eq!(r.is_null(), busy, "irecv #{k}: busy answer");
+                if !r.is_null() {
+                    self.rreqs.push(r);
+                }
+            }
+            Step::TestSend if self.sent < self.sreqs.len() => {
+                let k = self.sent;
+                if let Some(size) = test(p, self.sreqs[k]).expect("send test") {
+                    assert_eq!(size, self.sizes[k], "size of send #{k}");
+                    self.sent += 1;
+                }
+            }
+            Step::TestRecv if self.received < self.rreqs.len() => {
+                let k = self.received;
+                if let Some(size) = test(p, self.rreqs[k]).expect("receive test") {
+                    let (o, s) = (self.roffs[k], self.sizes[k]);
+                    assert_eq!(size, s, "size of receive #{k}");
+                    assert!(
+                        dst.data[o..o + s] == src.data[self.soffs[k]..self.soffs[k] + s],
+                        "receive #{k} ({s} bytes) differs from send #{k}"
+                    );
+                    assert!(
+                        dst.data[o + s..o + s + self.slack]
+                            .iter()
+                            .all(|&b| b == POISON),
+                        "receive #{k} written past its {s} bytes"
+                    );
+                    self.received += 1;
+                }
+            }
+            Step::Consume if self.pair.dev_handle.is_some() && self.released < self.received => {
+                // SAFETY: a live comm and its oldest completed, unconsumed request.
+                ok(unsafe { p.irecv_consumed(self.pair.recv, 1, self.rreqs[self.released]) });
+                self.released += 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// Repeats `steps` until `until` holds (a deadline without progress is a stall).
+    pub fn repeat(&mut self, steps: &[Step], until: impl Fn(&Self) -> bool) {
+        let mut last = (usize::MAX, usize::MAX);
+        let mut since = Instant::now();
+        while !until(self) {
+            for &s in steps {
+                self.step(s);
+            }
+            let now = (self.sent, self.received);
+            if now != last {
+                (last, since) = (now, Instant::now());
+            }
+            assert!(
+                since.elapsed() < DEADLINE,
+                "stalled: sent {}/{n}, received {}/{n}",
+                now.0,
+                now.1,
+                n = self.sizes.len()
+            );
+        }
+    }
+
+    /// Drives every message to completion, then deregisters both buffers.
+    pub fn finish(mut self) {
+        let n = self.sizes.len();
+        self.repeat(&Step::ALL, |s| s.sent == n && s.received == n);
+        let p = self.pair.p;
+        deregister(p, self.pair.send, self.src.take().unwrap());
+        deregister(p, self.pair.recv, self.dst.take().unwrap());
+    }
+}
+
+/// Start offsets of `sizes` laid out back to back, each followed by `gap` bytes.
+fn offsets(sizes: &[usize], gap: usize) -> Vec<usize> {
+    sizes
+        .iter()
+        .scan(0, |acc, &s| {
+            let o = *acc;
+            *acc += s + gap;
+            Some(o)
+        })
+        .collect()
+}
+
+/// Runs `steps` (each byte picks a [`Step`], mod 5) on a schedule of `sizes`, then drives it to
+/// completion; every message is checked (see [`Schedule`]).
+pub fn interleaved(pair: &Pair, sizes: &[usize], slack: usize, steps: &[u8], seed: u64) {
+    let mut s = Schedule::new(pair, sizes, slack, seed);
+    for &b in steps {
+        s.step(Step::ALL[usize::from(b) % 5]);
+    }
+    s.finish();
+}
+
+/// Receives posted late: the first 16 messages of `sizes` (64 KiB at most together, so the
+/// socket buffers hold them) are sent and reported done before any receive exists; then the
+/// receives are posted one at a time, each tested to completion before the next is posted,
+/// while the remaining sends follow. Every message's bytes and size are checked.
+pub fn receive_late(pair: &Pair, sizes: &[usize], seed: u64) {
+    let first = sizes.len().min(16);
+    assert!(
+        sizes[..first].iter().sum::<usize>() <= 64 << 10,
+        "the messages sent before any receive must fit in the socket buffers"
+    );
+    let mut s = Schedule::new(pair, sizes, 1, seed);
+    for _ in 0..first {
+        s.step(Step::PostSend);
+    }
+    s.repeat(&[Step::TestSend], |s| s.sent == first);
+    assert_eq!(s.recvs_posted(), 0);
+    for k in 0..sizes.len() {
+        s.step(Step::PostRecv);
+        assert_eq!(s.recvs_posted(), k + 1);
+        s.repeat(&[Step::TestRecv, Step::PostSend, Step::TestSend], |s| {
+            s.received == k + 1
+        });
+        s.step(Step::Consume);
+    }
+    s.finish();
+}

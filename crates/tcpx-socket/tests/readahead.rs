@@ -1,0 +1,92 @@
+//! The read-ahead and gathered-write data path over three data sockets per comm
+//! (`TCPX_SOCKET_NSOCKS=3`: a count that is not a power of two, so the rotation of small
+//! messages and the striping of large ones meet at every offset). The environment is read once
+//! per plugin instance, so this lives in its own test binary; the one-socket twins of these
+//! tests are in `plugin.rs`.
+
+mod common;
+
+use std::sync::Once;
+
+use common::*;
+use proptest::prelude::*;
+
+fn three_sockets() -> &'static tcpx_sys::NetPlugin {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| std::env::set_var("TCPX_SOCKET_NSOCKS", "3"));
+    linked()
+}
+
+/// Many messages of mixed sizes (empty, one byte, pages and their neighbours, the stripe part
+/// size and several MiB), so small ones rotate over the sockets between striped large ones.
+fn mixed_sizes() -> Vec<usize> {
+    (0..400usize)
+        .map(|k| match k % 10 {
+            0 => 0,
+            1 => 1,
+            2 => 4096,
+            3 => 4095 + k % 3,
+            4 => 65_536 + k % 5 - 2,
+            5 => 3 << 20 | k,
+            6 => 192 << 10,
+            7 => 17,
+            8 => (k * 7919) % 40_000,
+            _ => 200,
+        })
+        .collect()
+}
+
+#[test]
+fn mixed_messages_over_three_sockets() {
+    let p = three_sockets();
+    for dh in [DevHandle::Null, DevHandle::Preset] {
+        let pair = pair(p, dh);
+        transfer(&pair, &mixed_sizes(), 51);
+        let steps: Vec<u8> = (0..5000u32).map(|i| ((i * 3 + i / 7) % 5) as u8).collect();
+        interleaved(&pair, &mixed_sizes(), 2, &steps, 52);
+        pair.close();
+    }
+}
+
+#[test]
+fn late_receives_over_three_sockets() {
+    let p = three_sockets();
+    for dh in [DevHandle::Null, DevHandle::Preset] {
+        let pair = pair(p, dh);
+        let mut sizes: Vec<usize> = (0..16).map(|k| [4096, 0, 1, 3000][k % 4]).collect();
+        sizes.extend(mixed_sizes().into_iter().take(100));
+        receive_late(&pair, &sizes, 53);
+        pair.close();
+    }
+}
+
+fn any_size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        1 => Just(0usize),
+        3 => 1usize..=64,
+        3 => prop_oneof![Just(4095usize), Just(4096), Just(4097)],
+        3 => 65usize..16 << 10,
+        2 => 16usize << 10..260 << 10,
+        1 => 260usize << 10..4 << 20,
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random sizes and a random interleaving of posts, tests and consumptions over three
+    /// sockets: bytes in order, sizes reported, nothing written past a message.
+    #[test]
+    fn random_sizes_and_interleavings_match_the_model(
+        consume: bool,
+        sizes in proptest::collection::vec(any_size(), 1..40),
+        slack in 0usize..3,
+        steps in proptest::collection::vec(any::<u8>(), 0..300),
+        seed: u64,
+    ) {
+        let dh = if consume { DevHandle::Preset } else { DevHandle::Null };
+        let pair = pair(three_sockets(), dh);
+        interleaved(&pair, &sizes, slack, &steps, seed);
+        pair.close();
+    }
+}
