@@ -197,6 +197,17 @@ class Agent:
     def metadata(self):
         return self.agent.get_agent_metadata()
 
+    def destroy_agent(self):
+        """Deregisters everything and drops the NIXL agent (its backend engine is destroyed
+        with it), keeping the process: what an application tearing an agent down does."""
+        for key in list(self.regs):
+            self.agent.deregister_memory(self.regs.pop(key))
+        for h, _ in self.pending.values():
+            self.agent.release_xfer_handle(h)
+        self.pending.clear()
+        self.agent = None  # the last reference: NIXL destroys the agent and its engines now
+        return True
+
     def add_remote(self, md):
         name = self.agent.add_remote_agent(md)
         return name.decode() if isinstance(name, bytes) else name
