@@ -76,9 +76,9 @@ class Side:
             from harness import _Cuda
 
             self.cuda = _Cuda()
-        from nixl_cu12 import nixl_agent, nixl_agent_config
+        from harness import nixl_api
 
-        self.nixl_agent, self.nixl_agent_config = nixl_agent, nixl_agent_config
+        self.nixl_agent, self.nixl_agent_config = nixl_api()
 
     def step(self, pair, what):
         """Tells the orchestrator where this side is (shown when a call never returns)."""
