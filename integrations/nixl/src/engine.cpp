@@ -7,8 +7,19 @@
 // accepted connection under the peer's address until that Hello names it. If both dial at the
 // same moment each side keeps the connection it bound first for its own sends and serves the
 // other until disconnect: one-sided operations work on either, and each side always sends on
-// the same connection, so its notifications stay ordered after its writes.
+// the same connection, so its notifications stay ordered after its writes. A Hello also names
+// the dialer's endpoint: a Hello from another endpoint than the one this side sends to means
+// the agent was replaced under the same name (restarted, re-created), and its new connection
+// takes over.
 //
+// Teardown and failure. Nothing here waits without a bound: dials and set-ups end at the
+// endpoint's timeout, the acceptor polls every 20 ms, deregistration waits for operations
+// still being served at most the timeout, and failed connections are closed (the next send
+// dials afresh).
+//
+// First transfers. What a connection's first transfers would pay is paid when it is made or
+// bound: every registered region is registered on its one-sided comms then
+// (tcpx_connection_warmup), and a region registered later on the existing connections.
 // Hot path. prepXfer merges contiguous descriptors once; postXfer looks the connection up
 // (one map lookup under a mutex per transfer, not per block) and submits one tcpx write or
 // read for the whole list.

@@ -13,7 +13,8 @@ every wait bounded, per-step timings, and the first transfers of each pair timed
 Options: `--backend TCPX|UCX` (UCX runs without NIXL_PLUGIN_DIR, `UCX_TLS=tcp,self
 UCX_NET_DEVICES=lo`, plus `cuda_copy` for VRAM), `--memory DRAM|VRAM` (VRAM: CUDA device memory
 through the driver API; SKIP without a driver or device), `--size`, `--blocks`, `--transfers`
-(transfers per agent pair, each re-fetching metadata as the script does), `--op WRITE|READ`.
+(transfers per agent pair, each re-fetching metadata as the script does; `--exchange once`:
+metadata once per pair, then the transfers back to back), `--op WRITE|READ`.
 
 `--sync pair` (default): a new pair starts once both sides tore the previous one down and the new
 server agent listens, i.e. what a correct application does. `--sync none`: both processes loop on
@@ -36,6 +37,7 @@ import faulthandler
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -148,7 +150,14 @@ class Side:
         local = agent.get_xfer_descs([(addr, n, 0) for _, addr, n in bufs], a.memory)
         try:
             for k in range(a.transfers):
-                if self.role == "server":
+                again = k == 0 or a.exchange == "every"
+                if self.role == "server" and not again:
+                    self.step(i, f"transfer {k}: wait for the TRANSFER notification")
+                    self.wait(i, f"transfer {k}: the TRANSFER notification",
+                              lambda: agent.check_remote_xfer_done("client", UID))
+                    rec["transfers_ms"].append(round((time.perf_counter() - t) * 1e3, 3))
+                    t = time.perf_counter()
+                elif self.role == "server":
                     self.step(i, f"transfer {k}: wait for the client's metadata")
                     self.wait(i, f"transfer {k}: the client's metadata",
                               lambda: agent.check_remote_metadata("client"))
@@ -162,27 +171,28 @@ class Side:
                     rec["transfers_ms"].append(round((time.perf_counter() - t) * 1e3, 3))
                     t = time.perf_counter()
                 else:
-                    self.step(i, f"transfer {k}: fetch and send metadata")
-                    agent.fetch_remote_metadata("server", "127.0.0.1", a.port)
-                    agent.send_local_metadata("127.0.0.1", a.port)
-                    got = {}
+                    if again:
+                        self.step(i, f"transfer {k}: fetch and send metadata")
+                        agent.fetch_remote_metadata("server", "127.0.0.1", a.port)
+                        agent.send_local_metadata("127.0.0.1", a.port)
+                        got = {}
 
-                    def descs_arrived():
-                        for sender, msgs in agent.get_new_notifs().items():
-                            got.setdefault(sender, []).extend(msgs)
-                        return bool(got.get("server"))
+                        def descs_arrived():
+                            for sender, msgs in agent.get_new_notifs().items():
+                                got.setdefault(sender, []).extend(msgs)
+                            return bool(got.get("server"))
 
-                    self.step(i, f"transfer {k}: wait for the server's descriptors")
-                    self.wait(i, f"transfer {k}: the server's descriptors", descs_arrived)
-                    remote = agent.deserialize_descs(got["server"][0])
-                    self.step(i, f"transfer {k}: wait for the server's metadata")
-                    self.wait(i, f"transfer {k}: the server's metadata",
-                              lambda: agent.check_remote_metadata("server"))
-                    if k == 0:
-                        lap("metadata")
-                    if handle is not None:
-                        agent.release_xfer_handle(handle)
-                    handle = agent.initialize_xfer(a.op, local, remote, "server", UID)
+                        self.step(i, f"transfer {k}: wait for the server's descriptors")
+                        self.wait(i, f"transfer {k}: the server's descriptors", descs_arrived)
+                        remote = agent.deserialize_descs(got["server"][0])
+                        self.step(i, f"transfer {k}: wait for the server's metadata")
+                        self.wait(i, f"transfer {k}: the server's metadata",
+                                  lambda: agent.check_remote_metadata("server"))
+                        if k == 0:
+                            lap("metadata")
+                        if handle is not None:
+                            agent.release_xfer_handle(handle)
+                        handle = agent.initialize_xfer(a.op, local, remote, "server", UID)
                     self.step(i, f"transfer {k}: transfer")
                     t0 = time.perf_counter()
                     state = agent.transfer(handle)
@@ -340,11 +350,13 @@ def run(args):
         pd = os.environ.get("NIXL_PLUGIN_DIR", "")
         if not os.path.exists(os.path.join(pd, "libplugin_TCPX.so")):
             sys.exit("set NIXL_PLUGIN_DIR to the directory holding libplugin_TCPX.so (cargo xtask nixl)")
+    own_logdir = not args.logdir  # a temporary one: removed again when nothing failed
     logdir = args.logdir or tempfile.mkdtemp(prefix="nixl-recreate-")
     os.makedirs(logdir, exist_ok=True)
     port = args.port or free_port()
     print(f"{args.backend} {args.memory} {args.op}, {args.blocks} x {args.size // args.blocks} B, "
           f"{args.iterations} agent pairs x {args.transfers} transfers, sync {args.sync}, "
+          f"exchange {args.exchange}, "
           f"NIXL listener 127.0.0.1:{port}, logs in {logdir}", flush=True)
     server = Child("server", args, port, logdir)
     client = Child("client", args, port, logdir)
@@ -426,6 +438,8 @@ def run(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if own_logdir and not failure:
+        shutil.rmtree(logdir, ignore_errors=True)
     return 1 if failure else 0
 
 
@@ -439,6 +453,9 @@ def parse(argv):
     ap.add_argument("--blocks", type=int, default=1, help="blocks (registrations) per transfer")
     ap.add_argument("--op", default="WRITE", choices=["WRITE", "READ"])
     ap.add_argument("--sync", default="pair", choices=["pair", "none"])
+    ap.add_argument("--exchange", default="every", choices=["every", "once"],
+                    help="metadata and descriptors before every transfer (the script's way) or "
+                         "once per pair (then the transfers run back to back)")
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds any one wait may take")
     ap.add_argument("--port", type=int, default=0, help="the server's NIXL listener port (default: a free one)")
     ap.add_argument("--logdir")
@@ -450,7 +467,7 @@ def parse(argv):
         ap.error("need iterations >= 1, transfers >= 1 and 1 <= blocks <= size")
     args.child_args = ["--backend", args.backend, "--memory", args.memory, "--transfers",
                        str(args.transfers), "--size", str(args.size), "--blocks", str(args.blocks),
-                       "--op", args.op, "--timeout", str(args.timeout)]
+                       "--op", args.op, "--timeout", str(args.timeout), "--exchange", args.exchange]
     return args
 
 
