@@ -7,7 +7,8 @@ UCX's CUDA transport modules (for the UCX side of compare.py / recreate.py).
     target/nixl/venv/bin/python integrations/nixl/tests/gpu_bundle.py \\
         [--python-version 3.12] [--wheel nixl-cu13] [--with-ucx]
 
-writes target/nixl/gpu/site.tar.gz (and copies target/nixl/plugins next to it). On the GPU
+writes target/nixl/gpu/site.tar.gz and copies target/nixl/plugins and target/release/tcpx-bench
+(if built) next to it, without debug info. On the GPU
 machine (CUDA 13: --wheel nixl-cu13, whose UCX registers VRAM there; nixl-cu12's UCX sees VRAM
 as host memory):
 
@@ -94,6 +95,15 @@ def main():
     plugins = os.path.join(ROOT, "target/nixl/plugins")
     if os.path.isdir(plugins):
         shutil.copytree(plugins, os.path.join(args.out, "plugins"), dirs_exist_ok=True)
+    # tcpx-bench (compare.py's tcpx-without-NIXL figures) rides along; debug info stripped from
+    # what is carried, so that everything fits the device machine's transfer limit.
+    bench = os.path.join(ROOT, "target/release/tcpx-bench")
+    if os.path.exists(bench):
+        shutil.copy2(bench, os.path.join(args.out, "tcpx-bench"))
+    for f in ["tcpx-bench", "plugins/libtcpx.so", "plugins/libplugin_TCPX.so"]:
+        path = os.path.join(args.out, f)
+        if os.path.exists(path):
+            subprocess.run(["strip", "--strip-debug", path], check=False)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(args.out) for f in fs)
     print(f"{out}: {os.path.getsize(out) / 2**20:.1f} MiB; {args.out} in all: {total / 2**20:.1f} MiB")
 
