@@ -7,8 +7,12 @@
 //!   `NIXL_PLUGIN_DIR`. Fails if the plugin exports anything but NIXL's two entry points.
 //! - `--test` creates `target/nixl/venv` (PyPI `nixl-cu12==1.5.1` without its optional torch
 //!   dependency, and numpy) once, then runs `integrations/nixl/tests/test_agents.py`: two NIXL
-//!   agents in two processes over 127.0.0.1.
-//! - `--bench [ARGS]` runs `integrations/nixl/bench/compare.py ARGS` (UCX against TCPX).
+//!   agents in two processes over 127.0.0.1; then `integrations/nixl/tests/recreate.py`: 20
+//!   agent pairs re-created under the same names (UCCL's benchmark_nixl.py's loop), bounded.
+//! - `--bench [ARGS]` builds `tcpx-bench` (release) and runs `integrations/nixl/bench/compare.py
+//!   --tcpx-bench target/release/tcpx-bench ARGS`: NIXL's UCX backend against TCPX, large
+//!   blocks and KV lists, WRITE and READ, plus the same bytes through `tcpx-bench
+//!   server/client` with the same channels (`ARGS`: e.g. `--memory cuda`, `--channels 8`).
 //! - `--probe NIXL_SRC` compiles and runs `integrations/nixl/probe/abi_probe.cpp` against a
 //!   NIXL source checkout (kept outside this repository), proving that our
 //!   `nixl_backend_abi.h` matches NIXL's real layouts and virtual slots.
@@ -29,6 +33,19 @@ const NIXL_WHEEL: &str = "nixl-cu12==1.5.1";
 /// The agent test's limit (it takes about a minute on a 2-core box).
 const TEST_LIMIT: Duration = Duration::from_secs(600);
 const BENCH_LIMIT: Duration = Duration::from_secs(1800);
+/// The re-creation regression test: 20 agent pairs, 4 transfers each, host memory (about
+/// 15 s on a 2-core box); each wait inside gives up after 20 s.
+const RECREATE_ARGS: &[&str] = &[
+    "--backend",
+    "TCPX",
+    "--iterations",
+    "20",
+    "--transfers",
+    "4",
+    "--timeout",
+    "20",
+];
+const RECREATE_LIMIT: Duration = Duration::from_secs(300);
 
 struct Options {
     test: bool,
@@ -83,10 +100,28 @@ pub fn run(args: &[String]) -> Result<()> {
         let mut cmd = Command::new(&python);
         cmd.arg(root.join("integrations/nixl/tests/test_agents.py"));
         run_limited(loopback(&mut cmd, &plugins), TEST_LIMIT)?;
+        // The agent re-creation loop (UCCL's benchmark_nixl.py's shape): a new agent pair per
+        // iteration under the same names; every wait in it is bounded, a stall fails.
+        let mut cmd = Command::new(&python);
+        cmd.arg(root.join("integrations/nixl/tests/recreate.py"))
+            .args(RECREATE_ARGS);
+        run_limited(loopback(&mut cmd, &plugins), RECREATE_LIMIT)?;
     }
     if let Some(args) = &o.bench {
+        // tcpx without NIXL, same channels and sizes, in the same run (the plugin's overhead).
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        run_command(Command::new(&cargo).current_dir(&root).args([
+            "build",
+            "--release",
+            "-p",
+            "tcpx-tools",
+            "--bin",
+            "tcpx-bench",
+        ]))?;
         let mut cmd = Command::new(&python);
         cmd.arg(root.join("integrations/nixl/bench/compare.py"))
+            .arg("--tcpx-bench")
+            .arg(root.join("target/release/tcpx-bench"))
             .args(args);
         run_limited(loopback(&mut cmd, &plugins), BENCH_LIMIT)?;
     }

@@ -39,7 +39,7 @@
  * Minor ABI version: grows when functions or constants are added. A host built against minor
  * `m` needs a library whose minor version is at least `m`.
  */
-#define TCPX_ABI_VERSION_MINOR 0
+#define TCPX_ABI_VERSION_MINOR 1
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -847,6 +847,22 @@ tcpx_status tcpx_connection_read(struct tcpx_connection connection,
                                  const struct tcpx_remote_segment *remote,
                                  size_t nremote,
                                  struct tcpx_transfer *transfer);
+
+/**
+ * Pays now what the first one-sided operations naming `regions[0..count)` on this connection
+ * would pay at their start (registration on the connection's one-sided comms, both
+ * directions: writes and reads issued here, and the peer's served here), so that the first
+ * `tcpx_connection_write` / `_read` runs as fast as the later ones. Call it once the
+ * connection exists, for the regions it will carry; again for regions registered later.
+ * Optional: without it the first operation on each region registers it. Each region must
+ * belong to the connection's endpoint. Thread safety: any thread.
+ *
+ * # Safety
+ * `regions` points to `count` initialized handles (may be NULL when `count` is 0).
+ */
+tcpx_status tcpx_connection_warmup(struct tcpx_connection connection,
+                                   const struct tcpx_region *regions,
+                                   size_t count);
 
 /**
  * Sends a standalone notification (`bytes[0..len)`, at most `TCPX_NOTIFICATION_MAX_BYTES`) to

@@ -52,7 +52,7 @@ pub use transfer::*;
 pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// Minor ABI version: grows when functions or constants are added. A host built against minor
 /// `m` needs a library whose minor version is at least `m`.
-pub const TCPX_ABI_VERSION_MINOR: u32 = 0;
+pub const TCPX_ABI_VERSION_MINOR: u32 = 1;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
 pub const TCPX_ABI_VERSION: u32 = (TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR;

@@ -231,6 +231,41 @@ pub unsafe extern "C" fn tcpx_connection_read(
     })
 }
 
+/// Pays now what the first one-sided operations naming `regions[0..count)` on this connection
+/// would pay at their start (registration on the connection's one-sided comms, both
+/// directions: writes and reads issued here, and the peer's served here), so that the first
+/// `tcpx_connection_write` / `_read` runs as fast as the later ones. Call it once the
+/// connection exists, for the regions it will carry; again for regions registered later.
+/// Optional: without it the first operation on each region registers it. Each region must
+/// belong to the connection's endpoint. Thread safety: any thread.
+///
+/// # Safety
+/// `regions` points to `count` initialized handles (may be NULL when `count` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_warmup(
+    connection: tcpx_connection,
+    regions: *const tcpx_region,
+    count: usize,
+) -> tcpx_status {
+    guard("tcpx_connection_warmup", || {
+        // SAFETY: `count` initialized handles when non-null (the caller's promise).
+        let regions = unsafe { array(regions, count, "regions") }?;
+        let conn = objects::connection(connection)?;
+        for (i, &region) in regions.iter().enumerate() {
+            let seg = [tcpx_segment {
+                region,
+                offset: 0,
+                len: 0,
+            }];
+            let in_use = resolve(conn.endpoint, &seg)
+                .map_err(|e| CapiError::new(e.status, format!("region {i}: {}", e.message)))?;
+            conn.with(|c| Ok(c.warm_up(&in_use[0].region)?))
+                .map_err(|e| CapiError::new(e.status, format!("region {i}: {}", e.message)))?;
+        }
+        Ok(TCPX_OK)
+    })
+}
+
 /// Sends a standalone notification (`bytes[0..len)`, at most `TCPX_NOTIFICATION_MAX_BYTES`) to
 /// the peer's `tcpx_endpoint_notification`, delivered after every notification and write this
 /// side issued before it. Thread safety: any thread.

@@ -241,3 +241,42 @@ fn peer_that_stops_reading_makes_send_time_out() {
         Err(ControlError::Broken { .. })
     ));
 }
+
+/// A peer may send its first messages right behind the one this side waits for (the
+/// connecting side notifies as soon as it saw `Ready`), and one `read` then takes them all.
+/// The handle that keeps receiving after the handshake must own those buffered bytes: a
+/// receiver cloned off the handshake's handle used to start empty and lost them (NIXL agents
+/// re-created in a loop waited forever for a notification that had arrived).
+#[test]
+fn messages_read_ahead_during_the_handshake_reach_the_reader_after_split() {
+    let (l, addr) = listener();
+    let peer = thread::spawn(move || {
+        let mut s = TcpStream::connect_timeout(&addr, STEP).unwrap();
+        let mut burst = Vec::new();
+        Message::Ready.encode(&mut burst).unwrap();
+        for i in 0..3u8 {
+            Message::Notify { bytes: vec![i; 16] }
+                .encode(&mut burst)
+                .unwrap();
+        }
+        // One write: the frames arrive together, so the first read returns all of them.
+        s.write_all(&burst).unwrap();
+        s
+    });
+    let mut conn = ControlConn::accept(&l, STEP).unwrap();
+    let _keep_open = peer.join().unwrap();
+    // Wait until all the bytes are in this socket's buffer, then take Ready alone.
+    thread::sleep(Duration::from_millis(50));
+    conn.recv_expecting(MessageType::Ready, STEP).unwrap();
+    let (mut reader, mut writer) = conn.split().unwrap();
+    for i in 0..3u8 {
+        assert_eq!(
+            reader.recv(STEP).unwrap(),
+            Message::Notify { bytes: vec![i; 16] },
+            "notification {i} after the split"
+        );
+    }
+    // The writer is a working handle on the same socket.
+    writer.send(&Message::Ready).unwrap();
+    assert!(reader.recv(SHORT).unwrap_err().is_timeout());
+}

@@ -889,3 +889,91 @@ fn exhausted_pool_round(sender_buffers: usize) {
     assert!(s.buffers <= sender_buffers as u64, "{s:?}");
     assert_eq!(ba.pack_stats().packed_received, s.packed_sent);
 }
+
+/// `Connection::warm_up` registers a region on the one-sided comms (both directions) ahead of
+/// the first operation: that operation then adds no registration, and closing the connection
+/// still releases everything.
+#[test]
+fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
+    loopback();
+    let channels = 3;
+    let a = Endpoint::new(config(channels, 64 << 10)).unwrap();
+    let b = Endpoint::new(config(channels, 64 << 10)).unwrap();
+    let dst = b.alloc_host(1 << 20).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    let src = source(&a, 1 << 20, 5);
+    let (ab, ba) = connect(&a, &b);
+    assert_eq!((a.live_registrations(), b.live_registrations()), (0, 0));
+    ab.warm_up(&src).unwrap();
+    ba.warm_up(&dst).unwrap();
+    // One registration per one-sided comm: a send and a receive comm per channel.
+    let per_side = 2 * usize::from(channels);
+    assert_eq!(a.live_registrations(), per_side);
+    assert_eq!(b.live_registrations(), per_side);
+    // Twice is the same as once (the registrations are cached on the connection).
+    ab.warm_up(&src).unwrap();
+    assert_eq!(a.live_registrations(), per_side);
+    let w = ab
+        .write(
+            &[Segment::new(&src, 0, 1 << 20)],
+            &[RemoteSegment::new(d, 0, 1 << 20)],
+            Some(b"warm"),
+        )
+        .unwrap();
+    assert_eq!(w.wait(DEADLINE).unwrap(), 1 << 20);
+    assert_eq!(wait_notifications(&b, 1), vec![b"warm".to_vec()]);
+    assert_eq!(snapshot(&dst), snapshot(&src));
+    let back = a.alloc_host(1 << 20).unwrap();
+    ab.warm_up(&back).unwrap();
+    let r = ab
+        .read(
+            &[Segment::new(&back, 0, 1 << 20)],
+            &[RemoteSegment::new(d, 0, 1 << 20)],
+        )
+        .unwrap();
+    assert_eq!(r.wait(DEADLINE).unwrap(), 1 << 20);
+    assert_eq!(snapshot(&back), snapshot(&src));
+    // The operations added nothing: both regions were registered ahead.
+    assert_eq!(a.live_registrations(), 2 * per_side);
+    assert_eq!(b.live_registrations(), per_side);
+    ab.close().unwrap();
+    drop(ba);
+    assert_eq!(a.live_registrations(), 0);
+    assert!(eventually(DEADLINE, || b.live_registrations() == 0));
+}
+
+/// A target that closes as soon as it sees a write's notification (a NIXL agent torn down
+/// once its peer said "done") must not take the initiator's acknowledgement with it: the
+/// write landed, so the initiator's transfer completes instead of failing with `PeerClosed`.
+#[test]
+fn a_target_closing_at_the_notification_still_acknowledges_the_write() {
+    loopback();
+    let a = Endpoint::new(config(2, 64 << 10)).unwrap();
+    let src = source(&a, 64 << 10, 9);
+    for round in 0..20 {
+        let b = Endpoint::new(config(2, 64 << 10)).unwrap();
+        let dst = b.alloc_host(64 << 10).unwrap();
+        let d = b.advertise(&dst).unwrap();
+        let (ab, ba) = connect(&a, &b);
+        let w = ab
+            .write(
+                &[Segment::new(&src, 0, 64 << 10)],
+                &[RemoteSegment::new(d, 0, 64 << 10)],
+                Some(b"done"),
+            )
+            .unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        while b.notifications().is_empty() {
+            assert!(Instant::now() < deadline, "round {round}: no notification");
+            std::hint::spin_loop();
+        }
+        drop(ba);
+        drop(b);
+        assert_eq!(
+            w.wait(DEADLINE)
+                .unwrap_or_else(|e| panic!("round {round}: {e}")),
+            64 << 10,
+            "round {round}"
+        );
+    }
+}

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -118,7 +119,15 @@ private:
     struct Peer {
         std::vector<uint8_t> metadata;  // from its connection info; empty until loaded
         tcpx_connection conn{0};        // the connection this side sends on
-        std::vector<tcpx_connection> others;  // duplicates of a simultaneous dial, kept served
+        std::string endpoint;           // control address of the endpoint `conn` reaches
+        /// Kept served until disconnect (failed ones are pruned): the duplicate of a
+        /// simultaneous dial, or the connection of an instance the name moved away from.
+        std::vector<tcpx_connection> others;
+    };
+    /// What an accepted connection's Hello said: the dialing agent and its endpoint.
+    struct Hello {
+        std::string agent;
+        std::string endpoint;  // its control address; empty from plugins that did not say
     };
 
     void init(const BackendInitParams *init);
@@ -126,6 +135,8 @@ private:
     /// Takes every delivered tcpx notification: hellos bind accepted connections, the rest
     /// queue for getNotifs. Caller holds no lock.
     void drainNotifications() const;
+    /// The loop of drainNotifications; caller holds notifMu_ (and not mu_).
+    void drainLocked() const;
     /// Binds an accepted connection to its agent once both its accept and its hello were seen.
     /// Caller holds mu_.
     void tryBindLocked(const std::string &addr) const;
@@ -134,6 +145,21 @@ private:
     /// Drops `conn` as the connection to `agent` (it failed on submit: the peer closed it), so
     /// that the next `connection` dials afresh.
     void forget(const std::string &agent, tcpx_connection conn) const;
+    /// The lock that keeps two threads from dialing `agent` at once (dials to other agents
+    /// go on meanwhile).
+    std::shared_ptr<std::mutex> dialLock(const std::string &agent) const;
+    /// Registers every region this engine holds on `conn`'s one-sided comms, so that the
+    /// first transfers on it do not pay for that. Failures only cost that saving: logged.
+    void warmUp(tcpx_connection conn, const std::vector<tcpx_region> &regions) const;
+    /// Warms up the connections bound since the last call (caller holds no lock).
+    void flushWarm() const;
+    /// Destroys failed connections nobody sends on any more, and with `current` also the
+    /// failed ones agents' sends would go to (they then dial afresh). Caller holds no lock.
+    void pruneFailed(bool current) const;
+    /// registerMem's part under regMu_: the (reference-counted) registration; `created` is
+    /// the new tcpx region, or stays null when the range was registered already.
+    Status registerLocked(const BlobDesc &mem, const MemType &type, BackendMD *&out,
+                          tcpx_region &created);
     Status startTransfer(Request &req, const BackendOptionalArgs *opt_args) const;
     Status buildRequest(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
                         const std::string &agent, Request &req) const;
@@ -142,16 +168,17 @@ private:
     uint32_t timeoutMs_ = 30000;
     std::vector<uint8_t> metadata_;
     std::string connInfo_;
+    std::string controlAddr_;  // this endpoint's control address, sent in hellos
 
-    mutable std::mutex mu_;  // peers_, accepted_, helloFrom_
+    mutable std::mutex mu_;  // peers_, accepted_, helloFrom_, dialLocks_, toWarm_
     mutable std::map<std::string, Peer> peers_;
     mutable std::map<std::string, tcpx_connection> accepted_;  // by peer address, not yet named
-    mutable std::map<std::string, std::string> helloFrom_;     // peer address -> agent
+    mutable std::map<std::string, Hello> helloFrom_;           // by peer address
+    mutable std::map<std::string, std::shared_ptr<std::mutex>> dialLocks_;  // by agent
+    mutable std::vector<tcpx_connection> toWarm_;  // bound, not warmed up yet
 
-    std::mutex regMu_;  // regs_
+    mutable std::mutex regMu_;  // regs_
     std::map<std::pair<uintptr_t, size_t>, LocalMD *> regs_;  // (address, length) -> refcounted
-
-    mutable std::mutex dialMu_;  // one dial at a time, so two threads never dial the same peer
 
     mutable std::mutex notifMu_;  // notifBuf_, notifs_
     mutable std::vector<uint8_t> notifBuf_;
@@ -168,6 +195,7 @@ Status toNixl(tcpx_status s);
 /// libnixl): errors always, the rest when TCPX_NIXL_LOG=info|debug.
 void logError(const std::string &what);
 void logInfo(const std::string &what);
+void logDebug(const std::string &what);
 
 }  // namespace tcpx_nixl
 

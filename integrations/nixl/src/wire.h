@@ -28,6 +28,9 @@ inline constexpr char kMemMagic[4] = {'T', 'X', 'M', '1'};
 enum class NotifKind : uint8_t {
     /// Sent once by the side that dialed a connection, naming its agent, so that the accepting
     /// side knows which agent the accepted connection belongs to (tcpx reports only addresses).
+    /// Its message is the dialer's control address (empty from older plugins): the same agent
+    /// dialing again comes from the same endpoint, an agent replaced under the same name from
+    /// another one.
     Hello = 1,
     /// A NIXL notification (genNotif, or the one of a WRITE / READ).
     User = 2,

@@ -155,6 +155,15 @@ class _Cuda:
         )
 
 
+def nixl_api():
+    """NIXL's agent classes from the wheel named by TCPX_NIXL_MODULE: nixl_cu12 (the default)
+    or nixl_cu13 (CUDA 13 machines, whose UCX registers VRAM there); both are NIXL 1.5.1."""
+    import importlib
+
+    module = importlib.import_module(os.environ.get("TCPX_NIXL_MODULE", "nixl_cu12"))
+    return module.nixl_agent, module.nixl_agent_config
+
+
 def cuda_available():
     """True when a CUDA driver and at least one device are present."""
     try:
@@ -183,7 +192,7 @@ class Agent:
 
     # -- setup --------------------------------------------------------------------------------
     def init(self, name, backend, params, mem):
-        from nixl_cu12 import nixl_agent, nixl_agent_config
+        nixl_agent, nixl_agent_config = nixl_api()
 
         self.np = __import__("numpy")
         self.mem = mem
@@ -196,6 +205,17 @@ class Agent:
 
     def metadata(self):
         return self.agent.get_agent_metadata()
+
+    def destroy_agent(self):
+        """Deregisters everything and drops the NIXL agent (its backend engine is destroyed
+        with it), keeping the process: what an application tearing an agent down does."""
+        for key in list(self.regs):
+            self.agent.deregister_memory(self.regs.pop(key))
+        for h, _ in self.pending.values():
+            self.agent.release_xfer_handle(h)
+        self.pending.clear()
+        self.agent = None  # the last reference: NIXL destroys the agent and its engines now
+        return True
 
     def add_remote(self, md):
         name = self.agent.add_remote_agent(md)
@@ -351,33 +371,56 @@ class Agent:
             raise RuntimeError(f"{op} to {remote} ended {state}")
         return True
 
-    def bench(self, op, key, block_list, remote_descs, remote, iters, warmup=2):
-        """GB/s (10^9 bytes/s) of `iters` back-to-back transfers of the list, one prepared
-        request reposted (as nixlbench does), after `warmup` untimed ones."""
+    def bench(self, op, key, block_list, remote_descs, remote, iters, warmup=2, notif=b""):
+        """`iters` back-to-back transfers of the list, one prepared request reposted (as
+        nixlbench and vLLM's connector do), after `warmup` untimed ones; each carries
+        notification `notif` when given. Returns {"gbps": GB/s (10^9 bytes/s) of the timed
+        ones, "first_ms": the very first transfer (the list's and the regions' first use on
+        this connection), "p50_ms": the median timed transfer, "posted": transfers made}."""
         local = self.agent.prep_xfer_dlist("", self.descs(key, block_list, serialized=False), self.mem)
         rd = self.agent.deserialize_descs(remote_descs)
         remote_h = self.agent.prep_xfer_dlist(remote, rd, self.mem)
         idx = list(range(len(block_list)))
-        h = self.agent.make_prepped_xfer(op, local, idx, remote_h, idx)
+        h = self.agent.make_prepped_xfer(op, local, idx, remote_h, idx, notif)
         total = sum(ln for _, ln in block_list)
 
         def once():
+            t0 = time.perf_counter()
             state = self.agent.transfer(h)
             while state == "PROC":
                 state = self.agent.check_xfer_state(h)
             if state != "DONE":
                 raise RuntimeError(f"bench {op}: {state}")
+            return time.perf_counter() - t0
 
-        for _ in range(warmup):
+        first = once()
+        for _ in range(warmup - 1):
             once()
+        times = []
         t = time.perf_counter()
         for _ in range(iters):
-            once()
+            times.append(once())
         dt = time.perf_counter() - t
         self.agent.release_xfer_handle(h)
         self.agent.release_dlist_handle(local)
         self.agent.release_dlist_handle(remote_h)
-        return total * iters / dt / 1e9
+        times.sort()
+        return {"gbps": total * iters / dt / 1e9, "first_ms": first * 1e3,
+                "p50_ms": times[len(times) // 2] * 1e3, "posted": max(warmup, 1) + iters}
+
+    def count_notifs(self, sender, msg, count, timeout):
+        """Takes notifications `msg` from `sender` until `count` arrived (or the timeout);
+        returns how many did."""
+        deadline = time.monotonic() + timeout
+        got = 0
+        while True:
+            self._poll()
+            msgs = self.notifs.get(sender, [])
+            got += msgs.count(msg)
+            self.notifs[sender] = [m for m in msgs if m != msg]
+            if got >= count or time.monotonic() > deadline:
+                return got
+            time.sleep(0.001)
 
 
 def child_main(addr):

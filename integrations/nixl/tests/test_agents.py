@@ -272,6 +272,114 @@ class Suite:
         finally:
             victim.close()
 
+    def bounded(self, fn, what):
+        """Runs `fn`, which must fail with a NIXL error (not hang): within twice the timeout."""
+        t = time.monotonic()
+        msg = expect_error(fn, what)
+        waited = time.monotonic() - t
+        check(waited < TIMEOUT_MS / 1000 * 2 + 5, f"{what}: took {waited:.1f} s")
+        return msg, waited
+
+    def test_peer_replaced_under_the_same_name(self):
+        """An agent replaced under the same name (new process, new endpoint), which introduces
+        itself before the initiator dropped the old one: operations naming the old one fail
+        fast, never hang; NIXL refuses the new metadata while the old is loaded; after
+        remove_remote_agent + add_remote_agent, data and notifications reach the new one, both
+        ways."""
+        print("    (NIXL and the plugin log the refusals below on purpose)", flush=True)
+        bl = blocks(16, 64 * KiB)
+        self.init.call("alloc", "rep", 1 * MiB, 51)
+        old = Peer("replica", "TCPX", PARAMS, self.env)
+        try:
+            old.call("alloc", "m", 1 * MiB)
+            self.init.call("add_remote", old.call("metadata"))
+            rd_old = old.call("descs", "m", bl)
+            self.init.call("xfer", "WRITE", "rep", bl, rd_old, "replica", b"to old")
+            check(old.call("wait_notif", "initiator", b"to old", 20), "WRITE to the first replica")
+            # The old one knows the initiator too and talks to it over its own dial.
+            old.call("add_remote", self.init.call("metadata"))
+            old.call("send_notif", "initiator", b"from old")
+            check(self.init.call("take_notifs", "replica", 1, 20) == [b"from old"], "old -> init")
+        finally:
+            old.close()
+        new = Peer("replica", "TCPX", PARAMS, self.env)
+        try:
+            new.call("alloc", "m", 1 * MiB)
+            new.call("add_remote", self.init.call("metadata"))
+            new.call("send_notif", "initiator", b"from new")
+            check(self.init.call("take_notifs", "replica", 1, 20) == [b"from new"],
+                  "the new replica's notification reaches the initiator")
+            # Still the old replica's metadata and descriptors on the initiator's side.
+            _, waited = self.bounded(
+                lambda: self.init.call("xfer", "WRITE", "rep", bl, rd_old, "replica"),
+                "WRITE with the replaced agent's descriptors")
+            md_new = new.call("metadata")
+            expect_error(lambda: self.init.call("add_remote", md_new),
+                         "new metadata under a loaded name (NIXL wants remove_remote_agent first)")
+            self.init.call("remove_remote", "replica")
+            self.init.call("add_remote", md_new)
+            rd_new = new.call("descs", "m", bl)
+            self.init.call("fill", "rep", 52)
+            self.init.call("xfer", "WRITE", "rep", bl, rd_new, "replica", b"to new")
+            check(new.call("wait_notif", "initiator", b"to new", 20), "WRITE notification")
+            check(new.call("verify", "m", bl, 52, 1 * MiB, bl) == 0, "data in the new replica")
+            new.call("send_notif", "initiator", b"new again")
+            check(self.init.call("take_notifs", "replica", 1, 20) == [b"new again"], "new -> init")
+            print(f"    old descriptors refused in {waited:.2f} s; the new replica works both ways")
+            self.init.call("remove_remote", "replica")
+        finally:
+            new.close()
+            self.init.call("free", "rep")
+
+    def test_torn_down_agent_fails_fast(self):
+        """The target agent is destroyed (its process lives on) with WRITEs in flight and the
+        initiator still connected: those end (done or failed), later WRITEs and notifications
+        to it fail within the timeout; nothing hangs."""
+        print("    (the plugin logs the failures below on purpose)", flush=True)
+        gone = Peer("gone", "TCPX", PARAMS, self.env)
+        try:
+            gone.call("alloc", "g", 16 * MiB)
+            self.init.call("alloc", "t", 16 * MiB, 61)
+            self.init.call("add_remote", gone.call("metadata"))
+            bl = blocks(256, 64 * KiB)
+            rd = gone.call("descs", "g", bl)
+            self.init.call("xfer", "WRITE", "t", bl, rd, "gone", b"first")
+            check(gone.call("wait_notif", "initiator", b"first", 20), "first WRITE")
+            hids = [self.init.call("start", "WRITE", "t", bl, rd, "gone") for _ in range(4)]
+            gone.call("destroy_agent")
+            states = [self.init.call("wait", h, TIMEOUT_MS / 1000 * 3) for h in hids]
+            check(all(s in ("DONE", "ERR") for s, _ in states), f"in-flight WRITEs: {states}")
+            _, w1 = self.bounded(lambda: self.init.call("xfer", "WRITE", "t", bl, rd, "gone"),
+                                 "WRITE to a destroyed agent")
+            _, w2 = self.bounded(lambda: self.init.call("send_notif", "gone", b"anyone?"),
+                                 "notification to a destroyed agent")
+            print(f"    in flight: {[s for s, _ in states]}; then WRITE failed in {w1:.2f} s, "
+                  f"notification in {w2:.2f} s")
+            self.init.call("remove_remote", "gone")
+            self.init.call("free", "t")
+        finally:
+            gone.close()
+
+    def test_metadata_of_a_departed_agent(self):
+        """Metadata loaded after its agent's process exited (a metadata exchange that raced a
+        teardown): connecting, WRITEs and notifications fail within the timeout."""
+        print("    (NIXL and the plugin log the failures below on purpose)", flush=True)
+        ghost = Peer("ghost", "TCPX", PARAMS, self.env)
+        ghost.call("alloc", "g", 1 * MiB)
+        md = ghost.call("metadata")
+        rd = ghost.call("descs", "g", blocks(1, 1 * MiB))
+        ghost.close()
+        self.init.call("add_remote", md)
+        self.init.call("alloc", "x", 1 * MiB, 71)
+        _, w0 = self.bounded(lambda: self.init.call("connect", "ghost"), "connect to a departed agent")
+        _, w1 = self.bounded(lambda: self.init.call("xfer", "WRITE", "x", blocks(1, 1 * MiB), rd, "ghost"),
+                             "WRITE to a departed agent")
+        _, w2 = self.bounded(lambda: self.init.call("send_notif", "ghost", b"x"),
+                             "notification to a departed agent")
+        print(f"    connect failed in {w0:.2f} s, WRITE in {w1:.2f} s, notification in {w2:.2f} s")
+        self.init.call("remove_remote", "ghost")
+        self.init.call("free", "x")
+
     def test_vram_write_read_lists(self):
         if not cuda_available():
             return "SKIP: no CUDA driver or device"
@@ -299,6 +407,9 @@ ORDER = [
     "test_disconnect_and_reconnect",
     "test_simultaneous_connect",
     "test_peer_killed_mid_transfer",
+    "test_peer_replaced_under_the_same_name",
+    "test_torn_down_agent_fails_fast",
+    "test_metadata_of_a_departed_agent",
     "test_vram_write_read_lists",
 ]
 

@@ -749,6 +749,11 @@ static void one_sided_initiator(link_t l) {
 
     tcpx_region loc;
     CHECK(tcpx_endpoint_alloc_host(ep, 256 << 10, &loc));
+    /* Registration on the one-sided comms ahead of the first write (twice is harmless). */
+    CHECK(tcpx_connection_warmup(c, &loc, 1));
+    CHECK(tcpx_connection_warmup(c, &loc, 1));
+    CHECK(tcpx_connection_warmup(c, NULL, 0));
+    EXPECT(tcpx_connection_warmup(c, NULL, 1), TCPX_ERR_NULL_POINTER, "tcpx_connection_warmup");
     uint8_t *p = region_ptr(loc, NULL);
     fill(p, 24576, 41, 0);
     fill(p + 100000, 1000, 42, 0);

@@ -261,9 +261,21 @@ impl ControlConn {
         Ok(conn)
     }
 
-    /// A second handle on the same connection, with its own receive buffer and decoder, so
-    /// that one thread can receive while another sends. Use one handle for receiving and the
-    /// other for sending: two receivers would split frames between them.
+    /// Splits the connection into a receiving and a sending handle (`(reader, writer)`), so
+    /// that one thread can receive while another sends. The reader is this handle: it keeps
+    /// whatever was read from the socket but not yet returned — a peer may send its next
+    /// messages right behind the last one this side waited for, and one `read` can take them
+    /// all — so no frame is lost in the hand-over. The writer's receive buffer starts empty;
+    /// never receive on it.
+    pub fn split(self) -> Result<(Self, Self), ControlError> {
+        let writer = self.try_clone()?;
+        Ok((self, writer))
+    }
+
+    /// A second handle on the same connection, with its own, empty, receive buffer and
+    /// decoder. Bytes this handle already read and buffered stay here: to hand the receiving
+    /// to another thread, use [`Self::split`], not a clone. Use one handle for receiving and
+    /// the other for sending: two receivers would split frames between them.
     pub fn try_clone(&self) -> Result<Self, ControlError> {
         let stream = self.stream.try_clone().map_err(|source| ControlError::Io {
             peer: self.peer,

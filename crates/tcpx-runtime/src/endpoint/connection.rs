@@ -109,8 +109,10 @@ impl Connection {
             engines,
             shared.registrations.clone(),
         ));
-        let reader = ctl.try_clone()?;
-        let writer = Arc::new(Mutex::new(ctl));
+        // The reader keeps what the handshake read ahead: the peer may send its first
+        // notification or request right behind its `Ready`, in the same segment.
+        let (reader, writer) = ctl.split()?;
+        let writer = Arc::new(Mutex::new(writer));
         let stop = Arc::new(AtomicBool::new(false));
         let rma = Arc::new(Rma::new(
             rma_carrier,
@@ -357,6 +359,22 @@ impl Connection {
         }
         self.registration(region, Direction::Send)?;
         self.registration(region, Direction::Recv)?;
+        Ok(())
+    }
+
+    /// Pays now, for `region`, what the first one-sided operations naming it on this
+    /// connection would pay at their start: its registration on the one-sided comms, in both
+    /// directions (a write's source or a read's destination on this side; the target of the
+    /// peer's writes and reads). One-sided traffic has comms of its own, which
+    /// [`Self::register`] (the two-sided comms) does not touch. A staged CUDA region is never
+    /// registered with the plugin: for it this does what [`Self::register`] does.
+    pub fn warm_up(&self, region: &Region) -> Result<()> {
+        if region.is_staged() {
+            return self.register(region);
+        }
+        let rma = &self.rma.carrier;
+        rma.register_region(region, Direction::Send)?;
+        rma.register_region(region, Direction::Recv)?;
         Ok(())
     }
 

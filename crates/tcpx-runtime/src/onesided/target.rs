@@ -5,12 +5,13 @@
 //! stream order: that order *is* the posting order of the RMA receive lanes. The watcher
 //! never writes to the control stream and never waits on data: the acknowledger does both.
 //! It takes the target's writes, reads and the standalone notifications in stream order;
-//! waits for each write's receive job, then delivers its notification and answers
-//! `WriteAck`; queues each accepted read's send job and answers `ReadData` (or
-//! `ReadRefused`). So a notification reaches the application only after its write's bytes
-//! have landed, and after every earlier write's; a read is served only after every earlier
-//! write landed; and two endpoints whose control streams are both full cannot deadlock (the
-//! readers of both streams keep reading).
+//! waits for each write's receive job, then answers `WriteAck` and delivers its notification
+//! (in that order, so that a target torn down at the notification has answered already);
+//! queues each accepted read's send job and answers `ReadData` (or `ReadRefused`). So a
+//! notification reaches the application only after its write's bytes have landed, and after
+//! every earlier write's; a read is served only after every earlier write landed; and two
+//! endpoints whose control streams are both full cannot deadlock (the readers of both
+//! streams keep reading).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -911,14 +912,19 @@ fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
                 }
                 match landed {
                     Ok(_) => {
+                        // The answer leaves before the notification is visible: an
+                        // application that tears its endpoint down as soon as it sees the
+                        // notification must not take the initiator's answer with it (the
+                        // initiator's write would fail with `PeerClosed` although every byte
+                        // landed).
+                        let sent = rma.writer().send(&Message::WriteAck { op_id, refusal });
+                        if let Err(e) = sent {
+                            rma.link.fail(e.into());
+                        }
                         if refusal.is_none() {
                             if let Some(bytes) = notification {
                                 rma.shared.inbox.deliver(peer, bytes);
                             }
-                        }
-                        let sent = rma.writer().send(&Message::WriteAck { op_id, refusal });
-                        if let Err(e) = sent {
-                            rma.link.fail(e.into());
                         }
                     }
                     // The connection failed (the engines failed the job with its error) or
