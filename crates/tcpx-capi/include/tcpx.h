@@ -38,6 +38,7 @@
 /**
  * Minor ABI version: grows when functions or constants are added. A host built against minor
  * `m` needs a library whose minor version is at least `m`.
+ * (1: the same-host functions, `tcpx_local_connection` and `tcpx_ipc_segment`.)
  */
 #define TCPX_ABI_VERSION_MINOR 1
 
@@ -72,6 +73,21 @@
  * Bytes in `tcpx_endpoint_info::plugin` (the plugin's name, NUL-terminated).
  */
 #define TCPX_NAME_MAX 64
+
+/**
+ * Bytes in a same-host (CUDA IPC) descriptor (`tcpx_region_advertise_ipc`).
+ */
+#define TCPX_IPC_DESCRIPTOR_BYTES 128
+
+/**
+ * Largest same-host endpoint info blob (`tcpx_endpoint_local_info`).
+ */
+#define TCPX_LOCAL_INFO_MAX_BYTES 512
+
+/**
+ * Bytes in `tcpx_local_peer_info::gpu_bus` (a PCI bus id, NUL-terminated).
+ */
+#define TCPX_BUS_ID_MAX 40
 
 /**
  * What every function returns. `TCPX_OK` and `TCPX_PENDING` are not failures; after any other
@@ -416,6 +432,64 @@ typedef struct tcpx_endpoint_info {
 } tcpx_endpoint_info;
 
 /**
+ * A connection to an endpoint of the same host (CUDA IPC, no network). The zero value is the
+ * null handle.
+ */
+typedef struct tcpx_local_connection {
+    /**
+     * Opaque, generation-checked id.
+     */
+    uint64_t id;
+} tcpx_local_connection;
+
+/**
+ * The peer of a same-host connection (`tcpx_endpoint_accept_local`,
+ * `tcpx_local_connection_peer`).
+ */
+typedef struct tcpx_local_peer_info {
+    /**
+     * Its process id.
+     */
+    uint32_t pid;
+    /**
+     * Its GPU ordinal in its own numbering, or -1.
+     */
+    int32_t gpu_index;
+    /**
+     * Its GPU's PCI bus id (`0000:8a:00.0`), NUL-terminated; empty when it has none.
+     */
+    char gpu_bus[TCPX_BUS_ID_MAX];
+} tcpx_local_peer_info;
+
+/**
+ * One piece of a same-host write or read: `len` bytes at `offset` in `region` (this side's
+ * memory: CUDA, or host memory copied by the endpoint's GPU), and at `remote_offset` in the
+ * range `descriptor` names (from the peer's `tcpx_region_advertise_ipc`).
+ */
+typedef struct tcpx_ipc_segment {
+    /**
+     * Registered memory of the connection's endpoint.
+     */
+    struct tcpx_region region;
+    /**
+     * Offset in the region.
+     */
+    uint64_t offset;
+    /**
+     * Descriptor bytes from the peer's `tcpx_region_advertise_ipc`.
+     */
+    uint8_t descriptor[TCPX_IPC_DESCRIPTOR_BYTES];
+    /**
+     * Offset in the advertised range.
+     */
+    uint64_t remote_offset;
+    /**
+     * Bytes.
+     */
+    uint64_t len;
+} tcpx_ipc_segment;
+
+/**
  * One block of a peer's advertised memory: `len` bytes at `offset` in the region the
  * descriptor names.
  */
@@ -599,7 +673,8 @@ tcpx_status tcpx_endpoint_create(const struct tcpx_endpoint_options *options,
                                  struct tcpx_endpoint *endpoint);
 
 /**
- * Destroys an endpoint and everything made from it: its connections are closed at once
+ * Destroys an endpoint and everything made from it: its connections (network and
+ * same-host) are closed at once
  * (their pending transfers fail with `TCPX_ERR_CLOSED`, and once this returns no plugin or
  * engine touches their memory any more), its regions are released and their descriptors
  * revoked, and their handles become stale. Transfer handles stay valid (they report the
@@ -690,6 +765,161 @@ const char *tcpx_last_error(void);
  * this library does not define. Never NULL, never freed. Thread safety: any thread.
  */
 const char *tcpx_status_str(int32_t status);
+
+/**
+ * Writes this endpoint's same-host info (at most `TCPX_LOCAL_INFO_MAX_BYTES`) to
+ * `buf[0..*len)` and sets `*len` to its size: hand it to peers out of band, next to the
+ * metadata, for `tcpx_endpoint_local_route` and `tcpx_endpoint_connect_local`. On
+ * `TCPX_ERR_BUFFER_TOO_SMALL` (or a NULL `buf`) `*len` holds the size needed.
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `len` points to a readable and writable `size_t`; `buf` is NULL or points to `*len`
+ * writable bytes.
+ */
+tcpx_status tcpx_endpoint_local_info(struct tcpx_endpoint endpoint, uint8_t *buf, size_t *len);
+
+/**
+ * Decides how GPU memory should move between this endpoint and the one whose local info is
+ * `info[0..len)`: `*use_ipc` is true when it is on this host, of this user, and CUDA IPC can
+ * reach its GPU (then use `tcpx_endpoint_connect_local` and the `*_ipc` calls for GPU memory
+ * on both sides), false for the network path. `reason`, unless NULL, receives why not
+ * (NUL-terminated, cut to `reason_len`). Thread safety: any thread.
+ *
+ * # Safety
+ * `info` points to `len` readable bytes; `use_ipc` to a writable `bool`; `reason` is NULL or
+ * points to `reason_len` writable bytes.
+ */
+tcpx_status tcpx_endpoint_local_route(struct tcpx_endpoint endpoint,
+                                      const uint8_t *info,
+                                      size_t len,
+                                      bool *use_ipc,
+                                      char *reason,
+                                      size_t reason_len);
+
+/**
+ * Waits up to `timeout_ms` for an endpoint of this host (same user) to connect locally;
+ * `*connection` is the new handle and `*peer`, unless NULL, says who it is. Sockets of other
+ * users and ones that do not speak the local protocol are turned away while this waits.
+ * `TCPX_ERR_TIMEOUT` when none came. Thread safety: any thread.
+ *
+ * # Safety
+ * `connection` points to writable memory for a handle; `peer` is NULL or writable.
+ */
+tcpx_status tcpx_endpoint_accept_local(struct tcpx_endpoint endpoint,
+                                       uint32_t timeout_ms,
+                                       struct tcpx_local_connection *connection,
+                                       struct tcpx_local_peer_info *peer);
+
+/**
+ * Connects to the endpoint of this host whose local info (its `tcpx_endpoint_local_info`) is
+ * `info[0..len)`, waiting at most the configured timeout for it to accept.
+ * `TCPX_ERR_CONNECT` when nobody of this user listens there (another host, another network
+ * namespace: use the network path). Thread safety: any thread.
+ *
+ * # Safety
+ * `info` points to `len` readable bytes; `connection` to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_connect_local(struct tcpx_endpoint endpoint,
+                                        const uint8_t *info,
+                                        size_t len,
+                                        struct tcpx_local_connection *connection);
+
+/**
+ * Connects to the first endpoint of this user on the GPU with PCI bus id `bus_id`
+ * (`"0000:8a:00.0"`, the driver's `"00000000:8A:00.0"` too), like UCCL's
+ * `connect_local(remote_gpu_bdf)`. Thread safety: any thread.
+ *
+ * # Safety
+ * `bus_id` is a NUL-terminated string; `connection` points to writable memory for a handle.
+ */
+tcpx_status tcpx_endpoint_connect_local_gpu(struct tcpx_endpoint endpoint,
+                                            const char *bus_id,
+                                            struct tcpx_local_connection *connection);
+
+/**
+ * Fills `*peer` with who is at the other end of a same-host connection.
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `peer` points to writable memory for a `tcpx_local_peer_info`.
+ */
+tcpx_status tcpx_local_connection_peer(struct tcpx_local_connection connection,
+                                       struct tcpx_local_peer_info *peer);
+
+/**
+ * `TCPX_OK` while the same-host connection is usable; otherwise the status of what ended it
+ * (`TCPX_ERR_PEER_CLOSED` when the peer left or closed it), its message in
+ * `tcpx_last_error()`. Thread safety: any thread.
+ */
+tcpx_status tcpx_local_connection_status(struct tcpx_local_connection connection);
+
+/**
+ * Closes a same-host connection and releases its handle: the peer is told (it closes its
+ * mappings of this side's memory before this returns, within the timeout), this side's
+ * mappings close after their copies, and transfers not yet seen complete fail with
+ * `TCPX_ERR_CLOSED`. Thread safety: any thread.
+ */
+tcpx_status tcpx_local_connection_destroy(struct tcpx_local_connection connection);
+
+/**
+ * Advertises `len` bytes at `offset` in CUDA `region` for same-host peers and writes the
+ * descriptor (`TCPX_IPC_DESCRIPTOR_BYTES`) to `descriptor`: hand it to the peer out of band,
+ * which names it in `tcpx_ipc_segment`. Each call makes a new descriptor; all of a region's
+ * are revoked by `tcpx_region_destroy`. `TCPX_ERR_INVALID_ARGUMENT` for host memory or a
+ * range outside the region; `TCPX_ERR_PLUGIN` when the driver cannot export the memory.
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `descriptor` points to `capacity` writable bytes.
+ */
+tcpx_status tcpx_region_advertise_ipc(struct tcpx_region region,
+                                      uint64_t offset,
+                                      uint64_t len,
+                                      uint8_t *descriptor,
+                                      size_t capacity);
+
+/**
+ * Revokes a same-host descriptor this endpoint issued and waits (at most the timeout) until
+ * every connected local peer closed its mapping: afterwards the memory may be freed.
+ * `*was_advertised`, unless NULL, says whether it was advertised and not yet revoked.
+ * `TCPX_ERR_TIMEOUT` names a peer that did not confirm in time. Thread safety: any thread.
+ *
+ * # Safety
+ * `descriptor` points to `len` readable bytes; `was_advertised` is NULL or writable.
+ */
+tcpx_status tcpx_endpoint_revoke_ipc(struct tcpx_endpoint endpoint,
+                                     const uint8_t *descriptor,
+                                     size_t len,
+                                     bool *was_advertised);
+
+/**
+ * Writes every segment's local bytes into the local peer's advertised GPU memory, with this
+ * process's copy engines (no call on the peer). One transfer for the list; it completes
+ * (`tcpx_transfer_test` / `_wait`) once every copy did. The first use of a descriptor on a
+ * connection asks the peer to confirm it (`TCPX_ERR_ACCESS` for an unknown, revoked or
+ * altered one, or one of another endpoint; nothing is copied then); a range outside the
+ * descriptor is `TCPX_ERR_INVALID_ARGUMENT`. Thread safety: any thread.
+ *
+ * # Safety
+ * `segments` points to `n` initialized entries; `transfer` to writable memory for a handle.
+ */
+tcpx_status tcpx_local_connection_write_ipc(struct tcpx_local_connection connection,
+                                            const struct tcpx_ipc_segment *segments,
+                                            size_t n,
+                                            struct tcpx_transfer *transfer);
+
+/**
+ * Reads the local peer's advertised GPU memory into every segment's local bytes (rules as
+ * `tcpx_local_connection_write_ipc`). Thread safety: any thread.
+ *
+ * # Safety
+ * As `tcpx_local_connection_write_ipc`.
+ */
+tcpx_status tcpx_local_connection_read_ipc(struct tcpx_local_connection connection,
+                                           const struct tcpx_ipc_segment *segments,
+                                           size_t n,
+                                           struct tcpx_transfer *transfer);
 
 /**
  * Registers caller-owned memory `[ptr, ptr + len)` with the endpoint: host memory, or a CUDA

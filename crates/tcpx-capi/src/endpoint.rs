@@ -12,7 +12,9 @@ use tcpx_runtime::{Backend, Config, Endpoint};
 
 use crate::convert::{bytes, c_str, fill_text, millis, non_null, write_out};
 use crate::error::{guard, CapiError, CapiResult};
-use crate::objects::{self, adopt_connection, EndpointObj, CONNECTIONS, ENDPOINTS, REGIONS};
+use crate::objects::{
+    self, adopt_connection, EndpointObj, CONNECTIONS, ENDPOINTS, LOCALS, REGIONS,
+};
 use crate::tcpx_status::{self, *};
 use crate::{
     tcpx_connection, tcpx_endpoint, tcpx_endpoint_info, tcpx_endpoint_options, tcpx_peer_info,
@@ -213,7 +215,8 @@ pub unsafe extern "C" fn tcpx_endpoint_create(
     })
 }
 
-/// Destroys an endpoint and everything made from it: its connections are closed at once
+/// Destroys an endpoint and everything made from it: its connections (network and
+/// same-host) are closed at once
 /// (their pending transfers fail with `TCPX_ERR_CLOSED`, and once this returns no plugin or
 /// engine touches their memory any more), its regions are released and their descriptors
 /// revoked, and their handles become stale. Transfer handles stay valid (they report the
@@ -227,6 +230,9 @@ pub extern "C" fn tcpx_endpoint_destroy(endpoint: tcpx_endpoint) -> tcpx_status 
     guard("tcpx_endpoint_destroy", || {
         let obj = ENDPOINTS.remove(endpoint.id)?;
         for conn in CONNECTIONS.remove_where(|c| c.endpoint == endpoint.id) {
+            conn.shut_down();
+        }
+        for conn in LOCALS.remove_where(|c| c.endpoint == endpoint.id) {
             conn.shut_down();
         }
         let regions = REGIONS.remove_where(|r| r.endpoint == endpoint.id);

@@ -6,7 +6,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tcpx_runtime::control::{ControlError, ErrorCode};
-use tcpx_runtime::Error;
+use tcpx_runtime::{Error, LocalErrorKind};
 
 use crate::tcpx_status::{self, *};
 
@@ -78,6 +78,15 @@ pub(crate) fn status_of(e: &Error) -> tcpx_status {
         } => TCPX_ERR_TIMEOUT,
         Error::Rendezvous { .. } => TCPX_ERR_CONNECT,
         Error::Internal(_) => TCPX_ERR_INTERNAL,
+        Error::Local { kind, .. } => match kind {
+            LocalErrorKind::Rendezvous => TCPX_ERR_CONNECT,
+            LocalErrorKind::PeerClosed => TCPX_ERR_PEER_CLOSED,
+            LocalErrorKind::Access => TCPX_ERR_ACCESS,
+            LocalErrorKind::Cuda => TCPX_ERR_PLUGIN,
+            LocalErrorKind::Timeout => TCPX_ERR_TIMEOUT,
+            LocalErrorKind::Closed => TCPX_ERR_CLOSED,
+            LocalErrorKind::Protocol => TCPX_ERR_PROTOCOL,
+        },
     }
 }
 

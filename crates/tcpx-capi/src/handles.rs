@@ -34,12 +34,13 @@ pub(crate) struct Table<T> {
 }
 
 /// The tags of every table, to name the kind of a handle passed where another was expected.
-const KIND_NAMES: [&str; 5] = [
+const KIND_NAMES: [&str; 6] = [
     "",
     "tcpx_endpoint",
     "tcpx_connection",
     "tcpx_region",
     "tcpx_transfer",
+    "tcpx_local_connection",
 ];
 
 impl<T> Table<T> {

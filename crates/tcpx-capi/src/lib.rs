@@ -6,7 +6,8 @@
 //! wasmtime's C API and rustls-ffi:
 //!
 //! - objects are opaque handles (`tcpx_endpoint`, `tcpx_connection`, `tcpx_region`,
-//!   `tcpx_transfer`): generation-checked ids into handle tables ([`handles`]), so a handle
+//!   `tcpx_transfer`, `tcpx_local_connection`): generation-checked ids into handle tables
+//!   ([`handles`]), so a handle
 //!   used after it was destroyed is detected (`TCPX_ERR_STALE_HANDLE`) instead of reaching
 //!   freed memory;
 //! - every function returns a [`tcpx_status`] and records, per thread, a message naming the
@@ -28,10 +29,11 @@
 use std::ffi::c_char;
 
 // In the header's order (cbindgen follows the declarations): versions and errors, endpoints,
-// memory, two-sided, one-sided, transfers; then the private helpers.
+// memory, two-sided, one-sided, same-host (CUDA IPC), transfers; then the private helpers.
 mod connection;
 mod endpoint;
 mod error;
+mod local;
 mod memory;
 mod objects;
 mod onesided;
@@ -43,6 +45,7 @@ mod handles;
 pub use connection::*;
 pub use endpoint::*;
 pub use error::{tcpx_last_error, tcpx_status_str};
+pub use local::*;
 pub use memory::*;
 pub use onesided::*;
 pub use transfer::*;
@@ -52,6 +55,8 @@ pub use transfer::*;
 pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// Minor ABI version: grows when functions or constants are added. A host built against minor
 /// `m` needs a library whose minor version is at least `m`.
+/// (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
+/// `tcpx_ipc_segment`.)
 pub const TCPX_ABI_VERSION_MINOR: u32 = 1;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
@@ -68,6 +73,12 @@ pub const TCPX_METADATA_MAX_BYTES: usize = 4096;
 pub const TCPX_NOTIFICATION_MAX_BYTES: usize = 65536;
 /// Bytes in `tcpx_endpoint_info::plugin` (the plugin's name, NUL-terminated).
 pub const TCPX_NAME_MAX: usize = 64;
+/// Bytes in a same-host (CUDA IPC) descriptor (`tcpx_region_advertise_ipc`).
+pub const TCPX_IPC_DESCRIPTOR_BYTES: usize = 128;
+/// Largest same-host endpoint info blob (`tcpx_endpoint_local_info`).
+pub const TCPX_LOCAL_INFO_MAX_BYTES: usize = 512;
+/// Bytes in `tcpx_local_peer_info::gpu_bus` (a PCI bus id, NUL-terminated).
+pub const TCPX_BUS_ID_MAX: usize = 40;
 
 /// What every function returns. `TCPX_OK` and `TCPX_PENDING` are not failures; after any other
 /// value, `tcpx_last_error()` on the same thread names the call and what failed.
@@ -167,6 +178,15 @@ pub struct tcpx_transfer {
     pub id: u64,
 }
 
+/// A connection to an endpoint of the same host (CUDA IPC, no network). The zero value is the
+/// null handle.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct tcpx_local_connection {
+    /// Opaque, generation-checked id.
+    pub id: u64,
+}
+
 /// Endpoint settings. Fill it with `tcpx_endpoint_options_init()` (every field "unset"), then
 /// override what you need; unset fields come from the environment (`TCPX_NUM_CHANNELS`,
 /// `TCPX_CHUNK_BYTES`, `TCPX_PLUGIN_PATH`, `TCPX_CONTROL_ADDR`, `TCPX_TIMEOUT_MS`,
@@ -256,6 +276,37 @@ pub struct tcpx_remote_segment {
     pub descriptor: [u8; TCPX_DESCRIPTOR_BYTES],
     /// Offset in the peer's region.
     pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// The peer of a same-host connection (`tcpx_endpoint_accept_local`,
+/// `tcpx_local_connection_peer`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tcpx_local_peer_info {
+    /// Its process id.
+    pub pid: u32,
+    /// Its GPU ordinal in its own numbering, or -1.
+    pub gpu_index: i32,
+    /// Its GPU's PCI bus id (`0000:8a:00.0`), NUL-terminated; empty when it has none.
+    pub gpu_bus: [c_char; TCPX_BUS_ID_MAX],
+}
+
+/// One piece of a same-host write or read: `len` bytes at `offset` in `region` (this side's
+/// memory: CUDA, or host memory copied by the endpoint's GPU), and at `remote_offset` in the
+/// range `descriptor` names (from the peer's `tcpx_region_advertise_ipc`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tcpx_ipc_segment {
+    /// Registered memory of the connection's endpoint.
+    pub region: tcpx_region,
+    /// Offset in the region.
+    pub offset: u64,
+    /// Descriptor bytes from the peer's `tcpx_region_advertise_ipc`.
+    pub descriptor: [u8; TCPX_IPC_DESCRIPTOR_BYTES],
+    /// Offset in the advertised range.
+    pub remote_offset: u64,
     /// Bytes.
     pub len: u64,
 }

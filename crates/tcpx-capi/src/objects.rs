@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tcpx_runtime::onesided::Descriptor;
-use tcpx_runtime::{Connection, Endpoint, Region, Transfer};
+use tcpx_runtime::{Connection, Endpoint, IpcDescriptor, LocalConnection, Region, Transfer};
 
 use crate::convert::fill_text;
 use crate::convert::{to_usize, write_out};
@@ -86,6 +86,59 @@ pub(crate) fn adopt_connection(endpoint: u64, conn: Connection) -> CapiResult<tc
     Ok(tcpx_connection { id })
 }
 
+/// A same-host connection, owned like [`ConnectionObj`]: destroy empties it under the write
+/// lock, so once destroy returns the runtime connection is gone (its peer told, its mappings
+/// closed).
+pub(crate) struct LocalConnObj {
+    /// The id of the endpoint it was made on.
+    pub(crate) endpoint: u64,
+    conn: RwLock<Option<LocalConnection>>,
+}
+
+pub(crate) static LOCALS: Table<LocalConnObj> = Table::new(5, "tcpx_local_connection");
+
+impl LocalConnObj {
+    /// Runs `f` on the live connection.
+    pub(crate) fn with<R>(
+        &self,
+        f: impl FnOnce(&LocalConnection) -> CapiResult<R>,
+    ) -> CapiResult<R> {
+        let guard = self.conn.read().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(conn) => f(conn),
+            None => Err(CapiError::new(
+                TCPX_ERR_CLOSED,
+                "the local connection was closed by this side",
+            )),
+        }
+    }
+
+    /// Drops the runtime connection now.
+    pub(crate) fn shut_down(&self) {
+        let taken = self.conn.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(taken);
+    }
+}
+
+/// Hands a new same-host connection of endpoint `endpoint` to C (closed again, and the call
+/// failed, if the endpoint was destroyed meanwhile).
+pub(crate) fn adopt_local(endpoint: u64, conn: LocalConnection) -> CapiResult<u64> {
+    let obj = Arc::new(LocalConnObj {
+        endpoint,
+        conn: RwLock::new(Some(conn)),
+    });
+    let id = LOCALS.insert(obj.clone());
+    if ENDPOINTS.get(endpoint).is_err() {
+        let _ = LOCALS.remove(id);
+        obj.shut_down();
+        return Err(CapiError::new(
+            TCPX_ERR_STALE_HANDLE,
+            "the endpoint was destroyed while the local connection was being set up; it was closed",
+        ));
+    }
+    Ok(id)
+}
+
 /// What C learns about a connection's peer.
 pub(crate) fn peer_info(conn: &Connection) -> tcpx_peer_info {
     let mut info = tcpx_peer_info {
@@ -118,6 +171,8 @@ pub(crate) struct RegionObj {
     pub(crate) users: Mutex<Vec<Transfer>>,
     /// Its current descriptor, if advertised (advertising again retires the previous one).
     pub(crate) descriptor: Mutex<Option<Descriptor>>,
+    /// Its same-host descriptors not yet revoked (each IPC advertisement is its own).
+    pub(crate) ipc: Mutex<Vec<IpcDescriptor>>,
 }
 
 pub(crate) static REGIONS: Table<RegionObj> = Table::new(3, "tcpx_region");
@@ -130,6 +185,7 @@ impl RegionObj {
             state: AtomicU64::new(0),
             users: Mutex::new(Vec::new()),
             descriptor: Mutex::new(None),
+            ipc: Mutex::new(Vec::new()),
         }
     }
 
@@ -142,7 +198,9 @@ impl RegionObj {
         users.push(transfer.clone());
     }
 
-    /// Revokes the region's descriptor on `endpoint`, if it has one.
+    /// Revokes the region's descriptors on `endpoint`: the network one, and every same-host
+    /// one (waiting, at most the endpoint's timeout each, for local peers to close their
+    /// mappings, so that the memory may be freed afterwards).
     pub(crate) fn revoke_on(&self, endpoint: &Endpoint) {
         let taken = self
             .descriptor
@@ -152,7 +210,18 @@ impl RegionObj {
         if let Some(d) = taken {
             endpoint.revoke(&d);
         }
+        let ipc = std::mem::take(&mut *self.ipc.lock().unwrap_or_else(|p| p.into_inner()));
+        for d in ipc {
+            if let Err(e) = endpoint.revoke_ipc(&d) {
+                log_cleanup_failure(&format!("revoking a same-host descriptor: {e}"));
+            }
+        }
     }
+}
+
+/// Reports a failure no caller can receive (a cleanup path) on stderr.
+fn log_cleanup_failure(what: &str) {
+    eprintln!("libtcpx: {what}");
 }
 
 /// A region marked as having a transfer submitted on it, for the guard's lifetime.

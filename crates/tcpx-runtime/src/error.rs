@@ -158,6 +158,52 @@ pub enum Error {
     /// A runtime thread could not be started or stopped, or an internal channel broke.
     #[error("internal: {0}")]
     Internal(String),
+    /// A same-host operation (CUDA IPC, [`crate::ipc`]) or its rendezvous failed: the peer
+    /// is named by process and GPU, `kind` says what class of failure, `what` the details.
+    #[error("local peer {peer}: {kind}: {what}")]
+    Local {
+        /// The peer (`pid 4242, GPU 0000:8a:00.0`), or the rendezvous name before one is known.
+        peer: String,
+        /// The class of failure.
+        kind: LocalErrorKind,
+        /// What failed, with the call and values involved.
+        what: String,
+    },
+}
+
+/// Classes of [`Error::Local`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LocalErrorKind {
+    /// No peer could be reached or admitted at the rendezvous name.
+    Rendezvous,
+    /// The peer's process or connection went away (or said goodbye).
+    PeerClosed,
+    /// The peer refused access: unknown, revoked or mismatching descriptor, wrong key, or a
+    /// descriptor of another endpoint.
+    Access,
+    /// A CUDA call of the operation failed (opening the peer's handle, queuing a copy, a
+    /// copy's event); the error names it.
+    Cuda,
+    /// A reply or a copy did not come within the configured timeout.
+    Timeout,
+    /// This side closed the connection.
+    Closed,
+    /// The peer broke the local protocol (a malformed or unexpected message).
+    Protocol,
+}
+
+impl std::fmt::Display for LocalErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rendezvous => "rendezvous failed",
+            Self::PeerClosed => "peer gone",
+            Self::Access => "access refused",
+            Self::Cuda => "CUDA",
+            Self::Timeout => "timed out",
+            Self::Closed => "closed by this side",
+            Self::Protocol => "protocol violation",
+        })
+    }
 }
 
 impl Error {
@@ -204,9 +250,18 @@ impl Error {
         match self {
             Self::Timeout { .. } | Self::WaitTimedOut(_) => true,
             Self::Rendezvous { timed_out, .. } => *timed_out,
+            Self::Local { kind, .. } => *kind == LocalErrorKind::Timeout,
             Self::Control(e) => e.is_timeout(),
             Self::Setup { source, .. } => source.is_timeout(),
             _ => false,
+        }
+    }
+
+    /// The class of a same-host failure ([`Error::Local`]).
+    pub fn local_kind(&self) -> Option<LocalErrorKind> {
+        match self {
+            Self::Local { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 

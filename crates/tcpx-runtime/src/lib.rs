@@ -24,6 +24,9 @@
 //!
 //! [`Endpoint::metrics`] reads every connection's, channel's and NIC's counters in process;
 //! [`Config::metrics_addr`] (`TCPX_METRICS_ADDR`) serves them to Prometheus.
+//! - [`ipc`]: same-host GPU memory through CUDA IPC ([`Endpoint::accept_local`],
+//!   [`Endpoint::connect_local`], [`Endpoint::advertise_ipc`], [`LocalConnection::write_ipc`]
+//!   and its kin), found through a Unix socket, moved by copy engines only.
 //!
 //! The benchmarks that drive this API (whole stack vs raw TCP, engine overhead) live in
 //! `tcpx-tools`, above it.
@@ -73,6 +76,8 @@ mod carrier;
 // One-sided write / read with notifications, on a carrier of its own.
 pub mod onesided;
 
+// Same-host GPU memory through CUDA IPC, found through a Unix socket (no network).
+pub mod ipc;
 // The Endpoint API: Endpoint, Connection, admission, the control watcher.
 pub mod endpoint;
 // Endpoints meet by name through a key-value store (etcd, in-memory), above the Endpoint API.
@@ -81,7 +86,8 @@ pub mod rendezvous;
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};
 pub use endpoint::{Connection, Endpoint, Segment};
-pub use error::{Direction, Error, Result};
+pub use error::{Direction, Error, LocalErrorKind, Result};
+pub use ipc::{IpcDescriptor, LocalAddr, LocalConnection, LocalInfo, LocalRoute};
 pub use metrics::{ChannelMetrics, ConnectionMetrics, Metrics};
 pub use onesided::{Descriptor, PackStats, RemoteSegment};
 pub use registry::Region;

@@ -23,6 +23,14 @@
 // Hot path. prepXfer merges contiguous descriptors once; postXfer looks the connection up
 // (one map lookup under a mutex per transfer, not per block) and submits one tcpx write or
 // read for the whole list.
+//
+// Same host. Connection info carries tcpx's same-host info; loading it asks tcpx for the
+// route. A VRAM-to-VRAM transfer to a peer on the CUDA IPC route goes through a local
+// connection (dialed at first use; the peer's local acceptor keeps its end), its
+// notification sent over the network connection once the copies completed, so the peer
+// still sees it only after the bytes landed. When the local connection cannot be made (the
+// peers share a kernel but not a network namespace), the route is switched off for that
+// peer and its transfers take the network path.
 
 #include "engine.h"
 
@@ -207,7 +215,16 @@ void Engine::init(const BackendInitParams *) {
     st = tcpx_endpoint_metadata(ep_, metadata_.data(), &len);
     if (st != TCPX_OK) throw std::runtime_error(failure("tcpx_endpoint_metadata", st));
     metadata_.resize(len);
-    connInfo_ = wire::encodeConnInfo(metadata_);
+    size_t llen = TCPX_LOCAL_INFO_MAX_BYTES;
+    localInfo_.resize(llen);
+    st = tcpx_endpoint_local_info(ep_, localInfo_.data(), &llen);
+    if (st == TCPX_OK) {
+        localInfo_.resize(llen);
+    } else {
+        logInfo(failure("no same-host route offered (tcpx_endpoint_local_info)", st));
+        localInfo_.clear();
+    }
+    connInfo_ = wire::encodeConnInfo(metadata_, localInfo_);
     controlAddr_ = info.control_addr;
     if (localAgent.size() > wire::kMaxAgentName) {
         throw std::invalid_argument("agent name longer than 65535 bytes");
@@ -218,6 +235,7 @@ void Engine::init(const BackendInitParams *) {
     notifBuf_.resize(4096);
 
     acceptor_ = std::thread([this] { acceptLoop(); });
+    if (!localInfo_.empty()) localAcceptor_ = std::thread([this] { acceptLocalLoop(); });
     logInfo("agent '" + localAgent + "': endpoint " + info.control_addr + ", plugin " +
             info.plugin + ", " + std::to_string(info.channels) + " channels, chunk " +
             std::to_string(info.chunk_bytes) + " B, timeout " + std::to_string(info.timeout_ms) +
@@ -228,6 +246,7 @@ Engine::~Engine() {
     stop_ = true;
     // Returns within one accept poll (or, when a peer is mid-set-up, that set-up's timeout).
     if (acceptor_.joinable()) acceptor_.join();
+    if (localAcceptor_.joinable()) localAcceptor_.join();
     if (ep_.id != 0) {
         // Destroying the endpoint closes its connections and releases its regions; it never
         // blocks longer than the connections' timeout.
@@ -273,6 +292,95 @@ void Engine::acceptLoop() {
         drainNotifications();
         if (poll % kPrunePolls == 0) pruneFailed(false);
     }
+}
+
+void Engine::acceptLocalLoop() {
+    while (!stop_) {
+        tcpx_local_connection conn{0};
+        tcpx_local_peer_info peer;
+        std::memset(&peer, 0, sizeof peer);
+        const tcpx_status st = tcpx_endpoint_accept_local(ep_, 100, &conn, &peer);
+        if (st == TCPX_OK) {
+            std::vector<tcpx_local_connection> dead;
+            {
+                std::lock_guard<std::mutex> lock(localMu_);
+                // Peers that left: their ends go now rather than with the engine.
+                for (auto it = acceptedLocal_.begin(); it != acceptedLocal_.end();) {
+                    if (tcpx_local_connection_status(*it) != TCPX_OK) {
+                        dead.push_back(*it);
+                        it = acceptedLocal_.erase(it);
+                    } else {
+                        ++it;
+                    }
+                }
+                acceptedLocal_.push_back(conn);
+            }
+            for (auto c : dead) tcpx_local_connection_destroy(c);
+            logInfo("agent '" + localAgent + "' accepted a same-host connection from pid " +
+                    std::to_string(peer.pid) + (peer.gpu_bus[0] ? std::string(" (GPU ") +
+                    peer.gpu_bus + ")" : std::string()));
+        } else if (st != TCPX_ERR_TIMEOUT && st != TCPX_PENDING) {
+            if (stop_) break;
+            logError(failure("accepting same-host connections", st));
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    }
+}
+
+bool Engine::localConnection(const std::string &agent, tcpx_local_connection &out) const {
+    std::vector<uint8_t> info;
+    tcpx_local_connection dead{0};
+    auto lookup = [&]() -> bool {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(agent);
+        if (it == peers_.end() || !it->second.ipcRoute) return false;
+        Peer &p = it->second;
+        if (p.local.id != 0) {
+            if (tcpx_local_connection_status(p.local) == TCPX_OK) {
+                out = p.local;
+                return true;
+            }
+            dead = p.local;  // the peer left: dial again below
+            p.local = tcpx_local_connection{0};
+        }
+        info = p.localInfo;
+        return false;
+    };
+    if (lookup()) return true;
+    if (dead.id != 0) tcpx_local_connection_destroy(dead);
+    dead = tcpx_local_connection{0};
+    if (info.empty()) return false;
+
+    std::lock_guard<std::mutex> dial(dialMu_);
+    if (lookup()) return true;
+    if (dead.id != 0) tcpx_local_connection_destroy(dead);
+    if (info.empty()) return false;
+    tcpx_local_connection conn{0};
+    const tcpx_status st = tcpx_endpoint_connect_local(ep_, info.data(), info.size(), &conn);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(agent);
+    if (st != TCPX_OK || it == peers_.end()) {
+        if (st == TCPX_OK) tcpx_local_connection_destroy(conn);
+        if (it != peers_.end()) it->second.ipcRoute = false;
+        logInfo(failure("agent '" + localAgent + "': no same-host connection to agent '" + agent +
+                            "', using the network",
+                        st));
+        return false;
+    }
+    it->second.local = conn;
+    out = conn;
+    logInfo("agent '" + localAgent + "' reaches agent '" + agent + "' through CUDA IPC");
+    return true;
+}
+
+void Engine::forgetLocal(const std::string &agent, tcpx_local_connection conn) const {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(agent);
+        if (it == peers_.end() || it->second.local.id != conn.id) return;
+        it->second.local = tcpx_local_connection{0};
+    }
+    tcpx_local_connection_destroy(conn);
 }
 
 void Engine::tryBindLocked(const std::string &addr) const {
@@ -555,10 +663,13 @@ Status Engine::connect(const std::string &remote_agent) {
 Status Engine::disconnect(const std::string &remote_agent) {
     return guarded("disconnect", [&] {
         std::vector<tcpx_connection> close;
+        tcpx_local_connection local{0};
         {
             std::lock_guard<std::mutex> lock(mu_);
             auto it = peers_.find(remote_agent);
             if (it == peers_.end()) return NIXL_SUCCESS;
+            local = it->second.local;
+            it->second.local = tcpx_local_connection{0};
             if (it->second.conn.id != 0) close.push_back(it->second.conn);
             close.insert(close.end(), it->second.others.begin(), it->second.others.end());
             if (remote_agent == localAgent) {
@@ -571,6 +682,7 @@ Status Engine::disconnect(const std::string &remote_agent) {
             }
         }
         for (auto c : close) tcpx_connection_destroy(c);
+        if (local.id != 0) tcpx_local_connection_destroy(local);
         logInfo("agent '" + localAgent + "' disconnected from agent '" + remote_agent + "'");
         return NIXL_SUCCESS;
     });
@@ -578,8 +690,8 @@ Status Engine::disconnect(const std::string &remote_agent) {
 
 Status Engine::loadRemoteConnInfo(const std::string &remote_agent, const std::string &info) {
     return guarded("loadRemoteConnInfo", [&] {
-        auto md = wire::decodeConnInfo(info);
-        if (!md) {
+        auto ci = wire::decodeConnInfo(info);
+        if (!ci) {
             logError("connection info of agent '" + remote_agent + "' (" +
                      std::to_string(info.size()) + " bytes) is not a TCPX backend's");
             return NIXL_ERR_INVALID_PARAM;
@@ -588,9 +700,32 @@ Status Engine::loadRemoteConnInfo(const std::string &remote_agent, const std::st
             logError("agent name of " + std::to_string(remote_agent.size()) + " bytes");
             return NIXL_ERR_INVALID_PARAM;
         }
+        // Same-host route: asked once per load (tcpx compares boot ids, users, GPUs).
+        bool ipc = false;
+        if (!ci->local.empty()) {
+            char why[256] = {0};
+            const tcpx_status rs = tcpx_endpoint_local_route(ep_, ci->local.data(),
+                                                             ci->local.size(), &ipc, why,
+                                                             sizeof why);
+            if (rs != TCPX_OK) {
+                ipc = false;
+                logInfo(failure("same-host info of agent '" + remote_agent + "'", rs));
+            } else {
+                logInfo("agent '" + localAgent + "' -> agent '" + remote_agent + "': " +
+                        (ipc ? std::string("CUDA IPC for VRAM") : std::string("network (") + why +
+                         ")"));
+            }
+        }
+        tcpx_local_connection retiredLocal{0};
+        {
         std::lock_guard<std::mutex> lock(mu_);
         Peer &p = peers_[remote_agent];
-        if (!p.metadata.empty() && p.metadata != *md && p.conn.id != 0) {
+        if (!p.metadata.empty() && p.metadata != ci->metadata && p.local.id != 0) {
+            // A same-host connection to the replaced instance is useless to the new one.
+            retiredLocal = p.local;
+            p.local = tcpx_local_connection{0};
+        }
+        if (!p.metadata.empty() && p.metadata != ci->metadata && p.conn.id != 0) {
             // Other connection info under a known name: the agent was replaced. Its next
             // send dials the new endpoint (unless the new one introduces itself first).
             logInfo("agent '" + localAgent + "': agent '" + remote_agent +
@@ -599,7 +734,11 @@ Status Engine::loadRemoteConnInfo(const std::string &remote_agent, const std::st
             p.conn = tcpx_connection{0};
             p.endpoint.clear();
         }
-        p.metadata = std::move(*md);
+        p.metadata = std::move(ci->metadata);
+        p.localInfo = std::move(ci->local);
+        p.ipcRoute = ipc;
+        }
+        if (retiredLocal.id != 0) tcpx_local_connection_destroy(retiredLocal);
         return NIXL_SUCCESS;
     });
 }
@@ -670,6 +809,14 @@ Status Engine::registerLocked(const BlobDesc &mem, const MemType &type, BackendM
             tcpx_region_destroy(md->region);
             return toNixl(st);
         }
+        if (type == VRAM_SEG && !localInfo_.empty()) {
+            // For peers of this host (CUDA IPC); memory the driver cannot export (cuMemCreate,
+            // pools) is served over the network only.
+            st = tcpx_region_advertise_ipc(md->region, 0, mem.len, md->ipcDescriptor,
+                                           sizeof md->ipcDescriptor);
+            md->hasIpc = st == TCPX_OK;
+            if (!md->hasIpc) logInfo(failure("VRAM not exported for same-host peers", st));
+        }
         regs_.emplace(key, md.get());
         created = md->region;
         out = md.release();
@@ -725,6 +872,8 @@ Status Engine::getPublicData(const BackendMD *meta, std::string &str) const {
         pm.base = local->base;
         pm.len = local->len;
         std::memcpy(pm.descriptor, local->descriptor, sizeof pm.descriptor);
+        pm.hasIpc = local->hasIpc;
+        std::memcpy(pm.ipcDescriptor, local->ipcDescriptor, sizeof pm.ipcDescriptor);
         str = wire::encodePublicMem(pm);
         return NIXL_SUCCESS;
     });
@@ -753,6 +902,8 @@ Status Engine::loadRemoteMD(const BlobDesc &input, const MemType &type,
         md->base = pm->base;
         md->len = pm->len;
         std::memcpy(md->descriptor, pm->descriptor, sizeof md->descriptor);
+        md->hasIpc = pm->hasIpc;
+        std::memcpy(md->ipcDescriptor, pm->ipcDescriptor, sizeof md->ipcDescriptor);
         output = md.release();
         return NIXL_SUCCESS;
     });
@@ -769,6 +920,8 @@ Status Engine::loadLocalMD(BackendMD *input, BackendMD *&output) {
         view->base = local->base;
         view->len = local->len;
         std::memcpy(view->descriptor, local->descriptor, sizeof view->descriptor);
+        view->hasIpc = local->hasIpc;
+        std::memcpy(view->ipcDescriptor, local->ipcDescriptor, sizeof view->ipcDescriptor);
         output = view.release();
         return NIXL_SUCCESS;
     });
@@ -875,7 +1028,53 @@ Status Engine::buildRequest(const XferOp &op, const MetaDescList &local,
                  std::to_string(remoteTotal));
         return NIXL_ERR_MISMATCH;
     }
+    buildIpc(local, remote, req);
     return NIXL_SUCCESS;
+}
+
+void Engine::buildIpc(const MetaDescList &local, const MetaDescList &remote, Request &req) const {
+    req.ipc.clear();
+    if (local.getType() != VRAM_SEG || remote.getType() != VRAM_SEG ||
+        local.descCount() != remote.descCount()) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = peers_.find(req.agent);
+        if (it == peers_.end() || !it->second.ipcRoute) return;
+    }
+    // Pairs (local[i], remote[i]) of equal length (buildRequest checked both lie inside their
+    // registrations); neighbours contiguous on both sides merge.
+    const RemoteMD *lastRemote = nullptr;
+    for (int i = 0; i < local.descCount(); i++) {
+        const MetaDesc &ld = local[i];
+        const MetaDesc &rd = remote[i];
+        const auto *reg = static_cast<const LocalMD *>(static_cast<const MD *>(ld.metadataP));
+        const auto *r = static_cast<const RemoteMD *>(static_cast<const MD *>(rd.metadataP));
+        if (ld.len != rd.len || !r->hasIpc) {
+            req.ipc.clear();
+            return;
+        }
+        if (ld.len == 0) continue;
+        const uint64_t loff = ld.addr - reg->base;
+        const uint64_t roff = rd.addr - r->base;
+        if (!req.ipc.empty() && lastRemote == r) {
+            tcpx_ipc_segment &last = req.ipc.back();
+            if (last.region.id == reg->region.id && last.offset + last.len == loff &&
+                last.remote_offset + last.len == roff) {
+                last.len += ld.len;
+                continue;
+            }
+        }
+        tcpx_ipc_segment seg;
+        seg.region = reg->region;
+        seg.offset = loff;
+        std::memcpy(seg.descriptor, r->ipcDescriptor, sizeof seg.descriptor);
+        seg.remote_offset = roff;
+        seg.len = ld.len;
+        req.ipc.push_back(seg);
+        lastRemote = r;
+    }
 }
 
 Status Engine::prepXfer(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
@@ -902,6 +1101,11 @@ Status Engine::startTransfer(Request &req, const BackendOptionalArgs *opt) const
         payload = wire::encodeNotif(wire::NotifKind::User, localAgent, opt->notifMsg);
     }
     tcpx_status st = TCPX_OK;
+    req.viaIpc = false;
+    if (!req.ipc.empty()) {
+        const Status is = startIpc(req, notify, payload);
+        if (is != NIXL_ERR_NOT_SUPPORTED) return is;  // else: no local connection, network
+    }
     for (int attempt = 0; attempt < 2; attempt++) {
         tcpx_connection conn{0};
         Status ns = connection(req.agent, conn);
@@ -935,6 +1139,41 @@ Status Engine::startTransfer(Request &req, const BackendOptionalArgs *opt) const
         return toNixl(st);
     }
     return NIXL_IN_PROG;
+}
+
+Status Engine::startIpc(Request &req, bool notify, const std::string &payload) const {
+    tcpx_status st = TCPX_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        tcpx_local_connection lc{0};
+        if (!localConnection(req.agent, lc)) return NIXL_ERR_NOT_SUPPORTED;
+        if (notify) {
+            // The notification follows over the network once the copies completed.
+            tcpx_connection conn{0};
+            const Status ns = connection(req.agent, conn);
+            if (ns != NIXL_SUCCESS) return ns;
+            req.conn = conn;
+        }
+        req.failed = false;
+        req.notifPending = false;
+        st = req.op == NIXL_WRITE
+                 ? tcpx_local_connection_write_ipc(lc, req.ipc.data(), req.ipc.size(), &req.xfer)
+                 : tcpx_local_connection_read_ipc(lc, req.ipc.data(), req.ipc.size(), &req.xfer);
+        if (st == TCPX_OK) {
+            req.viaIpc = true;
+            if (notify) {
+                req.pendingNotif = payload;
+                req.notifPending = true;
+            }
+            return NIXL_IN_PROG;
+        }
+        if (!connectionGone(st)) break;
+        forgetLocal(req.agent, lc);  // the peer left or closed it: dial again
+    }
+    req.xfer = tcpx_transfer{0};
+    logError(failure(std::string(req.op == NIXL_WRITE ? "WRITE" : "READ") + " to agent '" +
+                         req.agent + "' through CUDA IPC",
+                     st));
+    return toNixl(st);
 }
 
 Status Engine::postXfer(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,

@@ -4,6 +4,13 @@
 // Registered memory becomes a tcpx region with an advertised descriptor; NIXL's transfer
 // lists become one-sided tcpx writes / reads (contiguous neighbours merged); notifications
 // travel as tcpx notifications that carry the sending agent's name.
+//
+// Same host: when a peer's connection info carries tcpx same-host info and tcpx says the
+// route is CUDA IPC (same kernel boot, same user, GPUs that reach each other), transfers
+// whose local and remote lists are both VRAM go through a tcpx local connection (CUDA IPC,
+// copy engines, no network); their notifications follow over the network connection once
+// the copies completed. Anything else — DRAM, mixed lists, a peer on another host, a local
+// connection that cannot be made — takes the network path unchanged.
 
 #ifndef TCPX_NIXL_ENGINE_H
 #define TCPX_NIXL_ENGINE_H
@@ -46,6 +53,9 @@ struct LocalMD final : MD {
     uintptr_t base = 0;
     size_t len = 0;
     uint8_t descriptor[TCPX_DESCRIPTOR_BYTES] = {};
+    /// VRAM exported for same-host peers (CUDA IPC), when the driver allowed it.
+    bool hasIpc = false;
+    uint8_t ipcDescriptor[TCPX_IPC_DESCRIPTOR_BYTES] = {};
     int refs = 1;
 };
 
@@ -58,6 +68,8 @@ struct RemoteMD final : MD {
     uintptr_t base = 0;
     size_t len = 0;
     uint8_t descriptor[TCPX_DESCRIPTOR_BYTES] = {};
+    bool hasIpc = false;
+    uint8_t ipcDescriptor[TCPX_IPC_DESCRIPTOR_BYTES] = {};
 };
 
 /// One prepared transfer: the merged tcpx lists, reusable across postXfer calls.
@@ -66,8 +78,14 @@ struct Request final : BackendReqH {
     std::string agent;
     std::vector<tcpx_segment> local;
     std::vector<tcpx_remote_segment> remote;
+    /// The same transfer as (local, remote) pairs for CUDA IPC; empty when it cannot take
+    /// that route (not VRAM on both sides, a remote range without an IPC descriptor, lists
+    /// that do not pair up).
+    std::vector<tcpx_ipc_segment> ipc;
     tcpx_connection conn{0};
     tcpx_transfer xfer{0};
+    /// Submitted through CUDA IPC (its notification, if any, is sent after completion).
+    bool viaIpc = false;
     /// A READ's notification, sent once the read completed (a WRITE's travels with the data).
     std::string pendingNotif;
     bool notifPending = false;
@@ -123,6 +141,9 @@ private:
         /// Kept served until disconnect (failed ones are pruned): the duplicate of a
         /// simultaneous dial, or the connection of an instance the name moved away from.
         std::vector<tcpx_connection> others;
+        std::vector<uint8_t> localInfo;  // its same-host info; empty when it sent none
+        bool ipcRoute = false;           // tcpx said CUDA IPC reaches it
+        tcpx_local_connection local{0};  // the same-host connection, dialed at first use
     };
     /// What an accepted connection's Hello said: the dialing agent and its endpoint.
     struct Hello {
@@ -132,6 +153,14 @@ private:
 
     void init(const BackendInitParams *init);
     void acceptLoop();
+    /// Accepts same-host connections (CUDA IPC) and keeps them until the engine goes: a
+    /// peer's IPC operations are served by the connection it dialed.
+    void acceptLocalLoop();
+    /// The same-host connection to `agent`, dialing it when there is none; false (and the
+    /// agent's IPC route off from then on) when it cannot be made.
+    bool localConnection(const std::string &agent, tcpx_local_connection &out) const;
+    /// Drops `conn` as the same-host connection to `agent` (it failed on submit).
+    void forgetLocal(const std::string &agent, tcpx_local_connection conn) const;
     /// Takes every delivered tcpx notification: hellos bind accepted connections, the rest
     /// queue for getNotifs. Caller holds no lock.
     void drainNotifications() const;
@@ -161,12 +190,18 @@ private:
     Status registerLocked(const BlobDesc &mem, const MemType &type, BackendMD *&out,
                           tcpx_region &created);
     Status startTransfer(Request &req, const BackendOptionalArgs *opt_args) const;
+    /// Submits `req` through CUDA IPC; NIXL_ERR_NOT_SUPPORTED when no local connection can
+    /// be had (the caller takes the network path then).
+    Status startIpc(Request &req, bool notify, const std::string &payload) const;
+    /// Fills `req.ipc` when the transfer can take the CUDA IPC route (see Request::ipc).
+    void buildIpc(const MetaDescList &local, const MetaDescList &remote, Request &req) const;
     Status buildRequest(const XferOp &op, const MetaDescList &local, const MetaDescList &remote,
                         const std::string &agent, Request &req) const;
 
     tcpx_endpoint ep_{0};
     uint32_t timeoutMs_ = 30000;
     std::vector<uint8_t> metadata_;
+    std::vector<uint8_t> localInfo_;
     std::string connInfo_;
     std::string controlAddr_;  // this endpoint's control address, sent in hellos
 
@@ -184,8 +219,12 @@ private:
     mutable std::vector<uint8_t> notifBuf_;
     mutable NotifList notifs_;
 
+    mutable std::mutex localMu_;  // acceptedLocal_
+    std::vector<tcpx_local_connection> acceptedLocal_;
+
     std::atomic<bool> stop_{false};
     std::thread acceptor_;
+    std::thread localAcceptor_;
 };
 
 /// NIXL status for a tcpx status.

@@ -939,6 +939,186 @@ static void cuda_sender(link_t l) {
     CHECK(tcpx_endpoint_destroy(ep));
 }
 
+/* ---------------------------------------------------------------- scenario: same host */
+
+/* Two processes of one host: the local rendezvous (no GPU needed), refusals that come before
+ * any copy (an unknown key, bad descriptor bytes, a range outside), a departed peer noticed;
+ * and with a GPU, CUDA IPC both ways with verified bytes and a revocation honoured. Under
+ * valgrind, or without a CUDA device, the GPU part says so and is skipped. */
+
+#define IPC_BYTES (4u << 20)
+
+/* A well-formed descriptor of the endpoint whose local info is `info`, with a key it never
+ * issued: the owner must refuse it. The instance id sits at bytes 29..37 of the info. */
+static void forge_descriptor(const uint8_t *info, uint8_t desc[TCPX_IPC_DESCRIPTOR_BYTES]) {
+    memset(desc, 0, TCPX_IPC_DESCRIPTOR_BYTES);
+    memcpy(desc, "TXIP", 4);
+    desc[4] = 1;
+    memset(desc + 8, 0x42, 64);
+    memcpy(desc + 72, info + 29, 8);
+    uint64_t alloc = 8u << 20, len = 1u << 20, key = 0x5eed;
+    memcpy(desc + 96, &alloc, 8);
+    memcpy(desc + 112, &len, 8);
+    memcpy(desc + 120, &key, 8);
+}
+
+static tcpx_ipc_segment ipc_segment(tcpx_region r, const uint8_t *desc, uint64_t remote_offset,
+                                    uint64_t len) {
+    tcpx_ipc_segment s;
+    memset(&s, 0, sizeof s);
+    s.region = r;
+    s.offset = 0;
+    memcpy(s.descriptor, desc, TCPX_IPC_DESCRIPTOR_BYTES);
+    s.remote_offset = remote_offset;
+    s.len = len;
+    return s;
+}
+
+static void ipc_owner(link_t l) {
+    tcpx_endpoint ep = make_endpoint(20000, -1);
+    uint8_t info[TCPX_LOCAL_INFO_MAX_BYTES];
+    size_t len = sizeof info;
+    EXPECT(tcpx_endpoint_local_info(ep, NULL, &len), TCPX_ERR_BUFFER_TOO_SMALL,
+           "tcpx_endpoint_local_info");
+    ASSERT(len > 0 && len <= sizeof info, "local info of %zu bytes", len);
+    CHECK(tcpx_endpoint_local_info(ep, info, &len));
+    send_msg(l, info, (uint32_t)len);
+    pid_t initiator;
+    recv_msg(l, &initiator, sizeof initiator);
+    tcpx_local_connection c;
+    tcpx_local_peer_info peer;
+    CHECK(tcpx_endpoint_accept_local(ep, wait_ms(), &c, &peer));
+    ASSERT(peer.pid == (uint32_t)initiator, "accepted pid %u, expected %d", peer.pid, (int)initiator);
+
+    /* The GPU part: advertise, let the initiator write, check; fill, let it read; revoke. */
+    tcpx_region dev = {0};
+    tcpx_status st = g_valgrind ? TCPX_ERR_UNSUPPORTED : tcpx_endpoint_alloc_cuda(ep, IPC_BYTES, &dev);
+    if (st == TCPX_ERR_UNSUPPORTED) {
+        printf("[%s] CUDA IPC part skipped: %s\n", g_role,
+               g_valgrind ? "under valgrind (the CUDA driver is not valgrind-clean)" : tcpx_last_error());
+        signal_peer(l, "skip");
+    } else {
+        CHECK(st);
+        uint8_t desc[TCPX_IPC_DESCRIPTOR_BYTES];
+        EXPECT(tcpx_region_advertise_ipc(dev, 0, IPC_BYTES, desc, 10), TCPX_ERR_BUFFER_TOO_SMALL,
+               "tcpx_region_advertise_ipc");
+        EXPECT(tcpx_region_advertise_ipc(dev, 1, IPC_BYTES, desc, sizeof desc),
+               TCPX_ERR_INVALID_ARGUMENT, "tcpx_region_advertise_ipc");
+        CHECK(tcpx_region_advertise_ipc(dev, 0, IPC_BYTES, desc, sizeof desc));
+        send_msg(l, desc, sizeof desc);
+        uint8_t *host = alloc_aligned(IPC_BYTES);
+        await_peer(l, "written");
+        CHECK(tcpx_region_read(dev, 0, host, IPC_BYTES));
+        verify(host, IPC_BYTES, 21, 0, "bytes written through CUDA IPC");
+        fill(host, IPC_BYTES, 22, 0);
+        CHECK(tcpx_region_write(dev, 0, host, IPC_BYTES));
+        signal_peer(l, "filled");
+        await_peer(l, "read");
+        bool was = false;
+        CHECK(tcpx_endpoint_revoke_ipc(ep, desc, sizeof desc, &was));
+        ASSERT(was, "the descriptor was advertised");
+        CHECK(tcpx_endpoint_revoke_ipc(ep, desc, sizeof desc, &was));
+        ASSERT(!was, "revoked twice");
+        signal_peer(l, "revoked");
+        free(host);
+        printf("[%s] %u bytes each way through CUDA IPC, verified\n", g_role, IPC_BYTES);
+    }
+    await_peer(l, "closing");
+    CHECK(tcpx_local_connection_destroy(c));
+    EXPECT(tcpx_local_connection_status(c), TCPX_ERR_STALE_HANDLE, "tcpx_local_connection_status");
+    signal_peer(l, "closed");
+    if (dev.id != 0) CHECK(tcpx_region_destroy(dev));
+    CHECK(tcpx_endpoint_destroy(ep));
+}
+
+static void ipc_initiator(link_t l) {
+    tcpx_endpoint ep = make_endpoint(20000, -1);
+    uint8_t info[TCPX_LOCAL_INFO_MAX_BYTES];
+    uint32_t info_len = recv_msg(l, info, sizeof info);
+    pid_t me = getpid();
+    send_msg(l, &me, sizeof me);
+    if (!g_valgrind) {
+        bool use_ipc = false;
+        char why[256] = {0};
+        CHECK(tcpx_endpoint_local_route(ep, info, info_len, &use_ipc, why, sizeof why));
+        printf("[%s] route to the owner: %s%s\n", g_role, use_ipc ? "CUDA IPC" : "network: ", why);
+    }
+    EXPECT(tcpx_endpoint_connect_local(ep, info, 3, NULL), TCPX_ERR_NULL_POINTER,
+           "tcpx_endpoint_connect_local");
+    tcpx_local_connection c;
+    EXPECT(tcpx_endpoint_connect_local(ep, info, 3, &c), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_endpoint_connect_local");
+    EXPECT(tcpx_endpoint_connect_local_gpu(ep, "not a bus id", &c), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_endpoint_connect_local_gpu");
+    CHECK(tcpx_endpoint_connect_local(ep, info, info_len, &c));
+    tcpx_local_peer_info peer;
+    CHECK(tcpx_local_connection_peer(c, &peer));
+    CHECK(tcpx_local_connection_status(c));
+
+    /* Refused before any copy: a key the owner never issued, bytes that are no descriptor, a
+     * range outside the descriptor, an empty list. */
+    tcpx_region host;
+    CHECK(tcpx_endpoint_alloc_host(ep, 1 << 16, &host));
+    uint8_t forged[TCPX_IPC_DESCRIPTOR_BYTES];
+    forge_descriptor(info, forged);
+    tcpx_ipc_segment seg = ipc_segment(host, forged, 0, 4096);
+    tcpx_transfer t;
+    EXPECT(tcpx_local_connection_write_ipc(c, &seg, 1, &t), TCPX_ERR_ACCESS,
+           "tcpx_local_connection_write_ipc");
+    ASSERT(strstr(tcpx_last_error(), "unknown key") != NULL, "%s", tcpx_last_error());
+    EXPECT(tcpx_local_connection_read_ipc(c, &seg, 1, &t), TCPX_ERR_ACCESS,
+           "tcpx_local_connection_read_ipc");
+    seg.descriptor[0] = 'X';
+    EXPECT(tcpx_local_connection_write_ipc(c, &seg, 1, &t), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_local_connection_write_ipc");
+    seg = ipc_segment(host, forged, (1u << 20) - 10, 4096);
+    EXPECT(tcpx_local_connection_write_ipc(c, &seg, 1, &t), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_local_connection_write_ipc");
+    EXPECT(tcpx_local_connection_write_ipc(c, &seg, 0, &t), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_local_connection_write_ipc");
+    CHECK(tcpx_local_connection_status(c));
+
+    uint8_t desc[TCPX_IPC_DESCRIPTOR_BYTES];
+    uint32_t n = recv_msg(l, desc, sizeof desc);
+    if (n == TCPX_IPC_DESCRIPTOR_BYTES) {
+        tcpx_region src, dst;
+        CHECK(tcpx_endpoint_alloc_cuda(ep, IPC_BYTES, &src));
+        CHECK(tcpx_endpoint_alloc_cuda(ep, IPC_BYTES, &dst));
+        uint8_t *buf = alloc_aligned(IPC_BYTES);
+        fill(buf, IPC_BYTES, 21, 0);
+        CHECK(tcpx_region_write(src, 0, buf, IPC_BYTES));
+        /* Two segments: the halves, written in one operation. */
+        tcpx_ipc_segment two[2] = {ipc_segment(src, desc, 0, IPC_BYTES / 2),
+                                   ipc_segment(src, desc, IPC_BYTES / 2, IPC_BYTES / 2)};
+        two[1].offset = IPC_BYTES / 2;
+        CHECK(tcpx_local_connection_write_ipc(c, two, 2, &t));
+        finish(t, IPC_BYTES, "write_ipc");
+        signal_peer(l, "written");
+        await_peer(l, "filled");
+        seg = ipc_segment(dst, desc, 0, IPC_BYTES);
+        CHECK(tcpx_local_connection_read_ipc(c, &seg, 1, &t));
+        finish(t, IPC_BYTES, "read_ipc");
+        CHECK(tcpx_region_read(dst, 0, buf, IPC_BYTES));
+        verify(buf, IPC_BYTES, 22, 0, "bytes read through CUDA IPC");
+        signal_peer(l, "read");
+        await_peer(l, "revoked");
+        seg = ipc_segment(src, desc, 0, 4096);
+        EXPECT(tcpx_local_connection_write_ipc(c, &seg, 1, &t), TCPX_ERR_ACCESS,
+               "tcpx_local_connection_write_ipc");
+        ASSERT(strstr(tcpx_last_error(), "revoked") != NULL, "%s", tcpx_last_error());
+        CHECK(tcpx_region_destroy(src));
+        CHECK(tcpx_region_destroy(dst));
+        free(buf);
+    }
+    signal_peer(l, "closing");
+    await_peer(l, "closed");
+    /* The owner's goodbye arrived before its destroy returned. */
+    EXPECT(tcpx_local_connection_status(c), TCPX_ERR_PEER_CLOSED, "tcpx_local_connection_status");
+    CHECK(tcpx_local_connection_destroy(c));
+    CHECK(tcpx_region_destroy(host));
+    CHECK(tcpx_endpoint_destroy(ep));
+}
+
 /* ---------------------------------------------------------------- scenario: peer killed */
 
 #define KILL_TIMEOUT_MS 3000
@@ -1159,6 +1339,8 @@ int main(int argc, char **argv) {
         one_sided_initiator, 0);
     RUN("CUDA memory: allocated and caller-owned (skips without a GPU)", "cuda-receiver",
         cuda_receiver, "cuda-sender", cuda_sender, 0);
+    RUN("same host: local rendezvous, refusals, CUDA IPC (GPU part skips without a GPU)",
+        "ipc-owner", ipc_owner, "ipc-initiator", ipc_initiator, 0);
     RUN("peer killed mid-transfer", "survivor", killed_survivor, "victim", killed_victim, 1);
     RUN("destroy with transfers in flight", "receiver", inflight_receiver, "sender", inflight_sender, 0);
     printf("%d passed, %d failed\n", passed, failed);

@@ -6,12 +6,14 @@
 //!   concurrently, each with its own deadline);
 //! - `setup`: the connection handshake over the control plane;
 //! - [`connection`]: a connected peer: transfers, registrations, close;
-//! - `watch`: the thread that keeps reading a connection's control stream.
+//! - `watch`: the thread that keeps reading a connection's control stream;
+//! - `local`: the same-host side ([`crate::ipc`]): rendezvous, identity, route, IPC adverts.
 
 pub mod backend;
 pub mod connection;
 
 mod admission;
+mod local;
 mod metrics;
 mod setup;
 mod shared;
@@ -79,6 +81,8 @@ pub struct Endpoint {
     admission: Admission,
     /// The Prometheus exporter ([`Config::metrics_addr`]); stops when dropped.
     exporter: Option<Exporter>,
+    /// Same-host peers: the rendezvous (closed when dropped) and what local connections share.
+    local: local::LocalSide,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -184,6 +188,7 @@ impl Endpoint {
             control_addr: SocketAddr::new(ip, local.port()),
             secret,
         };
+        let local_side = local::LocalSide::start(&config, metadata.control_addr)?;
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
         // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
@@ -259,6 +264,7 @@ impl Endpoint {
             metadata,
             admission,
             exporter,
+            local: local_side,
         })
     }
 

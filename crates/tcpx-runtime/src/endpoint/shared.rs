@@ -7,12 +7,12 @@ use tcpx::cuda::CudaDevice;
 use tcpx::Net;
 
 use super::backend::BackendInfo;
-use crate::metrics::EndpointCounters;
 use crate::config::Config;
 use crate::control::EndpointInfo;
 use crate::engine::stage::Staging;
 use crate::engine::EngineHandle;
 use crate::link::Link;
+use crate::metrics::EndpointCounters;
 use crate::onesided::OneSidedShared;
 use crate::registry::RegistrationCounter;
 

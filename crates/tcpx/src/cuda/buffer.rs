@@ -176,6 +176,14 @@ impl CudaBuffer {
         }
     }
 
+    /// Exports the buffer's allocation for another process of this host
+    /// ([`IpcExport::of`](super::IpcExport::of)); the export's offset locates
+    /// [`device_ptr`](Self::device_ptr) in it (the buffer starts 4 KiB-aligned inside its
+    /// allocation).
+    pub fn ipc_export(&self) -> Result<super::IpcExport> {
+        super::IpcExport::of(&self.device, self.ptr)
+    }
+
     /// Reads the whole buffer back into a `Vec` (tests, debugging).
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.len];

@@ -263,12 +263,78 @@ impl CudaDevice {
         check("cuStreamSynchronize", rc, || self.describe())
     }
 
+    /// Lets this device's context reach `peer`'s memory directly (`cuCtxEnablePeerAccess`;
+    /// already enabled is fine). Copies between the two then go GPU to GPU instead of
+    /// through host memory.
+    pub fn enable_peer_access(&self, peer: &CudaDevice) -> Result<()> {
+        if peer.ordinal() == self.ordinal() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both contexts are retained for as long as `self` and `peer` live.
+        let rc = unsafe { sys::cuCtxEnablePeerAccess(peer.inner.context, 0) };
+        if rc == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check("cuCtxEnablePeerAccess", rc, || {
+            format!("{} -> {}", self.describe(), peer.describe())
+        })
+    }
+
     pub(crate) fn describe(&self) -> String {
         format!(
             "GPU {} {} {}",
             self.inner.ordinal, self.inner.pci_bus_id, self.inner.name
         )
     }
+}
+
+/// Whether the GPU with PCI bus id `from` can access the memory of the GPU with bus id `to`
+/// peer-to-peer (`cuDeviceCanAccessPeer`, no context created). `Ok(None)` when either is not
+/// visible to this process; `Ok(Some(true))` for the same GPU.
+pub fn peer_access_possible(from: &str, to: &str) -> Result<Option<bool>> {
+    super::driver::require("peer_access_possible")?;
+    let device = |bus: &str| -> Option<sys::CUdevice> {
+        let text = std::ffi::CString::new(bus).ok()?;
+        let mut d: sys::CUdevice = 0;
+        // SAFETY: writes one CUdevice; the string is NUL-terminated and outlives the call.
+        let rc = unsafe { sys::cuDeviceGetByPCIBusId(&mut d, text.as_ptr()) };
+        (rc == sys::CUresult::CUDA_SUCCESS).then_some(d)
+    };
+    let (Some(a), Some(b)) = (device(from), device(to)) else {
+        return Ok(None);
+    };
+    if a == b {
+        return Ok(Some(true));
+    }
+    let mut can = 0;
+    // SAFETY: writes one int; both devices came from the driver.
+    let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a, b) };
+    check("cuDeviceCanAccessPeer", rc, || format!("{from} -> {to}"))?;
+    Ok(Some(can != 0))
+}
+
+/// The PCI bus id (`dddd:bb:dd.0`) of CUDA device `ordinal`, from its attributes: no context
+/// is created (unlike [`CudaDevice::new`]).
+pub fn device_pci_bus_id(ordinal: usize) -> Result<String> {
+    const API: &str = "device_pci_bus_id";
+    super::driver::require(API)?;
+    let count = CudaDevice::count();
+    if ordinal >= count {
+        return Err(Error::invalid(
+            API,
+            format!("device {ordinal} requested, {count} present"),
+        ));
+    }
+    let mut device: sys::CUdevice = 0;
+    // SAFETY: writes one CUdevice; the ordinal is in range.
+    let rc = unsafe { sys::cuDeviceGet(&mut device, ordinal as i32) };
+    check("cuDeviceGet", rc, || format!("ordinal {ordinal}"))?;
+    use sys::CUdevice_attribute as A;
+    let domain = attribute(device, A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+    let bus = attribute(device, A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+    let dev = attribute(device, A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+    Ok(format_pci_bus_id(domain as u32, bus as u32, dev as u32))
 }
 
 /// `dddd:bb:dd.0`, lowercase.
@@ -480,6 +546,8 @@ mod tests {
         if super::super::driver_available() {
             return;
         }
+        assert!(peer_access_possible("0000:01:00.0", "0000:02:00.0").is_err());
+        assert!(device_pci_bus_id(0).is_err());
         assert_eq!(CudaDevice::count(), 0);
         let err = CudaDevice::new(0).unwrap_err();
         assert!(err.to_string().contains("no usable CUDA driver"), "{err}");

@@ -20,6 +20,10 @@
 //! * [`StagingRing`]: pinned host slots with a stream and per-slot events, through which the
 //!   runtime stages CUDA memory for host-only plugins; lists of pieces ([`Span`]) go in and
 //!   out of a slot in one gather launch.
+//! * CUDA IPC between processes of one host: [`IpcExport`] (a device allocation's handle,
+//!   base and offset), [`IpcMapping`] (a peer's allocation mapped here, closed on drop), and
+//!   [`CopyPool`] / [`PooledCopy`] (copies on a fixed set of streams, completion through
+//!   pooled events).
 //! * [`unpack`]: the CPU reference gather and the GPU [`Unpacker`](unpack::Unpacker).
 //!
 //! ```
@@ -40,13 +44,18 @@
 mod buffer;
 mod device;
 mod driver;
+mod ipc;
 mod staging;
 pub mod unpack;
 
 pub use buffer::{AsyncCopy, CudaBuffer, DeviceAccessible, PinnedHostBuffer};
-pub use device::{CudaDevice, CudaEvent, CudaStream};
+pub use device::{device_pci_bus_id, peer_access_possible, CudaDevice, CudaEvent, CudaStream};
 pub use driver::{
     driver_available, driver_status, pointer_allocation, pointer_device, skip_reason, DriverStatus,
+};
+pub use ipc::{
+    allocation_range, CopyPiece, CopyPool, IpcExport, IpcMapping, IpcMemHandle, PooledCopy,
+    IPC_HANDLE_BYTES, MAX_COPY_STREAMS, SPLIT_UNIT,
 };
 pub use staging::{Span, StagingRing, FRAGMENTS_PER_SLOT, FRAGMENT_BYTES};
 

@@ -1,0 +1,376 @@
+//! Who and where an endpoint is on its host: [`LocalInfo`] (the blob peers exchange to decide
+//! whether the same-host route applies), [`LocalAddr`] (where to reach its rendezvous
+//! socket) and [`LocalRoute`] (the decision).
+//!
+//! `LocalInfo`'s byte form (little-endian):
+//!
+//! | size | field |
+//! |---|---|
+//! | 4 | magic `b"TXLI"` |
+//! | 1 | format version (1) |
+//! | 16 | boot id (`/proc/sys/kernel/random/boot_id`; zero when unknown) |
+//! | 4 | uid |
+//! | 4 | pid |
+//! | 8 | endpoint instance id |
+//! | 2 + n | rendezvous name (u16 length, UTF-8, at most [`MAX_NAME`]) |
+//! | 2 + n | GPU PCI bus id (u16 length, empty when none) |
+//! | 2 + n | hostname (u16 length, at most [`MAX_HOSTNAME`]) |
+
+use std::fmt;
+
+use crate::control::wire::{Reader, WireError, Writer};
+
+/// Longest rendezvous name (an abstract Unix socket name has at most 107 bytes).
+pub const MAX_NAME: usize = 107;
+/// Longest hostname carried.
+pub const MAX_HOSTNAME: usize = 255;
+/// Longest PCI bus id carried.
+pub const MAX_BUS_ID: usize = 32;
+/// Longest encoded [`LocalInfo`].
+pub const MAX_LOCAL_INFO: usize = 4 + 1 + 16 + 4 + 4 + 8 + 6 + MAX_NAME + MAX_BUS_ID + MAX_HOSTNAME;
+
+const MAGIC: [u8; 4] = *b"TXLI";
+const VERSION: u8 = 1;
+
+/// What a peer needs to decide that this endpoint is on its host and to reach it there:
+/// exchange [`to_bytes`](Self::to_bytes) out of band (the NIXL plugin carries it in its
+/// connection info), then [`crate::Endpoint::local_route`] and
+/// [`crate::Endpoint::connect_local`] with [`addr`](Self::addr).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalInfo {
+    /// The kernel's boot id: equal boot ids mean one running kernel, so one host (containers
+    /// included). All zero when it could not be read.
+    pub boot_id: [u8; 16],
+    /// The process's real user id (the rendezvous admits only the same user).
+    pub uid: u32,
+    /// The process id.
+    pub pid: u32,
+    /// A random id of the endpoint (descriptors name their owner by it).
+    pub instance: u64,
+    /// The endpoint's rendezvous name (an abstract Unix socket).
+    pub name: String,
+    /// The PCI bus id of the endpoint's GPU (`0000:8a:00.0`), when it has one.
+    pub gpu: Option<String>,
+    /// The hostname (for messages; the boot id decides).
+    pub hostname: String,
+}
+
+impl LocalInfo {
+    /// Where to reach this endpoint's rendezvous.
+    pub fn addr(&self) -> LocalAddr {
+        LocalAddr::Name(self.name.clone())
+    }
+
+    /// True when both describe processes of one running kernel and one user: the condition
+    /// for the rendezvous (abstract Unix sockets, peer credentials) to work. A zero boot id
+    /// (unknown) is never the same host.
+    pub fn same_host(&self, other: &LocalInfo) -> bool {
+        self.boot_id != [0; 16] && self.boot_id == other.boot_id && self.uid == other.uid
+    }
+
+    /// The encoding in the module docs; fails only when a field is longer than allowed.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, crate::control::TooLong> {
+        let mut out = Vec::with_capacity(64 + self.name.len() + self.hostname.len());
+        let mut w = Writer(&mut out);
+        w.bytes(&MAGIC);
+        w.u8(VERSION);
+        w.bytes(&self.boot_id);
+        w.u32(self.uid);
+        w.u32(self.pid);
+        w.u64(self.instance);
+        bounded(&mut w, "name", &self.name, MAX_NAME)?;
+        bounded(&mut w, "gpu", self.gpu.as_deref().unwrap_or(""), MAX_BUS_ID)?;
+        bounded(&mut w, "hostname", &self.hostname, MAX_HOSTNAME)?;
+        Ok(out)
+    }
+
+    /// Decodes [`to_bytes`](Self::to_bytes)' output; any other bytes are an error naming the
+    /// field, never a panic.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(bytes);
+        if r.array::<4>("magic")? != MAGIC {
+            return Err(WireError::Invalid {
+                field: "magic",
+                why: "not tcpx local endpoint info (expected \"TXLI\")",
+            });
+        }
+        if r.u8("version")? != VERSION {
+            return Err(WireError::Invalid {
+                field: "version",
+                why: "unsupported local info version (this side reads 1)",
+            });
+        }
+        let boot_id = r.array::<16>("boot_id")?;
+        let uid = r.u32("uid")?;
+        let pid = r.u32("pid")?;
+        let instance = r.u64("instance")?;
+        let name = read_bounded(&mut r, "name", MAX_NAME)?;
+        if name.is_empty() {
+            return Err(WireError::Invalid {
+                field: "name",
+                why: "empty rendezvous name",
+            });
+        }
+        let gpu = read_bounded(&mut r, "gpu", MAX_BUS_ID)?;
+        let hostname = read_bounded(&mut r, "hostname", MAX_HOSTNAME)?;
+        r.finish()?;
+        Ok(Self {
+            boot_id,
+            uid,
+            pid,
+            instance,
+            name,
+            gpu: (!gpu.is_empty()).then_some(gpu),
+            hostname,
+        })
+    }
+}
+
+fn bounded(
+    w: &mut Writer<'_>,
+    field: &'static str,
+    v: &str,
+    max: usize,
+) -> Result<(), crate::control::TooLong> {
+    if v.len() > max {
+        return Err(crate::control::TooLong {
+            field,
+            len: v.len(),
+            max,
+        });
+    }
+    w.str16(field, v)
+}
+
+pub(crate) fn read_bounded(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    max: usize,
+) -> Result<String, WireError> {
+    let s = r.str16(field)?;
+    if s.len() > max {
+        return Err(WireError::Invalid {
+            field,
+            why: "longer than the format allows",
+        });
+    }
+    Ok(s)
+}
+
+/// Where a same-host endpoint listens: its own name ([`LocalInfo::addr`],
+/// [`crate::Endpoint::local_addr`]), or the name claimed by the first endpoint of a GPU
+/// (UCCL's `connect_local(remote_gpu_bdf)`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LocalAddr {
+    /// An endpoint's own rendezvous name (unique per endpoint).
+    Name(String),
+    /// The endpoint that claimed the GPU with this PCI bus id (any spelling
+    /// [`normalize_bus_id`] reads): the first endpoint of this user on that GPU.
+    Gpu(String),
+}
+
+impl LocalAddr {
+    /// The abstract socket name this address resolves to for user `uid`.
+    pub(crate) fn socket_name(&self, uid: u32) -> Result<String, crate::Error> {
+        match self {
+            LocalAddr::Name(n) => {
+                if n.is_empty() || n.len() > MAX_NAME {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "local rendezvous name of {} bytes (1..={MAX_NAME} allowed)",
+                        n.len()
+                    )));
+                }
+                Ok(n.clone())
+            }
+            LocalAddr::Gpu(bus) => {
+                let bus = normalize_bus_id(bus).ok_or_else(|| {
+                    crate::Error::InvalidArgument(format!(
+                        "`{bus}` is not a PCI bus id (domain:bus:device.function in hex)"
+                    ))
+                })?;
+                Ok(gpu_socket_name(uid, &bus))
+            }
+        }
+    }
+}
+
+impl fmt::Display for LocalAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LocalAddr::Name(n) => write!(f, "@{n}"),
+            LocalAddr::Gpu(bus) => write!(f, "GPU {bus}"),
+        }
+    }
+}
+
+/// The rendezvous name of the endpoint whose control listener is `control` (unique on the
+/// host: no two listeners share an address and port).
+pub(crate) fn endpoint_socket_name(uid: u32, control: std::net::SocketAddr) -> String {
+    format!("tcpx-ipc/{uid}/ep/{control}")
+}
+
+/// The name the first endpoint of user `uid` on GPU `bus` (normalized) claims.
+pub(crate) fn gpu_socket_name(uid: u32, bus: &str) -> String {
+    format!("tcpx-ipc/{uid}/gpu/{bus}")
+}
+
+/// A PCI bus id in the form `dddd:bb:dd.f` (lowercase hex, 4-digit domain), from the
+/// spellings in use: sysfs / hwloc (`0000:8a:00.0`), the driver's (`00000000:8A:00.0`), and
+/// without a domain (`8a:00.0`). `None` when it is not one.
+pub fn normalize_bus_id(text: &str) -> Option<String> {
+    let text = text.trim();
+    let (rest, function) = text.rsplit_once('.')?;
+    let parts: Vec<&str> = rest.split(':').collect();
+    let (domain, bus, device) = match parts.as_slice() {
+        [d, b, v] => (*d, *b, *v),
+        [b, v] => ("0", *b, *v),
+        _ => return None,
+    };
+    let hex = |s: &str, max_len: usize| {
+        (!s.is_empty() && s.len() <= max_len && s.bytes().all(|c| c.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    let domain = hex(domain, 8)?;
+    let bus = hex(bus, 2)?;
+    let device = hex(device, 2)?;
+    let function = hex(function, 1)?;
+    if domain > 0xffff || device > 0x1f || function > 7 {
+        return None;
+    }
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
+}
+
+/// Whether two endpoints should move GPU memory through CUDA IPC or the network
+/// ([`crate::Endpoint::local_route`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalRoute {
+    /// Same host, same user, CUDA here: use [`crate::Endpoint::connect_local`] and the
+    /// `*_ipc` operations for GPU memory on both sides.
+    Ipc,
+    /// Use the network path; the string says why not IPC.
+    Network(String),
+}
+
+/// This host's boot id, or zeros when it cannot be read.
+pub(crate) fn boot_id() -> [u8; 16] {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
+        return [0; 16];
+    };
+    let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+    if hex.len() != 32 {
+        return [0; 16];
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
+        // Both are ASCII hex digits (filtered above), so this parses.
+        let s = std::str::from_utf8(pair).unwrap_or("00");
+        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+    }
+    out
+}
+
+/// This host's name (`/proc/sys/kernel/hostname`), or `"?"`.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().chars().take(MAX_HOSTNAME).collect())
+        .unwrap_or_else(|_| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn info() -> LocalInfo {
+        LocalInfo {
+            boot_id: [3; 16],
+            uid: 1000,
+            pid: 4242,
+            instance: 99,
+            name: "tcpx-ipc/1000/ep/127.0.0.1:5000".into(),
+            gpu: Some("0000:8a:00.0".into()),
+            hostname: "a3-1".into(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_same_host() {
+        let a = info();
+        assert_eq!(LocalInfo::from_bytes(&a.to_bytes().unwrap()).unwrap(), a);
+        let mut b = a.clone();
+        b.gpu = None;
+        assert_eq!(LocalInfo::from_bytes(&b.to_bytes().unwrap()).unwrap(), b);
+        assert!(a.same_host(&b));
+        b.uid = 0;
+        assert!(!a.same_host(&b));
+        let mut unknown = a.clone();
+        unknown.boot_id = [0; 16];
+        assert!(!unknown.same_host(&unknown.clone()));
+        let mut long = a.clone();
+        long.name = "x".repeat(MAX_NAME + 1);
+        assert!(long.to_bytes().is_err());
+    }
+
+    #[test]
+    fn this_host_has_a_boot_id() {
+        // Linux always has one; the test documents that same_host works here.
+        assert_ne!(boot_id(), [0; 16]);
+        assert!(!hostname().is_empty());
+    }
+
+    #[test]
+    fn bus_ids_in_every_spelling() {
+        for (text, want) in [
+            ("0000:8a:00.0", "0000:8a:00.0"),
+            ("00000000:8A:00.0", "0000:8a:00.0"),
+            ("8a:00.0", "0000:8a:00.0"),
+            (" 0001:04:1f.7 ", "0001:04:1f.7"),
+        ] {
+            assert_eq!(normalize_bus_id(text).as_deref(), Some(want), "{text}");
+        }
+        for bad in [
+            "",
+            "8a",
+            "8a:00",
+            "zz:00.0",
+            "0000:8a:20.0",
+            "0000:8a:00.8",
+            "1:2:3:4.0",
+        ] {
+            assert_eq!(normalize_bus_id(bad), None, "{bad}");
+        }
+        assert!(LocalAddr::Gpu("nope".into()).socket_name(1).is_err());
+        assert_eq!(
+            LocalAddr::Gpu("00000000:8A:00.0".into())
+                .socket_name(7)
+                .unwrap(),
+            "tcpx-ipc/7/gpu/0000:8a:00.0"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_decode_or_fail(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = LocalInfo::from_bytes(&bytes);
+        }
+
+        #[test]
+        fn any_text_normalizes_or_not(text in ".{0,24}") {
+            if let Some(n) = normalize_bus_id(&text) {
+                prop_assert_eq!(normalize_bus_id(&n), Some(n.clone()));
+            }
+        }
+
+        #[test]
+        fn valid_info_round_trips(
+            boot in any::<[u8; 16]>(), uid in any::<u32>(), pid in any::<u32>(),
+            instance in any::<u64>(), name in "[a-z0-9/.:]{1,100}",
+            gpu in proptest::option::of("[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\\.[0-7]"),
+            hostname in "[a-z0-9-]{0,60}",
+        ) {
+            let i = LocalInfo { boot_id: boot, uid, pid, instance, name, gpu, hostname };
+            prop_assert_eq!(LocalInfo::from_bytes(&i.to_bytes().unwrap()).unwrap(), i);
+        }
+    }
+}
