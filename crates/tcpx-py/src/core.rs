@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tcpx_runtime::control::EndpointMetadata;
 use tcpx_runtime::{
-    Config, Connection, Descriptor, Endpoint, Region, RemoteSegment, Segment, Transfer,
+    Config, Connection, Descriptor, Endpoint, IpcDescriptor, LocalConnection, Region,
+    RemoteSegment, Segment, Transfer,
 };
 
 use crate::blob::Advert;
@@ -97,6 +98,23 @@ pub enum Way {
     Recv,
 }
 
+/// One advertised range, remembered so that advertising the same buffer again (UCCL's
+/// scripts do it per iteration) hands out the same descriptor instead of growing the
+/// endpoint's advert table.
+pub(crate) struct Advertised {
+    pub(crate) descriptor: IpcDescriptor,
+    /// The CUDA allocation `(start, size)` the range was in when advertised: a different one
+    /// at the same address (freed and allocated again) gets a new descriptor.
+    pub(crate) allocation: Option<(u64, usize)>,
+}
+
+/// The same-host half of an endpoint's state (used by [`crate::local`]).
+#[derive(Default)]
+pub struct LocalState {
+    pub(crate) conns: RwLock<HashMap<u64, Arc<LocalConnection>>>,
+    pub(crate) adverts: Mutex<HashMap<(u64, u64), Advertised>>,
+}
+
 /// The background thread of `start_passive_accept`.
 struct Passive {
     stop: Arc<AtomicBool>,
@@ -105,8 +123,10 @@ struct Passive {
 
 /// Everything an endpoint owns. Never touched in a process that inherited it through
 /// `fork()` (see [`crate::fork`]).
-struct State {
+pub(crate) struct State {
     endpoint: RwLock<Option<Arc<Endpoint>>>,
+    /// Same-host (CUDA IPC) connections and adverts ([`crate::local`]).
+    pub(crate) local: LocalState,
     conns: RwLock<HashMap<u64, Arc<Connection>>>,
     /// `add_remote_endpoint`'s memo: the peer's metadata bytes → its connection.
     peers: Mutex<HashMap<Vec<u8>, u64>>,
@@ -147,6 +167,7 @@ impl Core {
             gpu_index,
             state: ManuallyDrop::new(State {
                 endpoint: RwLock::new(Some(Arc::new(endpoint))),
+                local: LocalState::default(),
                 conns: RwLock::default(),
                 peers: Mutex::default(),
                 regs: RwLock::default(),
@@ -168,6 +189,16 @@ impl Core {
         Ok(&self.state)
     }
 
+    /// [`Core::st`] for the other modules of the bindings (same fork rule).
+    pub(crate) fn state(&self) -> Outcome<&State> {
+        self.st()
+    }
+
+    /// A new connection id (network and same-host connections share the numbering).
+    pub(crate) fn new_conn_id(&self) -> Outcome<u64> {
+        Ok(self.st()?.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
     /// The process that created this endpoint (transfer handles carry it too).
     pub fn origin(&self) -> Origin {
         self.origin
@@ -186,6 +217,12 @@ impl Core {
     /// The GPU index announced to peers.
     pub fn gpu_index(&self) -> Option<u32> {
         self.gpu_index
+    }
+
+    /// The PCI bus id of the endpoint's GPU ("" without one): what UCCL's metadata carries
+    /// and `connect_local` dials. Asks the driver (no context) the first time.
+    pub fn gpu_bus(&self) -> Outcome<String> {
+        Ok(self.endpoint()?.local_info().gpu.unwrap_or_default())
     }
 
     /// The runtime's metadata (address, plugin handles' source, secret).
@@ -317,7 +354,7 @@ impl Core {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|_, id| *id != conn_id);
-        Ok(conn.is_some())
+        Ok(conn.is_some() || self.remove_local(conn_id)?)
     }
 
     /// Registers `[ptr, ptr + size)` (host or CUDA memory, found through the driver) and
@@ -656,6 +693,7 @@ impl Core {
             // It notices within one accept slice; a panic in it has nothing left to report.
             let _ = p.thread.join();
         }
+        self.close_locals();
         let conns = std::mem::take(&mut *st.conns.write().unwrap_or_else(|p| p.into_inner()));
         drop(conns);
         st.peers.lock().unwrap_or_else(|p| p.into_inner()).clear();

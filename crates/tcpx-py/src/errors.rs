@@ -57,7 +57,7 @@ impl Failure {
 
 impl From<tcpx_runtime::Error> for Failure {
     fn from(e: tcpx_runtime::Error) -> Self {
-        use tcpx_runtime::Error as E;
+        use tcpx_runtime::{Error as E, LocalErrorKind};
         let kind = match &e {
             _ if e.is_timeout() => Kind::Timeout,
             E::PeerClosed { .. } | E::Control(_) | E::Setup { .. } | E::Mismatch { .. } => {
@@ -68,6 +68,15 @@ impl From<tcpx_runtime::Error> for Failure {
                 Kind::PeerLost
             }
             E::Access { .. } => Kind::AccessRefused,
+            E::Local { kind, .. } => match kind {
+                LocalErrorKind::Access => Kind::AccessRefused,
+                LocalErrorKind::PeerClosed | LocalErrorKind::Protocol => Kind::PeerLost,
+                LocalErrorKind::Closed => Kind::Closed,
+                LocalErrorKind::Timeout => Kind::Timeout,
+                // No peer at the rendezvous name (never started, or gone).
+                LocalErrorKind::Rendezvous => Kind::PeerLost,
+                LocalErrorKind::Cuda => Kind::Other,
+            },
             E::InvalidArgument(_) | E::Config(_) => Kind::BadArgument,
             E::Unsupported(_) => Kind::Unsupported,
             E::Closed { .. } => Kind::Closed,

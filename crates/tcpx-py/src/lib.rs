@@ -22,6 +22,7 @@ pub mod core;
 pub mod descs;
 pub mod errors;
 pub mod fork;
+pub mod local;
 pub mod native;
 pub mod p2p;
 pub mod wait;

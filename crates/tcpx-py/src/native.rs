@@ -72,13 +72,13 @@ impl PyCore {
         Ok(PyBytes::new(py, &bytes))
     }
 
-    /// UCCL's 10/22-byte metadata.
+    /// UCCL's metadata (address, port, GPU bus id: `tcpx.p2p.Endpoint.get_metadata`'s).
     fn uccl_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let meta = raise(py, self.core.metadata())?;
-        let gpu = self.core.gpu_index().map_or(-1, |g| g as i32);
+        let bus = raise(py, self.core.gpu_bus())?;
         Ok(PyBytes::new(
             py,
-            &crate::blob::uccl_metadata(meta.control_addr, gpu),
+            &crate::blob::uccl_metadata(meta.control_addr, &bus),
         ))
     }
 

@@ -9,7 +9,7 @@
 //! The methods come in families: metadata and connections; registration; two-sided calls;
 //! one-sided calls on 64-byte blobs ([`crate::blob`]); the descriptor API (`register_memory`
 //! ... `transfer`, descriptors in [`crate::xfer`] / [`crate::descs`]); same-host CUDA IPC
-//! (UCCL's signatures, not wired yet: see the `IPC:` markers); notifications. All of them
+//! (over the runtime's `LocalConnection`, [`crate::local`]); notifications. All of them
 //! convert arguments and results around [`crate::core::Core`], which holds the state.
 
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +23,7 @@ use crate::blob;
 use crate::core::{Core, Piece, Way};
 use crate::descs::{self, RemoteKey, RemoteRange};
 use crate::errors::{self, Failure, Kind, Outcome};
+use crate::local::IpcPiece;
 use crate::wait;
 use crate::xfer::{FloatType, XferDesc, NO_MR};
 
@@ -130,14 +131,18 @@ enum Target {
     Full(Box<EndpointMetadata>),
 }
 
-/// UCCL metadata (10/22 bytes) or the runtime's full metadata.
+/// The runtime's full metadata, or UCCL's (today's or the older layout).
 fn target_of(bytes: &[u8]) -> Outcome<Target> {
-    if bytes.len() == 10 || bytes.len() == 22 {
-        return Ok(Target::Addr(blob::parse_uccl_metadata(bytes)?.0));
+    match EndpointMetadata::from_bytes(bytes) {
+        Ok(m) => Ok(Target::Full(Box::new(m))),
+        Err(full) => match blob::parse_uccl_metadata(bytes) {
+            Ok((addr, _)) => Ok(Target::Addr(addr)),
+            Err(_) => Err(Failure::bad(format!(
+                "endpoint metadata ({} bytes) is neither UCCL's nor tcpx's: {full}",
+                bytes.len()
+            ))),
+        },
     }
-    EndpointMetadata::from_bytes(bytes)
-        .map(|m| Target::Full(Box::new(m)))
-        .map_err(|e| Failure::bad(format!("endpoint metadata ({} bytes): {e}", bytes.len())))
 }
 
 #[pymethods]
@@ -152,14 +157,15 @@ impl P2pEndpoint {
         })
     }
 
-    /// UCCL's metadata: IPv4 (4 bytes), port (2, network order), GPU index (4, host order;
-    /// -1 without one) = 10 bytes; 22 with IPv6.
+    /// UCCL's metadata: IPv4 (4 bytes) or IPv6 (16), port (2, network order), the length of
+    /// the GPU's PCI bus id (1) and the bus id ("" without a GPU). `connect(metadata)` and
+    /// `add_remote_endpoint` take it; `parse_metadata` reads it.
     fn get_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let meta = errors::raise(py, self.core.metadata())?;
-        let gpu = self.core.gpu_index().map_or(-1, |g| g as i32);
+        let bus = errors::raise(py, self.core.gpu_bus())?;
         Ok(PyBytes::new(
             py,
-            &blob::uccl_metadata(meta.control_addr, gpu),
+            &blob::uccl_metadata(meta.control_addr, &bus),
         ))
     }
 
@@ -168,10 +174,11 @@ impl P2pEndpoint {
         self.get_metadata(py)
     }
 
-    /// `(ip, port, gpu_idx)` from UCCL metadata. Raises `ValueError` (`tcpx.BadArgument`) on
-    /// a length other than 10 or 22.
+    /// `(ip, port, gpu_bdf)` from UCCL metadata: the GPU's PCI bus id (what `connect_local`
+    /// takes; "" without a GPU), or the GPU index as a string in the older 10/22-byte
+    /// layout. Raises `ValueError` (`tcpx.BadArgument`) on bytes that are neither.
     #[staticmethod]
-    fn parse_metadata(py: Python<'_>, metadata: &[u8]) -> PyResult<(String, u16, i32)> {
+    fn parse_metadata(py: Python<'_>, metadata: &[u8]) -> PyResult<(String, u16, String)> {
         let (addr, gpu) = errors::raise(py, blob::parse_uccl_metadata(metadata))?;
         Ok((addr.ip().to_string(), addr.port(), gpu))
     }
@@ -800,7 +807,9 @@ impl P2pEndpoint {
                     let keys = core.keys(mr_id).inspect_err(|_| {
                         let _ = core.dereg(mr_id);
                     })?;
-                    Ok(desc_of(ptr, size, mr_id, &keys))
+                    let mut d = desc_of(ptr, size, mr_id, &keys);
+                    d.ipc_info = ipc_info_of(&core, ptr, size);
+                    Ok(d)
                 });
                 match r {
                     Ok(d) => out.push(d),
@@ -910,18 +919,47 @@ impl P2pEndpoint {
                 )))
             }
         };
-        match self.core.conn(conn_id) {
-            Ok(_) => {}
+        let local = match self.core.conn(conn_id) {
+            Ok(_) => false,
             Err(f) if f.kind == Kind::BadArgument => {
-                return Err(usage(format!(
-                    "Invalid conn_id {conn_id}: no such connection (never made, or removed)"
-                )))
+                if self.core.local_conn(conn_id).is_err() {
+                    return Err(usage(format!(
+                        "Invalid conn_id {conn_id}: no such connection (never made, or removed)"
+                    )));
+                }
+                true
             }
             Err(f) => return Ok(with_id(Err(f))),
+        };
+        if local {
+            // A same-host connection: the peer's CUDA registrations came with their IPC
+            // info (register_memory advertises them), so the copy engines move the list.
+            let mut items = Vec::with_capacity(local_desc_list.len());
+            for (i, (l, r)) in local_desc_list.iter().zip(&remote_desc_list).enumerate() {
+                if r.ipc_info.is_empty() {
+                    return Err(usage(format!(
+                        "remote descriptor {i} has no IPC info for a same-host transfer (only \
+                         CUDA memory registered with register_memory carries it)"
+                    )));
+                }
+                items.push((l.addr, l.size, r.ipc_info.clone(), r.addr));
+            }
+            drop((local_desc_list, remote_desc_list));
+            return Ok(self.asynchronous(py, move |c| {
+                let pieces: Vec<IpcPiece<'_>> = items
+                    .iter()
+                    .map(|(ptr, size, info, raddr)| IpcPiece {
+                        ptr: *ptr,
+                        size: *size,
+                        info,
+                        remote_addr: Some(*raddr),
+                    })
+                    .collect();
+                // SAFETY: UCCL's contract: registered memory stays valid until the transfer
+                // completes (the descriptors come from register_memory).
+                unsafe { c.ipc(write, conn_id, &pieces) }
+            }));
         }
-        // IPC: a same-host connection (connect_local / accept_local) sends the list through
-        // the runtime's CUDA IPC route here instead, with each remote descriptor's
-        // `ipc_info`, once that route is wired.
         let mut pieces = Vec::with_capacity(local_desc_list.len());
         for (i, d) in local_desc_list.iter().enumerate() {
             if d.mr_id == NO_MR {
@@ -954,24 +992,52 @@ impl P2pEndpoint {
     }
 
     // Same-host CUDA IPC (UCCL's intra-node family) ------------------------------------
-    // IPC: every method below is UCCL's signature with its return shape; each reports
-    // `ok = False` (`last_error()`: "same-host CUDA IPC: not yet wired") until it is wired to
-    // the runtime's IPC module. Peers on one host connect through the network path
-    // (connect / add_remote_endpoint over loopback) meanwhile.
+    // GPU memory between processes of one host through CUDA IPC handles and the copy
+    // engines, no network ([`crate::local`], the runtime's `LocalConnection`). Failures give
+    // `ok = False` with `last_error()`, as the network calls do.
 
-    /// UCCL's `connect_local(remote_gpu_bdf) -> (ok, conn_id)` (same-host CUDA IPC).
-    fn connect_local(&self, remote_gpu_bdf: &Bound<'_, PyAny>) -> (bool, u64) {
-        let _ = remote_gpu_bdf;
-        with_id(Err(ipc_not_wired()))
+    /// `connect_local(remote_gpu_bdf) -> (ok, conn_id)`: connects to the endpoint of this
+    /// host on GPU `remote_gpu_bdf` (the PCI bus id `parse_metadata` returns, e.g.
+    /// `0000:8a:00.0`; a GPU index of this host is accepted too). That endpoint must call
+    /// `accept_local()`; this waits for it up to the endpoint timeout (`TCPX_TIMEOUT_MS`).
+    fn connect_local(
+        &self,
+        py: Python<'_>,
+        remote_gpu_bdf: &Bound<'_, PyAny>,
+    ) -> PyResult<(bool, u64)> {
+        let bdf = match remote_gpu_bdf.extract::<String>() {
+            Ok(s) => s,
+            Err(_) => remote_gpu_bdf.extract::<i64>()?.to_string(),
+        };
+        let core = self.core.clone();
+        Ok(with_id(wait::blocking(py, move || {
+            core.connect_local(&bdf)
+        })?))
     }
 
-    /// UCCL's `accept_local() -> (ok, remote_gpu_bdf, conn_id)` (same-host CUDA IPC).
-    fn accept_local(&self) -> (bool, String, u64) {
-        errors::remember(ipc_not_wired());
-        (false, String::new(), 0)
+    /// `accept_local() -> (ok, remote_gpu_bdf, conn_id)`: waits (interruptibly, without a
+    /// limit, as UCCL) for a peer of this host to `connect_local`; `remote_gpu_bdf` is the
+    /// peer's GPU PCI bus id ("" when it has none). The first endpoint of a GPU to accept
+    /// answers to that GPU's bus id.
+    fn accept_local(&self, py: Python<'_>) -> PyResult<(bool, String, u64)> {
+        loop {
+            let core = self.core.clone();
+            match py.detach(|| core.accept_local(wait::SLICE)) {
+                Ok((id, bus)) => return Ok((true, bus, id)),
+                Err(f) if f.kind == Kind::Timeout => py.check_signals()?,
+                Err(f) => {
+                    errors::remember(f);
+                    return Ok((false, String::new(), 0));
+                }
+            }
+        }
     }
 
-    /// UCCL's `advertise_ipc(conn_id, ptr, size) -> (ok, info)` (same-host CUDA IPC).
+    /// `advertise_ipc(conn_id, ptr, size) -> (ok, info)`: makes `size` bytes of CUDA memory
+    /// at `ptr` writable and readable by the peer of same-host connection `conn_id` (any
+    /// local peer of this endpoint may use `info`); hand it `info` (128 bytes). The memory
+    /// must stay allocated while the peer may use it. Advertising the same range again
+    /// returns the same `info`.
     fn advertise_ipc<'py>(
         &self,
         py: Python<'py>,
@@ -979,93 +1045,172 @@ impl P2pEndpoint {
         ptr: u64,
         size: u64,
     ) -> (bool, Bound<'py, PyBytes>) {
-        let _ = (conn_id, ptr, size);
-        errors::remember(ipc_not_wired());
-        (false, PyBytes::new(py, b""))
+        let core = self.core.clone();
+        // SAFETY: UCCL's contract, stated in the docstring: the memory stays allocated.
+        match py.detach(move || unsafe { core.advertise_ipc(conn_id, ptr, size) }) {
+            Ok(b) => (true, PyBytes::new(py, &b)),
+            Err(f) => {
+                errors::remember(f);
+                (false, PyBytes::new(py, b""))
+            }
+        }
     }
 
-    /// UCCL's `advertisev_ipc(conn_id, ptr_v, size_v) -> (ok, [info])` (same-host CUDA IPC).
+    /// `advertisev_ipc(conn_id, ptr_v, size_v) -> (ok, [info])`: `advertise_ipc` of each
+    /// range, all or none.
     fn advertisev_ipc<'py>(
         &self,
+        py: Python<'py>,
         conn_id: u64,
         ptr_v: Vec<u64>,
         size_v: Vec<u64>,
     ) -> (bool, Vec<Bound<'py, PyBytes>>) {
-        let _ = (conn_id, ptr_v, size_v);
-        errors::remember(ipc_not_wired());
-        (false, Vec::new())
+        if ptr_v.len() != size_v.len() {
+            errors::remember(Failure::bad(format!(
+                "advertisev_ipc: {} pointers but {} sizes",
+                ptr_v.len(),
+                size_v.len()
+            )));
+            return (false, Vec::new());
+        }
+        let core = self.core.clone();
+        let r = py.detach(move || {
+            ptr_v
+                .iter()
+                .zip(&size_v)
+                .enumerate()
+                .map(|(i, (&p, &n))| {
+                    // SAFETY: as advertise_ipc (UCCL's contract).
+                    unsafe { core.advertise_ipc(conn_id, p, n) }
+                        .map_err(|f| Failure::new(f.kind, format!("range {i}: {}", f.message)))
+                })
+                .collect::<Outcome<Vec<_>>>()
+        });
+        match r {
+            Ok(v) => (true, v.iter().map(|b| PyBytes::new(py, b)).collect()),
+            Err(f) => {
+                errors::remember(f);
+                (false, Vec::new())
+            }
+        }
     }
 
-    /// UCCL's `write_ipc(conn_id, ptr, size, info) -> ok` (same-host CUDA IPC).
-    fn write_ipc(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> bool {
-        let _ = (conn_id, ptr, size, info);
-        flag(Err(ipc_not_wired()))
+    /// `write_ipc(conn_id, ptr, size, info) -> ok`: copies `size` bytes at `ptr` (CUDA
+    /// memory, or host memory: pinned is faster) into the start of the peer's advertised
+    /// range `info`, and waits. Refused: a range longer than the advertised one, a forged
+    /// or revoked `info`, a peer gone.
+    fn write_ipc(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: u64,
+        info: Vec<u8>,
+    ) -> PyResult<bool> {
+        self.blocking(py, move |c| {
+            ipc_v(c, true, conn_id, &[ptr], &[size], &[info])
+        })
     }
 
-    /// UCCL's `read_ipc(conn_id, ptr, size, info) -> ok` (same-host CUDA IPC).
-    fn read_ipc(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> bool {
-        let _ = (conn_id, ptr, size, info);
-        flag(Err(ipc_not_wired()))
+    /// `read_ipc(conn_id, ptr, size, info) -> ok`: copies `size` bytes from the start of
+    /// the peer's advertised range `info` to `ptr`, and waits.
+    fn read_ipc(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: u64,
+        info: Vec<u8>,
+    ) -> PyResult<bool> {
+        self.blocking(py, move |c| {
+            ipc_v(c, false, conn_id, &[ptr], &[size], &[info])
+        })
     }
 
-    /// UCCL's `write_ipc_async(conn_id, ptr, size, info) -> (ok, transfer_id)`.
-    fn write_ipc_async(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> (bool, u64) {
-        let _ = (conn_id, ptr, size, info);
-        with_id(Err(ipc_not_wired()))
+    /// `write_ipc_async(conn_id, ptr, size, info) -> (ok, transfer_id)` (`poll_async`).
+    fn write_ipc_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: u64,
+        info: Vec<u8>,
+    ) -> (bool, u64) {
+        self.asynchronous(py, move |c| {
+            ipc_v(c, true, conn_id, &[ptr], &[size], &[info])
+        })
     }
 
-    /// UCCL's `read_ipc_async(conn_id, ptr, size, info) -> (ok, transfer_id)`.
-    fn read_ipc_async(&self, conn_id: u64, ptr: u64, size: u64, info: &[u8]) -> (bool, u64) {
-        let _ = (conn_id, ptr, size, info);
-        with_id(Err(ipc_not_wired()))
+    /// `read_ipc_async(conn_id, ptr, size, info) -> (ok, transfer_id)` (`poll_async`).
+    fn read_ipc_async(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        ptr: u64,
+        size: u64,
+        info: Vec<u8>,
+    ) -> (bool, u64) {
+        self.asynchronous(py, move |c| {
+            ipc_v(c, false, conn_id, &[ptr], &[size], &[info])
+        })
     }
 
-    /// UCCL's `writev_ipc(conn_id, ptr_v, size_v, info_v) -> ok`.
+    /// `writev_ipc(conn_id, ptr_v, size_v, info_v) -> ok`: `write_ipc` of every piece, as
+    /// one transfer.
     fn writev_ipc(
         &self,
+        py: Python<'_>,
         conn_id: u64,
         ptr_v: Vec<u64>,
         size_v: Vec<u64>,
         info_v: Vec<Vec<u8>>,
-    ) -> bool {
-        let _ = (conn_id, ptr_v, size_v, info_v);
-        flag(Err(ipc_not_wired()))
+    ) -> PyResult<bool> {
+        self.blocking(py, move |c| {
+            ipc_v(c, true, conn_id, &ptr_v, &size_v, &info_v)
+        })
     }
 
-    /// UCCL's `readv_ipc(conn_id, ptr_v, size_v, info_v) -> ok`.
+    /// `readv_ipc(conn_id, ptr_v, size_v, info_v) -> ok`: `read_ipc` of every piece, as one
+    /// transfer.
     fn readv_ipc(
         &self,
+        py: Python<'_>,
         conn_id: u64,
         ptr_v: Vec<u64>,
         size_v: Vec<u64>,
         info_v: Vec<Vec<u8>>,
-    ) -> bool {
-        let _ = (conn_id, ptr_v, size_v, info_v);
-        flag(Err(ipc_not_wired()))
+    ) -> PyResult<bool> {
+        self.blocking(py, move |c| {
+            ipc_v(c, false, conn_id, &ptr_v, &size_v, &info_v)
+        })
     }
 
-    /// UCCL's `writev_ipc_async(conn_id, ptr_v, size_v, info_v) -> (ok, transfer_id)`.
+    /// `writev_ipc_async(conn_id, ptr_v, size_v, info_v) -> (ok, transfer_id)`.
     fn writev_ipc_async(
         &self,
+        py: Python<'_>,
         conn_id: u64,
         ptr_v: Vec<u64>,
         size_v: Vec<u64>,
         info_v: Vec<Vec<u8>>,
     ) -> (bool, u64) {
-        let _ = (conn_id, ptr_v, size_v, info_v);
-        with_id(Err(ipc_not_wired()))
+        self.asynchronous(py, move |c| {
+            ipc_v(c, true, conn_id, &ptr_v, &size_v, &info_v)
+        })
     }
 
-    /// UCCL's `readv_ipc_async(conn_id, ptr_v, size_v, info_v) -> (ok, transfer_id)`.
+    /// `readv_ipc_async(conn_id, ptr_v, size_v, info_v) -> (ok, transfer_id)`.
     fn readv_ipc_async(
         &self,
+        py: Python<'_>,
         conn_id: u64,
         ptr_v: Vec<u64>,
         size_v: Vec<u64>,
         info_v: Vec<Vec<u8>>,
     ) -> (bool, u64) {
-        let _ = (conn_id, ptr_v, size_v, info_v);
-        with_id(Err(ipc_not_wired()))
+        self.asynchronous(py, move |c| {
+            ipc_v(c, false, conn_id, &ptr_v, &size_v, &info_v)
+        })
     }
 
     /// UCCL's `uccl_engine_send_notif`: sends `msg` (bytes or str, at most 64 KiB) to the
@@ -1161,14 +1306,35 @@ fn overload(
     Ok(Ok(out))
 }
 
-/// Why every same-host IPC call reports `ok = False` for now.
-// IPC: replace with the runtime's IPC module once wired (the coordinator wires it).
-fn ipc_not_wired() -> Failure {
-    Failure::new(
-        Kind::Unsupported,
-        "same-host CUDA IPC: not yet wired (connect / add_remote_endpoint work between \
-         processes of one host, over loopback)",
-    )
+/// One `*_ipc` call of UCCL's: every list the same length, then the runtime's same-host
+/// route.
+fn ipc_v(
+    c: &Core,
+    write: bool,
+    conn_id: u64,
+    ptr_v: &[u64],
+    size_v: &[u64],
+    info_v: &[Vec<u8>],
+) -> Outcome<tcpx_runtime::Transfer> {
+    if ptr_v.len() != size_v.len() || ptr_v.len() != info_v.len() {
+        return Err(Failure::bad(format!(
+            "{} pointers, {} sizes and {} infos: the lists must have the same length",
+            ptr_v.len(),
+            size_v.len(),
+            info_v.len()
+        )));
+    }
+    let pieces: Vec<IpcPiece<'_>> = (0..ptr_v.len())
+        .map(|i| IpcPiece {
+            ptr: ptr_v[i],
+            size: size_v[i],
+            info: &info_v[i],
+            remote_addr: None,
+        })
+        .collect();
+    // SAFETY: UCCL's contract for these calls: the caller's memory stays valid until the
+    // call (or, async, its transfer) completes.
+    unsafe { c.ipc(write, conn_id, &pieces) }
 }
 
 /// `(ptr, bytes)` of one `register_memory` item: UCCL's rule for tensors (`data_ptr()`,
@@ -1209,10 +1375,24 @@ fn desc_of(ptr: u64, size: u64, mr_id: u64, keys: &RemoteKey) -> XferDesc {
         mr_id,
         lkeys: keys.lkeys(),
         rkeys: keys.rkeys(),
-        // IPC: the runtime's IPC export of the registration (CUDA memory) goes here once the
-        // same-host route is wired, so that a local peer's `transfer` can open it.
         ipc_info: Vec::new(),
     }
+}
+
+/// The same-host (CUDA IPC) info of a registration: CUDA memory is advertised so that a
+/// local peer's `transfer` can reach it; host memory, or memory the driver will not export
+/// (`cuMemCreate` pools), has none and is reached over the network only.
+fn ipc_info_of(core: &Core, ptr: u64, size: u64) -> Vec<u8> {
+    if tcpx::cuda::pointer_device(ptr as *const u8).is_none() {
+        return Vec::new();
+    }
+    // SAFETY: register_memory's contract: the memory stays allocated until
+    // deregister_memory (and the endpoint keeps the advert until it closes).
+    // A failure leaves the registration network-only; a local peer's `transfer` then says
+    // the descriptor has no IPC info.
+    unsafe { core.advertise_range(ptr, size) }
+        .map(|b| b.to_vec())
+        .unwrap_or_default()
 }
 
 /// The peer's descriptors (`rkeys`, `addr`, `size`) as ranges of its registrations.

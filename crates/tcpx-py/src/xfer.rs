@@ -96,9 +96,9 @@ pub struct XferDesc {
     /// What a peer needs to reach the memory.
     #[pyo3(get, set)]
     pub rkeys: Vec<u32>,
-    /// Same-host (CUDA IPC) information, carried by the serialized form like UCCL's.
-    // IPC: register_memory fills this with the runtime's IPC export of the registration once
-    // the same-host route is wired; `transfer` on a local connection reads it.
+    /// Same-host (CUDA IPC) information, carried by the serialized form like UCCL's:
+    /// `register_memory` fills it for CUDA memory (the runtime's advert of the range);
+    /// `transfer` on a same-host connection reads the remote side's.
     pub ipc_info: Vec<u8>,
 }
 

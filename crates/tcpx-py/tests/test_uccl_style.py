@@ -485,22 +485,112 @@ def test_value_types_oob_ip_and_ipc_placeholders():
     with pytest.raises(TypeError):
         ep.reg(buf.ctypes.data, 64, floatType=3)
     assert ep.conn_id_of_rank(0) == 2**64 - 1
-    calls: List = [
-        lambda: ep.connect_local("0000:00:00.0")[0],
-        lambda: ep.accept_local()[0],
-        lambda: ep.advertise_ipc(0, buf.ctypes.data, 64)[0],
-        lambda: ep.advertisev_ipc(0, [buf.ctypes.data], [64])[0],
-        lambda: ep.write_ipc(0, buf.ctypes.data, 64, b"x"),
-        lambda: ep.read_ipc(0, buf.ctypes.data, 64, b"x"),
-        lambda: ep.write_ipc_async(0, buf.ctypes.data, 64, b"x")[0],
-        lambda: ep.read_ipc_async(0, buf.ctypes.data, 64, b"x")[0],
-        lambda: ep.writev_ipc(0, [buf.ctypes.data], [64], [b"x"]),
-        lambda: ep.readv_ipc(0, [buf.ctypes.data], [64], [b"x"]),
-        lambda: ep.writev_ipc_async(0, [buf.ctypes.data], [64], [b"x"])[0],
-        lambda: ep.readv_ipc_async(0, [buf.ctypes.data], [64], [b"x"])[0],
-    ]
-    for call in calls:
-        assert call() is False
-        assert "same-host CUDA IPC: not yet wired" in p2p.last_error()[1]
     ep.close()
     assert ep.start_passive_accept() is False and p2p.last_error()[0] == "Closed"
+
+
+# -- same-host CUDA IPC family, without a GPU -----------------------------------------------
+# The rendezvous, the connection ids and every refusal work before any CUDA call, so CI
+# checks them with an invented GPU bus id (TCPX_GPU_PCI). The copies are in
+# uccl_ipc_gpu.py (device machine).
+
+
+def test_ipc_family_connects_and_refuses_without_a_gpu(monkeypatch):
+    import random
+    import struct
+
+    bus = f"0000:{random.randint(0x10, 0xfe):02x}:1f.{random.randint(0, 7)}"
+    monkeypatch.setenv("TCPX_GPU_PCI", bus)
+    monkeypatch.setenv("TCPX_TIMEOUT_MS", "3000")
+    a, b = p2p.Endpoint(), p2p.Endpoint()
+    ip, port, got_bus = p2p.Endpoint.parse_metadata(a.get_metadata())
+    assert (ip, got_bus) == ("127.0.0.1", bus)
+
+    got = {}
+    t = threading.Thread(target=lambda: got.update(r=a.accept_local()))
+    t.start()
+    ok, cid_b = b.connect_local(remote_gpu_bdf=got_bus)
+    t.join(30)
+    assert ok, p2p.last_error()
+    ok, peer_bus, cid_a = got["r"]
+    assert ok and peer_bus == bus
+
+    buf = np.zeros(4096, np.uint8)
+    # Host memory has no CUDA IPC handle.
+    ok, info = a.advertise_ipc(cid_a, buf.ctypes.data, 4096)
+    assert not ok and info == b"" and "CUDA" in p2p.last_error()[1]
+    # Not an info blob.
+    assert b.write_ipc(cid_b, buf.ctypes.data, 64, b"x") is False
+    assert p2p.last_error()[0] == "BadArgument" and "advertise_ipc blob" in p2p.last_error()[1]
+    # Lists of different lengths.
+    assert b.writev_ipc(cid_b, [buf.ctypes.data], [64, 64], [b"x"]) is False
+    assert "same length" in p2p.last_error()[1]
+    # A well-formed descriptor that the peer never issued: refused by the owner.
+    forged = (b"TXIP" + bytes([1, 0, 0, 0]) + bytes(64) + struct.pack("<QI", 7, 1) + bytes(4)
+              + struct.pack("<QQQQQ", 0, 1 << 20, 0, 4096, 12345))
+    assert len(forged) == 128
+    for call in (b.write_ipc, b.read_ipc):
+        assert call(cid_b, buf.ctypes.data, 64, forged) is False
+        assert p2p.last_error()[0] in ("AccessRefused", "Error"), p2p.last_error()
+    ok, xid = b.write_ipc_async(cid_b, buf.ctypes.data, 64, forged)
+    if ok:  # refused when polled instead
+        while True:
+            ok, done = b.poll_async(xid)
+            if not ok or done:
+                break
+        assert not ok
+    # A network conn id is not a same-host one, and the other way round.
+    assert b.write_ipc(cid_b + 100, buf.ctypes.data, 64, forged) is False
+    assert "not a same-host connection" in p2p.last_error()[1]
+    assert b.send(cid_b, 0, buf.ctypes.data, 64) is False
+    # The descriptor API on a local connection wants IPC info (CUDA registrations carry it).
+    (desc,) = b.register_memory([buf])
+    with pytest.raises(tcpx.BadArgument, match="IPC info"):
+        b.transfer(cid_b, "write", [desc], [desc])
+    b.deregister_memory([desc])
+    # Removing it ends it on both sides.
+    assert b.remove_remote_endpoint(cid_b)
+    assert b.write_ipc(cid_b, buf.ctypes.data, 64, forged) is False
+    a.close()
+    b.close()
+
+
+def test_connect_local_to_nobody_fails_within_the_timeout(monkeypatch):
+    import time
+
+    monkeypatch.setenv("TCPX_TIMEOUT_MS", "1000")
+    ep = p2p.Endpoint()
+    start = time.monotonic()
+    ok, _ = ep.connect_local("0000:fe:1f.7")
+    assert not ok and time.monotonic() - start < 20
+    assert p2p.last_error()[0] in ("PeerLost", "TransferTimeout"), p2p.last_error()
+    ok, _ = ep.connect_local("not-a-bus")
+    assert not ok and p2p.last_error()[0] == "BadArgument"
+    ep.close()
+
+
+def test_metadata_today_and_older_layouts_and_garbage():
+    """UCCL's metadata today carries the GPU's PCI bus id; older peers sent the index."""
+    import random
+    import socket
+    import struct
+
+    v4 = socket.inet_aton("127.0.0.1")
+    for bus in ("", "0000:8a:00.0"):
+        meta = v4 + struct.pack("!H", 4321) + bytes([len(bus)]) + bus.encode()
+        assert p2p.Endpoint.parse_metadata(meta) == ("127.0.0.1", 4321, bus)
+    v6 = socket.inet_pton(socket.AF_INET6, "::1")
+    meta = v6 + struct.pack("!H", 9) + bytes([12]) + b"0000:8a:00.0"
+    assert p2p.Endpoint.parse_metadata(meta) == ("::1", 9, "0000:8a:00.0")
+    # Older layout: the index (host order), also when its low byte fits the length rule.
+    for gpu in (3, -1, 0):
+        meta = v4 + struct.pack("!H", 4321) + struct.pack("=i", gpu)
+        assert p2p.Endpoint.parse_metadata(meta) == ("127.0.0.1", 4321, str(gpu))
+    rng = random.Random(7)
+    for _ in range(2000):
+        junk = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 40)))
+        try:
+            ip, port, gpu = p2p.Endpoint.parse_metadata(junk)
+            assert isinstance(gpu, str) and 0 <= port < 65536
+        except ValueError:
+            pass

@@ -1,17 +1,15 @@
 //! The endpoint's same-host side ([`crate::ipc`]): its rendezvous, its identity, the route
 //! decision, and advertising GPU memory for peers of the same host.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tcpx::cuda::{CudaDevice, IpcExport};
 
+use super::local_side::NAME_GRACE;
 use super::Endpoint;
-use crate::config::Config;
 use crate::error::{Error, LocalErrorKind, Result};
 use crate::ipc::identity::endpoint_socket_name;
-use crate::ipc::rendezvous::{self, Listeners};
-use crate::ipc::shared::IpcShared;
+use crate::ipc::rendezvous;
 use crate::ipc::socket;
 use crate::ipc::wire::{Hello, LOCAL_PROTOCOL_VERSION};
 use crate::ipc::{
@@ -19,42 +17,6 @@ use crate::ipc::{
 };
 use crate::onesided::descriptor::random_key;
 use crate::registry::Region;
-
-/// How long [`Endpoint::connect_local`] retries an endpoint's own name while nobody listens
-/// there (another network namespace, an endpoint that is gone): a short grace, not the
-/// whole timeout, so that callers fall back to the network quickly.
-pub(crate) const NAME_GRACE: Duration = Duration::from_millis(500);
-
-/// What an endpoint holds for same-host peers; its listeners close with the endpoint.
-pub(crate) struct LocalSide {
-    pub(crate) shared: Arc<IpcShared>,
-    listeners: Listeners,
-}
-
-impl LocalSide {
-    /// Binds the rendezvous of the endpoint whose control listener is `control`; a failure
-    /// leaves the endpoint without a same-host route (said by `accept_local` and the route).
-    pub(crate) fn start(config: &Config, control: std::net::SocketAddr) -> Result<Self> {
-        let uid = socket::uid();
-        let name = endpoint_socket_name(uid, control);
-        let instance = random_key()?;
-        let listeners = Listeners::bind(&name);
-        let shared = Arc::new(IpcShared::new(
-            config.timeout,
-            config.wait_spin,
-            uid,
-            instance,
-            name,
-        ));
-        let side = Self { shared, listeners };
-        // A configured GPU is claimed at once, so that peers dialing it by bus id find this
-        // endpoint before it ever calls accept_local.
-        if let Some(bus) = config.gpu_pci.as_deref().and_then(normalize_bus_id) {
-            side.listeners.claim_gpu(uid, &bus);
-        }
-        Ok(side)
-    }
-}
 
 impl Endpoint {
     /// This endpoint's GPU for same-host work: the one of its CUDA regions, else the one
@@ -183,9 +145,13 @@ impl Endpoint {
     /// turned away (logged) while this keeps waiting.
     pub fn accept_local_timeout(&self, wait: Duration) -> Result<LocalConnection> {
         let (hello, default_gpu) = self.local_hello();
-        self.local
-            .listeners
-            .accept(&self.local.shared, &hello, default_gpu, wait)
+        self.local.listeners.accept(
+            &self.local.shared,
+            &self.local.links,
+            &hello,
+            default_gpu,
+            wait,
+        )
     }
 
     /// Connects to the endpoint of this host at `addr`, waiting up to the configured timeout
@@ -202,7 +168,15 @@ impl Endpoint {
             LocalAddr::Name(_) => timeout.min(NAME_GRACE),
             LocalAddr::Gpu(_) => timeout,
         };
-        rendezvous::connect(shared, &name, &hello, default_gpu, listen_wait, timeout)
+        rendezvous::connect(
+            shared,
+            &self.local.links,
+            &name,
+            &hello,
+            default_gpu,
+            listen_wait,
+            timeout,
+        )
     }
 
     /// Advertises all of CUDA `region` for peers of this host ([`crate::ipc`]); see
@@ -295,7 +269,7 @@ impl Endpoint {
         if descriptor.owner != self.local.shared.instance {
             return Ok(false);
         }
-        self.local.shared.revoke(descriptor.key)
+        self.local.links.revoke(&self.local.shared, descriptor.key)
     }
 
     /// Descriptors this endpoint advertised and has not revoked.

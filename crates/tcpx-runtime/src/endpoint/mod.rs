@@ -14,9 +14,11 @@ pub mod connection;
 
 mod admission;
 mod local;
+mod local_side;
 mod metrics;
 mod setup;
 mod shared;
+mod snapshot;
 mod watch;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -82,7 +84,7 @@ pub struct Endpoint {
     /// The Prometheus exporter ([`Config::metrics_addr`]); stops when dropped.
     exporter: Option<Exporter>,
     /// Same-host peers: the rendezvous (closed when dropped) and what local connections share.
-    local: local::LocalSide,
+    local: local_side::LocalSide,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -188,7 +190,7 @@ impl Endpoint {
             control_addr: SocketAddr::new(ip, local.port()),
             secret,
         };
-        let local_side = local::LocalSide::start(&config, metadata.control_addr)?;
+        let local_side = local_side::LocalSide::start(&config, metadata.control_addr)?;
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
         // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
@@ -252,7 +254,7 @@ impl Endpoint {
             links: Mutex::new(Vec::new()),
         });
         let exporter = match shared.config.metrics_addr {
-            Some(addr) => Some(metrics::start_exporter(
+            Some(addr) => Some(snapshot::start_exporter(
                 addr,
                 Arc::downgrade(&shared),
                 admission.rejections.clone(),

@@ -117,6 +117,13 @@ impl IpcDescriptor {
         self.offset
     }
 
+    /// Where the range starts in the owner's address space (the allocation's base plus
+    /// [`allocation_offset`](Self::allocation_offset)): lets a peer address a sub-range by
+    /// the owner's pointers (UCCL descriptors carry them).
+    pub fn address(&self) -> u64 {
+        self.base.wrapping_add(self.offset)
+    }
+
     /// Size of the allocation holding the range.
     pub fn allocation_len(&self) -> u64 {
         self.alloc_len

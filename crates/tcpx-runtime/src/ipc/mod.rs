@@ -81,6 +81,7 @@ mod adverts;
 mod cache;
 mod connection;
 mod link;
+pub(crate) mod links;
 mod op;
 pub(crate) mod rendezvous;
 pub(crate) mod shared;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::connection::LocalConnection;
 use super::identity::gpu_socket_name;
 use super::link::LocalLink;
+use super::links::Links;
 use super::shared::IpcShared;
 use super::socket;
 use super::wire::{read_msg, Hello, Msg, LOCAL_PROTOCOL_VERSION};
@@ -72,6 +73,7 @@ impl Listeners {
     pub(crate) fn accept(
         &self,
         shared: &Arc<IpcShared>,
+        links: &Links,
         me: &Hello,
         default_gpu: Option<usize>,
         wait: Duration,
@@ -123,7 +125,7 @@ impl Listeners {
                     })
                 }
             };
-            match admit(shared, me, default_gpu, stream, None) {
+            match admit(shared, links, me, default_gpu, stream, None) {
                 Ok(conn) => return Ok(conn),
                 Err(why) => {
                     tracing::warn!(target: "tcpx_runtime::ipc", "turned a local connection away: {why}");
@@ -139,6 +141,7 @@ impl Listeners {
 /// there) and sets the connection up, waiting up to `timeout` in all for the peer to accept.
 pub(crate) fn connect(
     shared: &Arc<IpcShared>,
+    links: &Links,
     name: &str,
     me: &Hello,
     default_gpu: Option<usize>,
@@ -160,7 +163,7 @@ pub(crate) fn connect(
             ),
         )
     })?;
-    admit(shared, me, default_gpu, stream, Some(deadline))
+    admit(shared, links, me, default_gpu, stream, Some(deadline))
         .map_err(|why| fail(LocalErrorKind::Rendezvous, why))
 }
 
@@ -169,6 +172,7 @@ pub(crate) fn connect(
 /// [`HELLO_LIMIT`]. An `Err` says why the peer is not admitted.
 fn admit(
     shared: &Arc<IpcShared>,
+    links: &Links,
     me: &Hello,
     default_gpu: Option<usize>,
     mut stream: UnixStream,
@@ -228,7 +232,7 @@ fn admit(
     // The kernel's pid is the truth; its 0 (another pid namespace) falls back to the hello's.
     let pid = if cred_pid != 0 { cred_pid } else { peer.pid };
     let link = LocalLink::new(shared.clone(), peer, pid, default_gpu, stream);
-    shared.add_link(&link);
+    links.add_link(&link);
     let watched = link.clone();
     let watcher = std::thread::Builder::new()
         .name("tcpx-ipc".into())

@@ -1,16 +1,14 @@
 //! [`IpcShared`]: what an endpoint's same-host side shares with its local connections —
-//! identity, advertised ranges, the GPUs and copy pools opened so far, the connections
-//! themselves (for revocations) — and the endpoint-wide operations on them.
+//! identity, advertised ranges, the GPUs and copy pools opened so far. (The connections
+//! themselves, for revocations, are in [`super::links`]: they hold this, not the other way.)
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tcpx::cuda::{CopyPool, CudaDevice};
 
 use super::adverts::IpcAdverts;
 use super::identity::{boot_id, hostname};
-use super::link::{LocalLink, Reply};
-use super::wire::Msg;
 use crate::error::{Error, LocalErrorKind, Result};
 
 /// Streams per GPU for same-host copies: a large operation is spread over them (each stream
@@ -42,7 +40,6 @@ pub(crate) struct IpcShared {
     /// Per CUDA ordinal, opened on first use (the outer list on the first GPU operation, so
     /// that endpoints that never copy never probe the driver).
     gpus: OnceLock<Vec<GpuSlot>>,
-    links: Mutex<Vec<Weak<LocalLink>>>,
 }
 
 impl IpcShared {
@@ -64,7 +61,6 @@ impl IpcShared {
             name,
             adverts: IpcAdverts::default(),
             gpus: OnceLock::new(),
-            links: Mutex::new(Vec::new()),
         }
     }
 
@@ -95,56 +91,5 @@ impl IpcShared {
             kind: LocalErrorKind::Cuda,
             what: format!("opening GPU {ordinal} for same-host copies: {e}"),
         })
-    }
-
-    /// Remembers a new connection (revocations reach it).
-    pub(crate) fn add_link(&self, link: &Arc<LocalLink>) {
-        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.retain(|w| w.strong_count() > 0);
-        links.push(Arc::downgrade(link));
-    }
-
-    fn live_links(&self) -> Vec<Arc<LocalLink>> {
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    /// Revokes `key` and waits until every connected peer dropped it (and closed its mapping
-    /// if that was the last descriptor of the allocation), at most the timeout in all.
-    /// Whether the key was advertised; an error names a peer that did not confirm in time.
-    pub(crate) fn revoke(&self, key: u64) -> Result<bool> {
-        let was = self.adverts.revoke(key);
-        if !was {
-            return Ok(false);
-        }
-        // All asks first, then all answers: one timeout for the lot, not one per peer.
-        let asked: Vec<_> = self
-            .live_links()
-            .into_iter()
-            .filter_map(|link| {
-                let waiter = link.ask(|req| Msg::Revoke { req, key }).ok()?;
-                Some((link, waiter))
-            })
-            .collect();
-        let deadline = Instant::now() + self.timeout;
-        for (link, waiter) in asked {
-            match link.answer_by(waiter, deadline) {
-                Ok(Reply::Ack) => {}
-                Ok(other) => {
-                    return Err(link.error(
-                        LocalErrorKind::Protocol,
-                        format!("answered a revocation with {other:?}"),
-                    ))
-                }
-                // Gone, or closed here meanwhile: its mappings were dropped on the way out.
-                Err(e)
-                    if matches!(
-                        e.local_kind(),
-                        Some(LocalErrorKind::PeerClosed | LocalErrorKind::Closed)
-                    ) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
     }
 }

@@ -104,10 +104,4 @@ impl Metrics {
         }
         nics
     }
-
-    /// The Prometheus text exposition of this snapshot (OpenMetrics text, which Prometheus
-    /// scrapes), encoded by the `prometheus-client` crate. Metric names start with `tcpx_`.
-    pub fn to_prometheus(&self) -> String {
-        text::encode(self)
-    }
 }

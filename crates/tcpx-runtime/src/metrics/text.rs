@@ -11,7 +11,15 @@ use prometheus_client::registry::{Registry, Unit};
 use super::Metrics;
 use crate::stats::ChannelStats;
 
-pub(super) fn encode(metrics: &Metrics) -> String {
+impl Metrics {
+    /// The Prometheus text exposition of this snapshot (OpenMetrics text, which Prometheus
+    /// scrapes), encoded by the `prometheus-client` crate. Metric names start with `tcpx_`.
+    pub fn to_prometheus(&self) -> String {
+        encode(self)
+    }
+}
+
+fn encode(metrics: &Metrics) -> String {
     let mut registry = Registry::with_prefix("tcpx");
     registry.register_collector(Box::new(Snapshot(metrics.clone())));
     let mut out = String::new();

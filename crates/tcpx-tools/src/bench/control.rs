@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 use tcpx_runtime::{Connection, Endpoint, Region};
 
-use super::pair::{peer_failure, Failure};
+use super::failure::{peer_failure, Failure};
 
 /// The most words one message carries.
 pub const MAX_WORDS: usize = 8;

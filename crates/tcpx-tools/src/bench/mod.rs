@@ -2,6 +2,7 @@
 
 pub mod baseline;
 pub mod control;
+pub mod failure;
 pub mod kv;
 pub mod latency;
 pub mod limits;
