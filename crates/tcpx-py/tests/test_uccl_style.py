@@ -461,7 +461,7 @@ def test_transfer_refuses_bad_lists_and_reports_bad_keys(passive_pair):
     assert ok and np.array_equal(dst, src[:4096])
 
 
-def test_value_types_oob_ip_and_ipc_placeholders():
+def test_value_types_and_oob_ip():
     assert [m.name for m in (p2p.kUndefined, p2p.kFloat16, p2p.kBFloat16, p2p.kFloat32, p2p.kFloat8E4M3FN, p2p.kFloat8E5M2)] == [
         "kUndefined", "kFloat16", "kBFloat16", "kFloat32", "kFloat8E4M3FN", "kFloat8E5M2"
     ]
@@ -531,7 +531,7 @@ def test_ipc_family_connects_and_refuses_without_a_gpu(monkeypatch):
     assert len(forged) == 128
     for call in (b.write_ipc, b.read_ipc):
         assert call(cid_b, buf.ctypes.data, 64, forged) is False
-        assert p2p.last_error()[0] in ("AccessRefused", "Error"), p2p.last_error()
+        assert p2p.last_error()[0] == "AccessRefused", p2p.last_error()
     ok, xid = b.write_ipc_async(cid_b, buf.ctypes.data, 64, forged)
     if ok:  # refused when polled instead
         while True:

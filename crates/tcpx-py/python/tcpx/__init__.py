@@ -284,7 +284,7 @@ class Endpoint:
 
     @property
     def uccl_metadata(self) -> bytes:
-        """UCCL's 10/22-byte metadata (address and GPU index, no secret)."""
+        """UCCL's metadata (address, port and GPU bus id; no secret)."""
         return self._core.uccl_metadata()
 
     @property
@@ -303,11 +303,11 @@ class Endpoint:
         return self._core.backend()
 
     def connect(self, peer: Union[bytes, Tuple[str, int], str]) -> Connection:
-        """Connects to ``peer``: its :attr:`metadata` (or UCCL 10/22-byte metadata), an
+        """Connects to ``peer``: its :attr:`metadata` (or UCCL metadata, today's or the older 10/22-byte layout), an
         ``(ip, port)`` tuple or ``"ip:port"``. Releases the GIL; Ctrl-C interrupts."""
         if isinstance(peer, (bytes, bytearray, memoryview)):
             peer = bytes(peer)
-            if len(peer) in (10, 22):
+            if not peer.startswith(b"TXMD"):  # not tcpx's metadata: UCCL's (either layout)
                 from .p2p import Endpoint as _P
 
                 ip, port, _ = _P.parse_metadata(peer)
