@@ -38,7 +38,8 @@
 /**
  * Minor ABI version: grows when functions or constants are added. A host built against minor
  * `m` needs a library whose minor version is at least `m`.
- * (1: the same-host functions, `tcpx_local_connection` and `tcpx_ipc_segment`.)
+ * (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
+ * `tcpx_ipc_segment`.)
  */
 #define TCPX_ABI_VERSION_MINOR 1
 
