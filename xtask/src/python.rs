@@ -1,7 +1,6 @@
 //! The Python half of `cargo xtask test`: builds `crates/tcpx-py` (dev profile, so it stays a
 //! matter of a minute or two) into the virtualenv `target/py-venv` and runs its pytest suite.
 //! The virtualenv gets maturin, numpy and pytest from PyPI once and is reused afterwards.
-//! First, the property test of the package's descriptor codec (`tests/desc_codec.rs`).
 
 use std::path::Path;
 use std::process::Command;
@@ -36,15 +35,6 @@ pub fn test() -> Result<()> {
         std::env::var("PATH").unwrap_or_default()
     );
     let crate_dir = root.join("crates/tcpx-py");
-    // The extension module has no Rust test harness; its peer-input decoders (free of
-    // Python) have a property test of their own. `extension-module`, as maturin builds it:
-    // the library then does not link libpython, which the machine may not have.
-    run_command(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(&root)
-            .args(["test", "--quiet", "-p", "tcpx-py", "--features"])
-            .args(["pyo3/extension-module", "--test", "desc_codec"]),
-    )?;
     run_command(
         Command::new(bin.join("maturin"))
             .current_dir(&crate_dir)

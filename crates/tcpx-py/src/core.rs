@@ -610,7 +610,7 @@ impl Core {
             .iter()
             .enumerate()
             .map(|(i, blob)| {
-                Advert::decode(blob)
+                crate::blob::decode_advert(blob)
                     .map(|a| a.range())
                     .map_err(|f| Failure::new(f.kind, format!("blob {i}: {}", f.message)))
             })

@@ -17,9 +17,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod blob;
-pub mod checksum;
 pub mod core;
-pub mod descs;
+/// The descriptor-list codec and keys (`tcpx-proto`'s).
+pub use tcpx_proto::uccl::descs;
 pub mod errors;
 pub mod fork;
 pub mod local;

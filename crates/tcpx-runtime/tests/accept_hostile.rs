@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tcpx_runtime::control::codec::MAGIC;
-use tcpx_runtime::control::{
-    Decoder, EndpointInfo, EndpointMetadata, Message, Secret, PROTOCOL_VERSION,
-};
+use tcpx_runtime::control::{Decoder, EndpointInfo, EndpointMetadata, Message, PROTOCOL_VERSION};
 use tcpx_runtime::{Config, Connection, Endpoint, Error};
 
 const KIB: usize = 1 << 10;
@@ -315,7 +313,7 @@ fn an_endpoint_that_requires_its_secret_refuses_peers_without_it_and_keeps_accep
     let client = Endpoint::new(config(2, 64 * KIB as u32)).unwrap();
     let meta = server.metadata().clone();
     let wrong = EndpointMetadata {
-        secret: Secret::random(),
+        secret: tcpx_runtime::control::random_secret(),
         ..meta.clone()
     };
     let (sc, cs) = std::thread::scope(|s| {

@@ -347,7 +347,7 @@ proptest! {
         let meta = EndpointMetadata {
             info,
             control_addr: SocketAddr::from(([127, 0, 0, 1], 7000)),
-            secret: Secret::random(),
+            secret: tcpx_runtime::control::random_secret(),
         };
         let bytes = meta.to_bytes().unwrap();
         let cut = cut % bytes.len();

@@ -79,7 +79,7 @@ fn the_published_secret_is_honoured() {
     // A value whose secret was altered is refused too (the stored checksum is recomputed,
     // so only the secret differs).
     let mut forged = server.metadata().clone();
-    forged.secret = tcpx_runtime::control::Secret::random();
+    forged.secret = tcpx_runtime::control::random_secret();
     store.put("forged", &forged.to_bytes().unwrap()).unwrap();
     let e = client
         .connect_by_name(&store, "forged", DEADLINE)

@@ -20,24 +20,11 @@ use crate::error::{Error, ErrorKind, Result};
 /// Alignment of every buffer this crate allocates (devmem-TCP requires 4 KiB for CUDA memory).
 pub const BUFFER_ALIGN: usize = 4096;
 
-/// Where memory lives, as the plugin's `regMr` type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum MemoryKind {
-    /// Host memory (`NCCL_PTR_HOST`).
-    Host,
-    /// CUDA device memory (`NCCL_PTR_CUDA`).
-    Cuda,
-}
+/// Where memory lives (host or CUDA): defined with the wire formats in `tcpx-proto`, whose
+/// codes are the ABI's (checked below).
+pub use tcpx_proto::MemoryKind;
 
-impl MemoryKind {
-    /// The `type` argument of `regMr`.
-    pub fn ptr_type(self) -> i32 {
-        match self {
-            MemoryKind::Host => NCCL_PTR_HOST,
-            MemoryKind::Cuda => NCCL_PTR_CUDA,
-        }
-    }
-}
+const _: () = assert!(NCCL_PTR_HOST == 1 && NCCL_PTR_CUDA == 2);
 
 /// Memory that can be registered with a plugin.
 ///

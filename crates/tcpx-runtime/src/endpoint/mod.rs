@@ -167,7 +167,7 @@ impl Endpoint {
             .local_addr()
             .map_err(|e| Error::Internal(format!("control listener address: {e}")))?;
         let ip = advertised_ip(config.control_addr.ip(), &names[0])?;
-        let secret = Secret::random();
+        let secret = crate::control::random_secret();
         let admission = Admission::start(
             listener,
             Policy {

@@ -296,8 +296,8 @@ mod tests {
 
     #[test]
     fn secrets_are_checked_only_when_required() {
-        let own = Secret::random();
-        let other = Secret::random();
+        let own = crate::control::random_secret();
+        let other = crate::control::random_secret();
         assert!(check_secret(false, own, None).is_ok());
         assert!(check_secret(false, own, Some(other)).is_ok());
         assert!(check_secret(true, own, Some(own)).is_ok());

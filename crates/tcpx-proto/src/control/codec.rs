@@ -15,7 +15,7 @@
 //! cap, and after the first error it refuses all further input (the stream cannot be
 //! resynchronised).
 
-use super::wire::TooLong;
+use crate::wire::TooLong;
 
 /// The message type codes of the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -251,7 +251,8 @@ pub(crate) fn encode_frame(
 /// Incremental frame decoder: feed it bytes, get frames.
 ///
 /// ```
-/// use tcpx_runtime::control::{Decoder, Message};
+/// use tcpx_proto::control::codec::Decoder;
+/// use tcpx_proto::control::message::Message;
 ///
 /// let mut wire = Vec::new();
 /// Message::Ready.encode(&mut wire).unwrap();

@@ -1,21 +1,12 @@
-//! Property tests of the descriptor-list codec (`src/descs.rs`), which decodes bytes a peer
-//! sent: any bytes decode to a list or an error, never a panic; encoding then decoding gives
-//! the list back; damage is refused; a registration's keys round-trip and only name ranges
-//! inside it.
-//!
-//! The codec is free of Python, so it is included here directly: the extension module itself
-//! has no Rust test harness (it links against the interpreter that loads it).
+//! Property tests of the descriptor-list codec (`tcpx_proto::uccl::descs`), which decodes
+//! bytes a peer sent: any bytes decode to a list or an error, never a panic; encoding then
+//! decoding gives the list back; damage is refused; a registration's keys round-trip and only
+//! name ranges inside it.
 
-#[allow(dead_code)]
-#[path = "../src/checksum.rs"]
-mod checksum;
-#[allow(dead_code)]
-#[path = "../src/descs.rs"]
-mod descs;
-
-use descs::{decode, encode, Desc, RemoteKey, KEY_WORDS};
 use proptest::prelude::*;
-use tcpx_runtime::Descriptor;
+use tcpx_proto::checksum;
+use tcpx_proto::onesided::Descriptor;
+use tcpx_proto::uccl::descs::{decode, encode, Desc, RemoteKey, KEY_WORDS};
 
 fn desc() -> impl Strategy<Value = Desc> {
     (

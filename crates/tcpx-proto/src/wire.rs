@@ -58,31 +58,36 @@ pub struct TooLong {
 }
 
 /// Appends little-endian fields to a buffer.
-pub(crate) struct Writer<'a>(pub(crate) &'a mut Vec<u8>);
+pub struct Writer<'a>(pub &'a mut Vec<u8>);
 
 impl Writer<'_> {
-    pub(crate) fn u8(&mut self, v: u8) {
+    /// One byte.
+    pub fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
 
-    pub(crate) fn u16(&mut self, v: u16) {
+    /// A u16, little-endian.
+    pub fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
-    pub(crate) fn u32(&mut self, v: u32) {
+    /// A u32, little-endian.
+    pub fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
-    pub(crate) fn u64(&mut self, v: u64) {
+    /// A u64, little-endian.
+    pub fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
-    pub(crate) fn bytes(&mut self, v: &[u8]) {
+    /// Raw bytes, no length prefix.
+    pub fn bytes(&mut self, v: &[u8]) {
         self.0.extend_from_slice(v);
     }
 
     /// A string with a u16 byte-length prefix.
-    pub(crate) fn str16(&mut self, field: &'static str, v: &str) -> Result<(), TooLong> {
+    pub fn str16(&mut self, field: &'static str, v: &str) -> Result<(), TooLong> {
         let len = u16::try_from(v.len()).map_err(|_| TooLong {
             field,
             len: v.len(),
@@ -94,7 +99,7 @@ impl Writer<'_> {
     }
 
     /// An IP address: family tag (4 or 6) then the address bytes.
-    pub(crate) fn ip(&mut self, ip: IpAddr) {
+    pub fn ip(&mut self, ip: IpAddr) {
         match ip {
             IpAddr::V4(v4) => {
                 self.u8(4);
@@ -108,27 +113,30 @@ impl Writer<'_> {
     }
 
     /// An IP address then a u16 port.
-    pub(crate) fn socket_addr(&mut self, addr: SocketAddr) {
+    pub fn socket_addr(&mut self, addr: SocketAddr) {
         self.ip(addr.ip());
         self.u16(addr.port());
     }
 }
 
 /// Reads little-endian fields from a payload, never past its end.
-pub(crate) struct Reader<'a> {
+pub struct Reader<'a> {
     buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8]) -> Self {
+    /// A reader over `buf` (a whole payload).
+    pub fn new(buf: &'a [u8]) -> Self {
         Self { buf }
     }
 
-    pub(crate) fn remaining(&self) -> usize {
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
         self.buf.len()
     }
 
-    pub(crate) fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], WireError> {
+    /// The next `n` bytes, or [`WireError::Truncated`] naming `field`.
+    pub fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], WireError> {
         if n > self.buf.len() {
             return Err(WireError::Truncated {
                 field,
@@ -141,33 +149,35 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    pub(crate) fn array<const N: usize>(
-        &mut self,
-        field: &'static str,
-    ) -> Result<[u8; N], WireError> {
+    /// The next `N` bytes as an array.
+    pub fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], WireError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(field, N)?);
         Ok(out)
     }
 
-    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, WireError> {
+    /// One byte.
+    pub fn u8(&mut self, field: &'static str) -> Result<u8, WireError> {
         Ok(self.array::<1>(field)?[0])
     }
 
-    pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, WireError> {
+    /// A little-endian u16.
+    pub fn u16(&mut self, field: &'static str) -> Result<u16, WireError> {
         self.array(field).map(u16::from_le_bytes)
     }
 
-    pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
+    /// A little-endian u32.
+    pub fn u32(&mut self, field: &'static str) -> Result<u32, WireError> {
         self.array(field).map(u32::from_le_bytes)
     }
 
-    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, WireError> {
+    /// A little-endian u64.
+    pub fn u64(&mut self, field: &'static str) -> Result<u64, WireError> {
         self.array(field).map(u64::from_le_bytes)
     }
 
     /// A string with a u16 byte-length prefix.
-    pub(crate) fn str16(&mut self, field: &'static str) -> Result<String, WireError> {
+    pub fn str16(&mut self, field: &'static str) -> Result<String, WireError> {
         let len = usize::from(self.u16(field)?);
         let bytes = self.take(field, len)?;
         std::str::from_utf8(bytes)
@@ -175,7 +185,8 @@ impl<'a> Reader<'a> {
             .map_err(|_| WireError::InvalidUtf8 { field })
     }
 
-    pub(crate) fn ip(&mut self, field: &'static str) -> Result<IpAddr, WireError> {
+    /// An IP address as [`Writer::ip`] writes it.
+    pub fn ip(&mut self, field: &'static str) -> Result<IpAddr, WireError> {
         match self.u8(field)? {
             4 => Ok(IpAddr::V4(Ipv4Addr::from(self.array::<4>(field)?))),
             6 => Ok(IpAddr::V6(Ipv6Addr::from(self.array::<16>(field)?))),
@@ -183,14 +194,15 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub(crate) fn socket_addr(&mut self, field: &'static str) -> Result<SocketAddr, WireError> {
+    /// An IP address then a u16 port, as [`Writer::socket_addr`] writes them.
+    pub fn socket_addr(&mut self, field: &'static str) -> Result<SocketAddr, WireError> {
         let ip = self.ip(field)?;
         let port = self.u16(field)?;
         Ok(SocketAddr::new(ip, port))
     }
 
     /// Fails unless every byte was read.
-    pub(crate) fn finish(self) -> Result<(), WireError> {
+    pub fn finish(self) -> Result<(), WireError> {
         match self.buf.len() {
             0 => Ok(()),
             n => Err(WireError::TrailingBytes(n)),

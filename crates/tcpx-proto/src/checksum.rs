@@ -1,8 +1,7 @@
-//! FNV-1a, the checksum of the byte formats in [`crate::blob`] and [`crate::descs`]: it
+//! FNV-1a, the checksum of the byte formats in [`crate::uccl::advert`] and
+//! [`crate::uccl::descs`]: it
 //! turns truncated or corrupted input into a clear error before anything reaches a peer (it
 //! is not a defence against forgery: the access key inside a descriptor is).
-//!
-//! Free of Python so that `tests/desc_codec.rs` can include it.
 
 /// FNV-1a (64 bits) of `bytes`.
 pub fn fnv1a(bytes: &[u8]) -> u64 {

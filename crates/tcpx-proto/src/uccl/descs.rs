@@ -26,15 +26,13 @@
 //!
 //! Empty input decodes to an empty list (UCCL's rule). The decoder reads untrusted bytes from
 //! a peer: it checks every count against the bytes that remain before allocating, refuses
-//! trailing bytes, and never panics (`tests/desc_codec.rs` checks it on arbitrary input).
+//! trailing bytes, and never panics (`tests/uccl_descs.rs` and the fuzz target `uccl_descs` check it on arbitrary input).
 //!
-//! Free of Python so that `tests/desc_codec.rs` can include it.
 
 use std::fmt;
 
-use tcpx_runtime::Descriptor;
-
 use crate::checksum::fnv1a;
+use crate::onesided::Descriptor;
 
 const MAGIC: &[u8; 4] = b"TXDL";
 const VERSION: u16 = 1;
@@ -57,7 +55,8 @@ pub struct Desc {
     pub lkeys: Vec<u32>,
     /// What a peer needs to reach it ([`RemoteKey::rkeys`]).
     pub rkeys: Vec<u32>,
-    /// Same-host (CUDA IPC) information; empty until the IPC route is wired.
+    /// Same-host (CUDA IPC) information (the owner's 128-byte IPC descriptor for CUDA
+    /// memory); empty when there is none.
     pub ipc_info: Vec<u8>,
 }
 

@@ -1,5 +1,5 @@
 //! The payloads of the one-sided control messages (codes 0x0100–0x0105, see
-//! [`crate::control::Message`]), hand-written little-endian like the rest of the protocol:
+//! [`Message`](super::message::Message)), hand-written little-endian like the rest of the protocol:
 //!
 //! | message | payload |
 //! |---|---|
@@ -16,13 +16,13 @@
 //! anything is allocated; a notification longer than [`MAX_NOTIFICATION`] is refused; a flag
 //! byte with an unknown bit set is refused.
 
-use super::wire::{Reader, TooLong, WireError, Writer};
+use crate::wire::{Reader, TooLong, WireError, Writer};
 
 /// Largest notification, standalone or attached to a write.
 pub const MAX_NOTIFICATION: usize = 64 << 10;
 
 /// Bytes of one encoded [`RemoteEntry`].
-pub(crate) const ENTRY_BYTES: usize = 32;
+pub const ENTRY_BYTES: usize = 32;
 
 /// One entry of a request's remote list, as it travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use std::net::IpAddr;
 use super::codec::{encode_frame, EncodeError, Frame, MAX_PAYLOAD, PROTOCOL_VERSION};
 use super::rma::{read_blob, read_refusal, write_blob, write_refusal};
 use super::rma::{ReadRequest, Refusal, WriteRequest};
-use super::wire::{Reader, TooLong, WireError, Writer};
+use crate::wire::{Reader, TooLong, WireError, Writer};
 
 /// Bytes in an ncclNet connect handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_BYTES: usize = 128;
@@ -90,7 +90,7 @@ pub struct EndpointInfo {
     pub abi_version: u8,
     /// Chunk size this endpoint schedules with.
     pub chunk_bytes: u32,
-    /// The GPU index this endpoint announces ([`Config::gpu_index`](crate::Config)), if any:
+    /// The GPU index this endpoint announces (`Config::gpu_index`), if any:
     /// an application-level label (e.g. a rank's local GPU), not checked against CUDA.
     pub gpu_index: Option<u32>,
 }
@@ -99,37 +99,15 @@ pub struct EndpointInfo {
 pub const SECRET_BYTES: usize = 16;
 
 /// A random per-endpoint secret: carried in the endpoint's out-of-band
-/// [`EndpointMetadata`](super::EndpointMetadata) and presented back in the connecting side's
-/// `Hello`, so that an endpoint with [`Config::require_secret`](crate::Config) only accepts
-/// peers that were given its metadata. `Debug` does not print it, and comparison takes the
+/// [`EndpointMetadata`](crate::metadata::EndpointMetadata) and presented back in the connecting side's
+/// `Hello`, so that an endpoint with `Config::require_secret` only accepts
+/// peers that were given its metadata. The runtime makes them (`control::random_secret`: this
+/// crate does no IO). `Debug` does not print it, and comparison takes the
 /// same time wherever the first difference lies.
 #[derive(Clone, Copy, Eq)]
 pub struct Secret([u8; SECRET_BYTES]);
 
 impl Secret {
-    /// A fresh secret from the operating system's random source (`/dev/urandom`), else from
-    /// the standard library's randomly seeded hasher keys mixed with the time.
-    pub fn random() -> Self {
-        use std::io::Read;
-        let mut bytes = [0u8; SECRET_BYTES];
-        let from_os = std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut bytes))
-            .is_ok();
-        if !from_os {
-            use std::hash::{BuildHasher, Hasher};
-            for half in bytes.chunks_exact_mut(8) {
-                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                h.write_u128(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos()),
-                );
-                half.copy_from_slice(&h.finish().to_le_bytes());
-            }
-        }
-        Self(bytes)
-    }
-
     /// The secret with these bytes.
     pub const fn from_bytes(bytes: [u8; SECRET_BYTES]) -> Self {
         Self(bytes)
@@ -281,7 +259,7 @@ pub enum Message {
         /// Human-readable detail.
         message: String,
     },
-    /// The sender's segment lengths for a vectored transfer (see [`crate::schedule`]).
+    /// The sender's segment lengths for a vectored transfer (see the runtime's `schedule`).
     Segments {
         /// Which transfer these segments describe.
         transfer_id: u64,
@@ -289,13 +267,13 @@ pub enum Message {
         lens: Vec<u64>,
     },
     /// A one-sided write; the initiator queued the data before sending it (see
-    /// [`crate::onesided`]).
+    /// the runtime's `onesided`).
     WriteRequest(WriteRequest),
     /// A one-sided read request.
     ReadRequest(ReadRequest),
     /// A standalone notification for the peer application.
     Notify {
-        /// At most [`crate::onesided::MAX_NOTIFICATION`] bytes.
+        /// At most [`MAX_NOTIFICATION`](super::rma::MAX_NOTIFICATION) bytes.
         bytes: Vec<u8>,
     },
     /// The target's answer to a write once its data landed (or was discarded).
@@ -535,6 +513,7 @@ impl Message {
 
 #[cfg(test)]
 mod tests {
+    const SEED: [u8; super::SECRET_BYTES] = [7; super::SECRET_BYTES];
     use super::*;
     use crate::control::codec::Decoder;
     use std::net::Ipv4Addr;
@@ -564,7 +543,7 @@ mod tests {
     fn hello_round_trips() {
         let msg = Message::hello(info());
         assert_eq!(roundtrip(&msg), msg);
-        let secret = Secret::random();
+        let secret = Secret::from_bytes(SEED);
         let msg = Message::hello_presenting(
             EndpointInfo {
                 gpu_index: None,
@@ -577,7 +556,10 @@ mod tests {
 
     #[test]
     fn secrets_are_random_compare_by_value_and_stay_out_of_logs() {
-        let (a, b) = (Secret::random(), Secret::random());
+        let (a, b) = (
+            Secret::from_bytes(SEED),
+            Secret::from_bytes([9; SECRET_BYTES]),
+        );
         assert_ne!(a, b);
         assert_eq!(a, Secret::from_bytes(a.to_bytes()));
         assert_eq!(format!("{a:?}"), "Secret(..)");

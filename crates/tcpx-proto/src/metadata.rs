@@ -22,8 +22,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use super::message::{EndpointInfo, Secret};
-use super::wire::{Reader, TooLong, WireError, Writer};
+use crate::control::message::{EndpointInfo, Secret};
+use crate::wire::{Reader, TooLong, WireError, Writer};
 
 /// First four bytes of a metadata blob.
 pub const METADATA_MAGIC: [u8; 4] = *b"TXMD";
@@ -78,7 +78,8 @@ pub enum MetadataError {
 ///
 /// ```
 /// use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-/// use tcpx_runtime::control::{EndpointInfo, EndpointMetadata, Secret};
+/// use tcpx_proto::control::message::{EndpointInfo, Secret};
+/// use tcpx_proto::metadata::EndpointMetadata;
 ///
 /// let meta = EndpointMetadata {
 ///     info: EndpointInfo {
@@ -91,7 +92,7 @@ pub enum MetadataError {
 ///         gpu_index: Some(0),
 ///     },
 ///     control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)), 7400),
-///     secret: Secret::random(),
+///     secret: Secret::from_bytes([7; 16]),
 /// };
 /// let text = meta.to_hex().unwrap();
 /// assert_eq!(text.parse::<EndpointMetadata>().unwrap(), meta);
@@ -102,8 +103,8 @@ pub struct EndpointMetadata {
     pub info: EndpointInfo,
     /// Where its control listener accepts connections.
     pub control_addr: SocketAddr,
-    /// The endpoint's secret: [`Endpoint::connect`](crate::Endpoint::connect) presents it,
-    /// and an endpoint with [`Config::require_secret`](crate::Config) refuses peers that do
+    /// The endpoint's secret: the runtime's `Endpoint::connect` presents it,
+    /// and an endpoint with `Config::require_secret` refuses peers that do
     /// not.
     pub secret: Secret,
 }
@@ -263,7 +264,7 @@ mod tests {
                 gpu_index: None,
             },
             control_addr: "[::1]:9000".parse().unwrap(),
-            secret: Secret::random(),
+            secret: Secret::from_bytes([3; crate::control::message::SECRET_BYTES]),
         }
     }
 

@@ -1,0 +1,32 @@
+//! `tcpx-proto`: every wire format a tcpx peer or a user hands us, in one sans-IO crate.
+//!
+//! No sockets, no threads, no `unsafe`, no CUDA: decoders take byte slices (or are fed bytes
+//! as they arrive, like the control [`control::codec::Decoder`]) and answer a value or an
+//! error naming what is wrong; they never panic and never allocate more than the limit they
+//! state, whatever the input. The runtime (`tcpx-runtime`) does the IO around them.
+//!
+//! - [`wire`]: the little-endian [`Reader`](wire::Reader) / [`Writer`](wire::Writer) every
+//!   format is written with, and their errors;
+//! - [`control`]: control frames, messages and one-sided (RMA) payloads;
+//! - [`metadata`]: endpoint metadata, the one blob that finds a peer (out of band, through a
+//!   store, in UCCL's or NIXL's exchanges);
+//! - [`onesided`]: the descriptor of an advertised region, and [`MemoryKind`];
+//! - [`uccl`]: what `tcpx.p2p` shares with UCCL scripts (metadata, the 64-byte advert, the
+//!   descriptor lists);
+//! - [`bus_id`], [`checksum`]: the PCI bus id spellings, FNV-1a.
+//!
+//! Every decoder here is fuzzed (`cargo xtask fuzz`, targets in `crates/tcpx-proto/fuzz`).
+
+#![forbid(unsafe_code)]
+
+pub mod bus_id;
+pub mod checksum;
+pub mod control;
+pub mod metadata;
+pub mod onesided;
+pub mod uccl;
+pub mod wire;
+
+mod memory_kind;
+
+pub use memory_kind::MemoryKind;
