@@ -45,6 +45,9 @@ cargo xtask capi --check --test
 # minute after the first build).
 section "NIXL backend plugin: two NIXL agents over TCPX (cargo xtask nixl --test)"
 cargo xtask nixl --test
+# Coverage-guided fuzzing of every decoder of peer input (tcpx-proto), 20 s per target.
+section "fuzz the decoders (cargo xtask fuzz --seconds 20)"
+cargo xtask fuzz --seconds 20
 # Peers killed and plugin faults injected at random under verified traffic: nothing may be lost.
 section "fault soak (cargo xtask soak --seconds 60)"
 cargo xtask soak --seconds 60

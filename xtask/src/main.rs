@@ -8,6 +8,7 @@
 //! cargo xtask nixl [--test]     NIXL backend plugin libplugin_TCPX.so; --test: two NIXL agents
 //! cargo xtask soak [--seconds N] fault soak: verified traffic against killed and faulted peers
 //! cargo xtask layers [-v]       fail when the modules (files) of a library import each other in a loop
+//! cargo xtask fuzz [--seconds N] coverage-guided fuzzing of every tcpx-proto decoder (libFuzzer)
 //! cargo xtask sysdeps           install (or print how to install) the system packages
 //! ```
 //!
@@ -16,6 +17,7 @@
 mod bench;
 mod bindgen_task;
 mod capi;
+mod fuzz;
 mod layers;
 mod nixl;
 mod python;
@@ -53,6 +55,10 @@ Tasks:
   layers [-v]                 Fail when the modules (files) of a workspace library import each
                               other in a loop (crate::, super::, self:: paths); -v prints each
                               crate's module order.
+  fuzz [--seconds N] [--target NAME]
+                              Build the libFuzzer targets of crates/tcpx-proto/fuzz (stable
+                              toolchain) and run each decoder's for N seconds (default 30) from
+                              the checked-in seeds; executions, coverage, corpus; fails on a crash.
   sysdeps                     Install the system packages the workspace needs, or print the
                               one command that does when not root.
 ";
@@ -77,6 +83,7 @@ fn run() -> Result<()> {
         Some("nixl") => nixl::run(&rest),
         Some("soak") => soak::run(&rest),
         Some("layers") => layers::run(&rest),
+        Some("fuzz") => fuzz::run(&rest),
         Some("sysdeps") => sysdeps::ensure(sysdeps::ALL),
         Some("-h" | "--help" | "help") | None => {
             print!("{HELP}");

@@ -157,7 +157,7 @@ impl Endpoint {
     /// Connects to the endpoint of this host at `addr`, waiting up to the configured timeout
     /// for it to accept. An endpoint's own name exists from its creation on, so nobody
     /// listening there fails within half a second; a GPU's name is claimed when its endpoint
-    /// first accepts (or at creation with [`Config::gpu_pci`]), so that one is retried for
+    /// first accepts (or at creation with [`Config::gpu_pci`](crate::Config::gpu_pci)), so that one is retried for
     /// the whole timeout.
     pub fn connect_local(&self, addr: &LocalAddr) -> Result<LocalConnection> {
         let shared = &self.local.shared;

@@ -1,0 +1,206 @@
+//! Writes the fuzzers' seed corpus (`crates/tcpx-proto/fuzz/corpus/<target>/`): one valid
+//! encoding of every message and format, so the fuzzer starts from the shapes peers really
+//! send. `cargo run -p tcpx-proto --example fuzz_seeds -- crates/tcpx-proto/fuzz/corpus`;
+//! the files are checked in (`cargo xtask fuzz` runs each target on them).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+
+use tcpx_proto::control::codec::MessageType;
+use tcpx_proto::control::message::{EndpointInfo, ErrorCode, Message, Secret};
+use tcpx_proto::control::rma::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest};
+use tcpx_proto::metadata::EndpointMetadata;
+use tcpx_proto::onesided::Descriptor;
+use tcpx_proto::uccl::advert::Advert;
+use tcpx_proto::uccl::descs::{encode, Desc, RemoteKey};
+use tcpx_proto::uccl::metadata::uccl_metadata;
+use tcpx_proto::MemoryKind;
+
+fn info() -> EndpointInfo {
+    EndpointInfo {
+        ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        gpu_pci: Some("0000:8a:00.0".into()),
+        channels: 8,
+        plugin_name: "GPUDirectTCPX_v7".into(),
+        abi_version: 7,
+        chunk_bytes: 512 << 10,
+        gpu_index: Some(3),
+    }
+}
+
+fn messages() -> Vec<Message> {
+    let entries = vec![
+        RemoteEntry {
+            region_id: 1,
+            key: 0xfeed,
+            offset: 0,
+            len: 4096,
+        },
+        RemoteEntry {
+            region_id: 2,
+            key: 0xbeef,
+            offset: 8192,
+            len: 16384,
+        },
+    ];
+    vec![
+        Message::hello_presenting(info(), Some(Secret::from_bytes([5; 16]))),
+        Message::hello(info()),
+        Message::ConnectHandles {
+            handles: vec![[7u8; 128]; 2],
+        },
+        Message::Ready,
+        Message::Close {
+            reason: "done".into(),
+        },
+        Message::Error {
+            code: ErrorCode(2),
+            message: "plugin failed".into(),
+        },
+        Message::Segments {
+            transfer_id: 9,
+            lens: vec![4096, 65536, 1 << 20],
+        },
+        Message::WriteRequest(WriteRequest {
+            op_id: 11,
+            entries: entries.clone(),
+            local_lens: vec![4096, 16384],
+            notification: Some(b"layer 3 done".to_vec()),
+            packed: true,
+        }),
+        Message::ReadRequest(ReadRequest {
+            op_id: 12,
+            entries,
+            local_lens: vec![20480],
+            pack: false,
+        }),
+        Message::Notify {
+            bytes: b"hello".to_vec(),
+        },
+        Message::WriteAck {
+            op_id: 11,
+            refusal: None,
+        },
+        Message::WriteAck {
+            op_id: 13,
+            refusal: Some(Refusal {
+                index: 1,
+                reason: RefusalReason::WrongKey,
+            }),
+        },
+        Message::ReadData {
+            op_id: 12,
+            packed: true,
+        },
+        Message::ReadRefused {
+            op_id: 14,
+            refusal: Refusal {
+                index: 0,
+                reason: RefusalReason::OutOfBounds,
+            },
+        },
+    ]
+}
+
+fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
+    let d = dir.join(target);
+    std::fs::create_dir_all(&d).expect("corpus dir");
+    std::fs::write(d.join(name), bytes).expect("seed file");
+}
+
+fn main() {
+    let dir = std::env::args().nth(1).unwrap_or_else(|| "corpus".into());
+    let dir = Path::new(&dir);
+    let mut stream = vec![64u8]; // control_frames: first byte = piece size
+    for (i, m) in messages().iter().enumerate() {
+        let mut wire = Vec::new();
+        m.encode(&mut wire).expect("seed message encodes");
+        stream.extend_from_slice(&wire);
+        // messages: u16 type, then the payload (past the 12-byte frame header).
+        let mut typed = MessageType::code(m.kind()).to_le_bytes().to_vec();
+        typed.extend_from_slice(&wire[12..]);
+        write(dir, "messages", &format!("{i:02}-{:?}", m.kind()), &typed);
+        let mut one = vec![7u8];
+        one.extend_from_slice(&wire);
+        write(
+            dir,
+            "control_frames",
+            &format!("{i:02}-{:?}", m.kind()),
+            &one,
+        );
+    }
+    write(dir, "control_frames", "all", &stream);
+    for (name, ip) in [
+        ("v4", IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ("v6", IpAddr::V6(Ipv6Addr::LOCALHOST)),
+    ] {
+        let m = EndpointMetadata {
+            info: EndpointInfo { ip, ..info() },
+            control_addr: SocketAddr::new(ip, 7400),
+            secret: Secret::from_bytes([1; 16]),
+        };
+        write(
+            dir,
+            "metadata",
+            name,
+            &m.to_bytes().expect("metadata encodes"),
+        );
+        write(
+            dir,
+            "uccl_metadata",
+            name,
+            &uccl_metadata(SocketAddr::new(ip, 7400), "0000:8a:00.0"),
+        );
+    }
+    let mut old = vec![127, 0, 0, 1, 0x1c, 0xe8];
+    old.extend_from_slice(&3i32.to_ne_bytes());
+    write(dir, "uccl_metadata", "older-index", &old);
+    let d = Descriptor::new(42, 1 << 20, MemoryKind::Cuda, 0x0123_4567_89ab_cdef);
+    write(dir, "onesided_descriptor", "cuda", &d.to_bytes());
+    write(
+        dir,
+        "onesided_descriptor",
+        "host",
+        &Descriptor::new(1, 4096, MemoryKind::Host, 7).to_bytes(),
+    );
+    let a = Advert {
+        addr: 0x7f00_0000_1000,
+        len: 4096,
+        offset: 4096,
+        descriptor: d,
+    };
+    write(dir, "uccl_advert", "one", &a.encode());
+    let key = RemoteKey {
+        descriptor: d,
+        base: 0x7f00_0000_0000,
+    };
+    let descs = vec![
+        Desc {
+            addr: 0x7f00_0000_0000,
+            size: 4096,
+            lkeys: key.lkeys(),
+            rkeys: key.rkeys(),
+            ipc_info: vec![],
+        },
+        Desc {
+            addr: 0x7f00_0000_4000,
+            size: 16384,
+            lkeys: key.lkeys(),
+            rkeys: key.rkeys(),
+            ipc_info: vec![9; 128],
+        },
+    ];
+    write(
+        dir,
+        "uccl_descs",
+        "two",
+        &encode(&descs).expect("descs encode"),
+    );
+    write(
+        dir,
+        "uccl_descs",
+        "empty",
+        &encode(&[]).expect("empty list encodes"),
+    );
+    println!("seeds written under {}", dir.display());
+}
