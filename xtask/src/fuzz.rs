@@ -31,6 +31,9 @@ const TARGETS: &[&str] = &[
     "uccl_metadata",
     "uccl_advert",
     "uccl_descs",
+    "ipc_descriptor",
+    "ipc_local_msg",
+    "local_info",
 ];
 
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";

@@ -202,5 +202,69 @@ fn main() {
         "empty",
         &encode(&[]).expect("empty list encodes"),
     );
+    let handle = tcpx_proto::ipc::IpcMemHandle::from_bytes([0x5a; 64]);
+    let ipc = tcpx_proto::ipc::IpcDescriptor {
+        handle,
+        owner: 77,
+        owner_pid: 4242,
+        base: 0x7f00_0000_0000,
+        alloc_len: 2 << 20,
+        offset: 4096,
+        len: 1 << 20,
+        key: 0xabcdef,
+    };
+    write(dir, "ipc_descriptor", "one", &ipc.to_bytes());
+    let info = tcpx_proto::ipc::identity::LocalInfo {
+        boot_id: [3; 16],
+        uid: 1000,
+        pid: 4242,
+        instance: 77,
+        name: "tcpx-ipc/1000/ep/127.0.0.1:5000".into(),
+        gpu: Some("0000:8a:00.0".into()),
+        hostname: "a3-1".into(),
+    };
+    write(
+        dir,
+        "local_info",
+        "one",
+        &info.to_bytes().expect("local info encodes"),
+    );
+    use tcpx_proto::ipc::wire::{Hello, Msg};
+    let msgs = [
+        Msg::Hello(Hello {
+            version: 1,
+            pid: 4242,
+            instance: 77,
+            boot_id: [3; 16],
+            gpu_ordinal: Some(0),
+            gpu_bus: Some("0000:8a:00.0".into()),
+            hostname: "a3-1".into(),
+        }),
+        Msg::Validate {
+            req: 1,
+            key: 0xabcdef,
+            handle,
+            offset: 4096,
+            len: 1 << 20,
+        },
+        Msg::Granted { req: 1 },
+        Msg::Refused {
+            req: 2,
+            reason: "unknown key".into(),
+        },
+        Msg::Revoke {
+            req: 3,
+            key: 0xabcdef,
+        },
+        Msg::RevokeAck { req: 3 },
+        Msg::Goodbye {
+            req: 4,
+            reason: "closing".into(),
+        },
+        Msg::GoodbyeAck { req: 4 },
+    ];
+    for (i, m) in msgs.iter().enumerate() {
+        write(dir, "ipc_local_msg", &format!("{i:02}"), &m.encode()[4..]);
+    }
     println!("seeds written under {}", dir.display());
 }

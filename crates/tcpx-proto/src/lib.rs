@@ -11,6 +11,7 @@
 //! - [`metadata`]: endpoint metadata, the one blob that finds a peer (out of band, through a
 //!   store, in UCCL's or NIXL's exchanges);
 //! - [`onesided`]: the descriptor of an advertised region, and [`MemoryKind`];
+//! - [`ipc`]: same-host formats (CUDA IPC handle and descriptor, the local protocol);
 //! - [`uccl`]: what `tcpx.p2p` shares with UCCL scripts (metadata, the 64-byte advert, the
 //!   descriptor lists);
 //! - [`bus_id`], [`checksum`]: the PCI bus id spellings, FNV-1a.
@@ -22,6 +23,7 @@
 pub mod bus_id;
 pub mod checksum;
 pub mod control;
+pub mod ipc;
 pub mod metadata;
 pub mod onesided;
 pub mod uccl;

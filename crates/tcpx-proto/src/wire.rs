@@ -209,3 +209,19 @@ impl<'a> Reader<'a> {
         }
     }
 }
+
+/// A u16-prefixed string of at most `max` bytes (longer is [`WireError::Invalid`]).
+pub fn read_bounded(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    max: usize,
+) -> Result<String, WireError> {
+    let s = r.str16(field)?;
+    if s.len() > max {
+        return Err(WireError::Invalid {
+            field,
+            why: "longer than the format allows",
+        });
+    }
+    Ok(s)
+}

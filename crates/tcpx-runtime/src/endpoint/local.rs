@@ -161,7 +161,7 @@ impl Endpoint {
     /// the whole timeout.
     pub fn connect_local(&self, addr: &LocalAddr) -> Result<LocalConnection> {
         let shared = &self.local.shared;
-        let name = addr.socket_name(shared.uid)?;
+        let name = crate::ipc::identity::socket_name(addr, shared.uid)?;
         let (hello, default_gpu) = self.local_hello();
         let timeout = self.shared.config.timeout;
         let listen_wait = match addr {

@@ -73,7 +73,10 @@
 //! thread), `cache` (grants and mappings), `op` (an operation), `adverts` (the owner's
 //! table), `shared` (the endpoint's same-host state).
 
-pub mod descriptor;
+/// The 128-byte descriptor (`tcpx-proto`'s).
+pub mod descriptor {
+    pub use tcpx_proto::ipc::{IpcDescriptor, IpcDescriptorError};
+}
 pub mod identity;
 pub mod wire;
 

@@ -23,49 +23,19 @@ use super::device::{CudaDevice, CudaEvent, CudaStream};
 use super::driver::{check, cuda_error};
 use crate::error::{Error, Result};
 
-/// Bytes in a CUDA IPC memory handle (`CU_IPC_HANDLE_SIZE`).
-pub const IPC_HANDLE_BYTES: usize = 64;
+pub use tcpx_proto::ipc::{IpcMemHandle, IPC_HANDLE_BYTES};
 
 /// Most streams a [`CopyPool`] runs (and events one [`PooledCopy`] holds).
 pub const MAX_COPY_STREAMS: usize = 8;
 
-/// A CUDA IPC memory handle: 64 opaque bytes naming one allocation of one process. Plain
-/// bytes: building one from a peer's bytes is safe, and the driver rejects a forged one when
-/// it is opened.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpcMemHandle([u8; IPC_HANDLE_BYTES]);
-
-impl IpcMemHandle {
-    /// The handle with these bytes.
-    pub const fn from_bytes(bytes: [u8; IPC_HANDLE_BYTES]) -> Self {
-        Self(bytes)
-    }
-
-    /// Its bytes.
-    pub const fn as_bytes(&self) -> &[u8; IPC_HANDLE_BYTES] {
-        &self.0
-    }
-
-    fn to_raw(self) -> sys::CUipcMemHandle {
-        sys::CUipcMemHandle {
-            reserved: self.0.map(|b| b as std::ffi::c_char),
-        }
-    }
-
-    fn from_raw(raw: &sys::CUipcMemHandle) -> Self {
-        Self(raw.reserved.map(|c| c as u8))
+fn handle_to_raw(h: IpcMemHandle) -> sys::CUipcMemHandle {
+    sys::CUipcMemHandle {
+        reserved: h.as_bytes().map(|b| b as std::ffi::c_char),
     }
 }
 
-impl fmt::Debug for IpcMemHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The first 8 bytes tell handles apart in logs; all 64 would drown them.
-        write!(f, "IpcMemHandle(")?;
-        for b in &self.0[..8] {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, "…)")
-    }
+fn handle_from_raw(raw: &sys::CUipcMemHandle) -> IpcMemHandle {
+    IpcMemHandle::from_bytes(raw.reserved.map(|c| c as u8))
 }
 
 /// The allocation `ptr` points into, as (base, size), from `cuMemGetAddressRange` in
@@ -115,7 +85,7 @@ impl IpcExport {
             )
         })?;
         Ok(Self {
-            handle: IpcMemHandle::from_raw(&raw),
+            handle: handle_from_raw(&raw),
             base,
             alloc_len,
             offset: (ptr - base) as usize,
@@ -163,7 +133,7 @@ impl IpcMapping {
         let rc = unsafe {
             sys::cuIpcOpenMemHandle_v2(
                 &mut base,
-                handle.to_raw(),
+                handle_to_raw(*handle),
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
             )
         };
@@ -488,7 +458,7 @@ mod tests {
         bytes[63] = 0xff;
         let h = IpcMemHandle::from_bytes(bytes);
         assert_eq!(h.as_bytes(), &bytes);
-        assert_eq!(IpcMemHandle::from_raw(&h.to_raw()), h);
+        assert_eq!(handle_from_raw(&handle_to_raw(h)), h);
         assert!(format!("{h:?}").starts_with("IpcMemHandle(ab00"));
     }
 

@@ -21,21 +21,32 @@
 //! the owner confirms key, handle and range before the first use on a connection, and the
 //! driver refuses a forged handle.
 
-use tcpx::cuda::{IpcMemHandle, IPC_HANDLE_BYTES};
+use super::{IpcMemHandle, IPC_HANDLE_BYTES};
 
-/// A range of GPU memory advertised for same-host access
-/// ([`crate::Endpoint::advertise_ipc`]); hand [`to_bytes`](Self::to_bytes) to the peer out
-/// of band, which names it in [`crate::ipc::LocalConnection::write_ipc`] and its kin.
+/// A range of GPU memory advertised for same-host access (the runtime's
+/// `Endpoint::advertise_ipc`); hand [`to_bytes`](Self::to_bytes) to the peer out of band,
+/// which names it in the runtime's `LocalConnection::write_ipc` and its kin.
+///
+/// The fields are public for the advertising endpoint, which builds it; a peer's bytes go
+/// through [`from_bytes`](Self::from_bytes), which checks them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcDescriptor {
-    pub(crate) handle: IpcMemHandle,
-    pub(crate) owner: u64,
-    pub(crate) owner_pid: u32,
-    pub(crate) base: u64,
-    pub(crate) alloc_len: u64,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-    pub(crate) key: u64,
+    /// The CUDA IPC handle of the allocation holding the range.
+    pub handle: IpcMemHandle,
+    /// The advertising endpoint's instance id.
+    pub owner: u64,
+    /// The advertising process.
+    pub owner_pid: u32,
+    /// The allocation's base in the owner's address space.
+    pub base: u64,
+    /// The allocation's size.
+    pub alloc_len: u64,
+    /// The range's offset in the allocation.
+    pub offset: u64,
+    /// The range's length (> 0).
+    pub len: u64,
+    /// The access key the owner checks.
+    pub key: u64,
 }
 
 /// Bytes that cannot be an [`IpcDescriptor`].
@@ -97,7 +108,7 @@ impl IpcDescriptor {
         self.key
     }
 
-    /// The instance id of the advertising endpoint (its [`crate::ipc::LocalInfo::instance`]).
+    /// The instance id of the advertising endpoint (its `LocalInfo::instance`).
     pub fn owner(&self) -> u64 {
         self.owner
     }
