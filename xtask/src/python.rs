@@ -1,6 +1,7 @@
 //! The Python half of `cargo xtask test`: builds `crates/tcpx-py` (dev profile, so it stays a
 //! matter of a minute or two) into the virtualenv `target/py-venv` and runs its pytest suite.
-//! The virtualenv gets maturin, numpy and pytest from PyPI once and is reused afterwards.
+//! The virtualenv gets maturin, numpy, pytest and prometheus_client from PyPI once and is
+//! reused afterwards.
 
 use std::path::Path;
 use std::process::Command;
@@ -24,9 +25,21 @@ pub fn test() -> Result<()> {
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !bin.join("maturin").exists() || !have("numpy") || !have("pytest") {
+    if !bin.join("maturin").exists()
+        || !have("numpy")
+        || !have("pytest")
+        || !have("prometheus_client")
+    {
         run_command(Command::new(&python).args([
-            "-m", "pip", "install", "--quiet", "maturin", "numpy", "pytest",
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "maturin",
+            "numpy",
+            "pytest",
+            // tests/test_rendezvous.py parses the metrics exporter's text with it.
+            "prometheus_client",
         ]))?;
     }
     let path = format!(

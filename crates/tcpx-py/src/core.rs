@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tcpx_runtime::control::EndpointMetadata;
 use tcpx_runtime::{
-    Config, Connection, Descriptor, Endpoint, IpcDescriptor, LocalConnection, Region,
-    RemoteSegment, Segment, Transfer,
+    Config, Connection, Descriptor, Endpoint, IpcDescriptor, LocalConnection, Metrics, Region,
+    RemoteSegment, Segment, Store, Transfer,
 };
 
 use crate::blob::Advert;
@@ -136,6 +136,8 @@ pub(crate) struct State {
     next_conn: AtomicU64,
     next_xfer: AtomicU64,
     passive: Mutex<Option<Passive>>,
+    /// Connection ids of the ranks met through [`Core::rendezvous`] (`conn_id_of_rank`).
+    ranks: Mutex<HashMap<usize, u64>>,
 }
 
 /// The shared state of one Python endpoint.
@@ -175,6 +177,7 @@ impl Core {
                 next_conn: AtomicU64::new(0),
                 next_xfer: AtomicU64::new(0),
                 passive: Mutex::new(None),
+                ranks: Mutex::default(),
             }),
         })
     }
@@ -257,6 +260,91 @@ impl Core {
     pub fn connect_metadata(&self, meta: &EndpointMetadata) -> Outcome<u64> {
         let conn = self.endpoint()?.connect(meta)?;
         self.add_conn(conn)
+    }
+
+    /// Publishes this endpoint's metadata (secret included) in `store` under `name`.
+    pub fn publish(&self, store: &dyn Store, name: &str) -> Outcome<()> {
+        Ok(self.endpoint()?.publish(store, name)?)
+    }
+
+    /// Removes `name` from `store`; whether it was there.
+    pub fn unpublish(&self, store: &dyn Store, name: &str) -> Outcome<bool> {
+        Ok(self.endpoint()?.unpublish(store, name)?)
+    }
+
+    /// Waits up to `wait` for `name` in `store` and connects to the endpoint published there.
+    pub fn connect_by_name(&self, store: &dyn Store, name: &str, wait: Duration) -> Outcome<u64> {
+        let conn = self.endpoint()?.connect_by_name(store, name, wait)?;
+        self.add_conn(conn)
+    }
+
+    /// The runtime's group rendezvous of `world` ranks under `job` in `store` (waiting at
+    /// most `wait`): a connection to every other rank, as `(rank, conn_id)` in rank order.
+    /// The ranks are remembered for [`Core::conn_of_rank`].
+    pub fn rendezvous(
+        &self,
+        store: &dyn Store,
+        job: &str,
+        rank: usize,
+        world: usize,
+        wait: Duration,
+    ) -> Outcome<Vec<(usize, u64)>> {
+        let group = self.endpoint()?.rendezvous(store, job, rank, world, wait)?;
+        let mut out = Vec::with_capacity(world.saturating_sub(1));
+        for (peer, conn) in group.into_connections().into_iter().enumerate() {
+            if let Some(conn) = conn {
+                out.push((peer, self.add_conn(conn)?));
+            }
+        }
+        self.st()?
+            .ranks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(out.iter().copied());
+        Ok(out)
+    }
+
+    /// The connection id of `rank` from the last [`Core::rendezvous`] that met it, while that
+    /// connection is open.
+    pub fn conn_of_rank(&self, rank: usize) -> Option<u64> {
+        let st = self.st().ok()?;
+        let id = *st
+            .ranks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rank)?;
+        st.conns
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&id)
+            .then_some(id)
+    }
+
+    /// A snapshot of the endpoint's counters, with the connection ids of this layer by
+    /// peer control address (to label the snapshot's connections).
+    pub fn metrics(&self) -> Outcome<(Metrics, HashMap<SocketAddr, Vec<u64>>)> {
+        let metrics = self.endpoint()?.metrics();
+        let mut ids: HashMap<SocketAddr, Vec<u64>> = HashMap::new();
+        for (id, conn) in self
+            .st()?
+            .conns
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            ids.entry(conn.peer()).or_default().push(*id);
+        }
+        Ok((metrics, ids))
+    }
+
+    /// The Prometheus text of the endpoint's counters.
+    pub fn metrics_text(&self) -> Outcome<String> {
+        Ok(self.endpoint()?.metrics().to_prometheus())
+    }
+
+    /// Where the Prometheus exporter listens (`TCPX_METRICS_ADDR`), if it is on.
+    pub fn metrics_addr(&self) -> Outcome<Option<SocketAddr>> {
+        Ok(self.endpoint()?.metrics_addr())
     }
 
     /// The connection an earlier `add_remote_endpoint(metadata)` made, if still open.
@@ -697,6 +785,7 @@ impl Core {
         let conns = std::mem::take(&mut *st.conns.write().unwrap_or_else(|p| p.into_inner()));
         drop(conns);
         st.peers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        st.ranks.lock().unwrap_or_else(|p| p.into_inner()).clear();
         st.xfers.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let regs = std::mem::take(&mut *st.regs.write().unwrap_or_else(|p| p.into_inner()));
         drop(regs);

@@ -12,7 +12,10 @@
 //!   [`descs`], their byte form; [`blob`]: the advertisement blob and UCCL metadata;
 //! - [`fork`]: endpoints inherited through `fork()` refuse every call in the child;
 //! - [`wait`]: blocking waits release the GIL and check for signals every 20 ms;
-//! - [`errors`]: failures become exceptions in one place.
+//! - [`errors`]: failures become exceptions in one place;
+//! - [`store`]: a Python store with `torch.distributed.Store`'s interface as the runtime's
+//!   rendezvous `Store`; [`rendezvous`]: the rendezvous calls of both layers over it;
+//!   [`metrics`]: the runtime's metrics snapshot as Python dicts.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -23,8 +26,11 @@ pub use tcpx_proto::uccl::descs;
 pub mod errors;
 pub mod fork;
 pub mod local;
+pub mod metrics;
 pub mod native;
 pub mod p2p;
+pub mod rendezvous;
+pub mod store;
 pub mod wait;
 pub mod xfer;
 

@@ -5,13 +5,13 @@
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 use tcpx_runtime::control::EndpointMetadata;
 
 use crate::core::{Core, Piece, Way};
 use crate::errors::{raise, Failure, Outcome};
 use crate::fork::Origin;
-use crate::wait;
+use crate::{rendezvous, wait};
 
 /// Transfers whose Python handle was dropped before they finished, with the objects whose
 /// memory they use: kept until they finish, so the memory cannot be freed under the engines.
@@ -280,6 +280,92 @@ impl PyCore {
                 )
             })
             .collect())
+    }
+
+    /// The group rendezvous through a Python store: `[(rank, conn_id)]` of every other rank.
+    #[pyo3(signature = (store, rank, world, timeout=None, prefix="tcpx", job="group"))]
+    #[allow(clippy::too_many_arguments)]
+    fn rendezvous(
+        &self,
+        py: Python<'_>,
+        store: &Bound<'_, PyAny>,
+        rank: i64,
+        world: i64,
+        timeout: Option<f64>,
+        prefix: &str,
+        job: &str,
+    ) -> PyResult<Vec<(usize, u64)>> {
+        let group = rendezvous::Group {
+            prefix: prefix.to_owned(),
+            job: job.to_owned(),
+            rank,
+            world,
+            timeout,
+        };
+        raise(py, rendezvous::group(py, &self.core, store, group)?)
+    }
+
+    /// Publishes this endpoint's metadata in a Python store under `name`.
+    #[pyo3(signature = (store, name, prefix="tcpx"))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        store: &Bound<'_, PyAny>,
+        name: String,
+        prefix: &str,
+    ) -> PyResult<()> {
+        raise(
+            py,
+            rendezvous::publish(py, &self.core, store, prefix, name)?,
+        )
+    }
+
+    /// Removes `name` from a Python store; whether it was there.
+    #[pyo3(signature = (store, name, prefix="tcpx"))]
+    fn unpublish(
+        &self,
+        py: Python<'_>,
+        store: &Bound<'_, PyAny>,
+        name: String,
+        prefix: &str,
+    ) -> PyResult<bool> {
+        raise(
+            py,
+            rendezvous::unpublish(py, &self.core, store, prefix, name)?,
+        )
+    }
+
+    /// Connects to the endpoint published under `name` in a Python store.
+    #[pyo3(signature = (store, name, timeout=None, prefix="tcpx"))]
+    fn connect_by_name(
+        &self,
+        py: Python<'_>,
+        store: &Bound<'_, PyAny>,
+        name: String,
+        timeout: Option<f64>,
+        prefix: &str,
+    ) -> PyResult<u64> {
+        raise(
+            py,
+            rendezvous::connect_by_name(py, &self.core, store, prefix, name, timeout)?,
+        )
+    }
+
+    /// A snapshot of the endpoint's counters as a dict (see `tcpx.Endpoint.metrics`).
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (m, ids) = raise(py, self.core.metrics())?;
+        crate::metrics::to_dict(py, &m, &ids)
+    }
+
+    /// The Prometheus text of the endpoint's counters.
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        raise(py, self.core.metrics_text())
+    }
+
+    /// (ip, port) of the Prometheus exporter (`TCPX_METRICS_ADDR`), or None.
+    fn metrics_addr(&self, py: Python<'_>) -> PyResult<Option<(String, u16)>> {
+        let a = raise(py, self.core.metrics_addr())?;
+        Ok(a.map(|a| (a.ip().to_string(), a.port())))
     }
 
     /// Closes every connection and stops the engines (idempotent).

@@ -16,7 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 use tcpx_runtime::control::EndpointMetadata;
 
 use crate::blob;
@@ -24,8 +24,8 @@ use crate::core::{Core, Piece, Way};
 use crate::descs::{self, RemoteKey, RemoteRange};
 use crate::errors::{self, Failure, Kind, Outcome};
 use crate::local::IpcPiece;
-use crate::wait;
 use crate::xfer::{FloatType, XferDesc, NO_MR};
+use crate::{rendezvous, wait};
 
 /// UCCL's `p2p.Endpoint` over the tcpx runtime (TCPX when installed, else kernel TCP).
 ///
@@ -267,12 +267,69 @@ impl P2pEndpoint {
     }
 
     /// UCCL's `conn_id_of_rank(rank)`: the connection of a peer rank, or 2**64-1 when there
-    /// is none. tcpx keeps no rank table (UCCL's, at the commit in tests/uccl_api.txt, is
-    /// never filled either), so this is always 2**64-1: keep the `conn_id`s that `connect`
-    /// / `add_remote_endpoint` return.
+    /// is none. Ranks are known after [`rendezvous`](Self::rendezvous) (while their
+    /// connection is open); `connect` / `add_remote_endpoint` know no ranks (UCCL's table,
+    /// at the commit in tests/uccl_api.txt, is never filled either).
     fn conn_id_of_rank(&self, rank: i64) -> u64 {
-        let _ = rank;
-        NO_MR
+        usize::try_from(rank)
+            .ok()
+            .and_then(|r| self.core.conn_of_rank(r))
+            .unwrap_or(NO_MR)
+    }
+
+    /// tcpx's addition: meets the other ranks of a job through a store with
+    /// `torch.distributed.Store`'s interface (`set`, `get`, `check` or `wait`, `delete_key`)
+    /// -> `(ok, {rank: conn_id})`, one connection to every other rank; afterwards
+    /// `conn_id_of_rank(rank)` gives them. Every rank calls it with the same `world` (and
+    /// `prefix`, `job`). `timeout` (seconds) bounds the whole meeting (default: the store's
+    /// `timeout`, else 300 s). Keys go under `<prefix>/<job>/`; the endpoint's metadata there
+    /// carries its secret. Interruptible with Ctrl-C; failures give `ok = False`.
+    #[pyo3(signature = (store, rank, world, timeout=None, prefix="tcpx", job="group"))]
+    #[allow(clippy::too_many_arguments)]
+    fn rendezvous<'py>(
+        &self,
+        py: Python<'py>,
+        store: &Bound<'py, PyAny>,
+        rank: i64,
+        world: i64,
+        timeout: Option<f64>,
+        prefix: &str,
+        job: &str,
+    ) -> PyResult<(bool, Bound<'py, PyDict>)> {
+        let group = rendezvous::Group {
+            prefix: prefix.to_owned(),
+            job: job.to_owned(),
+            rank,
+            world,
+            timeout,
+        };
+        let out = PyDict::new(py);
+        match rendezvous::group(py, &self.core, store, group)? {
+            Ok(peers) => {
+                for (r, id) in peers {
+                    out.set_item(r, id)?;
+                }
+                Ok((true, out))
+            }
+            Err(f) => {
+                errors::remember(f);
+                Ok((false, out))
+            }
+        }
+    }
+
+    /// tcpx's addition: a snapshot of the endpoint's counters as a dict (the same as
+    /// `tcpx.Endpoint.metrics()`: endpoint-wide counters, `connections` with their
+    /// `conn_id` and per-channel counters, `nics`, `total`). Raises `tcpx.Closed` on a
+    /// closed endpoint.
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (m, ids) = errors::raise(py, self.core.metrics())?;
+        crate::metrics::to_dict(py, &m, &ids)
+    }
+
+    /// tcpx's addition: the Prometheus text of the endpoint's counters.
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        errors::raise(py, self.core.metrics_text())
     }
 
     /// Waits for a peer -> `(ok, ip, remote_gpu_idx, conn_id)` (`remote_gpu_idx` -1 when the

@@ -2,7 +2,8 @@
 //! enough that Ctrl-C (a pending signal, checked between slices) raises `KeyboardInterrupt`
 //! within about one slice.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -62,6 +63,17 @@ pub fn blocking<T: Send + 'static>(
     py: Python<'_>,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> PyResult<T> {
+    cancellable(py, None, work)
+}
+
+/// [`blocking`], and on Ctrl-C also sets `cancel` (when given) before raising, so that work
+/// which looks at it (a rendezvous polling a Python store) stops within one of its polls
+/// instead of running to its deadline.
+pub fn cancellable<T: Send + 'static>(
+    py: Python<'_>,
+    cancel: Option<Arc<AtomicBool>>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
     let (tx, rx) = mpsc::sync_channel(1);
     // A `Receiver` is `Send` but not `Sync`; the mutex lets the GIL-free closure borrow it.
     let rx = std::sync::Mutex::new(rx);
@@ -78,7 +90,14 @@ pub fn blocking<T: Send + 'static>(
                 .recv_timeout(SLICE)
         }) {
             Ok(v) => return Ok(v),
-            Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(signal) = py.check_signals() {
+                    if let Some(flag) = &cancel {
+                        flag.store(true, Ordering::Relaxed);
+                    }
+                    return Err(signal);
+                }
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Failure::new(Kind::Other, "the helper thread panicked").into_py(py))
             }

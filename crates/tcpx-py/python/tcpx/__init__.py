@@ -29,14 +29,19 @@ itself work normally (multiprocessing's default *fork* start method is fine).
 
 Configuration comes from the environment exactly as in Rust (``Config::from_env``):
 ``TCPX_PLUGIN_PATH`` (else the TCPX install paths, else the built-in socket plugin),
-``TCPX_NUM_CHANNELS``, ``TCPX_CHUNK_BYTES``, ``TCPX_CONTROL_ADDR``, ``TCPX_TIMEOUT_MS``...
+``TCPX_NUM_CHANNELS``, ``TCPX_CHUNK_BYTES``, ``TCPX_CONTROL_ADDR``, ``TCPX_TIMEOUT_MS``,
+``TCPX_METRICS_ADDR`` (a Prometheus exporter, :attr:`Endpoint.metrics_addr`)...
+
+Rendezvous: instead of handing :attr:`Endpoint.metadata` around, ranks can meet through a
+``torch.distributed.Store`` (or any object with its interface):
+``conns = ep.rendezvous(store, rank, world)`` gives ``{peer rank: Connection}``.
 """
 
 from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._buffers import describe
@@ -342,6 +347,80 @@ class Endpoint:
     def notifications(self) -> List[Tuple[Tuple[str, int], bytes]]:
         """Takes the notifications delivered so far: [((peer ip, port), bytes)], in order."""
         return [((ip, port), msg) for _, ip, port, msg in self._core.notifications()]
+
+    # Rendezvous through a store ------------------------------------------------------
+    def rendezvous(
+        self,
+        store: Any,
+        rank: int,
+        world: int,
+        timeout: Optional[float] = None,
+        prefix: str = "tcpx",
+        job: str = "group",
+    ) -> Dict[int, Connection]:
+        """Meets the other ranks of a job through ``store`` and returns ``{rank: Connection}``,
+        one connection to every other rank.
+
+        ``store`` is any object with ``torch.distributed.Store``'s interface: ``set(key,
+        value)``, ``get(key) -> bytes``, and ``check(keys) -> bool`` or ``wait(keys,
+        timedelta)`` (polled in short slices), ``delete_key(key)``; e.g. a
+        ``torch.distributed.TCPStore``. Every rank calls this with the same ``world``,
+        ``prefix`` and ``job`` and its own ``rank`` (0 <= rank < world). Rank r publishes its
+        metadata (secret included) under ``<prefix>/<job>/rank/<r>``, connects to every
+        higher rank and accepts from every lower one; its keys are removed when it is done.
+
+        ``timeout`` (seconds) bounds the whole meeting (default: the store's ``timeout``,
+        else 300 s): :class:`TransferTimeout` when a rank does not arrive in time, an
+        :class:`Error` naming the store and key when the store fails. Releases the GIL;
+        Ctrl-C raises ``KeyboardInterrupt`` and stops asking the store.
+        """
+        pairs = self._core.rendezvous(store, rank, world, timeout, prefix, job)
+        return {r: Connection(self, conn_id) for r, conn_id in pairs}
+
+    def publish(self, store: Any, name: str, prefix: str = "tcpx") -> None:
+        """Publishes this endpoint's metadata (secret included) in ``store`` (a
+        ``torch.distributed.Store``-like object, see :meth:`rendezvous`) under
+        ``<prefix>/<name>``, for peers' :meth:`connect_by_name`; then :meth:`accept` them."""
+        self._core.publish(store, name, prefix)
+
+    def unpublish(self, store: Any, name: str, prefix: str = "tcpx") -> bool:
+        """Removes ``<prefix>/<name>`` from ``store``; whether it was there."""
+        return self._core.unpublish(store, name, prefix)
+
+    def connect_by_name(
+        self, store: Any, name: str, timeout: Optional[float] = None, prefix: str = "tcpx"
+    ) -> Connection:
+        """Waits (at most ``timeout`` seconds; default: the store's ``timeout``, else 300 s)
+        for ``<prefix>/<name>`` in ``store`` and connects to the endpoint published there,
+        presenting its secret. Releases the GIL; Ctrl-C interrupts."""
+        return Connection(self, self._core.connect_by_name(store, name, timeout, prefix))
+
+    # Metrics --------------------------------------------------------------------------
+    def metrics(self) -> Dict[str, Any]:
+        """A snapshot of this endpoint's counters, as a dict:
+
+        * endpoint-wide: ``backend``, ``connections_opened``, ``setup_failures``,
+          ``refused_peers``, ``access_refusals``, ``timeouts``, ``peers_lost``, ``failures``;
+        * ``connections``: one dict per live connection: ``id`` (the runtime's), ``conn_id``
+          (:attr:`Connection.conn_id`, or None when two connections share a peer address),
+          ``peer`` (ip, port), ``in_flight``, ``failed``, ``total`` and ``channels`` (each
+          with ``channel``, ``nic``, ``one_sided`` and its counters);
+        * ``nics``: counters summed per NIC; ``total``: summed over every live connection.
+
+        Counters: ``bytes_sent``, ``bytes_received``, ``sends``, ``recvs``, ``busy``,
+        ``idle_loops``, ``staging_rings``.
+        """
+        return self._core.metrics()
+
+    def metrics_text(self) -> str:
+        """The same snapshot in the Prometheus text format (what the exporter serves)."""
+        return self._core.metrics_text()
+
+    @property
+    def metrics_addr(self) -> Optional[Tuple[str, int]]:
+        """(ip, port) of the Prometheus exporter (``GET /metrics``) when ``TCPX_METRICS_ADDR``
+        turned it on (a port of 0 there picks a free one: this says which), else None."""
+        return self._core.metrics_addr()
 
     def close(self) -> None:
         """Closes every connection and stops the engines (idempotent)."""

@@ -15,6 +15,10 @@ there):
   remote_desc_list)``), ``poll_async``;
 * ``FloatType`` (and its members at module level), ``XferDesc``, ``XferHandle``,
   ``get_oob_ip()``;
+* tcpx's additions: ``rendezvous(store, rank, world, timeout=None, prefix="tcpx",
+  job="group") -> (ok, {rank: conn_id})`` through any ``torch.distributed.Store``-like
+  store (afterwards ``conn_id_of_rank(rank)`` gives them; 2**64-1 for unknown ranks),
+  ``metrics()`` (a dict of the endpoint's counters) and ``metrics_text()`` (Prometheus);
 * kept from older UCCL: the two-sided calls (``send`` / ``recv`` / ``sendv`` / ``recvv`` and
   ``_async``), ``get_endpoint_metadata``, and the notification calls of UCCL's engine API
   (``send_notif``, ``get_notifs``);

@@ -4,7 +4,7 @@ tests/test_uccl_api.py checks every name and parameter here against UCCL's
 ``p2p/engine_api.cc`` (tests/uccl_api.txt) and against the native module itself.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 class FloatType:
     """Element type of a registered buffer (``reg(..., floatType=...)``); UCCL compresses
@@ -62,7 +62,14 @@ class Endpoint:
     def add_remote_endpoint(self, metadata_bytes: bytes) -> Tuple[bool, int]: ...
     def remove_remote_endpoint(self, conn_id: int) -> bool: ...
     def start_passive_accept(self) -> bool: ...
-    def conn_id_of_rank(self, rank: int) -> int: ...
+    def conn_id_of_rank(self, rank: int) -> int:
+        """The conn_id of a rank met through ``rendezvous``, else 2**64-1."""
+    def rendezvous(self, store: Any, rank: int, world: int, timeout: Optional[float] = None, prefix: str = "tcpx", job: str = "group") -> Tuple[bool, Dict[int, int]]:
+        """tcpx: meet every rank through a ``torch.distributed.Store``-like store -> (ok, {rank: conn_id})."""
+    def metrics(self) -> Dict[str, Any]:
+        """tcpx: a snapshot of the endpoint's counters (as ``tcpx.Endpoint.metrics``)."""
+    def metrics_text(self) -> str:
+        """tcpx: the Prometheus text of the endpoint's counters."""
     def accept(self) -> Tuple[bool, str, int, int]: ...
     def reg(self, ptr: int, size: int, floatType: Optional[FloatType] = FloatType.kUndefined) -> Tuple[bool, int]: ...
     def regv(self, ptrs: Sequence[int], sizes: Sequence[int]) -> Tuple[bool, List[int]]: ...

@@ -188,10 +188,20 @@ impl Endpoint {
             let left = deadline.saturating_duration_since(Instant::now());
             if give_up.load(Ordering::Relaxed) || left.is_zero() {
                 let absent: Vec<usize> = (0..rank).filter(|&r| lower[r].is_none()).collect();
-                return Err(Error::Internal(format!(
+                let message = format!(
                     "rendezvous of job {job:?}: rank {rank} still waits for ranks {absent:?} \
                      to connect"
-                )));
+                );
+                // The deadline passing is a timeout (bindings map it to their timeout
+                // error); giving up because the connect phase failed is not.
+                return Err(if left.is_zero() {
+                    Error::Rendezvous {
+                        message,
+                        timed_out: true,
+                    }
+                } else {
+                    Error::Internal(message)
+                });
             }
             let conn = match self.accept_timeout(left.min(ACCEPT_SLICE)) {
                 Ok(c) => c,

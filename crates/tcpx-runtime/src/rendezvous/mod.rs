@@ -141,8 +141,9 @@ impl From<StoreError> for crate::error::Error {
 }
 
 /// Refuses keys no store handles alike: empty ones, and those with control characters
-/// (they would corrupt logs and some stores' text protocols).
-pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
+/// (they would corrupt logs and some stores' text protocols). Public so that stores
+/// implemented elsewhere (the Python bindings' adapter) refuse the same keys.
+pub fn check_key(key: &str) -> Result<(), StoreError> {
     let what = if key.is_empty() {
         "is empty"
     } else if key.chars().any(char::is_control) {
