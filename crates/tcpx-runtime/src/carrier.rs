@@ -7,6 +7,7 @@
 //! engines: `link` → `engine` → `carrier` → `onesided` → `endpoint`.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -19,10 +20,31 @@ use crate::error::{Direction, Error, Result};
 use crate::link::{Link, Signal};
 use crate::registry::{CountedRegion, Region, Registration, RegistrationCounter};
 use crate::schedule::Schedule;
+use crate::transfer::Completion;
 
 /// Peer segment lists held while their local transfer has not been submitted yet; a peer
 /// running further ahead than this is treated as hostile.
 const MAX_EARLY_SEGMENT_LISTS: usize = 4096;
+
+/// What [`Carrier::new_job`] builds a job from.
+pub(crate) struct JobSpec {
+    /// Send or receive.
+    pub(crate) direction: Direction,
+    /// The transfer's sequence number (two-sided) or operation id (one-sided).
+    pub(crate) seq: u64,
+    /// The local pieces, in order.
+    pub(crate) pieces: Vec<Piece>,
+    /// Set when the pieces are staged regions (the lanes copy through their rings).
+    pub(crate) staging: Option<Staging>,
+    /// The chunk schedule when known now (a vectored two-sided transfer learns it from the
+    /// peer's segment list).
+    pub(crate) schedule: Option<Schedule>,
+    /// Completion shared with an operation that already handed out its transfer.
+    pub(crate) completion: Option<Arc<Completion>>,
+    /// `schedule` is the packed one: a staged job's lanes gather or scatter the pieces each
+    /// chunk covers.
+    pub(crate) packed: bool,
+}
 
 /// The submission side of one link: its engines' queues and what is in transit to them.
 pub(crate) struct Carrier {
@@ -194,6 +216,33 @@ impl Carrier {
             }
         }
         Ok(made)
+    }
+
+    /// Builds a job of this link from `spec` and counts it in the link's in-flight
+    /// transfers: every job (two-sided transfers, one-sided initiators and targets) is made
+    /// here and handed to the engines by [`submit_job`](Self::submit_job).
+    pub(crate) fn new_job(&self, spec: JobSpec) -> Arc<Job> {
+        let staged = spec.staging.is_some();
+        let mut job = Job::new(
+            spec.direction,
+            self.link.clone(),
+            spec.seq,
+            spec.pieces,
+            spec.staging,
+            Instant::now(),
+        );
+        if spec.packed && staged {
+            job.set_packed();
+        }
+        if let Some(completion) = spec.completion {
+            job.completion = completion;
+        }
+        self.link.in_flight.fetch_add(1, Ordering::AcqRel);
+        let job = Arc::new(job);
+        if let Some(schedule) = spec.schedule {
+            job.set_schedule(schedule);
+        }
+        job
     }
 
     /// Hands `job` to the engines that own a channel with chunks of it (every engine of the

@@ -18,7 +18,7 @@ use crossbeam_channel::Sender;
 use super::setup::Established;
 use super::shared::EndpointShared;
 use super::watch;
-use crate::carrier::{segments_id, Carrier};
+use crate::carrier::{segments_id, Carrier, JobSpec};
 use crate::control::{ControlConn, EndpointInfo, Message};
 use crate::engine::job::{staging_of, Job};
 use crate::engine::stage::Staging;
@@ -445,21 +445,21 @@ impl Connection {
         };
         let mut next = order.lock().unwrap_or_else(|p| p.into_inner());
         let seq = *next;
-        let job = Arc::new(Job::new(
+        let job = self.carrier.new_job(JobSpec {
             direction,
-            self.link.clone(),
             seq,
             pieces,
             staging,
-            Instant::now(),
-        ));
+            schedule: None,
+            completion: None,
+            packed: false,
+        });
         let transfer = Transfer::new(
             job.completion.clone(),
             direction,
             job.len,
             self.shared.config.wait_spin,
         );
-        self.link.in_flight.fetch_add(1, Ordering::AcqRel);
         *next += 1;
         if vectored {
             self.pair_segments(&job);

@@ -10,7 +10,7 @@ use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
 use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part};
 use super::OneSidedShared;
-use crate::carrier::Carrier;
+use crate::carrier::{Carrier, JobSpec};
 use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
@@ -397,16 +397,15 @@ impl Rma {
                 self.schedule(&request.local_lens, &plan.remote_lens, op_id)?,
             )
         };
-        let job = new_job(
-            &self.link,
-            Direction::Send,
-            op_id,
+        let job = self.carrier.new_job(JobSpec {
+            direction: Direction::Send,
+            seq: op_id,
             pieces,
-            plan.staging,
-            schedule,
-            None,
+            staging: plan.staging,
+            schedule: Some(schedule),
+            completion: None,
             packed,
-        );
+        });
         if packed {
             self.pack.count_sent();
         }
@@ -610,42 +609,6 @@ pub(crate) fn remote_lens(entries: &[RemoteEntry]) -> Vec<u64> {
         .into_iter()
         .map(|r| r.len)
         .collect()
-}
-
-/// A job on `link` counted in its in-flight transfers, with `schedule` published; `staging`
-/// set when its pieces are staged regions (`registration: None`: the lanes copy through
-/// their rings); `packed` when `schedule` is the packed one (a staged job's lanes then
-/// gather or scatter the pieces each chunk covers).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn new_job(
-    link: &Arc<Link>,
-    direction: Direction,
-    op_id: u64,
-    pieces: Vec<Piece>,
-    staging: Option<Staging>,
-    schedule: Schedule,
-    completion: Option<Arc<Completion>>,
-    packed: bool,
-) -> Arc<Job> {
-    let staged = staging.is_some();
-    let mut job = Job::new(
-        direction,
-        link.clone(),
-        op_id,
-        pieces,
-        staging,
-        Instant::now(),
-    );
-    if packed && staged {
-        job.set_packed();
-    }
-    if let Some(completion) = completion {
-        job.completion = completion;
-    }
-    link.in_flight.fetch_add(1, Ordering::AcqRel);
-    let job = Arc::new(job);
-    job.set_schedule(schedule);
-    job
 }
 
 /// The access error an initiator reports for a refusal.

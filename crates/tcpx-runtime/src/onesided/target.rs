@@ -21,7 +21,8 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::coalesce::coalesce;
 use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
-use super::state::{access_error, new_job, PendingKind, PendingOp, ReadPack, Rma};
+use super::state::{access_error, PendingKind, PendingOp, ReadPack, Rma};
+use crate::carrier::JobSpec;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
 use crate::engine::job::{staging_for, Job, Piece};
@@ -225,16 +226,15 @@ impl Rma {
                 (pieces, None, schedule, Some(refusal))
             }
         };
-        let job = new_job(
-            &self.link,
-            Direction::Recv,
-            op_id,
+        let job = self.carrier.new_job(JobSpec {
+            direction: Direction::Recv,
+            seq: op_id,
             pieces,
             staging,
-            schedule,
-            None,
-            false,
-        );
+            schedule: Some(schedule),
+            completion: None,
+            packed: false,
+        });
         self.carrier.submit_job(&job);
         self.ack(
             acker,
@@ -388,16 +388,15 @@ impl Rma {
                 (pieces, None, schedule, pack)
             }
         };
-        let job = new_job(
-            &self.link,
-            Direction::Recv,
-            op_id,
+        let job = self.carrier.new_job(JobSpec {
+            direction: Direction::Recv,
+            seq: op_id,
             pieces,
             staging,
-            schedule,
-            None,
-            true,
-        );
+            schedule: Some(schedule),
+            completion: None,
+            packed: true,
+        });
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
         self.carrier.submit_job(&job);
@@ -470,16 +469,15 @@ impl Rma {
             Ok(regions) => {
                 let (pieces, staging) = self.pieces(&entries, &regions, Direction::Send)?;
                 TargetItem::ServeRead {
-                    job: Some(new_job(
-                        &self.link,
-                        Direction::Send,
-                        op_id,
+                    job: Some(self.carrier.new_job(JobSpec {
+                        direction: Direction::Send,
+                        seq: op_id,
                         pieces,
                         staging,
-                        schedule,
-                        None,
-                        false,
-                    )),
+                        schedule: Some(schedule),
+                        completion: None,
+                        packed: false,
+                    })),
                     op_id,
                     refusal: None,
                     packed: false,
@@ -526,16 +524,15 @@ impl Rma {
                 self.pieces_staged(entries, regions, Direction::Send, Some(staging))?;
             let (pieces, schedule) =
                 self.packed_job_parts(None, pieces, total, Direction::Send, op_id, true)?;
-            let job = new_job(
-                &self.link,
-                Direction::Send,
-                op_id,
+            let job = self.carrier.new_job(JobSpec {
+                direction: Direction::Send,
+                seq: op_id,
                 pieces,
                 staging,
-                schedule,
-                None,
-                true,
-            );
+                schedule: Some(schedule),
+                completion: None,
+                packed: true,
+            });
             return Ok(Some(TargetItem::ServeRead {
                 job: Some(job),
                 op_id,
@@ -570,16 +567,15 @@ impl Rma {
             op_id,
             false,
         )?;
-        let job = new_job(
-            &self.link,
-            Direction::Send,
-            op_id,
+        let job = self.carrier.new_job(JobSpec {
+            direction: Direction::Send,
+            seq: op_id,
             pieces,
-            None,
-            schedule,
-            None,
-            true,
-        );
+            staging: None,
+            schedule: Some(schedule),
+            completion: None,
+            packed: true,
+        });
         Ok(Some(TargetItem::ServeRead {
             job: Some(job),
             op_id,
@@ -617,16 +613,15 @@ impl Rma {
                 let staged = staging.is_some();
                 let (pieces, schedule) =
                     self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id, staged)?;
-                let job = new_job(
-                    &self.link,
-                    Direction::Recv,
-                    op_id,
+                let job = self.carrier.new_job(JobSpec {
+                    direction: Direction::Recv,
+                    seq: op_id,
                     pieces,
                     staging,
-                    schedule,
-                    Some(op.completion),
-                    true,
-                );
+                    schedule: Some(schedule),
+                    completion: Some(op.completion),
+                    packed: true,
+                });
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
                 self.carrier.submit_job(&job);
@@ -643,16 +638,15 @@ impl Rma {
                     op_id,
                     false,
                 )?;
-                let job = new_job(
-                    &self.link,
-                    Direction::Recv,
-                    op_id,
+                let job = self.carrier.new_job(JobSpec {
+                    direction: Direction::Recv,
+                    seq: op_id,
                     pieces,
-                    None,
-                    schedule,
-                    None,
-                    true,
-                );
+                    staging: None,
+                    schedule: Some(schedule),
+                    completion: None,
+                    packed: true,
+                });
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
                 self.carrier.submit_job(&job);
@@ -675,16 +669,15 @@ impl Rma {
             } => {
                 // A staged read completes (`op.completion`) only once the receive job did,
                 // i.e. after every chunk's ring → memory copy was seen done.
-                let job = new_job(
-                    &self.link,
-                    Direction::Recv,
-                    op_id,
+                let job = self.carrier.new_job(JobSpec {
+                    direction: Direction::Recv,
+                    seq: op_id,
                     pieces,
                     staging,
-                    schedule,
-                    Some(op.completion),
-                    false,
-                );
+                    schedule: Some(schedule),
+                    completion: Some(op.completion),
+                    packed: false,
+                });
                 self.carrier.submit_job(&job);
                 Ok(())
             }
