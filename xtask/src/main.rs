@@ -16,6 +16,7 @@
 mod bench;
 mod bindgen_task;
 mod capi;
+mod etcd;
 mod layers;
 mod nixl;
 mod python;
