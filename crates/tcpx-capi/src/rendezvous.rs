@@ -35,7 +35,18 @@ unsafe fn url_and_name<'a>(
     let url = unsafe { c_str(store_url, "store_url") }?;
     // SAFETY: as above.
     let name = unsafe { c_str(name, "name") }?;
-    Ok((url, name))
+    // The runtime refuses these too, but only as a store failure; here they are the caller's
+    // argument (the same rules as the runtime's).
+    let what = if name.is_empty() {
+        "is empty"
+    } else if name.chars().any(char::is_control) {
+        "contains a control character"
+    } else if name.len() > 1024 {
+        "is longer than 1024 bytes"
+    } else {
+        return Ok((url, name));
+    };
+    Err(CapiError::invalid(format!("name {name:?} {what}")))
 }
 
 /// Publishes the endpoint's metadata (secret included) under `name` in the store

@@ -459,6 +459,24 @@ mod tests {
     }
 
     #[test]
+    fn store_choices() {
+        assert_eq!(Options::parse(&[]).unwrap().store, None);
+        assert_eq!(
+            Options::parse(&args("--store etcd")).unwrap().store,
+            Some(StoreChoice::LocalEtcd)
+        );
+        assert_eq!(
+            Options::parse(&args("--netns --store=etcd://10.0.0.1:2379/j"))
+                .unwrap()
+                .store,
+            Some(StoreChoice::Url("etcd://10.0.0.1:2379/j".into()))
+        );
+        // A local etcd is reachable from the local mode only; other stores are refused.
+        assert!(Options::parse(&args("--netns --store etcd")).is_err());
+        assert!(Options::parse(&args("--store redis://h:1/j")).is_err());
+    }
+
+    #[test]
     fn kv_rows_and_their_options() {
         let o = Options::parse(&args("--sizes 1MiB --channels 8 --verify")).unwrap();
         assert_eq!(o.kv.as_deref(), Some(KV_SHAPES));
