@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the workspace needs (the same list as `cargo xtask sysdeps`).
 set -euo pipefail
-packages=(pkg-config libhwloc-dev libudev-dev hwloc-nox libclang-dev iproute2 valgrind python3-venv)
+packages=(pkg-config libhwloc-dev libudev-dev hwloc-nox libclang-dev iproute2 valgrind python3-venv etcd-server protobuf-compiler libprotobuf-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,11 +32,15 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 section "rustdoc (RUSTDOCFLAGS=-D warnings cargo doc --no-deps --workspace)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
+# The workspace tests, then the runtime's rendezvous tests with `--features etcd` against real
+# etcd servers (Debian's etcd-server, installed above; each test starts its own on 127.0.0.1
+# with a temporary data dir and stops it). tcpx-tools' `tcpx-bench --store` tests do the same.
 section "tests (README: cargo xtask test)"
 cargo xtask test
 
 # The C API: the checked-in tcpx.h matches the source, then the C test program (two processes
-# over 127.0.0.1, plain and under valgrind), the C++17 header check and the C examples.
+# over 127.0.0.1, plain and under valgrind; its rendezvous scenario uses an etcd the harness
+# starts on 127.0.0.1), the C++17 header check and the C examples.
 section "C API: header drift, C tests, valgrind (cargo xtask capi --check --test)"
 cargo xtask capi --check --test
 

@@ -8,6 +8,9 @@
 //!   `target/capi/`.
 //! - `--test` runs the C test program (two processes over 127.0.0.1), then again under
 //!   valgrind (definite leaks and memory errors fail), then the two examples as process pairs.
+//!   It starts an etcd on 127.0.0.1 for the test program's rendezvous scenario
+//!   (`TCPX_TEST_ETCD`, a store URL) and stops it after; without an etcd binary that scenario
+//!   skips.
 //! - `--install PREFIX` copies the libraries, header and a `tcpx.pc` pointing at PREFIX into
 //!   PREFIX/lib, PREFIX/include and PREFIX/lib/pkgconfig.
 //!
@@ -279,12 +282,28 @@ fn loopback(cmd: &mut Command) -> &mut Command {
 fn test(out: &Path) -> Result<()> {
     crate::sysdeps::ensure(&["valgrind"])?;
 
+    // The rendezvous scenario's store: an etcd on 127.0.0.1 for the whole test (the C
+    // program starts nothing itself), or none, and the scenario says it skipped.
+    let etcd = match crate::etcd::binary() {
+        Some(_) => Some(crate::etcd::LocalEtcd::start()?),
+        None => {
+            println!(
+                "(no etcd binary: the C rendezvous scenario skips; apt-get install etcd-server)"
+            );
+            None
+        }
+    };
+    let with_etcd = |cmd: &mut Command| {
+        if let Some(etcd) = &etcd {
+            cmd.env("TCPX_TEST_ETCD", etcd.url("capi"));
+        }
+    };
+
     println!("\n---- C test program (two processes over 127.0.0.1)");
     let t = Instant::now();
-    run_limited(
-        loopback(&mut Command::new(out.join("capi_test"))),
-        TEST_LIMIT,
-    )?;
+    let mut plain = Command::new(out.join("capi_test"));
+    with_etcd(&mut plain);
+    run_limited(loopback(&mut plain), TEST_LIMIT)?;
     println!("---- passed in {:.1}s", t.elapsed().as_secs_f64());
 
     println!("\n---- C++17 translation unit, static library");
@@ -307,6 +326,7 @@ fn test(out: &Path) -> Result<()> {
     // No suppressions: the test program, the runtime and the socket plugin run clean.
     .arg(out.join("capi_test"))
     .arg("--valgrind");
+    with_etcd(&mut vg);
     run_limited(loopback(&mut vg), VALGRIND_LIMIT)?;
     println!("---- passed in {:.1}s", t.elapsed().as_secs_f64());
 

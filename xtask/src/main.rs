@@ -17,6 +17,7 @@
 mod bench;
 mod bindgen_task;
 mod capi;
+mod etcd;
 mod fuzz;
 mod layers;
 mod nixl;

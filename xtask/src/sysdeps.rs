@@ -9,7 +9,11 @@ use anyhow::{bail, Result};
 /// hwloc (tcpx-topo) needs libhwloc-dev and pkg-config, hwlocality links libudev through hwloc;
 /// bindgen loads libclang at run time; lstopo-no-graphics (hwloc-nox) validates fixtures;
 /// iproute2 drives the network-namespace runs; valgrind checks the C API's test program;
-/// python3-venv holds the virtualenv the Python package (`crates/tcpx-py`) is built and tested in.
+/// python3-venv holds the virtualenv the Python package (`crates/tcpx-py`) is built and tested in;
+/// etcd-server is the real etcd the rendezvous tests start on 127.0.0.1 (`LocalEtcd`);
+/// protobuf-compiler is the `protoc` that etcd-client's build script runs (tonic-prost-build
+/// compiles etcd's .proto files and bundles no protoc) and libprotobuf-dev its well-known
+/// types (`google/protobuf/descriptor.proto`, which etcd's protos import).
 pub const ALL: &[&str] = &[
     "pkg-config",
     "libhwloc-dev",
@@ -19,6 +23,9 @@ pub const ALL: &[&str] = &[
     "iproute2",
     "valgrind",
     "python3-venv",
+    "etcd-server",
+    "protobuf-compiler",
+    "libprotobuf-dev",
 ];
 
 /// Makes sure every package in `packages` is installed.

@@ -39,9 +39,10 @@
  * Minor ABI version: grows when functions or constants are added. A host built against minor
  * `m` needs a library whose minor version is at least `m`.
  * (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
- * `tcpx_ipc_segment`.)
+ * `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
+ * `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`.)
  */
-#define TCPX_ABI_VERSION_MINOR 1
+#define TCPX_ABI_VERSION_MINOR 2
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -1133,6 +1134,54 @@ tcpx_status tcpx_endpoint_notification(struct tcpx_endpoint endpoint,
  * `refusals` points to a writable `uint64_t`.
  */
 tcpx_status tcpx_endpoint_access_refusals(struct tcpx_endpoint endpoint, uint64_t *refusals);
+
+/**
+ * Publishes the endpoint's metadata (secret included) under `name` in the store
+ * `store_url` (`"etcd://host:port[,host:port]/job[?ttl=SECONDS]"`), so that peers can
+ * `tcpx_endpoint_connect_by_name` to it. The key is tied to a lease the library keeps alive;
+ * it disappears on `tcpx_endpoint_unpublish`, when the endpoint is destroyed, or at most the
+ * lease's TTL (10 s unless `?ttl=` says otherwise) after this process dies. Publishing a name
+ * again replaces its value. `TCPX_ERR_INVALID_ARGUMENT` for a malformed URL or name (or a
+ * library built without etcd support), `TCPX_ERR_CONNECT` when the store cannot be reached.
+ * Thread safety: any thread.
+ *
+ * # Safety
+ * `store_url` and `name` are NUL-terminated strings.
+ */
+tcpx_status tcpx_endpoint_publish(struct tcpx_endpoint endpoint,
+                                  const char *store_url,
+                                  const char *name);
+
+/**
+ * Removes `name`, published by this endpoint with `tcpx_endpoint_publish` in `store_url`,
+ * from the store at once. `TCPX_ERR_INVALID_ARGUMENT` when this endpoint did not publish
+ * that name in that store. Thread safety: any thread.
+ *
+ * # Safety
+ * `store_url` and `name` are NUL-terminated strings.
+ */
+tcpx_status tcpx_endpoint_unpublish(struct tcpx_endpoint endpoint,
+                                    const char *store_url,
+                                    const char *name);
+
+/**
+ * Waits at most `timeout_ms` for `name` to appear in the store `store_url` (see
+ * `tcpx_endpoint_publish`), then connects to the endpoint published there, presenting its
+ * secret (each connection set-up within the configured timeout). A stale name of a dead
+ * endpoint is read again until a restarted one replaces it or the time runs out.
+ * `*connection` is the new handle. `TCPX_ERR_TIMEOUT` when the name did not appear in time,
+ * `TCPX_ERR_CONNECT` when the store or the endpoint could not be reached.
+ * Thread safety: any thread; several connects may run at once on one endpoint.
+ *
+ * # Safety
+ * `store_url` and `name` are NUL-terminated strings; `connection` points to writable memory
+ * for a handle.
+ */
+tcpx_status tcpx_endpoint_connect_by_name(struct tcpx_endpoint endpoint,
+                                          const char *store_url,
+                                          const char *name,
+                                          uint32_t timeout_ms,
+                                          struct tcpx_connection *connection);
 
 /**
  * Checks a transfer without blocking: `TCPX_OK` once it completed (`*bytes`, if not NULL,

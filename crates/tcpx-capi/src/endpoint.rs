@@ -208,6 +208,7 @@ pub unsafe extern "C" fn tcpx_endpoint_create(
         let id = ENDPOINTS.insert(Arc::new(EndpointObj {
             endpoint: created,
             notifications: Mutex::new(VecDeque::new()),
+            published: Mutex::new(Vec::new()),
         }));
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(endpoint, tcpx_endpoint { id }) };

@@ -37,6 +37,7 @@ mod local;
 mod memory;
 mod objects;
 mod onesided;
+mod rendezvous;
 mod transfer;
 
 mod convert;
@@ -48,6 +49,7 @@ pub use error::{tcpx_last_error, tcpx_status_str};
 pub use local::*;
 pub use memory::*;
 pub use onesided::*;
+pub use rendezvous::*;
 pub use transfer::*;
 
 /// Major ABI version: changes when an existing function, struct or constant changes in a way
@@ -56,8 +58,9 @@ pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// Minor ABI version: grows when functions or constants are added. A host built against minor
 /// `m` needs a library whose minor version is at least `m`.
 /// (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
-/// `tcpx_ipc_segment`.)
-pub const TCPX_ABI_VERSION_MINOR: u32 = 1;
+/// `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
+/// `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`.)
+pub const TCPX_ABI_VERSION_MINOR: u32 = 2;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
 pub const TCPX_ABI_VERSION: u32 = (TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR;

@@ -25,6 +25,18 @@ use crate::{tcpx_connection, tcpx_endpoint, tcpx_peer_info, tcpx_region, tcpx_se
 pub(crate) struct EndpointObj {
     pub(crate) endpoint: Endpoint,
     pub(crate) notifications: Mutex<VecDeque<(SocketAddr, Vec<u8>)>>,
+    /// Names this endpoint published (`tcpx_endpoint_publish`), each with the store holding
+    /// it: the store keeps its lease alive, and dropping it (unpublish, or the endpoint's
+    /// destruction) revokes the lease, so the key goes with it.
+    pub(crate) published: Mutex<Vec<Publication>>,
+}
+
+/// The names an endpoint published in one store: the store URL as given, the names, and the
+/// open store (one lease for all of them).
+pub(crate) struct Publication {
+    pub(crate) url: String,
+    pub(crate) names: Vec<String>,
+    pub(crate) store: Box<dyn tcpx_runtime::Store>,
 }
 
 pub(crate) static ENDPOINTS: Table<EndpointObj> = Table::new(1, "tcpx_endpoint");

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod cores;
 pub mod logging;
+pub mod watch;
 
 use anyhow::Result;
 use tcpx_runtime::{Backend, Config};

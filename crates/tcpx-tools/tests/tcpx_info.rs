@@ -63,3 +63,107 @@ fn a_missing_topology_file_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/nonexistent.xml"), "{stderr}");
 }
+
+/// `tcpx-info --watch` against a live endpoint whose exporter listens where
+/// `TCPX_METRICS_ADDR=127.0.0.1:PORT` says: the bytes a real transfer moved show up per NIC
+/// (`lo`) and on the connection, in the table and in the JSON, and `--count` stops it.
+#[test]
+fn watch_shows_the_bytes_a_live_endpoint_moved_per_nic_and_connection() {
+    use std::time::Duration;
+    use tcpx_runtime::{Backend, Config, Endpoint};
+
+    std::env::set_var("TCPX_SOCKET_IFNAME", "lo");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let vars = |with_metrics: bool| {
+        let metrics = metrics.clone();
+        move |name: &str| match name {
+            "TCPX_METRICS_ADDR" if with_metrics => Some(metrics.clone()),
+            "TCPX_CONTROL_ADDR" => Some("127.0.0.1:0".to_owned()),
+            "TCPX_NUM_CHANNELS" => Some("2".to_owned()),
+            _ => None,
+        }
+    };
+    let config = |with_metrics| Config {
+        backend: Backend::Builtin,
+        timeout: Duration::from_secs(30),
+        ..Config::from_vars(vars(with_metrics)).expect("config")
+    };
+    let server = Endpoint::new(config(true)).expect("server endpoint");
+    let client = Endpoint::new(config(false)).expect("client endpoint");
+    assert_eq!(
+        server.metrics_addr().map(|a| a.to_string()),
+        Some(metrics.clone())
+    );
+    let peer = server.metadata().clone();
+    let accepting = std::thread::spawn(move || {
+        let conn = server.accept_timeout(Duration::from_secs(30)).unwrap();
+        (server, conn)
+    });
+    let cc = client.connect(&peer).unwrap();
+    let (server, sc) = accepting.join().unwrap();
+    const LEN: usize = 3 << 20;
+    let src = client.alloc_host(LEN).unwrap();
+    src.write(0, &vec![0x5a; LEN]).unwrap();
+    let dst = server.alloc_host(LEN).unwrap();
+    let rx = sc.recv(&dst, 0, LEN).unwrap();
+    cc.send(&src, 0, LEN)
+        .unwrap()
+        .wait(Duration::from_secs(30))
+        .unwrap();
+    rx.wait(Duration::from_secs(30)).unwrap();
+    let mut back = vec![0; LEN];
+    dst.read(0, &mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0x5a),
+        "the transfer's bytes differ"
+    );
+
+    let watch = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tcpx-info"))
+            .args(["--watch", &metrics, "--count", "2", "--interval", "0.2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json = watch(&["--json"]);
+    let polls: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(polls.len(), 2, "{json}");
+    let last = &polls[1];
+    let lo = last["nics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["nic"] == "lo")
+        .unwrap_or_else(|| panic!("no lo row: {last}"));
+    assert!(
+        lo["received_bytes"].as_u64().unwrap() >= LEN as u64,
+        "{last}"
+    );
+    // Nothing moved between the polls: 0 GB/s, and a rate (not null) on the second poll.
+    assert_eq!(lo["received_gbps"].as_f64(), Some(0.0), "{last}");
+    assert!(polls[0]["nics"][0]["received_gbps"].is_null());
+    let conns = last["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), 1, "{last}");
+    assert!(conns[0]["received_bytes"].as_u64().unwrap() >= LEN as u64);
+    let table = watch(&[]);
+    assert!(
+        table.contains("# poll 2") && table.contains("lo "),
+        "{table}"
+    );
+    assert!(table.contains(&(LEN as u64).to_string()), "{table}");
+    drop((cc, sc));
+}

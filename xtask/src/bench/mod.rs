@@ -26,7 +26,7 @@ use anyhow::{bail, Context, Result};
 
 pub use interrupt::Interrupted;
 use launcher::{Launcher, Local};
-use options::{format_gpus, Mode, Options, HELP};
+use options::{format_gpus, Mode, Options, StoreChoice, HELP};
 use pairs::{Pair, Plan};
 
 use crate::{run_command, sysdeps, workspace_root};
@@ -64,7 +64,22 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     let run_id = run_id(opts.mode.name(), &out_root);
     let run_dir = out_root.join(&run_id);
-    let outcome = run_with(&mut *launcher, &opts, &bin, &run_id, &run_dir);
+    // `--store etcd`: a throw-away etcd on 127.0.0.1 for this run (job = the run id), stopped
+    // when `_etcd` drops after the pairs finished (or failed).
+    let (_etcd, store) = match &opts.store {
+        None => (None, None),
+        Some(StoreChoice::Url(url)) => (None, Some(url.clone())),
+        Some(StoreChoice::LocalEtcd) if opts.dry_run => {
+            (None, Some(format!("etcd://127.0.0.1:<free port>/{run_id}")))
+        }
+        Some(StoreChoice::LocalEtcd) => {
+            let etcd = crate::etcd::LocalEtcd::start().context("--store etcd")?;
+            let url = etcd.url(&run_id);
+            eprintln!("xtask: local etcd for the run: {url}");
+            (Some(etcd), Some(url))
+        }
+    };
+    let outcome = run_with(&mut *launcher, &opts, &bin, &run_id, &run_dir, store);
     let teardown = launcher.teardown(opts.dry_run);
     match (outcome, teardown) {
         (Err(e), Err(t)) => Err(e.context(format!("and teardown failed too: {t:#}"))),
@@ -82,6 +97,7 @@ fn run_with(
     bin: &Path,
     run_id: &str,
     run_dir: &Path,
+    store: Option<String>,
 ) -> Result<()> {
     launcher.prepare(bin, opts.dry_run)?;
     let pairs = plan_pairs(opts, &*launcher)?;
@@ -94,6 +110,7 @@ fn run_with(
         dry_run: opts.dry_run,
         log_dir: run_dir.join("logs"),
         kv: false,
+        store,
     };
     if !opts.dry_run {
         std::fs::create_dir_all(&plan.log_dir)
@@ -276,6 +293,7 @@ fn kv_plan(opts: &Options, sweep: &Plan) -> Option<Plan> {
         dry_run: sweep.dry_run,
         log_dir: sweep.log_dir.clone(),
         kv: true,
+        store: sweep.store.clone(),
     })
 }
 

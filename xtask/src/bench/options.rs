@@ -58,6 +58,13 @@ OPTIONS
                          --channels --chunk --window --memory --plugin --baseline --timeout
                          and --verify apply to it too.
   --no-kv                Skip the kv rows (also skipped with --single-process).
+  --store etcd|URL       Rendezvous by name instead of handing the client the server's hex:
+                         each server gets `--store URL --name server-<pair>` (it publishes its
+                         endpoint there) and its client the same (it finds it there). `etcd`
+                         (this machine only): xtask starts a throw-away etcd on 127.0.0.1
+                         (free ports, temp data dir; Debian's etcd-server or TCPX_ETCD_BIN)
+                         for the run, job = the run id, and stops it after. A URL
+                         (etcd://HOST:PORT[,HOST:PORT]/JOB) uses an etcd you run, any mode.
   --out DIR              Results directory (default target/bench).
   --bin PATH             Use this tcpx-bench instead of building one.
   --no-build             Use target/release/tcpx-bench as it is.
@@ -74,6 +81,7 @@ BENCH OPTIONS (passed to both ends; see `tcpx-bench server --help`)
 EXAMPLES
   cargo xtask bench                                    # loopback, table with the raw-TCP baseline
   cargo xtask bench --sizes 1MiB..256MiB --iters 100 --verify
+  cargo xtask bench --store etcd --verify             # rendezvous through a local etcd
   cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify   # as root; what CI runs
   cargo xtask bench --nodes a3-node-1,me@a3-node-2 --gpus 0-7 -- --plugin /usr/local/tcpx/lib64/libnccl-net-tcpx.so
   cargo xtask bench --nodes a,b --gpus 0-7 --dry-run   # show the ssh commands only
@@ -174,6 +182,17 @@ pub struct Options {
     pub help: bool,
     /// Shapes of the kv pairs run after the sweep; `None`: no kv rows.
     pub kv: Option<String>,
+    /// Rendezvous through a store instead of passing the hex (`--store`).
+    pub store: Option<StoreChoice>,
+}
+
+/// `--store`: where the pairs meet by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// `--store etcd`: a throw-away etcd on 127.0.0.1 that xtask starts for the run.
+    LocalEtcd,
+    /// `--store etcd://…`: an etcd the user runs.
+    Url(String),
 }
 
 impl Options {
@@ -194,6 +213,7 @@ impl Options {
             bench_args: Vec::new(),
             help: false,
             kv: Some(KV_SHAPES.to_string()),
+            store: None,
         };
         let mut netns = false;
         let mut nodes = None;
@@ -250,6 +270,17 @@ impl Options {
                     opts.kv = Some(shapes);
                 }
                 "--no-kv" => opts.kv = None,
+                "--store" => {
+                    let v = value(flag)?;
+                    opts.store = Some(match v.as_str() {
+                        "etcd" => StoreChoice::LocalEtcd,
+                        url if url.starts_with("etcd://") => StoreChoice::Url(url.to_string()),
+                        other => bail!(
+                            "--store `{other}`: expected `etcd` (a local etcd for the run) or \
+                             an etcd://HOST:PORT/JOB URL"
+                        ),
+                    });
+                }
                 "--gpu" => bail!("use --gpus LIST (xtask gives each pair its own --gpu N)"),
                 f if BENCH_VALUE_FLAGS.contains(&f) => {
                     let v = value(flag)?;
@@ -273,6 +304,12 @@ impl Options {
         };
         if opts.single_process && opts.gpus.is_none() {
             bail!("--single-process needs --gpus LIST (the GPUs that one process drives)");
+        }
+        if opts.store == Some(StoreChoice::LocalEtcd) && opts.mode != Mode::Local {
+            bail!(
+                "--store etcd starts an etcd on this machine's loopback, which only the local \
+                 mode reaches; with --netns or --nodes give --store etcd://HOST:PORT/JOB"
+            );
         }
         if (opts.server_addr.is_some() || opts.copy) && !matches!(opts.mode, Mode::Nodes { .. }) {
             bail!("--server-addr and --copy only apply to --nodes");
@@ -419,6 +456,24 @@ mod tests {
         assert!(Options::parse(&args("--nodes a")).is_err());
         assert!(Options::parse(&args("--single-process")).is_err());
         assert!(Options::parse(&args("--gpu 1")).is_err());
+    }
+
+    #[test]
+    fn store_choices() {
+        assert_eq!(Options::parse(&[]).unwrap().store, None);
+        assert_eq!(
+            Options::parse(&args("--store etcd")).unwrap().store,
+            Some(StoreChoice::LocalEtcd)
+        );
+        assert_eq!(
+            Options::parse(&args("--netns --store=etcd://10.0.0.1:2379/j"))
+                .unwrap()
+                .store,
+            Some(StoreChoice::Url("etcd://10.0.0.1:2379/j".into()))
+        );
+        // A local etcd is reachable from the local mode only; other stores are refused.
+        assert!(Options::parse(&args("--netns --store etcd")).is_err());
+        assert!(Options::parse(&args("--store redis://h:1/j")).is_err());
     }
 
     #[test]

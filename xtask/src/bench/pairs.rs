@@ -60,6 +60,9 @@ pub struct Plan {
     /// Run `tcpx-bench kv server/client` instead of `server/client` (files and labels get a
     /// `kv` prefix, so both runs' logs sit side by side).
     pub kv: bool,
+    /// A rendezvous store URL (`--store`): servers publish under their stem, clients find them
+    /// by that name instead of being given `--peer HEX`.
+    pub store: Option<String>,
 }
 
 impl Plan {
@@ -109,7 +112,14 @@ pub fn run_pairs(launcher: &mut dyn Launcher, plan: &Plan) -> Result<Vec<PairOut
         for p in &plan.pairs {
             println!("{}", launcher.render(&server_spec(&*launcher, plan, p)));
         }
-        println!("# clients, each with its server's metadata");
+        println!(
+            "# clients, each with its server's {}",
+            if plan.store.is_some() {
+                "name in the store"
+            } else {
+                "metadata"
+            }
+        );
         for p in &plan.pairs {
             let peer = format!("<hex from {}>", plan.stem("server", p));
             println!(
@@ -180,6 +190,7 @@ fn server_spec(launcher: &dyn Launcher, plan: &Plan, p: &Pair) -> ProcSpec {
         format!("{}:{}", launcher.server_ip(), p.port),
     ]);
     args.extend(gpu_args(p));
+    args.extend(store_args(plan, p));
     args.extend(plan.common.iter().cloned());
     ProcSpec {
         node: Node::A,
@@ -195,10 +206,28 @@ fn server_spec(launcher: &dyn Launcher, plan: &Plan, p: &Pair) -> ProcSpec {
     }
 }
 
-/// The client of pair `p`: `client --peer HEX [--gpu N] COMMON --json PATH`.
+/// `--store URL --name NAME` of pair `p` (both ends), when the plan meets through a store.
+fn store_args(plan: &Plan, p: &Pair) -> Vec<String> {
+    match &plan.store {
+        Some(url) => vec![
+            "--store".into(),
+            url.clone(),
+            "--name".into(),
+            plan.stem("server", p),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// The client of pair `p`: `client --peer HEX [--gpu N] COMMON --json PATH`, or with
+/// `--store URL --name NAME` instead of `--peer` when the plan meets through a store.
 fn client_spec(launcher: &dyn Launcher, plan: &Plan, p: &Pair, peer: &str) -> ProcSpec {
     let mut args = plan.role("client");
-    args.extend(["--peer".into(), peer.to_string()]);
+    if plan.store.is_some() {
+        args.extend(store_args(plan, p));
+    } else {
+        args.extend(["--peer".into(), peer.to_string()]);
+    }
     args.extend(gpu_args(p));
     args.extend(plan.common.iter().cloned());
     args.extend([

@@ -8,7 +8,8 @@
  * 0 only when every check passed and everything it made was destroyed (valgrind's leak check
  * runs at that exit). `--valgrind` shrinks the sizes and widens the waits.
  *
- * Run by `cargo xtask capi --test`, plain and under valgrind.
+ * Run by `cargo xtask capi --test`, plain and under valgrind. The rendezvous scenario uses the
+ * etcd the harness starts on 127.0.0.1 (TCPX_TEST_ETCD, a store URL) and skips without it.
  */
 #include <errno.h>
 #include <poll.h>
@@ -1181,6 +1182,87 @@ static void killed_victim(link_t l) {
     for (;;) pause();
 }
 
+/* ---------------------------------------------------------------- scenario: rendezvous by name */
+
+/* The etcd store the harness (`cargo xtask capi --test`) started on 127.0.0.1 for this run,
+ * as a store URL; NULL (the scenario skips) when it found no etcd binary. */
+static const char *etcd_url(void) {
+    const char *url = getenv("TCPX_TEST_ETCD");
+    if (url == NULL || url[0] == 0) {
+        printf("[%s] skipped: TCPX_TEST_ETCD is not set (no etcd binary: apt-get install "
+               "etcd-server)\n", g_role);
+        return NULL;
+    }
+    return url;
+}
+
+#define RDV_NAME "capi-server"
+#define RDV_LEN ((size_t)(3u << 20) + 5)
+
+static void rdv_server(link_t l) {
+    const char *url = etcd_url();
+    if (url == NULL) return;
+    tcpx_endpoint ep = make_endpoint(wait_ms(), -1);
+    /* Arguments first: a malformed URL, an empty name. */
+    EXPECT(tcpx_endpoint_publish(ep, "redis://127.0.0.1:1/x", RDV_NAME), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_endpoint_publish");
+    EXPECT(tcpx_endpoint_publish(ep, url, ""), TCPX_ERR_INVALID_ARGUMENT, "tcpx_endpoint_publish");
+    EXPECT(tcpx_endpoint_publish(ep, NULL, RDV_NAME), TCPX_ERR_NULL_POINTER, "tcpx_endpoint_publish");
+    EXPECT(tcpx_endpoint_unpublish(ep, url, RDV_NAME), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_endpoint_unpublish");
+    /* The client is already looking for the name (it waits for it to appear). */
+    await_peer(l, "looking");
+    CHECK(tcpx_endpoint_publish(ep, url, RDV_NAME));
+    tcpx_connection c;
+    CHECK(tcpx_endpoint_accept(ep, wait_ms(), &c, NULL));
+    tcpx_region r;
+    CHECK(tcpx_endpoint_alloc_host(ep, RDV_LEN, &r));
+    size_t len = 0;
+    uint8_t *p = region_ptr(r, &len);
+    memset(p, 0, RDV_LEN);
+    tcpx_transfer t;
+    CHECK(tcpx_connection_recv(c, r, 0, RDV_LEN, &t));
+    finish(t, RDV_LEN, "recv from the peer found by name");
+    verify(p, RDV_LEN, 23, 0, "bytes from the peer found by name");
+    /* Gone from the store at once; a second unpublish is refused. */
+    CHECK(tcpx_endpoint_unpublish(ep, url, RDV_NAME));
+    EXPECT(tcpx_endpoint_unpublish(ep, url, RDV_NAME), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_endpoint_unpublish");
+    signal_peer(l, "unpublished");
+    await_peer(l, "checked");
+    CHECK(tcpx_connection_destroy(c));
+    CHECK(tcpx_region_destroy(r));
+    CHECK(tcpx_endpoint_destroy(ep));
+}
+
+static void rdv_client(link_t l) {
+    const char *url = etcd_url();
+    if (url == NULL) return;
+    tcpx_endpoint ep = make_endpoint(wait_ms(), -1);
+    tcpx_connection c;
+    EXPECT(tcpx_endpoint_connect_by_name(ep, url, RDV_NAME, 0, NULL), TCPX_ERR_NULL_POINTER,
+           "tcpx_endpoint_connect_by_name");
+    signal_peer(l, "looking");
+    CHECK(tcpx_endpoint_connect_by_name(ep, url, RDV_NAME, wait_ms(), &c));
+    tcpx_region r;
+    CHECK(tcpx_endpoint_alloc_host(ep, RDV_LEN, &r));
+    size_t len = 0;
+    fill(region_ptr(r, &len), RDV_LEN, 23, 0);
+    tcpx_transfer t;
+    CHECK(tcpx_connection_send(c, r, 0, RDV_LEN, &t));
+    finish(t, RDV_LEN, "send to the peer found by name");
+    /* Once unpublished, the name is not found: the wait runs out. */
+    await_peer(l, "unpublished");
+    tcpx_connection none;
+    EXPECT(tcpx_endpoint_connect_by_name(ep, url, RDV_NAME, 300, &none), TCPX_ERR_TIMEOUT,
+           "tcpx_endpoint_connect_by_name");
+    ASSERT(strstr(tcpx_last_error(), RDV_NAME) != NULL, "%s", tcpx_last_error());
+    signal_peer(l, "checked");
+    CHECK(tcpx_connection_destroy(c));
+    CHECK(tcpx_region_destroy(r));
+    CHECK(tcpx_endpoint_destroy(ep));
+}
+
 /* ---------------------------------------------------------------- scenario: destroy in flight */
 
 static void inflight_receiver(link_t l) {
@@ -1342,6 +1424,8 @@ int main(int argc, char **argv) {
     RUN("same host: local rendezvous, refusals, CUDA IPC (GPU part skips without a GPU)",
         "ipc-owner", ipc_owner, "ipc-initiator", ipc_initiator, 0);
     RUN("peer killed mid-transfer", "survivor", killed_survivor, "victim", killed_victim, 1);
+    RUN("rendezvous by name through etcd (skips without TCPX_TEST_ETCD)", "rdv-server", rdv_server,
+        "rdv-client", rdv_client, 0);
     RUN("destroy with transfers in flight", "receiver", inflight_receiver, "sender", inflight_sender, 0);
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

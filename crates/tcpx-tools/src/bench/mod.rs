@@ -10,6 +10,7 @@ pub mod onesided;
 pub mod overhead;
 pub mod pair;
 pub mod rawtcp;
+pub mod rendezvous;
 pub mod report;
 pub mod safe_layer;
 pub mod sizes;

@@ -33,6 +33,7 @@ use tcpx_runtime::{Backend, Backoff, Config, Endpoint};
 use tcpx_tools::backend_choice;
 use tcpx_tools::bench::limits::{staging_bytes, Demand};
 use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
+use tcpx_tools::bench::rendezvous::{Published, Rendezvous, DEFAULT_KV_NAME, DEFAULT_SERVER_NAME};
 use tcpx_tools::bench::{baseline, kv, report, safe_layer, sizes, stats};
 
 /// Measure tcpx transfers against plain TCP in the same run.
@@ -42,6 +43,8 @@ use tcpx_tools::bench::{baseline, kv, report, safe_layer, sizes, stats};
 ///
 /// Two processes:   tcpx-bench server --bind 127.0.0.1:7700
 ///                  tcpx-bench client --peer HEX   (the metadata line the server prints)
+/// Or by name:      tcpx-bench server --store etcd://127.0.0.1:2379/job1
+///                  tcpx-bench client --store etcd://127.0.0.1:2379/job1
 /// KV blocks:       tcpx-bench kv server / tcpx-bench kv client --peer HEX  (see `kv --help`)
 /// (`cargo xtask bench` does this for you, locally, in namespaces or across nodes.)
 ///
@@ -96,6 +99,9 @@ enum Command {
     ///
     ///   tcpx-bench kv server --bind 127.0.0.1:7700 --verify
     ///   tcpx-bench kv client --peer HEX --verify      (HEX: the server's metadata line)
+    /// or, through etcd instead of the hex line (see `kv server --help`, --store):
+    ///   tcpx-bench kv server --store etcd://127.0.0.1:2379/job1 --verify
+    ///   tcpx-bench kv client --store etcd://127.0.0.1:2379/job1 --verify
     ///   add --memory cuda --gpu N to both for GPU memory (staged through pinned host memory
     ///   on the built-in plugin)
     ///
@@ -168,20 +174,49 @@ struct Common {
     link: Link,
 }
 
+/// Rendezvous by name through a store instead of copying the metadata line by hand.
+#[derive(Args, Debug, Clone)]
+struct StoreArgs {
+    /// Rendezvous store: etcd://HOST:PORT[,HOST:PORT...]/JOB[?ttl=SECONDS]. The server
+    /// publishes its endpoint there under --name (and removes it when it exits; a server
+    /// that dies leaves it for at most the lease's TTL, 10 s unless ?ttl= says otherwise);
+    /// the client waits up to --timeout for the name and connects to what it finds. Both
+    /// must name the same store and job. The metadata line is still printed.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// Name under --store's job (default: tcpx-bench-server, tcpx-bench-kv-server for kv).
+    #[arg(long, value_name = "NAME", requires = "store")]
+    name: Option<String>,
+}
+
+impl StoreArgs {
+    /// The store opened for this role's name, if `--store` was given.
+    fn open(&self, default_name: &str) -> Result<Option<Rendezvous>, Failure> {
+        self.store
+            .as_deref()
+            .map(|url| Rendezvous::open(url, self.name.as_deref().unwrap_or(default_name)))
+            .transpose()
+    }
+}
+
 #[derive(Args, Debug)]
 struct ServerArgs {
     /// Control address (the baseline listens on its port + 1).
     #[arg(long, default_value = "127.0.0.1:7700")]
     bind: SocketAddr,
     #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
     common: Common,
 }
 
 #[derive(Args, Debug)]
 struct ClientArgs {
-    /// The server's metadata (the hex after TCPX-BENCH-METADATA).
-    #[arg(long)]
-    peer: String,
+    /// The server's metadata (the hex after TCPX-BENCH-METADATA); or give --store.
+    #[arg(long, required_unless_present = "store", conflicts_with = "store")]
+    peer: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Also write one JSON object per size to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -209,14 +244,18 @@ struct KvServerArgs {
     #[arg(long, default_value = "127.0.0.1:7700")]
     bind: SocketAddr,
     #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
     kv: KvCommon,
 }
 
 #[derive(Args, Debug)]
 struct KvClientArgs {
-    /// The server's metadata (the hex after TCPX-BENCH-METADATA).
-    #[arg(long)]
-    peer: String,
+    /// The server's metadata (the hex after TCPX-BENCH-METADATA); or give --store.
+    #[arg(long, required_unless_present = "store", conflicts_with = "store")]
+    peer: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Also write one JSON object per row to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -703,17 +742,49 @@ fn start_server(config: Config, bind: SocketAddr) -> Result<(Endpoint, TcpListen
 
 fn server(a: ServerArgs) -> Result<(), Failure> {
     let (config, sweep) = settings(&a.common, a.bind)?;
+    let store = a.store.open(DEFAULT_SERVER_NAME)?;
     let (endpoint, baseline) = start_server(config, a.bind)?;
+    let _published = publish(store.as_ref(), &endpoint)?;
     pair::serve(&endpoint, &baseline, &sweep)
 }
 
-/// The server's metadata from `--peer` (with or without the METADATA prefix) and the address
-/// the client binds: loopback for a loopback server, else any.
-fn peer_and_bind(text: &str) -> Result<(EndpointMetadata, SocketAddr), Failure> {
-    let peer = text.trim().trim_start_matches(METADATA_PREFIX).trim();
-    let peer: EndpointMetadata = peer
-        .parse()
-        .map_err(|e| bad(format!("--peer is not server metadata: {e}")))?;
+/// Publishes the server's endpoint under `--name` when `--store` was given; the guard removes
+/// the name when the server returns (success or failure).
+fn publish<'a>(
+    store: Option<&'a Rendezvous>,
+    endpoint: &'a Endpoint,
+) -> Result<Option<Published<'a>>, Failure> {
+    let Some(store) = store else {
+        return Ok(None);
+    };
+    let published = store.publish(endpoint)?;
+    eprintln!(
+        "tcpx-bench: published as {:?} in {}",
+        store.name(),
+        store.describe()
+    );
+    Ok(Some(published))
+}
+
+/// The server's metadata, from `--peer` (with or without the METADATA prefix) or found under
+/// `--name` in `--store` (waiting up to `--timeout`), and the address the client binds:
+/// loopback for a loopback server, else any.
+fn peer_and_bind(
+    peer: Option<&str>,
+    store: &StoreArgs,
+    default_name: &str,
+    timeout: u64,
+) -> Result<(EndpointMetadata, SocketAddr), Failure> {
+    let peer: EndpointMetadata = match (peer, store.open(default_name)?) {
+        (_, Some(store)) => store.find(check_timeout(timeout)?)?,
+        (Some(text), None) => text
+            .trim()
+            .trim_start_matches(METADATA_PREFIX)
+            .trim()
+            .parse()
+            .map_err(|e| bad(format!("--peer is not server metadata: {e}")))?,
+        (None, None) => return Err(bad("give --peer HEX or --store URL".into())),
+    };
     let bind = SocketAddr::new(
         if peer.control_addr.ip().is_loopback() {
             "127.0.0.1".parse().expect("literal")
@@ -728,7 +799,12 @@ fn peer_and_bind(text: &str) -> Result<(EndpointMetadata, SocketAddr), Failure> 
 fn client(a: ClientArgs) -> Result<(), Failure> {
     // Options first, so that a bad option is reported as such whatever --peer holds.
     settings(&a.common, SocketAddr::from(([127, 0, 0, 1], 0)))?;
-    let (peer, bind) = peer_and_bind(&a.peer)?;
+    let (peer, bind) = peer_and_bind(
+        a.peer.as_deref(),
+        &a.store,
+        DEFAULT_SERVER_NAME,
+        a.common.link.timeout,
+    )?;
     let (config, sweep) = settings(&a.common, bind)?;
     let endpoint = Endpoint::new(config)?;
     let mut json = match &a.json {
@@ -853,7 +929,9 @@ fn kv_plan(k: &KvCommon, bind: SocketAddr) -> Result<(Config, kv::Plan), Failure
 
 fn kv_server(a: KvServerArgs) -> Result<(), Failure> {
     let (config, plan) = kv_plan(&a.kv, a.bind)?;
+    let store = a.store.open(DEFAULT_KV_NAME)?;
     let (endpoint, baseline) = start_server(config, a.bind)?;
+    let _published = publish(store.as_ref(), &endpoint)?;
     kv::serve(&endpoint, &baseline, &plan)
 }
 
@@ -861,7 +939,12 @@ fn kv_client(a: KvClientArgs) -> Result<(), Failure> {
     // Options first, so that a bad option is reported as such whatever --peer holds.
     kv_plan(&a.kv, SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let mut json = json_file(a.json.as_ref())?;
-    let (peer, bind) = peer_and_bind(&a.peer)?;
+    let (peer, bind) = peer_and_bind(
+        a.peer.as_deref(),
+        &a.store,
+        DEFAULT_KV_NAME,
+        a.kv.link.timeout,
+    )?;
     let (config, plan) = kv_plan(&a.kv, bind)?;
     let endpoint = Endpoint::new(config)?;
     let gpu = match plan.memory {

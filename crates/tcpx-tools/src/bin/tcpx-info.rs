@@ -17,6 +17,13 @@ use tcpx_topo::{NicCandidate, Plan, PlanRequest, Topology};
 /// (e.g. one saved with `lstopo-no-graphics --of xml --whole-io`), considering all its NICs.
 /// Overrides honoured: TCPX_PLUGIN_PATH / UCCL_TCPX_PLUGIN_PATH / TCPX_BACKEND, TCPX_GPU_NIC_MAP, NCCL_GPUDIRECTTCPX_TX_BINDINGS / RX_BINDINGS,
 /// TCPX_NUM_CHANNELS (or UCCL_TCPX_NUM_CHANNELS).
+///
+/// With --watch ADDR, watch a running endpoint instead: start it with
+/// TCPX_METRICS_ADDR=127.0.0.1:9464 (any tcpx program: tcpx-bench, the C or Python API), then
+///   tcpx-info --watch 127.0.0.1:9464               (a table every second, until Ctrl-C)
+///   tcpx-info --watch 127.0.0.1:9464 --count 5 --json
+/// Each poll scrapes GET /metrics and prints bytes and GB/s (10^9 B/s, since the previous
+/// poll) per NIC and per connection.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -27,9 +34,20 @@ struct Cli {
     /// Plan for the machine described by this hwloc XML instead of this one.
     #[arg(long, value_name = "FILE.xml")]
     topology: Option<PathBuf>,
-    /// Print JSON: {"plan":[{"gpu":0,"pci":"…","numa":0,"nics":["eth1"],"cores":[…],"reason":"…"},…]}.
+    /// Print JSON: {"plan":[{"gpu":0,"pci":"…","numa":0,"nics":["eth1"],"cores":[…],"reason":"…"},…]};
+    /// with --watch, one object per poll and line: {"poll":N,"interval_s":S,"nics":[…],"connections":[…]}.
     #[arg(long)]
     json: bool,
+    /// Watch the endpoint whose Prometheus exporter (TCPX_METRICS_ADDR) listens at ADDR
+    /// (host:port, or a full http:// URL): per NIC and per connection, bytes and GB/s.
+    #[arg(long, value_name = "ADDR", conflicts_with = "topology")]
+    watch: Option<String>,
+    /// With --watch: stop after N polls (default: until interrupted).
+    #[arg(long, value_name = "N", requires = "watch")]
+    count: Option<u64>,
+    /// With --watch: seconds between polls.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, requires = "watch")]
+    interval: f64,
 }
 
 fn main() {
@@ -41,6 +59,9 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Some(addr) = &cli.watch {
+        return watch(addr, &cli);
+    }
     let mut request =
         PlanRequest::from_env().context("reading the plan overrides from the environment")?;
     let (topology, devices, backend) = match &cli.topology {
@@ -154,4 +175,47 @@ fn run(cli: Cli) -> Result<()> {
         println!("note: {note}");
     }
     Ok(())
+}
+
+/// `--watch ADDR`: scrape every `--interval` seconds, print each poll, stop after `--count`.
+fn watch(addr: &str, cli: &Cli) -> Result<()> {
+    use std::io::Write as _;
+    use std::time::{Duration, Instant};
+    use tcpx_tools::watch::{json, scrape, table, Sample};
+
+    if !(cli.interval.is_finite() && cli.interval >= 0.05) {
+        anyhow::bail!("--interval {}: give at least 0.05 seconds", cli.interval);
+    }
+    if cli.count == Some(0) {
+        anyhow::bail!("--count 0: give at least one poll");
+    }
+    let interval = Duration::from_secs_f64(cli.interval);
+    // A scrape may take at most the interval, and never less than two seconds.
+    let timeout = interval.max(Duration::from_secs(2));
+    let mut previous: Option<(Sample, Instant)> = None;
+    let mut poll = 0u64;
+    let mut out = std::io::stdout();
+    loop {
+        let started = Instant::now();
+        let sample = Sample::parse(&scrape(addr, timeout)?);
+        poll += 1;
+        let secs = previous
+            .as_ref()
+            .map_or(0.0, |(_, at)| started.duration_since(*at).as_secs_f64());
+        let before = previous.as_ref().map(|(s, _)| s);
+        if cli.json {
+            writeln!(out, "{}", json(poll, &sample, before, secs))?;
+        } else {
+            write!(out, "{}", table(poll, &sample, before, secs))?;
+            if cli.count != Some(poll) {
+                writeln!(out)?;
+            }
+        }
+        out.flush()?;
+        if cli.count.is_some_and(|n| poll >= n) {
+            return Ok(());
+        }
+        previous = Some((sample, started));
+        std::thread::sleep(interval.saturating_sub(started.elapsed()));
+    }
 }
