@@ -28,9 +28,12 @@ const PORT_BASE: u16 = 50000;
 const PID_TAG: &str = "TCPX-XTASK-PID";
 
 /// Runs `"$@"` in dir `$1` with a dead-man switch: fd 3 keeps the ssh session's stdin; a watcher
-/// kills the benchmark when it reaches EOF. Exits with the benchmark's status.
-const WRAPPER: &str = "cd \"$1\" || exit 97; shift; exec 3<&0; \"$@\" </dev/null 3<&- & p=$!; \
-echo \"TCPX-XTASK-PID $p\"; (read -r _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; \
+/// kills the benchmark when it reaches EOF. Exits with the benchmark's status. The benchmark's
+/// own shell prints the pid tag and then `exec`s it (same pid), so the tag always comes before
+/// anything the benchmark prints. (Quoted with `quote`, which escapes the inner single quotes.)
+const WRAPPER: &str = "cd \"$1\" || exit 97; shift; exec 3<&0; \
+sh -c 'echo \"TCPX-XTASK-PID $$\"; exec \"$@\"' tcpx-xtask-run \"$@\" </dev/null 3<&- & p=$!; \
+(read -r _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; \
 wait $p; rc=$?; kill $w 2>/dev/null; exit $rc";
 
 /// What the launcher knows about one node.
