@@ -8,7 +8,11 @@
 //! - `--test` creates `target/nixl/venv` (PyPI `nixl-cu12==1.5.1` without its optional torch
 //!   dependency, and numpy) once, then runs `integrations/nixl/tests/test_agents.py`: two NIXL
 //!   agents in two processes over 127.0.0.1; then `integrations/nixl/tests/recreate.py`: 20
-//!   agent pairs re-created under the same names (UCCL's benchmark_nixl.py's loop), bounded.
+//!   agent pairs re-created under the same names (UCCL's benchmark_nixl.py's loop), bounded;
+//!   then `integrations/nixl/tests/test_etcd.py`: NIXL's own etcd metadata exchange
+//!   (`NIXL_ETCD_ENDPOINTS`) between two agents over TCPX, an agent restarted under the same
+//!   name found again, against a throw-away etcd on 127.0.0.1 (Debian's `etcd-server`,
+//!   installed when missing and root; without an etcd binary that test says SKIP).
 //! - `--bench [ARGS]` builds `tcpx-bench` (release) and runs `integrations/nixl/bench/compare.py
 //!   --tcpx-bench target/release/tcpx-bench ARGS`: NIXL's UCX backend against TCPX, large
 //!   blocks and KV lists, WRITE and READ, plus the same bytes through `tcpx-bench
@@ -46,6 +50,9 @@ const RECREATE_ARGS: &[&str] = &[
     "20",
 ];
 const RECREATE_LIMIT: Duration = Duration::from_secs(300);
+/// The etcd test: an etcd start, three agent generations (a few seconds); every wait inside
+/// gives up after 30 s.
+const ETCD_LIMIT: Duration = Duration::from_secs(300);
 
 struct Options {
     test: bool,
@@ -106,6 +113,18 @@ pub fn run(args: &[String]) -> Result<()> {
         cmd.arg(root.join("integrations/nixl/tests/recreate.py"))
             .args(RECREATE_ARGS);
         run_limited(loopback(&mut cmd, &plugins), RECREATE_LIMIT)?;
+        // NIXL's etcd metadata path with our backend; the test starts and removes its etcd.
+        if crate::etcd::binary().is_none() {
+            if let Err(e) = sysdeps::ensure(&["etcd-server"]) {
+                eprintln!("xtask: {e:#}\nxtask: without an etcd binary test_etcd.py skips");
+            }
+        }
+        let mut cmd = Command::new(&python);
+        cmd.arg(root.join("integrations/nixl/tests/test_etcd.py"));
+        if let Some(etcd) = crate::etcd::binary() {
+            cmd.env("TCPX_ETCD_BIN", etcd);
+        }
+        run_limited(loopback(&mut cmd, &plugins), ETCD_LIMIT)?;
     }
     if let Some(args) = &o.bench {
         // tcpx without NIXL, same channels and sizes, in the same run (the plugin's overhead).

@@ -32,6 +32,16 @@ class RemoteError(RuntimeError):
     """A command failed inside an agent process; the message carries its exception."""
 
 
+def _die_with_parent():
+    """In a child before exec: SIGKILL it when the orchestrator dies, even by SIGKILL (a time
+    limit), so no agent process outlives its test (Linux prctl PR_SET_PDEATHSIG). An agent
+    orphaned mid-command could otherwise hang in NIXL's teardown, e.g. joining an etcd watcher
+    whose etcd is gone."""
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 class Peer:
     """One agent in a child process. `call(cmd, ...)` runs a command there and returns its
     result (raising RemoteError with the child's exception text on failure)."""
@@ -47,6 +57,7 @@ class Peer:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "harness.py"), "--child", f"{host}:{port}"],
             env=child_env,
+            preexec_fn=_die_with_parent,
         )
         self._listener._listener._socket.settimeout(timeout)
         try:
@@ -227,6 +238,38 @@ class Agent:
 
     def remove_remote(self, name):
         self.agent.remove_remote_agent(name)
+        return True
+
+    # -- NIXL's central metadata store (etcd, when NIXL_ETCD_ENDPOINTS is set) ---------------
+    def send_local_md(self):
+        """Publishes this agent's metadata (a snapshot: its registrations now) to the store."""
+        self.agent.send_local_metadata()
+        return True
+
+    def fetch_remote_md(self, name):
+        """Asks NIXL to load `name`'s metadata from the store (asynchronous: NIXL's metadata
+        thread fetches, or watches until it appears; `wait_remote_md` sees the outcome)."""
+        self.agent.fetch_remote_metadata(name)
+        return True
+
+    def check_remote_md(self, name):
+        return self.agent.check_remote_metadata(name)
+
+    def wait_remote_md(self, name, present, timeout):
+        """Polls `check_remote_metadata(name)` until it is `present`; returns the seconds it
+        took, or raises TimeoutError saying what it saw."""
+        start = time.monotonic()
+        while self.agent.check_remote_metadata(name) != present:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(
+                    f"agent {self.agent.name}: metadata of {name!r} still "
+                    f"{'absent' if present else 'present'} after {timeout} s")
+            time.sleep(0.01)
+        return time.monotonic() - start
+
+    def invalidate_local_md(self):
+        """Removes this agent's metadata from the store (peers watching it drop it)."""
+        self.agent.invalidate_local_metadata()
         return True
 
     def pattern(self, seed, n):
