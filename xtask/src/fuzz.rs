@@ -34,6 +34,7 @@ const TARGETS: &[&str] = &[
     "ipc_descriptor",
     "ipc_local_msg",
     "local_info",
+    "nixl_formats",
 ];
 
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";

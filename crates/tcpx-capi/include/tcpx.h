@@ -40,9 +40,10 @@
  * `m` needs a library whose minor version is at least `m`.
  * (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
  * `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
- * `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`.)
+ * `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
+ * formats, `tcpx_nixl_*`.)
  */
-#define TCPX_ABI_VERSION_MINOR 2
+#define TCPX_ABI_VERSION_MINOR 3
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -90,6 +91,20 @@
  * Bytes in `tcpx_local_peer_info::gpu_bus` (a PCI bus id, NUL-terminated).
  */
 #define TCPX_BUS_ID_MAX 40
+
+/**
+ * `tcpx_nixl_notif::kind` of the Hello a dialing plugin sends first.
+ */
+#define TCPX_NIXL_NOTIF_HELLO 1
+
+/**
+ * `tcpx_nixl_notif::kind` of a NIXL notification.
+ */
+#define TCPX_NIXL_NOTIF_USER 2
+
+
+
+
 
 /**
  * What every function returns. `TCPX_OK` and `TCPX_PENDING` are not failures; after any other
@@ -490,6 +505,84 @@ typedef struct tcpx_ipc_segment {
      */
     uint64_t len;
 } tcpx_ipc_segment;
+
+/**
+ * Where the parts of a decoded connection info lie in the decoded bytes.
+ */
+typedef struct tcpx_nixl_conn_info {
+    /**
+     * Offset of the endpoint metadata (for `tcpx_endpoint_connect`).
+     */
+    size_t metadata_offset;
+    /**
+     * Its length.
+     */
+    size_t metadata_len;
+    /**
+     * Offset of the same-host info (for `tcpx_endpoint_local_route`).
+     */
+    size_t local_offset;
+    /**
+     * Its length; 0 when the peer offered no same-host route.
+     */
+    size_t local_len;
+} tcpx_nixl_conn_info;
+
+/**
+ * One registered range as a peer addresses it.
+ */
+typedef struct tcpx_nixl_public_mem {
+    /**
+     * NIXL's memory type, as NIXL numbers it.
+     */
+    uint32_t mem_type;
+    /**
+     * The owner's address of the range.
+     */
+    uint64_t base;
+    /**
+     * Bytes.
+     */
+    uint64_t len;
+    /**
+     * The one-sided descriptor (`tcpx_region_advertise`).
+     */
+    uint8_t descriptor[TCPX_DESCRIPTOR_BYTES];
+    /**
+     * Whether `ipc_descriptor` holds a same-host descriptor.
+     */
+    bool has_ipc;
+    /**
+     * The same-host (CUDA IPC) descriptor (`tcpx_region_advertise_ipc`) when `has_ipc`.
+     */
+    uint8_t ipc_descriptor[TCPX_IPC_DESCRIPTOR_BYTES];
+} tcpx_nixl_public_mem;
+
+/**
+ * Where the parts of a decoded notification payload lie in the decoded bytes.
+ */
+typedef struct tcpx_nixl_notif {
+    /**
+     * `TCPX_NIXL_NOTIF_HELLO` or `TCPX_NIXL_NOTIF_USER`.
+     */
+    uint8_t kind;
+    /**
+     * Offset of the sending agent's name.
+     */
+    size_t agent_offset;
+    /**
+     * Its length (never 0).
+     */
+    size_t agent_len;
+    /**
+     * Offset of the message.
+     */
+    size_t msg_offset;
+    /**
+     * Its length.
+     */
+    size_t msg_len;
+} tcpx_nixl_notif;
 
 /**
  * One block of a peer's advertised memory: `len` bytes at `offset` in the region the
@@ -1014,6 +1107,88 @@ tcpx_status tcpx_region_write(struct tcpx_region region,
  * `dst` points to `len` writable bytes (may be NULL when `len` is 0).
  */
 tcpx_status tcpx_region_read(struct tcpx_region region, uint64_t offset, uint8_t *dst, size_t len);
+
+/**
+ * Encodes the connection info of an endpoint: its metadata (`tcpx_endpoint_metadata`) and
+ * its same-host info (`tcpx_endpoint_local_info`; `local_len` 0: none) into `buf`, whose
+ * capacity is `*len` (see `tcpx_endpoint_metadata` for the size protocol). Thread safety:
+ * any thread.
+ *
+ * # Safety
+ * `metadata` points to `metadata_len` readable bytes, `local` to `local_len` (or is NULL
+ * with 0); `len` points to a readable and writable `size_t`; `buf` is NULL or points to
+ * `*len` writable bytes.
+ */
+tcpx_status tcpx_nixl_conn_info_encode(const uint8_t *metadata,
+                                       size_t metadata_len,
+                                       const uint8_t *local,
+                                       size_t local_len,
+                                       uint8_t *buf,
+                                       size_t *len);
+
+/**
+ * Decodes a peer's connection info (`in_len` bytes at `in`) into `*out`: where its metadata
+ * and same-host info lie in those bytes. Bytes that are not one fail with
+ * `TCPX_ERR_PROTOCOL` and a message saying what is wrong. Thread safety: any thread.
+ *
+ * # Safety
+ * `in` points to `in_len` readable bytes; `out` to a writable `tcpx_nixl_conn_info`.
+ */
+tcpx_status tcpx_nixl_conn_info_decode(const uint8_t *in,
+                                       size_t in_len,
+                                       struct tcpx_nixl_conn_info *out);
+
+/**
+ * Encodes `*mem` into `buf` (at most `TCPX_NIXL_PUBLIC_MEM_MAX_BYTES`; capacity `*len`, as
+ * `tcpx_endpoint_metadata`). Thread safety: any thread.
+ *
+ * # Safety
+ * `mem` points to a readable `tcpx_nixl_public_mem`; `len` to a readable and writable
+ * `size_t`; `buf` is NULL or points to `*len` writable bytes.
+ */
+tcpx_status tcpx_nixl_public_mem_encode(const struct tcpx_nixl_public_mem *mem,
+                                        uint8_t *buf,
+                                        size_t *len);
+
+/**
+ * Decodes a peer's public memory data into `*out`; bytes that are not one fail with
+ * `TCPX_ERR_PROTOCOL`. The descriptors inside are checked when used (`tcpx_connection_write`
+ * and its kin). Thread safety: any thread.
+ *
+ * # Safety
+ * `in` points to `in_len` readable bytes; `out` to a writable `tcpx_nixl_public_mem`.
+ */
+tcpx_status tcpx_nixl_public_mem_decode(const uint8_t *in,
+                                        size_t in_len,
+                                        struct tcpx_nixl_public_mem *out);
+
+/**
+ * Encodes a notification payload of `kind` (`TCPX_NIXL_NOTIF_*`) from agent
+ * `agent[0..agent_len)` (1..=`TCPX_NIXL_MAX_AGENT_NAME` bytes) with message
+ * `msg[0..msg_len)` into `buf` (capacity `*len`, as `tcpx_endpoint_metadata`; the payload is
+ * `3 + agent_len + msg_len` bytes). Thread safety: any thread.
+ *
+ * # Safety
+ * `agent` points to `agent_len` readable bytes, `msg` to `msg_len` (or is NULL with 0);
+ * `len` to a readable and writable `size_t`; `buf` is NULL or points to `*len` writable
+ * bytes.
+ */
+tcpx_status tcpx_nixl_notif_encode(uint8_t kind,
+                                   const uint8_t *agent,
+                                   size_t agent_len,
+                                   const uint8_t *msg,
+                                   size_t msg_len,
+                                   uint8_t *buf,
+                                   size_t *len);
+
+/**
+ * Decodes a notification payload into `*out` (where its agent name and message lie); bytes
+ * that are not one fail with `TCPX_ERR_PROTOCOL`. Thread safety: any thread.
+ *
+ * # Safety
+ * `in` points to `in_len` readable bytes; `out` to a writable `tcpx_nixl_notif`.
+ */
+tcpx_status tcpx_nixl_notif_decode(const uint8_t *in, size_t in_len, struct tcpx_nixl_notif *out);
 
 /**
  * Advertises `region` for one-sided access by the endpoint's peers and writes its descriptor

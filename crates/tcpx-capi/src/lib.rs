@@ -35,6 +35,7 @@ mod endpoint;
 mod error;
 mod local;
 mod memory;
+mod nixl;
 mod objects;
 mod onesided;
 mod rendezvous;
@@ -48,6 +49,7 @@ pub use endpoint::*;
 pub use error::{tcpx_last_error, tcpx_status_str};
 pub use local::*;
 pub use memory::*;
+pub use nixl::*;
 pub use onesided::*;
 pub use rendezvous::*;
 pub use transfer::*;
@@ -59,8 +61,9 @@ pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// `m` needs a library whose minor version is at least `m`.
 /// (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
 /// `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
-/// `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`.)
-pub const TCPX_ABI_VERSION_MINOR: u32 = 2;
+/// `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
+/// formats, `tcpx_nixl_*`.)
+pub const TCPX_ABI_VERSION_MINOR: u32 = 3;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
 pub const TCPX_ABI_VERSION: u32 = (TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR;

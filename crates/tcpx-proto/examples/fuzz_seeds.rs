@@ -214,7 +214,7 @@ fn main() {
         key: 0xabcdef,
     };
     write(dir, "ipc_descriptor", "one", &ipc.to_bytes());
-    let info = tcpx_proto::ipc::identity::LocalInfo {
+    let info_local = tcpx_proto::ipc::identity::LocalInfo {
         boot_id: [3; 16],
         uid: 1000,
         pid: 4242,
@@ -227,7 +227,7 @@ fn main() {
         dir,
         "local_info",
         "one",
-        &info.to_bytes().expect("local info encodes"),
+        &info_local.to_bytes().expect("local info encodes"),
     );
     use tcpx_proto::ipc::wire::{Hello, Msg};
     let msgs = [
@@ -266,5 +266,39 @@ fn main() {
     for (i, m) in msgs.iter().enumerate() {
         write(dir, "ipc_local_msg", &format!("{i:02}"), &m.encode()[4..]);
     }
+    use tcpx_proto::nixl;
+    let meta = EndpointMetadata {
+        info: info(),
+        control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7400),
+        secret: Secret::from_bytes([1; 16]),
+    }
+    .to_bytes()
+    .expect("metadata encodes");
+    let local = info_local.to_bytes().expect("local info encodes");
+    for (name, l) in [("conn", &[][..]), ("conn-local", &local[..])] {
+        let mut b = vec![0u8];
+        b.extend(nixl::encode_conn_info(&meta, l).expect("conn info encodes"));
+        write(dir, "nixl_formats", name, &b);
+    }
+    for (name, ipc) in [("mem", None), ("mem-ipc", Some(ipc.to_bytes()))] {
+        let mut b = vec![1u8];
+        b.extend(
+            nixl::PublicMem {
+                mem_type: 1,
+                base: 0x7f00_0000_0000,
+                len: 1 << 20,
+                descriptor: d.to_bytes(),
+                ipc,
+            }
+            .encode(),
+        );
+        write(dir, "nixl_formats", name, &b);
+    }
+    let mut b = vec![2u8];
+    b.extend(
+        nixl::encode_notif(nixl::NotifKind::User, b"agent-a", b"layer 3 done")
+            .expect("notif encodes"),
+    );
+    write(dir, "nixl_formats", "notif", &b);
     println!("seeds written under {}", dir.display());
 }

@@ -14,6 +14,8 @@
 //! - [`ipc`]: same-host formats (CUDA IPC handle and descriptor, the local protocol);
 //! - [`uccl`]: what `tcpx.p2p` shares with UCCL scripts (metadata, the 64-byte advert, the
 //!   descriptor lists);
+//! - [`nixl`]: the NIXL backend plugin's connection info, public memory data and
+//!   notification payloads;
 //! - [`bus_id`], [`checksum`]: the PCI bus id spellings, FNV-1a.
 //!
 //! Every decoder here is fuzzed (`cargo xtask fuzz`, targets in `crates/tcpx-proto/fuzz`).
@@ -25,6 +27,7 @@ pub mod checksum;
 pub mod control;
 pub mod ipc;
 pub mod metadata;
+pub mod nixl;
 pub mod onesided;
 pub mod uccl;
 pub mod wire;

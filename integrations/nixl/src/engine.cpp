@@ -529,7 +529,7 @@ void Engine::drainLocked() const {
         if (!n) {
             logError(std::string("dropped a notification from ") + info.peer +
                      " that is not in this plugin's format (" + std::to_string(info.len) +
-                     " bytes)");
+                     " bytes: " + wire::lastDecodeError() + ")");
             continue;
         }
         logDebug("agent '" + localAgent + "': notification from " + info.peer + " (agent '" +
@@ -693,7 +693,8 @@ Status Engine::loadRemoteConnInfo(const std::string &remote_agent, const std::st
         auto ci = wire::decodeConnInfo(info);
         if (!ci) {
             logError("connection info of agent '" + remote_agent + "' (" +
-                     std::to_string(info.size()) + " bytes) is not a TCPX backend's");
+                     std::to_string(info.size()) + " bytes) is not a TCPX backend's: " +
+                    wire::lastDecodeError());
             return NIXL_ERR_INVALID_PARAM;
         }
         if (remote_agent.empty() || remote_agent.size() > wire::kMaxAgentName) {
@@ -887,7 +888,7 @@ Status Engine::loadRemoteMD(const BlobDesc &input, const MemType &type,
             logError("metadata of agent '" + remote_agent + "' for " +
                      std::to_string(input.len) + " bytes at " + std::to_string(input.addr) +
                      " is not a TCPX backend's (" + std::to_string(input.metaInfo.size()) +
-                     " bytes)");
+                     " bytes: " + wire::lastDecodeError() + ")");
             return NIXL_ERR_INVALID_PARAM;
         }
         if (pm->memType != static_cast<uint32_t>(type) || !isMemory(type) ||

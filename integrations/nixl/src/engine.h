@@ -219,6 +219,9 @@ private:
     mutable std::vector<uint8_t> notifBuf_;
     mutable NotifList notifs_;
 
+    /// Serializes same-host dials (localConnection), so one agent is dialed once; taken
+    /// before mu_, never while holding it.
+    mutable std::mutex dialMu_;
     mutable std::mutex localMu_;  // acceptedLocal_
     std::vector<tcpx_local_connection> acceptedLocal_;
 

@@ -1,16 +1,11 @@
 // wire.h: the bytes this plugin puts into NIXL's metadata and into tcpx notifications.
 //
-// Three small formats, each opened by a 4-byte magic so that a blob from another backend, an
-// older plugin or a corrupted exchange is refused with a message instead of being trusted:
-// - connection info (getConnInfo):  "TXC1" | u32 metadata length | tcpx endpoint metadata
-//   [ | "TXL1" | u32 local info length | tcpx same-host info (tcpx_endpoint_local_info) ]
-// - public memory data (getPublicData): "TXM1" | u32 memory type | u64 base | u64 length |
-//   tcpx descriptor (TCPX_DESCRIPTOR_BYTES) [ | u8 1 | same-host (CUDA IPC) descriptor
-//   (TCPX_IPC_DESCRIPTOR_BYTES), VRAM that could be exported only ]
-// - notification payload: u8 kind | u16 agent-name length | agent name | message
-// The bracketed tails are optional: a peer without them (no same-host info, memory without an
-// IPC descriptor) is reached over the network.
-// Integers are little-endian (x86-64 and aarch64 hosts only; both ends run this plugin).
+// The formats (connection info "TXC1" [+ "TXL1"], public memory data "TXM1" [+ IPC tail],
+// notification payload kind | agent | message) are defined, encoded and decoded by tcpx itself
+// (tcpx-proto's `nixl` module, fuzzed there) and reached through the C API's `tcpx_nixl_*`
+// functions: this plugin keeps no parser of peer bytes of its own. These wrappers only turn
+// the C calls into C++ values; a decoder answers nothing (std::nullopt) for bytes that are
+// not ours, and `lastDecodeError()` says what was wrong.
 
 #ifndef TCPX_NIXL_WIRE_H
 #define TCPX_NIXL_WIRE_H
@@ -18,16 +13,13 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "tcpx.h"
 
 namespace tcpx_nixl::wire {
-
-inline constexpr char kConnMagic[4] = {'T', 'X', 'C', '1'};
-inline constexpr char kMemMagic[4] = {'T', 'X', 'M', '1'};
-inline constexpr char kLocalMagic[4] = {'T', 'X', 'L', '1'};
 
 /// Why a notification was sent: the first byte of every payload this plugin sends.
 enum class NotifKind : uint8_t {
@@ -36,25 +28,35 @@ enum class NotifKind : uint8_t {
     /// Its message is the dialer's control address (empty from older plugins): the same agent
     /// dialing again comes from the same endpoint, an agent replaced under the same name from
     /// another one.
-    Hello = 1,
+    Hello = TCPX_NIXL_NOTIF_HELLO,
     /// A NIXL notification (genNotif, or the one of a WRITE / READ).
-    User = 2,
+    User = TCPX_NIXL_NOTIF_USER,
 };
 
 /// Largest agent name a notification can carry (u16 length).
-inline constexpr size_t kMaxAgentName = 0xffff;
+inline constexpr size_t kMaxAgentName = TCPX_NIXL_MAX_AGENT_NAME;
 
-template <class T>
-inline void put(std::string &out, T v) {
-    out.append(reinterpret_cast<const char *>(&v), sizeof v);
+/// What tcpx said about the last bytes a decoder here refused (this thread).
+inline std::string lastDecodeError() { return tcpx_last_error(); }
+
+/// Runs a `tcpx_nixl_*_encode` call with the size protocol of `tcpx_endpoint_metadata`
+/// (ask, then fill); throws with tcpx's message when the values cannot be encoded.
+template <class Call>
+inline std::string encodeWith(const char *what, Call call) {
+    size_t len = 0;
+    tcpx_status st = call(nullptr, &len);
+    if (st != TCPX_ERR_BUFFER_TOO_SMALL && st != TCPX_OK) {
+        throw std::runtime_error(std::string(what) + ": " + tcpx_last_error());
+    }
+    std::string out(len, '\0');
+    st = call(reinterpret_cast<uint8_t *>(out.data()), &len);
+    if (st != TCPX_OK) throw std::runtime_error(std::string(what) + ": " + tcpx_last_error());
+    out.resize(len);
+    return out;
 }
 
-template <class T>
-inline bool get(const std::string &in, size_t &at, T &v) {
-    if (in.size() < at || in.size() - at < sizeof v) return false;
-    std::memcpy(&v, in.data() + at, sizeof v);
-    at += sizeof v;
-    return true;
+inline const uint8_t *bytesOf(const std::string &s) {
+    return reinterpret_cast<const uint8_t *>(s.data());
 }
 
 /// What a peer's connection info holds: its endpoint metadata and, when it sent it, its
@@ -68,38 +70,20 @@ struct ConnInfo {
 /// same-host info that lets a peer of this host use CUDA IPC (empty: none).
 inline std::string encodeConnInfo(const std::vector<uint8_t> &metadata,
                                   const std::vector<uint8_t> &local) {
-    std::string out(kConnMagic, 4);
-    put<uint32_t>(out, static_cast<uint32_t>(metadata.size()));
-    out.append(reinterpret_cast<const char *>(metadata.data()), metadata.size());
-    if (!local.empty()) {
-        out.append(kLocalMagic, 4);
-        put<uint32_t>(out, static_cast<uint32_t>(local.size()));
-        out.append(reinterpret_cast<const char *>(local.data()), local.size());
-    }
-    return out;
+    return encodeWith("encoding the connection info", [&](uint8_t *buf, size_t *len) {
+        return tcpx_nixl_conn_info_encode(metadata.data(), metadata.size(), local.data(),
+                                          local.size(), buf, len);
+    });
 }
 
 /// The contents of a peer's connection info, or nothing when it is not ours.
 inline std::optional<ConnInfo> decodeConnInfo(const std::string &in) {
-    size_t at = 4;
-    uint32_t n = 0;
-    if (in.size() < 4 || std::memcmp(in.data(), kConnMagic, 4) != 0) return std::nullopt;
-    if (!get(in, at, n) || n == 0 || n > TCPX_METADATA_MAX_BYTES || in.size() - at < n) {
-        return std::nullopt;
-    }
+    tcpx_nixl_conn_info parts{};
+    if (tcpx_nixl_conn_info_decode(bytesOf(in), in.size(), &parts) != TCPX_OK) return std::nullopt;
+    const uint8_t *b = bytesOf(in);
     ConnInfo out;
-    out.metadata.assign(in.begin() + at, in.begin() + at + n);
-    at += n;
-    if (at == in.size()) return out;
-    uint32_t m = 0;
-    if (in.size() - at < 4 || std::memcmp(in.data() + at, kLocalMagic, 4) != 0) {
-        return std::nullopt;
-    }
-    at += 4;
-    if (!get(in, at, m) || m == 0 || m > TCPX_LOCAL_INFO_MAX_BYTES || in.size() - at != m) {
-        return std::nullopt;
-    }
-    out.local.assign(in.begin() + at, in.end());
+    out.metadata.assign(b + parts.metadata_offset, b + parts.metadata_offset + parts.metadata_len);
+    out.local.assign(b + parts.local_offset, b + parts.local_offset + parts.local_len);
     return out;
 }
 
@@ -113,52 +97,38 @@ struct PublicMem {
     uint8_t ipcDescriptor[TCPX_IPC_DESCRIPTOR_BYTES] = {};
 };
 
-inline constexpr size_t kMemBytes = 4 + 4 + 8 + 8 + TCPX_DESCRIPTOR_BYTES;
-
 inline std::string encodePublicMem(const PublicMem &m) {
-    std::string out(kMemMagic, 4);
-    put(out, m.memType);
-    put(out, m.base);
-    put(out, m.len);
-    out.append(reinterpret_cast<const char *>(m.descriptor), TCPX_DESCRIPTOR_BYTES);
-    if (m.hasIpc) {
-        put<uint8_t>(out, 1);
-        out.append(reinterpret_cast<const char *>(m.ipcDescriptor), TCPX_IPC_DESCRIPTOR_BYTES);
-    }
-    return out;
+    tcpx_nixl_public_mem c{};
+    c.mem_type = m.memType;
+    c.base = m.base;
+    c.len = m.len;
+    std::memcpy(c.descriptor, m.descriptor, TCPX_DESCRIPTOR_BYTES);
+    c.has_ipc = m.hasIpc;
+    std::memcpy(c.ipc_descriptor, m.ipcDescriptor, TCPX_IPC_DESCRIPTOR_BYTES);
+    return encodeWith("encoding public memory data", [&](uint8_t *buf, size_t *len) {
+        return tcpx_nixl_public_mem_encode(&c, buf, len);
+    });
 }
 
 inline std::optional<PublicMem> decodePublicMem(const std::string &in) {
+    tcpx_nixl_public_mem c{};
+    if (tcpx_nixl_public_mem_decode(bytesOf(in), in.size(), &c) != TCPX_OK) return std::nullopt;
     PublicMem m;
-    size_t at = 4;
-    if (in.size() != kMemBytes && in.size() != kMemBytes + 1 + TCPX_IPC_DESCRIPTOR_BYTES) {
-        return std::nullopt;
-    }
-    if (std::memcmp(in.data(), kMemMagic, 4) != 0) return std::nullopt;
-    if (!get(in, at, m.memType) || !get(in, at, m.base) || !get(in, at, m.len)) {
-        return std::nullopt;
-    }
-    std::memcpy(m.descriptor, in.data() + at, TCPX_DESCRIPTOR_BYTES);
-    at += TCPX_DESCRIPTOR_BYTES;
-    if (at < in.size()) {
-        uint8_t flag = 0;
-        if (!get(in, at, flag) || flag != 1) return std::nullopt;
-        std::memcpy(m.ipcDescriptor, in.data() + at, TCPX_IPC_DESCRIPTOR_BYTES);
-        m.hasIpc = true;
-    }
-    if (m.len == 0 || m.base + m.len < m.base) return std::nullopt;
+    m.memType = c.mem_type;
+    m.base = c.base;
+    m.len = c.len;
+    std::memcpy(m.descriptor, c.descriptor, TCPX_DESCRIPTOR_BYTES);
+    m.hasIpc = c.has_ipc;
+    std::memcpy(m.ipcDescriptor, c.ipc_descriptor, TCPX_IPC_DESCRIPTOR_BYTES);
     return m;
 }
 
 /// A notification payload: kind, sending agent, message.
 inline std::string encodeNotif(NotifKind kind, const std::string &agent, const std::string &msg) {
-    std::string out;
-    out.reserve(3 + agent.size() + msg.size());
-    put<uint8_t>(out, static_cast<uint8_t>(kind));
-    put<uint16_t>(out, static_cast<uint16_t>(agent.size()));
-    out += agent;
-    out += msg;
-    return out;
+    return encodeWith("encoding a notification", [&](uint8_t *buf, size_t *len) {
+        return tcpx_nixl_notif_encode(static_cast<uint8_t>(kind), bytesOf(agent), agent.size(),
+                                      bytesOf(msg), msg.size(), buf, len);
+    });
 }
 
 /// Bytes a payload adds to the message (for the TCPX_NOTIFICATION_MAX_BYTES check).
@@ -171,17 +141,10 @@ struct Notif {
 };
 
 inline std::optional<Notif> decodeNotif(const std::string &in) {
-    size_t at = 0;
-    uint8_t kind = 0;
-    uint16_t n = 0;
-    if (!get(in, at, kind) || !get(in, at, n) || in.size() - at < n) return std::nullopt;
-    if (kind != static_cast<uint8_t>(NotifKind::Hello) &&
-        kind != static_cast<uint8_t>(NotifKind::User)) {
-        return std::nullopt;
-    }
-    Notif out{static_cast<NotifKind>(kind), in.substr(at, n), in.substr(at + n)};
-    if (out.agent.empty()) return std::nullopt;
-    return out;
+    tcpx_nixl_notif parts{};
+    if (tcpx_nixl_notif_decode(bytesOf(in), in.size(), &parts) != TCPX_OK) return std::nullopt;
+    return Notif{static_cast<NotifKind>(parts.kind), in.substr(parts.agent_offset, parts.agent_len),
+                 in.substr(parts.msg_offset, parts.msg_len)};
 }
 
 }  // namespace tcpx_nixl::wire
