@@ -102,9 +102,15 @@
  */
 #define TCPX_NIXL_NOTIF_USER 2
 
+/**
+ * Largest public-memory blob (`tcpx_nixl_public_mem_encode`).
+ */
+#define TCPX_NIXL_PUBLIC_MEM_MAX_BYTES 179
 
-
-
+/**
+ * Largest agent name a notification carries.
+ */
+#define TCPX_NIXL_MAX_AGENT_NAME 65535
 
 /**
  * What every function returns. `TCPX_OK` and `TCPX_PENDING` are not failures; after any other

@@ -14,9 +14,13 @@ pub const TCPX_NIXL_NOTIF_HELLO: u8 = 1;
 /// `tcpx_nixl_notif::kind` of a NIXL notification.
 pub const TCPX_NIXL_NOTIF_USER: u8 = 2;
 /// Largest public-memory blob (`tcpx_nixl_public_mem_encode`).
-pub const TCPX_NIXL_PUBLIC_MEM_MAX_BYTES: usize = nixl::PUBLIC_MEM_IPC_BYTES;
+pub const TCPX_NIXL_PUBLIC_MEM_MAX_BYTES: usize = 179;
 /// Largest agent name a notification carries.
-pub const TCPX_NIXL_MAX_AGENT_NAME: usize = nixl::MAX_AGENT_NAME;
+pub const TCPX_NIXL_MAX_AGENT_NAME: usize = 65535;
+
+// Literals above so that cbindgen writes them into the header; the formats' own limits:
+const _: () = assert!(TCPX_NIXL_PUBLIC_MEM_MAX_BYTES == nixl::PUBLIC_MEM_IPC_BYTES);
+const _: () = assert!(TCPX_NIXL_MAX_AGENT_NAME == nixl::MAX_AGENT_NAME);
 
 /// Where the parts of a decoded connection info lie in the decoded bytes.
 #[repr(C)]
