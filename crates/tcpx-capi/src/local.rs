@@ -59,7 +59,8 @@ pub unsafe extern "C" fn tcpx_endpoint_local_info(
             })?;
         // SAFETY: non-null (checked); readable and writable (the caller's promise).
         let capacity = unsafe { len.read() };
-        // SAFETY: as above.
+        // SAFETY: `len` is non-null (checked) and writable (the caller's promise); the read
+        // above ended, so this is the only access.
         unsafe { write_out(len, blob.len()) };
         if buf.is_null() || capacity < blob.len() {
             return Err(CapiError::new(

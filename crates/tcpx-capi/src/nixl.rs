@@ -88,7 +88,8 @@ fn invalid(e: NixlWireError) -> CapiError {
 unsafe fn copy_out(blob: &[u8], buf: *mut u8, len: *mut usize, what: &str) -> CapiResult<()> {
     // SAFETY: non-null (the caller checked); readable and writable (the C caller's promise).
     let capacity = unsafe { len.read() };
-    // SAFETY: as above; the read ended, so this is the only access.
+    // SAFETY: non-null (the caller checked) and writable (the C caller's promise); the read
+    // ended, so this is the only access.
     unsafe { write_out(len, blob.len()) };
     if buf.is_null() || capacity < blob.len() {
         return Err(CapiError::new(

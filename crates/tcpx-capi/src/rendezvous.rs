@@ -33,7 +33,7 @@ unsafe fn url_and_name<'a>(
 ) -> CapiResult<(&'a str, &'a str)> {
     // SAFETY: NUL-terminated when non-null (the caller's promise; null is checked).
     let url = unsafe { c_str(store_url, "store_url") }?;
-    // SAFETY: as above.
+    // SAFETY: NUL-terminated when non-null (the caller's promise; null is checked).
     let name = unsafe { c_str(name, "name") }?;
     // The runtime refuses these too, but only as a store failure; here they are the caller's
     // argument (the same rules as the runtime's).

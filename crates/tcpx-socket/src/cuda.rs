@@ -90,7 +90,9 @@ pub(crate) struct Gpu {
 // SAFETY: CUDA contexts and streams may be used from any thread (the driver serializes what it
 // must); the function pointers are plain code addresses.
 unsafe impl Send for Gpu {}
-// SAFETY: as above; `Gpu` has no interior mutability of its own.
+// SAFETY: the CUDA handles may be used from several threads at once (the driver serializes
+// what it must), the function pointers are plain code addresses, and `Gpu` has no interior
+// mutability of its own.
 unsafe impl Sync for Gpu {}
 
 impl std::fmt::Debug for Gpu {

@@ -538,8 +538,9 @@ impl RecvComm {
                         cur.ra.len()
                     };
                     let slot = &self.slots[(seq % RING) as usize];
-                    // SAFETY: as in `drain`: [off, end) lies inside the posted buffer, which
-                    // stays valid and the caller's hands off it until the request completes.
+                    // SAFETY: [off, end) lies inside the buffer irecv posted for this slot
+                    // (the striping rule), which stays valid, with the caller's hands off it,
+                    // until the request completes; it is not complete while this part is open.
                     let dst =
                         unsafe { std::slice::from_raw_parts_mut(slot.data.add(off), end - off) };
                     let mut bufs = [IoSliceMut::new(dst), IoSliceMut::new(&mut cur.ra[..tail])];

@@ -163,8 +163,9 @@ impl TxCursor {
             if let Some(part) = stripe.part_on(m, slot.size, j) {
                 let (start, end) = stripe.range(slot.size, part);
                 push(&self.hdrs[ring_index(m)], &mut count, &mut bytes);
-                // SAFETY: as above, for posted request `m`, which cannot be complete before
-                // this socket wrote its part.
+                // SAFETY: isend's contract keeps request `m`'s `data..data+size` valid and
+                // unmodified until it completes, which cannot happen before this socket wrote
+                // its part; [start, end) ⊆ [0, size) by the striping rule.
                 let whole = unsafe { payload(slot.data, start, end) };
                 push(whole, &mut count, &mut bytes);
             }

@@ -116,7 +116,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin6_scope_id: a.scope_id(),
             };
-            // SAFETY: as above.
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in6.
             unsafe {
                 std::ptr::write(
                     &mut storage as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6,

@@ -510,7 +510,8 @@ unsafe extern "C" fn test(
             RECV_REQ_TAG => {
                 // SAFETY: tag checked: a receive slot.
                 let (comm, index, seq) = unsafe { recv::slot_info(request.cast()) };
-                // SAFETY: as above.
+                // SAFETY: `comm` is the comm pointer the tag-checked receive slot recorded: a
+                // live RecvComm until closeRecv, which NCCL calls only after its requests.
                 let comm = unsafe {
                     object::expect::<recv::RecvComm>(comm.cast(), RECV_TAG, "test: request's comm")
                 }?;
@@ -544,7 +545,8 @@ unsafe extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
         }?;
         // SAFETY: tag checked; created by Box::into_raw in `connect`; closed once.
         let name = unsafe { &*comm }.name().to_string();
-        // SAFETY: as above.
+        // SAFETY: tag checked; created by Box::into_raw in `connect`; closeSend is called
+        // once, so this is the only destroy and nothing uses it afterwards.
         unsafe { send::destroy(comm) };
         log_info!("tcpx-socket: closed {name}");
         Ok(())
@@ -559,7 +561,8 @@ unsafe extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult_t {
         }?;
         // SAFETY: tag checked; created by Box::into_raw in `accept`; closed once.
         let name = unsafe { &*comm }.name().to_string();
-        // SAFETY: as above.
+        // SAFETY: tag checked; created by Box::into_raw in `accept`; closeRecv is called
+        // once, so this is the only destroy and nothing uses it afterwards.
         unsafe { recv::destroy(comm) };
         log_info!("tcpx-socket: closed {name}");
         Ok(())

@@ -22,7 +22,7 @@ fn props(p: &NetPlugin) -> ncclNetProperties_v8_t {
     // SAFETY: initialized plugin, valid out pointers.
     ok(unsafe { p.devices(&mut ndev) });
     assert_eq!(ndev, 1, "TCPX_SOCKET_IFNAME=lo exposes exactly lo");
-    // SAFETY: as above; ncclNetProperties_v8_t is plain data.
+    // SAFETY: ncclNetProperties_v8_t is plain C data, for which all-zero bytes are valid.
     let mut props: ncclNetProperties_v8_t = unsafe { std::mem::zeroed() };
     // SAFETY: device 0 exists.
     ok(unsafe { p.get_properties(0, &mut props) });

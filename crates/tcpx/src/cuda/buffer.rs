@@ -54,7 +54,8 @@ pub struct CudaBuffer {
 // SAFETY: the allocation is owned by this value; device memory is not Rust memory and every
 // access goes through the driver, which is thread-safe.
 unsafe impl Send for CudaBuffer {}
-// SAFETY: as above: `&self` methods only pass the address to the driver.
+// SAFETY: `&self` methods only pass the owned device address to the driver, which is
+// thread-safe; no Rust memory is shared.
 unsafe impl Sync for CudaBuffer {}
 
 impl fmt::Debug for CudaBuffer {
@@ -313,7 +314,8 @@ impl PinnedHostBuffer {
 
     /// The bytes, mutably. No GPU work may be reading or writing them meanwhile.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` guarantees exclusivity on the CPU side.
+        // SAFETY: the pinned allocation of `len` bytes is owned by this value and mapped for the
+        // CPU; `&mut self` guarantees exclusivity on the CPU side (no GPU work on it, per the doc).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }

@@ -31,7 +31,8 @@ struct DeviceInner {
 // SAFETY: a CUcontext is a driver handle usable from any thread (the driver API is thread-safe);
 // the other fields are plain values.
 unsafe impl Send for DeviceInner {}
-// SAFETY: as above; nothing is mutated through `&self`.
+// SAFETY: a CUcontext is usable from any thread (the driver API is thread-safe), the other
+// fields are plain values, and nothing is mutated through `&self`.
 unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
@@ -351,7 +352,8 @@ pub struct CudaStream {
 
 // SAFETY: a CUstream may be used from any thread; the device handle is Send + Sync.
 unsafe impl Send for CudaStream {}
-// SAFETY: as above; the driver serializes concurrent submissions to one stream.
+// SAFETY: a CUstream may be used from several threads at once (the driver serializes
+// submissions to one stream); the device handle is Send + Sync.
 unsafe impl Sync for CudaStream {}
 
 impl fmt::Debug for CudaStream {
@@ -443,7 +445,8 @@ pub struct CudaEvent {
 
 // SAFETY: a CUevent may be used from any thread.
 unsafe impl Send for CudaEvent {}
-// SAFETY: as above; queries and waits are thread-safe in the driver.
+// SAFETY: a CUevent may be used from several threads at once: queries and waits are
+// thread-safe in the driver.
 unsafe impl Sync for CudaEvent {}
 
 impl fmt::Debug for CudaEvent {

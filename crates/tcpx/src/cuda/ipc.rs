@@ -107,7 +107,8 @@ pub struct IpcMapping {
 // SAFETY: the mapping is a device address owned by this value; every use goes through the
 // driver, which is thread-safe.
 unsafe impl Send for IpcMapping {}
-// SAFETY: as above; `&self` methods only read plain fields.
+// SAFETY: the mapping is a device address owned by this value, used only through the
+// thread-safe driver; `&self` methods only read plain fields.
 unsafe impl Sync for IpcMapping {}
 
 impl fmt::Debug for IpcMapping {
@@ -511,7 +512,7 @@ mod tests {
         assert_eq!(dst.to_vec().unwrap(), pattern);
         // Small copies reuse the pooled events.
         for _ in 0..100 {
-            // SAFETY: as above.
+            // SAFETY: both buffers live until the busy wait below sees the copy done.
             let mut c = unsafe { pool.submit(&pieces[..1]) }.unwrap();
             while !c.is_done().unwrap() {}
         }

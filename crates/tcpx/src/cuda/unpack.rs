@@ -286,12 +286,13 @@ pub fn nvrtc_compile(major: u32, minor: u32) -> Result<String> {
     // SAFETY: `prog` was just created and is destroyed once below.
     let compiled = unsafe { nvrtc::compile_program(prog, &options) };
     let result = match compiled {
-        // SAFETY: as above.
+        // SAFETY: `prog` was created above, compiled successfully, and is destroyed once below.
         Ok(()) => unsafe { nvrtc::get_ptx(prog) }
             .map(|ptx| c_chars_to_string(&ptx))
             .map_err(|e| kernel_error(API, format!("nvrtcGetPTX: {e:?}"))),
         Err(e) => {
-            // SAFETY: as above.
+            // SAFETY: `prog` was created above and is destroyed once below; a failed compile
+            // still has a log.
             let log = unsafe { nvrtc::get_program_log(prog) }
                 .map(|l| c_chars_to_string(&l))
                 .unwrap_or_default();
@@ -326,7 +327,8 @@ pub struct UnpackKernel {
 
 // SAFETY: module and function handles are usable from any thread (the driver is thread-safe).
 unsafe impl Send for UnpackKernel {}
-// SAFETY: as above; launching through `&self` is thread-safe in the driver.
+// SAFETY: module and function handles are usable from any thread, and launching through
+// `&self` is thread-safe in the driver.
 unsafe impl Sync for UnpackKernel {}
 
 impl fmt::Debug for UnpackKernel {
@@ -903,7 +905,9 @@ fn read_status(status: &PinnedHostBuffer) -> Result<()> {
         return Ok(());
     }
     let word = |o| status_word(status, o).load(Ordering::Acquire);
-    // SAFETY: as in `status_word`, 8-aligned.
+    // SAFETY: the status buffer is 4 KiB-aligned, at least STATUS_BYTES long, private to the
+    // unpacker and only accessed atomically by the host; ST_DST_OFF + 8 <= STATUS_BYTES and
+    // is 8-aligned, so the u64 word lies inside it, aligned.
     let dst_off = unsafe { &*Memory::as_ptr(status).add(ST_DST_OFF).cast::<AtomicU64>() }
         .load(Ordering::Acquire);
     Err(Error::invalid(
@@ -1166,7 +1170,7 @@ mod tests {
         assert_eq!(unsafe { read_slot_count(&*page, 3) }.unwrap(), 2);
         page.cnt[5] = 2049;
         assert!(slot_metas(&page, 5).is_err());
-        // SAFETY: as above.
+        // SAFETY: a live, aligned page (`page` is borrowed for the call only).
         assert!(unsafe { read_slot_count(&*page, 5) }.is_err());
         assert!(slot_metas(&page, 16).is_err());
         assert_eq!(meta_bytes(&page.mem[3][..2]).len(), 32);
