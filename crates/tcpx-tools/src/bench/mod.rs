@@ -6,6 +6,7 @@ pub mod failure;
 pub mod kv;
 pub mod latency;
 pub mod limits;
+pub mod live;
 pub mod onesided;
 pub mod overhead;
 pub mod pair;

@@ -34,7 +34,7 @@ use tcpx_tools::backend_choice;
 use tcpx_tools::bench::limits::{staging_bytes, Demand};
 use tcpx_tools::bench::pair::{self, exit, Failure, Sweep, METADATA_PREFIX};
 use tcpx_tools::bench::rendezvous::{Published, Rendezvous, DEFAULT_KV_NAME, DEFAULT_SERVER_NAME};
-use tcpx_tools::bench::{baseline, kv, report, safe_layer, sizes, stats};
+use tcpx_tools::bench::{baseline, kv, live, report, safe_layer, sizes, stats};
 
 /// Measure tcpx transfers against plain TCP in the same run.
 ///
@@ -844,16 +844,25 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
     );
     let gpu = a.common.link.gpu.as_ref().map(GpuList::json);
     let mut write_err = None;
-    pair::drive(&endpoint, &peer, &sweep, |row| {
-        bar.suspend(|| report::print_row(row));
-        bar.inc(1);
-        if let Some(f) = json.as_mut() {
-            let mut v = serde_json::to_value(row).expect("rows serialize");
-            v["gpu"] = serde_json::json!(gpu);
-            if let Err(e) = writeln!(f, "{v}") {
-                write_err.get_or_insert(e);
-            }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // On a terminal, a live line of GB/s per NIC under the bar (the endpoint's metrics).
+        if !bar.is_hidden() {
+            s.spawn(|| live::run(&endpoint, &bar, &stop));
         }
+        let result = pair::drive(&endpoint, &peer, &sweep, |row| {
+            bar.suspend(|| report::print_row(row));
+            bar.inc(1);
+            if let Some(f) = json.as_mut() {
+                let mut v = serde_json::to_value(row).expect("rows serialize");
+                v["gpu"] = serde_json::json!(gpu);
+                if let Err(e) = writeln!(f, "{v}") {
+                    write_err.get_or_insert(e);
+                }
+            }
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        result
     })?;
     bar.finish_and_clear();
     if let Some(e) = write_err {
@@ -870,7 +879,7 @@ fn progress_bar(len: usize, things: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(&format!(
-            "{{spinner}} {things} {{pos}}/{{len}} [{{elapsed_precise}}] {{wide_bar}}"
+            "{{spinner}} {things} {{pos}}/{{len}} [{{elapsed_precise}}] {{wide_bar}} {{msg}}"
         ))
         .expect("static template"),
     );
