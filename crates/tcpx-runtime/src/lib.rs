@@ -49,9 +49,9 @@
 
 // Control plane: codec, messages, metadata, one-sided payloads, the blocking socket shell.
 pub mod control;
-// Sans-IO cores: deterministic state machines, no sockets, no clock of their own.
-pub mod schedule;
-pub mod window;
+// Sans-IO cores: deterministic state machines, no sockets, no clock of their own (they live
+// in tcpx-proto with the formats they decide on; re-exported under their old paths).
+pub use tcpx_proto::{schedule, window};
 
 // Per-channel counters.
 mod stats;

@@ -101,7 +101,7 @@ pub mod descriptor;
 pub use crate::control::rma as wire;
 
 pub(crate) mod adverts;
-mod coalesce;
+use tcpx_proto::coalesce;
 pub(crate) mod inbox;
 pub(crate) mod pack;
 pub(crate) mod state;

@@ -21,7 +21,7 @@
 //! The union of boundaries is symmetric, so the sender (local = its list, remote = the
 //! receiver's) and the receiver (the other way round) compute the same chunks in the same
 //! order, and each chunk maps to one contiguous piece of one segment on each side. The remote
-//! list travels over the control plane ([`crate::control::Message::Segments`]). A contiguous
+//! list travels over the control plane ([`Message::Segments`](crate::control::message::Message::Segments)). A contiguous
 //! transfer is the case of one segment per side: chunks are then cut at multiples of
 //! `chunk_bytes`.
 //!
@@ -33,7 +33,7 @@
 //! and [`Schedule::chunk`] without allocating.
 //!
 //! ```
-//! use tcpx_runtime::schedule::Schedule;
+//! use tcpx_proto::schedule::Schedule;
 //!
 //! // The sender has one 1 MiB buffer; the receiver two of 256 KiB and 768 KiB.
 //! let sender = Schedule::vectored(&[1 << 20], &[256 << 10, 768 << 10], 512 << 10, 2).unwrap();

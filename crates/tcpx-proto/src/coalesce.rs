@@ -7,18 +7,18 @@
 
 /// A stretch of consecutive entries that are contiguous in one region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Run {
+pub struct Run {
     /// Index of the run's first entry (its region is the run's region).
-    pub(crate) first: usize,
+    pub first: usize,
     /// Offset of the run in its region.
-    pub(crate) offset: u64,
+    pub offset: u64,
     /// Bytes in the run.
-    pub(crate) len: u64,
+    pub len: u64,
 }
 
 /// Merges consecutive `(region identity, offset, len)` entries where each starts where the
 /// previous one ended in the same region. Zero-length entries are dropped.
-pub(crate) fn coalesce(entries: impl IntoIterator<Item = (u64, u64, u64)>) -> Vec<Run> {
+pub fn coalesce(entries: impl IntoIterator<Item = (u64, u64, u64)>) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     let mut last_region = None;
     for (index, (region, offset, len)) in entries.into_iter().enumerate() {

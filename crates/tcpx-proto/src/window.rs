@@ -20,7 +20,7 @@
 //! the caller); `D` is the caller's bookkeeping for it (e.g. transfer id and chunk index).
 //!
 //! ```
-//! use tcpx_runtime::window::{Release, RecvWindow, TestOutcome};
+//! use tcpx_proto::window::{Release, RecvWindow, TestOutcome};
 //!
 //! let mut win: RecvWindow<u32, &str> = RecvWindow::new(2).unwrap();
 //! win.try_post(7, "chunk 0").unwrap();
@@ -175,13 +175,18 @@ struct Slots<T, D> {
 /// needs only a copy of the done head's data and, on failure, only the error (the engine's
 /// lanes, once per request: nothing here is built that the caller would drop at once).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum HeadTest<D, E> {
+pub enum HeadTest<D, E> {
     /// Nothing to test (no request, or every one already done), or the window failed.
     Nothing,
     /// The head is still in progress.
     Pending,
     /// The head completed with `size` bytes; it keeps its slot until consumed.
-    Done { size: usize, data: D },
+    Done {
+        /// Bytes the request completed with.
+        size: usize,
+        /// A copy of the request's data.
+        data: D,
+    },
     /// The head failed: the window is now failed, and the head and every request behind it
     /// were dropped (receives already done stay, as with [`RecvWindow::test_head`]).
     Failed(E),
@@ -518,7 +523,7 @@ impl<T, D> RecvWindow<T, D> {
     /// done head's data, or the error (the requests the failure took down are dropped
     /// here, not handed back).
     #[inline(always)]
-    pub(crate) fn test_head_copied<E>(
+    pub fn test_head_copied<E>(
         &mut self,
         test: impl FnOnce(&mut T) -> TestOutcome<E>,
     ) -> HeadTest<D, E>
@@ -532,7 +537,7 @@ impl<T, D> RecvWindow<T, D> {
     /// [`Completion`] built in between); `None`, without calling `f`, when the oldest
     /// receive is not done or there is none.
     #[inline(always)]
-    pub(crate) fn consume_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
+    pub fn consume_head_into<X>(&mut self, f: impl FnOnce(T, D) -> X) -> Option<X> {
         self.inner.pop_done_head_into(f)
     }
 
@@ -540,7 +545,7 @@ impl<T, D> RecvWindow<T, D> {
     /// frees the head's slot and drops its token. `false`, touching nothing, when the head is
     /// not done or there is none.
     #[inline(always)]
-    pub(crate) fn drop_done_head(&mut self) -> bool {
+    pub fn drop_done_head(&mut self) -> bool {
         self.inner.drop_done_head()
     }
 }
