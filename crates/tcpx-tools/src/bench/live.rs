@@ -34,7 +34,7 @@ pub fn line(before: &BTreeMap<String, u64>, now: &BTreeMap<String, u64>, secs: f
         .join(" · ")
 }
 
-/// Refreshes `bar`'s message every [`TICK`] until `stop` is set.
+/// Refreshes `bar`'s message every half second (`TICK`) until `stop` is set.
 pub fn run(endpoint: &Endpoint, bar: &indicatif::ProgressBar, stop: &AtomicBool) {
     let mut before = nic_bytes(&endpoint.metrics().per_nic());
     let mut at = Instant::now();
