@@ -3,6 +3,7 @@
 use std::ffi::{c_char, CStr};
 
 use crate::error::{CapiError, CapiResult};
+use crate::tcpx_status::TCPX_ERR_BUFFER_TOO_SMALL;
 
 /// Fails with `TCPX_ERR_NULL_POINTER` naming `what` when `ptr` is NULL.
 pub(crate) fn non_null<T>(ptr: *const T, what: &str) -> CapiResult<()> {
@@ -81,6 +82,41 @@ pub(crate) fn to_usize(value: u64, what: &str) -> CapiResult<usize> {
 /// A timeout in milliseconds from C.
 pub(crate) fn millis(ms: u32) -> std::time::Duration {
     std::time::Duration::from_millis(u64::from(ms))
+}
+
+/// Copies `blob` into `buf` with the size protocol of every variable-size output of this API
+/// (`tcpx_endpoint_metadata` and its kin): `*len` is the capacity on entry and the blob's size
+/// on return; too small (or NULL) copies nothing and fails with
+/// `TCPX_ERR_BUFFER_TOO_SMALL`.
+///
+/// # Safety
+/// `len` is non-null (checked by the caller) and points to a readable and writable `size_t`;
+/// `buf` is NULL or points to `*len` writable bytes that do not overlap `blob`.
+pub(crate) unsafe fn copy_out(
+    blob: &[u8],
+    buf: *mut u8,
+    len: *mut usize,
+    what: &str,
+) -> CapiResult<()> {
+    // SAFETY: non-null (the caller checked); readable and writable (the C caller's promise).
+    let capacity = unsafe { len.read() };
+    // SAFETY: non-null (the caller checked) and writable (the C caller's promise); the read
+    // ended, so this is the only access.
+    unsafe { write_out(len, blob.len()) };
+    if buf.is_null() || capacity < blob.len() {
+        return Err(CapiError::new(
+            TCPX_ERR_BUFFER_TOO_SMALL,
+            format!(
+                "the {what} is {} bytes and the buffer holds {capacity}{}",
+                blob.len(),
+                if buf.is_null() { " (buf is NULL)" } else { "" }
+            ),
+        ));
+    }
+    // SAFETY: `buf` has room for `capacity` >= blob.len() bytes (the caller's promise) and is
+    // not `blob` (ours).
+    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
+    Ok(())
 }
 
 #[cfg(test)]

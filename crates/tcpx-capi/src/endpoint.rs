@@ -10,7 +10,7 @@ use std::time::Duration;
 use tcpx_runtime::control::EndpointMetadata;
 use tcpx_runtime::{Backend, Config, Endpoint};
 
-use crate::convert::{bytes, c_str, fill_text, millis, non_null, write_out};
+use crate::convert::{bytes, c_str, copy_out, fill_text, millis, non_null, write_out};
 use crate::error::{guard, CapiError, CapiResult};
 use crate::objects::{
     self, adopt_connection, EndpointObj, CONNECTIONS, ENDPOINTS, LOCALS, REGIONS,
@@ -302,24 +302,8 @@ pub unsafe extern "C" fn tcpx_endpoint_metadata(
             obj.endpoint.metadata().to_bytes().map_err(|e| {
                 CapiError::new(TCPX_ERR_INTERNAL, format!("encoding metadata: {e}"))
             })?;
-        // SAFETY: non-null (checked); readable and writable (the caller's promise).
-        let capacity = unsafe { len.read() };
-        // SAFETY: `len` is non-null (checked at entry) and writable (the caller's promise); the
-        // read above ended, so this is the only access.
-        unsafe { write_out(len, blob.len()) };
-        if buf.is_null() || capacity < blob.len() {
-            return Err(CapiError::new(
-                TCPX_ERR_BUFFER_TOO_SMALL,
-                format!(
-                    "the metadata is {} bytes and the buffer holds {capacity}{}",
-                    blob.len(),
-                    if buf.is_null() { " (buf is NULL)" } else { "" }
-                ),
-            ));
-        }
-        // SAFETY: `buf` is non-null with room for `capacity` >= blob.len() bytes (the caller's
-        // promise); the blob is ours, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
+        // SAFETY: `len` checked non-null; the rest is the caller's promise.
+        unsafe { copy_out(&blob, buf, len, "metadata")? };
         Ok(TCPX_OK)
     })
 }

@@ -7,7 +7,9 @@ use std::ffi::c_char;
 use tcpx_runtime::ipc::{IpcDescriptor, IpcSegment, LocalAddr, LocalInfo, LocalPeer};
 use tcpx_runtime::LocalRoute;
 
-use crate::convert::{array, bytes, c_str, fill_text, millis, non_null, to_usize, write_out};
+use crate::convert::{
+    array, bytes, c_str, copy_out, fill_text, millis, non_null, to_usize, write_out,
+};
 use crate::error::{guard, CapiError, CapiResult};
 use crate::objects::{self, adopt_local, resolve, LOCALS, REGIONS};
 use crate::tcpx_status::{self, *};
@@ -57,23 +59,8 @@ pub unsafe extern "C" fn tcpx_endpoint_local_info(
             obj.endpoint.local_info().to_bytes().map_err(|e| {
                 CapiError::new(TCPX_ERR_INTERNAL, format!("encoding local info: {e}"))
             })?;
-        // SAFETY: non-null (checked); readable and writable (the caller's promise).
-        let capacity = unsafe { len.read() };
-        // SAFETY: `len` is non-null (checked) and writable (the caller's promise); the read
-        // above ended, so this is the only access.
-        unsafe { write_out(len, blob.len()) };
-        if buf.is_null() || capacity < blob.len() {
-            return Err(CapiError::new(
-                TCPX_ERR_BUFFER_TOO_SMALL,
-                format!(
-                    "the local info is {} bytes and the buffer holds {capacity}",
-                    blob.len()
-                ),
-            ));
-        }
-        // SAFETY: `buf` has room for `capacity` >= blob.len() bytes (the caller's promise);
-        // the blob is ours, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
+        // SAFETY: `len` checked non-null; the rest is the caller's promise.
+        unsafe { copy_out(&blob, buf, len, "local info")? };
         Ok(TCPX_OK)
     })
 }

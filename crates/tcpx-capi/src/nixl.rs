@@ -5,8 +5,8 @@
 
 use tcpx_proto::nixl::{self, NixlWireError, NotifKind, PublicMem};
 
-use crate::convert::{bytes, non_null, write_out};
-use crate::error::{guard, CapiError, CapiResult};
+use crate::convert::{bytes, copy_out, non_null, write_out};
+use crate::error::{guard, CapiError};
 use crate::tcpx_status::{self, *};
 
 /// `tcpx_nixl_notif::kind` of the Hello a dialing plugin sends first.
@@ -76,35 +76,6 @@ fn protocol(e: NixlWireError) -> CapiError {
 
 fn invalid(e: NixlWireError) -> CapiError {
     CapiError::invalid(e.to_string())
-}
-
-/// Copies `blob` into `buf` as `tcpx_endpoint_metadata` does: `*len` is the capacity on entry
-/// and the blob's size on return; too small (or NULL) copies nothing and fails with
-/// `TCPX_ERR_BUFFER_TOO_SMALL`.
-///
-/// # Safety
-/// `len` is non-null (checked by the caller) and points to a readable and writable `size_t`;
-/// `buf` is NULL or points to `*len` writable bytes that do not overlap `blob`.
-unsafe fn copy_out(blob: &[u8], buf: *mut u8, len: *mut usize, what: &str) -> CapiResult<()> {
-    // SAFETY: non-null (the caller checked); readable and writable (the C caller's promise).
-    let capacity = unsafe { len.read() };
-    // SAFETY: non-null (the caller checked) and writable (the C caller's promise); the read
-    // ended, so this is the only access.
-    unsafe { write_out(len, blob.len()) };
-    if buf.is_null() || capacity < blob.len() {
-        return Err(CapiError::new(
-            TCPX_ERR_BUFFER_TOO_SMALL,
-            format!(
-                "the {what} is {} bytes and the buffer holds {capacity}{}",
-                blob.len(),
-                if buf.is_null() { " (buf is NULL)" } else { "" }
-            ),
-        ));
-    }
-    // SAFETY: `buf` has room for `capacity` >= blob.len() bytes (the caller's promise) and is
-    // not `blob` (ours).
-    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), buf, blob.len()) };
-    Ok(())
 }
 
 /// Encodes the connection info of an endpoint: its metadata (`tcpx_endpoint_metadata`) and
