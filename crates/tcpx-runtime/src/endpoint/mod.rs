@@ -13,6 +13,7 @@ pub mod backend;
 pub mod connection;
 
 mod admission;
+mod batch;
 mod local;
 mod local_side;
 mod metrics;

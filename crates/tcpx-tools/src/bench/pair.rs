@@ -74,13 +74,23 @@ impl Sweep {
 
     /// The raw-TCP baseline of one size: the same messages over `channels` streams.
     fn streams(&self, size: usize) -> StreamPlan {
+        let messages = self.iters_for(size);
         StreamPlan {
             size,
-            messages: self.iters_for(size),
+            messages,
             chunk: self.chunk,
             channels: self.channels,
             timeout: self.timeout,
+            // The stack cycles its messages through the first `size` bytes of every slot.
+            footprint: (self.warmup + messages).min(self.slots()) * size,
         }
+    }
+
+    /// Message slots each side allocates: one per message in flight at the deepest size,
+    /// at most 1 GiB of them at the largest size.
+    pub fn slots(&self) -> usize {
+        let max = self.sizes.iter().copied().max().unwrap_or(1).max(1);
+        ((1usize << 30) / max).clamp(1, self.max_depth().max(1))
     }
 
     /// Messages in flight at once for `size`: `--depth` if given, else enough to fill every
@@ -357,7 +367,7 @@ fn alloc_slots(
     fill: Option<&[u8]>,
 ) -> Result<Vec<Region>, Failure> {
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
-    let slots = ((1usize << 30) / max).clamp(1, sweep.max_depth().max(1));
+    let slots = sweep.slots();
     let mut regions = Vec::with_capacity(slots);
     let gpu = match sweep.memory {
         "cuda" => Some(

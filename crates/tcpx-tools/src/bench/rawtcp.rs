@@ -2,6 +2,12 @@
 //! as the measured transfers over as many plain TCP streams as the connection has channels,
 //! cut as the stack cuts them, to the server's port + 1, in the same run.
 //!
+//! The streams move those bytes through as much memory as the measured side does
+//! ([`StreamPlan::footprint`]: its message slots), each stream cycling through its share. A
+//! baseline that wrote one cache-resident chunk over and over measured the kernel's copy from
+//! L2, not from DRAM: at 256 MiB × 4 slots the stack reads 1 GiB per round and the old
+//! baseline 512 KiB, so large sizes compared a DRAM-bound stack with a cache-bound baseline.
+//!
 //! The streams prove they belong to this run: the server sends a random token over the
 //! (authenticated) tcpx connection first, and every baseline stream must open with it.
 //! Anything else connecting to port + 1 is dropped after a short deadline of its own, logged
@@ -34,6 +40,49 @@ pub struct StreamPlan {
     pub channels: usize,
     /// Any wait without progress gives up after this long.
     pub timeout: Duration,
+    /// Bytes of memory the measured side moves its messages through (its slots × the
+    /// message size); the streams together cycle through as much, so both read and write
+    /// the same amount of distinct memory. 0 means one chunk per stream.
+    pub footprint: usize,
+}
+
+impl StreamPlan {
+    /// Bytes each stream cycles through: its share of the footprint, whole chunks, at least
+    /// one chunk.
+    pub fn stream_buffer(&self) -> usize {
+        let chunk = self.chunk.max(1);
+        let share = self.footprint.div_ceil(self.channels.max(1));
+        share.div_ceil(chunk).max(1) * chunk
+    }
+}
+
+/// Where a stream's next write (or read) of at most one chunk lies in its buffer: chunk after
+/// chunk, wrapping at the end, so the stream touches all of its share of the footprint.
+struct Cycle {
+    len: usize,
+    chunk: usize,
+    at: usize,
+}
+
+impl Cycle {
+    fn new(len: usize, chunk: usize) -> Self {
+        Self {
+            len: len.max(1),
+            chunk: chunk.max(1),
+            at: 0,
+        }
+    }
+
+    /// The next span (offset, length) for a stream with `left` bytes still to move.
+    fn next(&mut self, left: u64) -> (usize, usize) {
+        if self.at >= self.len {
+            self.at = 0;
+        }
+        let n = (left.min(self.chunk as u64) as usize).min(self.len - self.at);
+        let at = self.at;
+        self.at += n;
+        (at, n)
+    }
 }
 
 /// A fresh random token for this run's baseline streams.
@@ -205,20 +254,26 @@ pub fn send(addr: SocketAddr, streams: &StreamPlan, token: u64) -> Result<Durati
         )?;
     }
     let chunk = streams.chunk.max(1);
+    // Filled (every page touched) before the clock starts.
+    let buffers: Vec<Vec<u8>> = plan
+        .iter()
+        .map(|_| vec![0x5au8; streams.stream_buffer()])
+        .collect();
     let t0 = Instant::now();
     std::thread::scope(|scope| -> Result<()> {
         let workers: Vec<_> = conns
             .iter_mut()
             .zip(&plan)
+            .zip(&buffers)
             .enumerate()
-            .map(|(i, (c, &bytes))| {
+            .map(|(i, ((c, &bytes), buf))| {
                 scope.spawn(move || -> Result<()> {
-                    let buf = vec![0x5au8; chunk];
                     let what = format!("stream {i}: write");
+                    let mut cycle = Cycle::new(buf.len(), chunk);
                     let mut left = bytes;
                     while left > 0 {
-                        let n = left.min(chunk as u64) as usize;
-                        write_all_by(c, &buf[..n], timeout, &what)?;
+                        let (at, n) = cycle.next(left);
+                        write_all_by(c, &buf[at..at + n], timeout, &what)?;
                         left -= n as u64;
                     }
                     Ok(())
@@ -368,24 +423,30 @@ pub fn receive(
         }
     }
     let timeout = streams.timeout;
+    let chunk = streams.chunk.max(1);
+    // Touched before GO, as the stack's slots are before its clock.
+    let mut buffers: Vec<Vec<u8>> = plan
+        .iter()
+        .map(|_| vec![1u8; streams.stream_buffer()])
+        .collect();
     for (i, c) in conns.iter_mut().enumerate() {
         poll_timeouts(c)?;
         write_all_by(c, &[1], timeout, &format!("stream {i}: send GO"))?;
     }
-    let chunk = streams.chunk.max(1);
     std::thread::scope(|scope| -> Result<()> {
         let workers: Vec<_> = conns
             .iter_mut()
             .zip(&plan)
+            .zip(buffers.iter_mut())
             .enumerate()
-            .map(|(i, (c, &bytes))| {
+            .map(|(i, ((c, &bytes), buf))| {
                 scope.spawn(move || -> Result<()> {
-                    let mut buf = vec![0u8; chunk];
                     let what = format!("stream {i}: read");
+                    let mut cycle = Cycle::new(buf.len(), chunk);
                     let mut left = bytes;
                     while left > 0 {
-                        let n = left.min(chunk as u64) as usize;
-                        read_exact_by(c, &mut buf[..n], timeout, &what)?;
+                        let (at, n) = cycle.next(left);
+                        read_exact_by(c, &mut buf[at..at + n], timeout, &what)?;
                         left -= n as u64;
                     }
                     Ok(())
@@ -418,5 +479,35 @@ mod tests {
         assert_eq!(baseline_plan(2500, 1, 1024, 2), vec![1024 + 452, 1024]);
         let plan = baseline_plan(5 << 20, 7, 512 << 10, 8);
         assert_eq!(plan.iter().sum::<u64>(), 7 * (5 << 20));
+    }
+
+    #[test]
+    fn streams_cycle_through_their_share_of_the_footprint() {
+        let plan = StreamPlan {
+            size: 256 << 20,
+            messages: 4,
+            chunk: 512 << 10,
+            channels: 8,
+            timeout: Duration::from_secs(1),
+            footprint: 4 * (256 << 20),
+        };
+        // 1 GiB over 8 streams: 128 MiB each, whole chunks.
+        assert_eq!(plan.stream_buffer(), 128 << 20);
+        // No footprint: one chunk, as the old baseline.
+        assert_eq!(
+            StreamPlan {
+                footprint: 0,
+                ..plan
+            }
+            .stream_buffer(),
+            512 << 10
+        );
+        // Every byte of the buffer is visited before any is visited twice, spans never cross
+        // its end, and a short tail is honoured.
+        let mut cycle = Cycle::new(10, 4);
+        let spans: Vec<_> = (0..5).map(|_| cycle.next(100)).collect();
+        assert_eq!(spans, vec![(0, 4), (4, 4), (8, 2), (0, 4), (4, 4)]);
+        assert_eq!(cycle.next(3), (8, 2));
+        assert_eq!(cycle.next(3), (0, 3));
     }
 }

@@ -274,6 +274,8 @@ impl Plan {
             chunk: self.chunk,
             channels: self.channels,
             timeout: self.timeout,
+            // Every transfer moves the same block list: its bytes are the footprint.
+            footprint: shape.bytes(),
         }
     }
 
