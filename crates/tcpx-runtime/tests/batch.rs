@@ -183,3 +183,37 @@ fn bad_batches_are_refused_with_a_reason() {
         assert!(!e.is_empty());
     }
 }
+
+/// `reserve_batches` pays the pack buffers of a window of batches up front: the batches that
+/// follow register nothing more.
+#[test]
+fn reserved_pack_buffers_leave_nothing_to_pay_later() {
+    loopback();
+    let (a, b, ab, ba) = pair(4, 64 << 10);
+    assert_eq!(ab.reserve_batches(6).unwrap(), 6);
+    assert_eq!(ba.reserve_batches(6).unwrap(), 6);
+    let (count, len) = (64, 4096);
+    let src = source(&a, count * 8192, 5);
+    let dst = b.alloc_host(count * 8192).unwrap();
+    let send = slots(&src, count, len, 8192);
+    let recv = slots(&dst, count, len, 8192);
+    // Register the slots' own memory first (the in-place check may look at it); then only
+    // pack buffers could add registrations.
+    ab.register(&src).unwrap();
+    ba.register(&dst).unwrap();
+    let before = (a.live_registrations(), b.live_registrations());
+    for _ in 0..4 {
+        let rx: Vec<_> = (0..6).map(|_| ba.recv_batch(&recv).unwrap()).collect();
+        let tx: Vec<_> = (0..6).map(|_| ab.send_batch(&send).unwrap()).collect();
+        for t in tx.iter().chain(&rx) {
+            t.wait(DEADLINE).unwrap();
+        }
+    }
+    assert_eq!(
+        (a.live_registrations(), b.live_registrations()),
+        before,
+        "batches after reserve_batches registered more memory"
+    );
+    assert_eq!(ab.batch_pack_stats().overflows, 0);
+    assert_eq!(ba.batch_pack_stats().buffers, 6);
+}

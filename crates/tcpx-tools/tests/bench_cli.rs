@@ -151,6 +151,56 @@ fn one_time_costs_are_paid_before_the_timer_starts() {
     let _ = std::fs::remove_file(json);
 }
 
+/// Issue 25: `--batch` posts small messages in batches (`send_batch` / `recv_batch`) between
+/// two processes; every slot is verified, and the pack buffers are grown and registered in
+/// the warm-up, not inside the timed window.
+#[test]
+fn batched_small_messages_are_verified_and_pay_their_buffers_before_the_clock() {
+    let args = [
+        "--sizes",
+        "4KiB,16KiB,1MiB",
+        "--batch",
+        "256",
+        "--channels",
+        "4",
+        "--min-bytes",
+        "8MiB",
+        "--verify",
+        "--timeout",
+        "30",
+    ];
+    let server = Server::start(&args);
+    let json = tmp("batch.json");
+    let out = bench()
+        .args(["client", "--peer", &server.peer, "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("batches of up to 256 messages"),
+        "{}",
+        text(&out.stdout)
+    );
+    let (code, err) = server.wait();
+    assert_eq!(code, Some(0), "server: {err}");
+    let rows = json_rows(&json);
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        assert_eq!(row["verified"], true, "{row}");
+        assert_eq!(row["timed_registrations"], 0, "{row}");
+        assert!(row["gbps"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    // 4 KiB in batches of 256 (1 MiB): at least four windows of batches are timed.
+    assert!(
+        rows[0]["messages"].as_u64().unwrap() >= 4 * 256,
+        "{}",
+        rows[0]
+    );
+    let _ = std::fs::remove_file(json);
+}
+
 /// Issue 14 item 3: one validation for every subcommand: exit 2, one line, the flag named,
 /// never a panic.
 #[test]

@@ -74,13 +74,15 @@ OPTIONS
 
 BENCH OPTIONS (passed to both ends; see `tcpx-bench server --help`)
   --sizes A..B|A,B,..    --iters N   --warmup N   --channels N   --chunk SIZE   --window N
-  --depth N   --memory host|cuda   --plugin PATH   --baseline raw-tcp|none   --timeout SECS
+  --depth N   --batch K   --memory host|cuda   --plugin PATH   --baseline raw-tcp|none
+  --timeout SECS
   --verify (the server checks every byte; exit 4 when one is wrong)
   Anything after `--` is passed to both ends verbatim.
 
 EXAMPLES
   cargo xtask bench                                    # loopback, table with the raw-TCP baseline
   cargo xtask bench --sizes 1MiB..256MiB --iters 100 --verify
+  cargo xtask bench --sizes 4KiB,16KiB,64KiB --batch 1024   # small messages in batches (send_batch)
   cargo xtask bench --store etcd --verify             # rendezvous through a local etcd
   cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify   # as root; what CI runs
   cargo xtask bench --nodes a3-node-1,me@a3-node-2 --gpus 0-7 -- --plugin /usr/local/tcpx/lib64/libnccl-net-tcpx.so
@@ -104,6 +106,7 @@ const BENCH_VALUE_FLAGS: &[&str] = &[
     "--baseline",
     "--timeout",
     "--depth",
+    "--batch",
 ];
 
 /// Benchmark options without a value.

@@ -391,6 +391,18 @@ impl Connection {
         )
     }
 
+    /// Allocates and registers (both directions) the pack buffers that `batches` batches of
+    /// scattered host memory in flight need — at most [`crate::Config::pack_buffers`] — so
+    /// that the first batches do not pay for them (about 1 ms and a registration per
+    /// channel each). Returns the buffers now pooled. Without it the pool grows on demand.
+    pub fn reserve_batches(&self, batches: usize) -> Result<usize> {
+        self.batch_pack.reserve(batches, |region| {
+            self.carrier.register_region(region, Direction::Send)?;
+            self.carrier.register_region(region, Direction::Recv)?;
+            Ok(())
+        })
+    }
+
     /// Packing counters of two-sided batches (see [`Connection::send_batch`]).
     pub fn batch_pack_stats(&self) -> crate::onesided::PackStats {
         self.batch_pack.stats()

@@ -112,9 +112,17 @@ struct Counters {
 
 struct PoolInner {
     free: Mutex<Vec<Region>>,
+    /// Returned buffers whose last request the engines had not yet retired when the job's
+    /// completion was seen (the engine finishes a job before it drops the request's hold on
+    /// the memory): free again once idle. Dropping them instead made the pool allocate, and
+    /// fault in, a fresh 4 MiB buffer for about every other batch.
+    cooling: Mutex<Vec<Region>>,
     /// Pooled buffers alive (free or leased).
     pooled: AtomicUsize,
 }
+
+/// Longest a taker waits for a cooling buffer to go idle before it allocates a one-off one.
+const COOLING_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Most pack buffers the process keeps from closed connections for later ones (64 MiB).
 const SPARE_BUFFERS: usize = 16;
@@ -124,9 +132,28 @@ const SPARE_BUFFERS: usize = 16;
 /// re-created connections (agents re-made under the same names, say) do not pay again.
 static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
 
+impl PoolInner {
+    /// Moves cooling buffers that went idle to the free list.
+    fn warm_up_cooled(&self) {
+        let mut cooling = self.cooling.lock().unwrap_or_else(|p| p.into_inner());
+        if cooling.is_empty() {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        cooling.retain(|region| {
+            let idle = region.memory().in_flight() == 0;
+            if idle {
+                free.push(region.clone());
+            }
+            !idle
+        });
+    }
+}
+
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        free.append(self.cooling.get_mut().unwrap_or_else(|p| p.into_inner()));
         let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
         for region in free {
             // Idle (nothing in flight) and no longer the pool's: the next connection may have
@@ -171,9 +198,16 @@ impl Drop for PackLease {
         let Some(pool) = self.pool.take().and_then(|w| w.upgrade()) else {
             return;
         };
-        // Belt and braces: a buffer with a request still in flight is never reused.
-        if self.poisoned || self.region.memory().in_flight() > 0 {
+        if self.poisoned {
             pool.pooled.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        // A buffer with a request still in flight is never reused before it is idle.
+        if self.region.memory().in_flight() > 0 {
+            pool.cooling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.region.clone());
             return;
         }
         pool.free
@@ -190,6 +224,7 @@ impl PackPool {
             cap,
             inner: Arc::new(PoolInner {
                 free: Mutex::new(Vec::new()),
+                cooling: Mutex::new(Vec::new()),
                 pooled: AtomicUsize::new(0),
             }),
             held: Mutex::new(Vec::new()),
@@ -227,6 +262,7 @@ impl PackPool {
     /// A pooled buffer: a free one, or a new one while fewer than the cap are alive.
     fn pooled(&self) -> Result<Option<PackLease>> {
         self.reclaim();
+        self.inner.warm_up_cooled();
         let reused = self
             .inner
             .free
@@ -279,11 +315,46 @@ impl PackPool {
     /// A buffer for a receiver that must follow a packing sender: pooled if one is free or
     /// the pool may grow, else a one-off buffer dropped after use.
     pub(crate) fn for_receiver(&self) -> Result<PackLease> {
-        if let Some(lease) = self.pooled()? {
-            return Ok(lease);
+        // A cooling buffer is idle within microseconds (its job is done; the engine only has
+        // to retire the request): waiting that long beats allocating and registering a
+        // one-off 4 MiB buffer, which a stream of batches would otherwise do every time.
+        let deadline = std::time::Instant::now() + COOLING_WAIT;
+        loop {
+            if let Some(lease) = self.pooled()? {
+                return Ok(lease);
+            }
+            let cooling = !self
+                .inner
+                .cooling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty();
+            if !cooling || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::yield_now();
         }
         self.counters.overflows.fetch_add(1, Ordering::Relaxed);
         Ok(self.lease(allocate()?, false))
+    }
+
+    /// Grows the pool to `count` buffers (at most its cap) now, handing each new one to
+    /// `prepare` (its registrations), so that the first batches pay nothing. Returns the
+    /// buffers the pool holds.
+    pub(crate) fn reserve(
+        &self,
+        count: usize,
+        mut prepare: impl FnMut(&Region) -> Result<()>,
+    ) -> Result<usize> {
+        let mut made = Vec::new();
+        while self.inner.pooled.load(Ordering::Acquire) < count.min(self.cap) {
+            let Some(lease) = self.pooled()? else { break };
+            made.push(lease);
+        }
+        let result = made.iter().try_for_each(|lease| prepare(lease.region()));
+        // Back to the free list (the leases' drop), prepared or not.
+        drop(made);
+        result.map(|()| self.inner.pooled.load(Ordering::Acquire))
     }
 
     /// Counts a packed transfer sent.

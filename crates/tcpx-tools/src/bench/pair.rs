@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 
 use tcpx_runtime::control::metadata::EndpointMetadata;
-use tcpx_runtime::{Connection, Endpoint, Region, Transfer};
+use tcpx_runtime::{Connection, Direction, Endpoint, Region, Segment, Transfer};
 
 use super::control::Control;
 use super::rawtcp::{self, Strangers, StreamPlan};
@@ -63,6 +63,13 @@ pub struct Sweep {
     pub memory: &'static str,
     /// With `memory == "cuda"`: the GPU this process allocates its messages on.
     pub gpu: usize,
+    /// Messages per submission: 1 sends each message on its own (`Connection::send` /
+    /// `recv`); more posts them in batches (`Connection::send_batch` / `recv_batch`), at
+    /// most a pack buffer's worth per batch ([`Sweep::batch_for`]).
+    pub batch: usize,
+    /// Batches in flight when `depth` is not given: the connection's pooled pack buffers
+    /// (a batch past them takes a one-off buffer).
+    pub pack_buffers: usize,
 }
 
 impl Sweep {
@@ -107,6 +114,36 @@ impl Sweep {
         })
     }
 
+    /// Messages per submission at `size`: 1 without `--batch` or past
+    /// [`BATCH_LARGEST_MESSAGE`], else as many as `--batch` says that fit one pack buffer
+    /// ([`tcpx_runtime::PACK_BYTES`]); 1 when not even two do.
+    pub fn batch_for(&self, size: usize) -> usize {
+        if self.batch <= 1 || size > BATCH_LARGEST_MESSAGE {
+            return 1;
+        }
+        let fit = (tcpx_runtime::PACK_BYTES as usize) / size.max(1);
+        match self.batch.min(fit) {
+            0 | 1 => 1,
+            k => k,
+        }
+    }
+
+    /// Submissions in flight at `size`: messages ([`Sweep::depth_for`]) one per call, else
+    /// batches — `--depth` if given, else enough to fill the channels' windows, at most the
+    /// pooled pack buffers.
+    pub fn in_flight_for(&self, size: usize) -> usize {
+        let k = self.batch_for(size);
+        if k == 1 {
+            return self.depth_for(size);
+        }
+        self.depth.unwrap_or_else(|| {
+            let chunks = (size * k).div_ceil(self.chunk.max(1));
+            (self.channels.max(1) * self.window.max(1))
+                .div_ceil(chunks)
+                .clamp(1, self.pack_buffers.max(1))
+        })
+    }
+
     /// The largest depth of any size (how many message buffers to allocate).
     pub fn max_depth(&self) -> usize {
         self.sizes
@@ -127,6 +164,11 @@ pub fn messages_for(size: usize, iters: usize, min_bytes: usize, at_least: usize
         .min(((1usize << 30) / size).max(at_least))
         .max(at_least)
 }
+
+/// Largest message `--batch` batches: past it a message fills chunks on its own, and the
+/// pack buffer's copies would cost more than the submissions they save (2-core box, 8
+/// channels: 1 MiB messages in batches of 4 ran at 0.2 × one per call).
+pub const BATCH_LARGEST_MESSAGE: usize = 64 << 10;
 
 /// Fewest messages in flight an automatic depth chooses (the depth of earlier releases).
 pub const MIN_AUTO_DEPTH: usize = 8;
@@ -211,22 +253,25 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         }
         ctl.send([0, 0, 0])?;
         let probe = Probe::start(endpoint);
-        let total = sweep.warmup + sweep.iters_for(size);
-        let depth = sweep.depth_for(size);
-        let mut inflight: VecDeque<Transfer> = VecDeque::with_capacity(depth);
+        let plan = Units::new(sweep, size);
+        let mut inflight: VecDeque<(Transfer, usize)> = VecDeque::with_capacity(plan.depth);
         let mut posted = 0;
-        while posted < total || !inflight.is_empty() {
-            while posted < total && inflight.len() < depth {
-                let slot = posted % regions.len();
-                inflight.push_back(conn.recv(&regions[slot], 0, size)?);
+        while posted < plan.units || !inflight.is_empty() {
+            while posted < plan.units && inflight.len() < plan.depth {
+                let messages = plan.messages_in(posted);
+                inflight.push_back((
+                    plan.post(&conn, &regions, posted, Direction::Recv)?,
+                    messages * size,
+                ));
                 posted += 1;
             }
-            let t = inflight.pop_front().expect("non-empty");
+            let (t, want) = inflight.pop_front().expect("non-empty");
             let got = t.wait(sweep.timeout).map_err(peer_failure)?;
-            if got as usize != size {
-                return Err(anyhow!("received {got} bytes for a {size}-byte message").into());
+            if got as usize != want {
+                return Err(anyhow!("received {got} bytes where {want} were due").into());
             }
         }
+        let total = plan.messages;
         let work = probe.finish(endpoint);
         ctl.send([1, work.page_faults, work.registrations])?;
         if sweep.verify {
@@ -275,9 +320,9 @@ pub fn drive(
     for &size in &sweep.sizes {
         ctl.recv::<3>("the server's READY")?;
         let iters = sweep.iters_for(size);
-        let (elapsed, mut latencies, work) =
+        let (elapsed, mut latencies, work, timed) =
             send_size(endpoint, &conn, &regions, &ctl, size, iters, sweep)?;
-        let gbps = stats::gbps(size * iters, elapsed);
+        let gbps = stats::gbps(size * timed, elapsed);
         let baseline_gbps = if sweep.baseline {
             let t = rawtcp::send(baseline_addr, &sweep.streams(size), token).map_err(|e| {
                 peer_failure(e.context(format!(
@@ -296,7 +341,7 @@ pub fn drive(
             sweep.channels,
             sweep.memory,
         );
-        row.messages = iters;
+        row.messages = timed;
         row.timed_page_faults = Some(work.page_faults);
         row.timed_registrations = Some(work.registrations);
         row.verified = sweep.verify;
@@ -309,7 +354,8 @@ pub fn drive(
 }
 
 /// One size, timed: returns the elapsed time (first measured message to DONE), the
-/// per-message latencies and what both sides paid inside the window.
+/// per-submission latencies (per message, or per batch with `--batch`), what both sides paid
+/// inside the window, and the messages the clock covered.
 fn send_size(
     endpoint: &Endpoint,
     conn: &Connection,
@@ -318,25 +364,30 @@ fn send_size(
     size: usize,
     iters: usize,
     sweep: &Sweep,
-) -> Result<(Duration, Vec<Duration>, TimedWork), Failure> {
-    let total = sweep.warmup + iters;
-    let depth = sweep.depth_for(size);
-    let mut inflight: VecDeque<(Transfer, Instant)> = VecDeque::with_capacity(depth);
-    let mut latencies = Vec::with_capacity(iters);
+) -> Result<(Duration, Vec<Duration>, TimedWork, usize), Failure> {
+    let plan = Units::new(sweep, size);
+    debug_assert!(plan.timed_messages() >= iters.min(plan.messages));
+    let mut inflight: VecDeque<(Transfer, Instant)> = VecDeque::with_capacity(plan.depth);
+    let mut latencies = Vec::with_capacity(plan.units);
     let mut posted = 0;
     let mut done = 0;
     let mut probe = Probe::start(endpoint);
     let mut t0 = Instant::now();
-    while done < total {
-        while posted < total && inflight.len() < depth {
-            let region = &regions[posted % regions.len()];
-            inflight.push_back((conn.send(region, 0, size)?, Instant::now()));
+    // The clock starts once the warm-up units are done (with batches: at least a window of
+    // them, see `Units::new`; the figure counts the messages after them).
+    let warm_units = plan.warmup_units;
+    while done < plan.units {
+        while posted < plan.units && inflight.len() < plan.depth {
+            inflight.push_back((
+                plan.post(conn, regions, posted, Direction::Send)?,
+                Instant::now(),
+            ));
             posted += 1;
         }
         let (t, started) = inflight.pop_front().expect("non-empty");
         t.wait(sweep.timeout).map_err(peer_failure)?;
         done += 1;
-        if done == sweep.warmup {
+        if done == warm_units {
             probe = Probe::start(endpoint);
             t0 = Instant::now();
         } else if done > sweep.warmup {
@@ -354,7 +405,87 @@ fn send_size(
             page_faults: mine.page_faults + server_faults,
             registrations: mine.registrations + server_regs,
         },
+        plan.timed_messages(),
     ))
+}
+
+/// How one size is posted: `units` submissions of one message each, or of up to `k` (the
+/// last one short), `depth` of them in flight. Both roles derive the same units.
+struct Units {
+    size: usize,
+    k: usize,
+    messages: usize,
+    units: usize,
+    warmup_units: usize,
+    depth: usize,
+}
+
+impl Units {
+    fn new(sweep: &Sweep, size: usize) -> Self {
+        let k = sweep.batch_for(size);
+        let depth = sweep.in_flight_for(size);
+        let iters = sweep.iters_for(size);
+        if k == 1 {
+            let messages = sweep.warmup + iters;
+            return Self {
+                size,
+                k,
+                messages,
+                units: messages,
+                warmup_units: sweep.warmup,
+                depth,
+            };
+        }
+        // Batches: the warm-up covers a full window of them, so that both pack pools have
+        // grown (and registered) every buffer the window needs before the clock starts; the
+        // timed part is at least four windows. Every batch is full.
+        let warmup_units = sweep.warmup.div_ceil(k).max(depth);
+        let timed_units = iters.div_ceil(k).max(4 * depth);
+        let units = warmup_units + timed_units;
+        Self {
+            size,
+            k,
+            messages: units * k,
+            units,
+            warmup_units,
+            depth,
+        }
+    }
+
+    /// Messages the clock covers.
+    fn timed_messages(&self) -> usize {
+        self.messages - (self.warmup_units * self.k).min(self.messages)
+    }
+
+    /// Messages unit `u` carries.
+    fn messages_in(&self, u: usize) -> usize {
+        (self.messages - u * self.k).min(self.k)
+    }
+
+    /// Posts unit `u`: message `m` uses slot `m % slots`, as one call per message does.
+    fn post(
+        &self,
+        conn: &Connection,
+        regions: &[Region],
+        u: usize,
+        direction: Direction,
+    ) -> tcpx_runtime::Result<Transfer> {
+        let first = u * self.k;
+        if self.k == 1 {
+            let region = &regions[first % regions.len()];
+            return match direction {
+                Direction::Send => conn.send(region, 0, self.size),
+                Direction::Recv => conn.recv(region, 0, self.size),
+            };
+        }
+        let segments: Vec<Segment<'_>> = (first..first + self.messages_in(u))
+            .map(|m| Segment::new(&regions[m % regions.len()], 0, self.size))
+            .collect();
+        match direction {
+            Direction::Send => conn.send_batch(&segments),
+            Direction::Recv => conn.recv_batch(&segments),
+        }
+    }
 }
 
 /// One buffer per message in flight (`depth`, capped at 1 GiB in all), each its own region,
@@ -368,6 +499,18 @@ fn alloc_slots(
 ) -> Result<Vec<Region>, Failure> {
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
     let slots = sweep.slots();
+    if sweep.batch > 1 && sweep.memory == "host" {
+        // The pack buffers of a window of batches, allocated and registered now (they would
+        // otherwise grow inside the timed window as the window first fills).
+        let most = sweep
+            .sizes
+            .iter()
+            .filter(|&&s| sweep.batch_for(s) > 1)
+            .map(|&s| sweep.in_flight_for(s))
+            .max()
+            .unwrap_or(0);
+        conn.reserve_batches(most)?;
+    }
     let mut regions = Vec::with_capacity(slots);
     let gpu = match sweep.memory {
         "cuda" => Some(
