@@ -91,21 +91,22 @@ pub(crate) fn submit(
         Some(lease) => vec![cx
             .carrier
             .region_piece(lease.region(), 0, total, direction, false)?],
-        None => {
-            let first = &parts[0];
-            let runs: &[Part] = if in_place && !staged {
-                std::slice::from_ref(first)
-            } else {
-                &parts
-            };
-            runs.iter()
-                .map(|p| {
-                    let len = if in_place && !staged { total } else { p.len };
-                    cx.carrier
-                        .region_piece(&p.region, p.offset as usize, len, direction, staged)
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
+        // Staged: every part stays a piece; the lanes gather or scatter them per chunk.
+        None if staged => parts
+            .iter()
+            .map(|p| {
+                cx.carrier
+                    .region_piece(&p.region, p.offset as usize, p.len, direction, true)
+            })
+            .collect::<Result<Vec<_>>>()?,
+        // One run: the whole batch in place.
+        None => vec![cx.carrier.region_piece(
+            &parts[0].region,
+            parts[0].offset as usize,
+            total,
+            direction,
+            false,
+        )?],
     };
     let mut next = cx.order.lock().unwrap_or_else(|p| p.into_inner());
     let seq = *next;

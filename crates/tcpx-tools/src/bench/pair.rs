@@ -79,9 +79,10 @@ impl Sweep {
         messages_for(size, self.iters, self.min_bytes, 8)
     }
 
-    /// The raw-TCP baseline of one size: the same messages over `channels` streams.
+    /// The raw-TCP baseline of one size: the messages the stack's clock covers, over
+    /// `channels` streams.
     fn streams(&self, size: usize) -> StreamPlan {
-        let messages = self.iters_for(size);
+        let messages = Units::new(self, size).timed_messages();
         StreamPlan {
             size,
             messages,
@@ -89,7 +90,7 @@ impl Sweep {
             channels: self.channels,
             timeout: self.timeout,
             // The stack cycles its messages through the first `size` bytes of every slot.
-            footprint: (self.warmup + messages).min(self.slots()) * size,
+            footprint: Units::new(self, size).messages.min(self.slots()) * size,
         }
     }
 
@@ -106,12 +107,8 @@ impl Sweep {
     /// a fixed small depth measured the stack's latency at small sizes, not its throughput
     /// (H100, 8 channels, 4 KiB: depth 8 puts one message per channel in flight).
     pub fn depth_for(&self, size: usize) -> usize {
-        self.depth.unwrap_or_else(|| {
-            let chunks = size.max(1).div_ceil(self.chunk.max(1));
-            (self.channels.max(1) * self.window.max(1))
-                .div_ceil(chunks)
-                .clamp(MIN_AUTO_DEPTH, MAX_AUTO_DEPTH)
-        })
+        self.depth
+            .unwrap_or_else(|| self.window_fill(size).clamp(MIN_AUTO_DEPTH, MAX_AUTO_DEPTH))
     }
 
     /// Messages per submission at `size`: 1 without `--batch` or past
@@ -137,11 +134,16 @@ impl Sweep {
             return self.depth_for(size);
         }
         self.depth.unwrap_or_else(|| {
-            let chunks = (size * k).div_ceil(self.chunk.max(1));
-            (self.channels.max(1) * self.window.max(1))
-                .div_ceil(chunks)
+            self.window_fill(size * k)
                 .clamp(1, self.pack_buffers.max(1))
         })
+    }
+
+    /// Submissions of `bytes` each that fill every channel's window (channels × window
+    /// requests of at most one chunk each).
+    fn window_fill(&self, bytes: usize) -> usize {
+        let chunks = bytes.max(1).div_ceil(self.chunk.max(1));
+        (self.channels.max(1) * self.window.max(1)).div_ceil(chunks)
     }
 
     /// The largest depth of any size (how many message buffers to allocate).
@@ -319,9 +321,8 @@ pub fn drive(
     let mut rows = Vec::with_capacity(sweep.sizes.len());
     for &size in &sweep.sizes {
         ctl.recv::<3>("the server's READY")?;
-        let iters = sweep.iters_for(size);
         let (elapsed, mut latencies, work, timed) =
-            send_size(endpoint, &conn, &regions, &ctl, size, iters, sweep)?;
+            send_size(endpoint, &conn, &regions, &ctl, size, sweep)?;
         let gbps = stats::gbps(size * timed, elapsed);
         let baseline_gbps = if sweep.baseline {
             let t = rawtcp::send(baseline_addr, &sweep.streams(size), token).map_err(|e| {
@@ -329,7 +330,7 @@ pub fn drive(
                     "raw-TCP baseline to {baseline_addr}, {size}-byte messages"
                 )))
             })?;
-            Some(stats::gbps(size * iters, t))
+            Some(stats::gbps(size * timed, t))
         } else {
             None
         };
@@ -362,11 +363,9 @@ fn send_size(
     regions: &[Region],
     ctl: &Control<'_>,
     size: usize,
-    iters: usize,
     sweep: &Sweep,
 ) -> Result<(Duration, Vec<Duration>, TimedWork, usize), Failure> {
     let plan = Units::new(sweep, size);
-    debug_assert!(plan.timed_messages() >= iters.min(plan.messages));
     let mut inflight: VecDeque<(Transfer, Instant)> = VecDeque::with_capacity(plan.depth);
     let mut latencies = Vec::with_capacity(plan.units);
     let mut posted = 0;
@@ -390,7 +389,7 @@ fn send_size(
         if done == warm_units {
             probe = Probe::start(endpoint);
             t0 = Instant::now();
-        } else if done > sweep.warmup {
+        } else if done > warm_units {
             latencies.push(started.elapsed());
         }
     }

@@ -713,8 +713,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         pack_buffers: config.pack_buffers,
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
-    let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
-    let slots = ((1usize << 30) / max).clamp(1, sweep.max_depth());
+    let slots = sweep.slots();
     let ring = (
         u64::from(config.channels),
         config.window as u64,
