@@ -41,9 +41,10 @@
  * (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
  * `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
  * `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
- * formats, `tcpx_nixl_*`.)
+ * formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
+ * `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.)
  */
-#define TCPX_ABI_VERSION_MINOR 3
+#define TCPX_ABI_VERSION_MINOR 4
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -71,6 +72,12 @@
  * Largest notification payload (`tcpx_connection_notify`, the one of a write).
  */
 #define TCPX_NOTIFICATION_MAX_BYTES 65536
+
+/**
+ * Largest total of one batch (`tcpx_connection_send_batch` / `tcpx_connection_recv_batch`):
+ * 4 MiB, the size of a pack buffer.
+ */
+#define TCPX_BATCH_MAX_BYTES 4194304
 
 /**
  * Bytes in `tcpx_endpoint_info::plugin` (the plugin's name, NUL-terminated).
@@ -691,6 +698,60 @@ tcpx_status tcpx_connection_recv_vectored(struct tcpx_connection connection,
                                           const struct tcpx_segment *segments,
                                           size_t count,
                                           struct tcpx_transfer *transfer);
+
+/**
+ * Sends many small messages in one submission: `segments[0..count)` travel, in order, as one
+ * batch into the peer's `tcpx_connection_recv_batch` of the same total (1 byte to
+ * `TCPX_BATCH_MAX_BYTES`; a larger total is refused with `TCPX_ERR_INVALID_ARGUMENT`, split
+ * it into several batches). With the same segment sizes on both sides each message lands in
+ * its own receive segment; the batch completes as one transfer.
+ *
+ * For many small messages this is the fast path: each message sent alone costs one request
+ * and one completion, a batch pays that once and is one contiguous stream on the wire. A
+ * scattered host-memory list is copied into a pooled pack buffer during this call
+ * (`tcpx_connection_reserve_batches` allocates those buffers up front); a list that is one
+ * contiguous run is sent in place; scattered CUDA memory is refused unless it is staged. As
+ * for every send, the memory must stay untouched until the transfer finished.
+ * Batches are numbered with the connection's other sends: the k-th send of any kind pairs
+ * with the peer's k-th receive, which must be a `tcpx_connection_recv_batch`.
+ * Thread safety: as `tcpx_connection_send`.
+ *
+ * # Safety
+ * `segments` points to `count` initialized segments; `transfer` to writable memory for a
+ * handle.
+ */
+tcpx_status tcpx_connection_send_batch(struct tcpx_connection connection,
+                                       const struct tcpx_segment *segments,
+                                       size_t count,
+                                       struct tcpx_transfer *transfer);
+
+/**
+ * Receives a batch sent with `tcpx_connection_send_batch` into `segments[0..count)`, in
+ * order; the totals must match (a receive larger than the peer's batch fails instead of
+ * waiting for bytes that never come). A scattered host-memory list is received into a pooled pack buffer and copied out when the transfer is tested or
+ * waited on: read the segments only after `tcpx_transfer_test` / `tcpx_transfer_wait`
+ * returned `TCPX_OK`. Thread safety: as `tcpx_connection_send`.
+ *
+ * # Safety
+ * As `tcpx_connection_send_batch`.
+ */
+tcpx_status tcpx_connection_recv_batch(struct tcpx_connection connection,
+                                       const struct tcpx_segment *segments,
+                                       size_t count,
+                                       struct tcpx_transfer *transfer);
+
+/**
+ * Allocates and registers the pack buffers that `batches` batches of scattered host memory
+ * in flight need (at most the connection's pool, `TCPX_PACK_BUFFERS`, 8 by default), so that
+ * the first batches do not pay for them; without it the pool grows on demand. `*reserved`, if `reserved` is not NULL,
+ * gets the number of buffers now pooled. Thread safety: any thread.
+ *
+ * # Safety
+ * `reserved` is NULL or points to a writable `size_t`.
+ */
+tcpx_status tcpx_connection_reserve_batches(struct tcpx_connection connection,
+                                            size_t batches,
+                                            size_t *reserved);
 
 /**
  * Registers `region` with this connection's comms now rather than at its first transfer

@@ -1,5 +1,5 @@
-//! Connections: peer info, two-sided send / receive (contiguous and vectored), statistics,
-//! close and destroy.
+//! Connections: peer info, two-sided send / receive (contiguous, vectored and batches of
+//! small messages), statistics, close and destroy.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,12 @@ use crate::tcpx_status::{self, *};
 use crate::transfer::issue;
 use crate::{
     tcpx_connection, tcpx_connection_stats, tcpx_peer_info, tcpx_region, tcpx_segment,
-    tcpx_transfer,
+    tcpx_transfer, TCPX_BATCH_MAX_BYTES,
 };
+
+// The header's cap on a batch is the runtime's: both sides derive the batch's packed stream
+// from its total, which must fit one pack buffer.
+const _: () = assert!(TCPX_BATCH_MAX_BYTES == tcpx_runtime::PACK_BYTES);
 
 /// Fills `*peer` with the peer's control address, announced GPU index and channel count.
 /// Thread safety: any thread.
@@ -151,6 +155,86 @@ pub unsafe extern "C" fn tcpx_connection_recv_vectored(
         // SAFETY: non-null (checked), `count` segments (the caller's promise).
         let segs = unsafe { array(segments, count, "segments") }?;
         submit(connection, segs, transfer, |c, s| c.recv_vectored(s))
+    })
+}
+
+/// Sends many small messages in one submission: `segments[0..count)` travel, in order, as one
+/// batch into the peer's `tcpx_connection_recv_batch` of the same total (1 byte to
+/// `TCPX_BATCH_MAX_BYTES`; a larger total is refused with `TCPX_ERR_INVALID_ARGUMENT`, split
+/// it into several batches). With the same segment sizes on both sides each message lands in
+/// its own receive segment; the batch completes as one transfer.
+///
+/// For many small messages this is the fast path: each message sent alone costs one request
+/// and one completion, a batch pays that once and is one contiguous stream on the wire. A
+/// scattered host-memory list is copied into a pooled pack buffer during this call
+/// (`tcpx_connection_reserve_batches` allocates those buffers up front); a list that is one
+/// contiguous run is sent in place; scattered CUDA memory is refused unless it is staged. As
+/// for every send, the memory must stay untouched until the transfer finished.
+/// Batches are numbered with the connection's other sends: the k-th send of any kind pairs
+/// with the peer's k-th receive, which must be a `tcpx_connection_recv_batch`.
+/// Thread safety: as `tcpx_connection_send`.
+///
+/// # Safety
+/// `segments` points to `count` initialized segments; `transfer` to writable memory for a
+/// handle.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_send_batch(
+    connection: tcpx_connection,
+    segments: *const tcpx_segment,
+    count: usize,
+    transfer: *mut tcpx_transfer,
+) -> tcpx_status {
+    guard("tcpx_connection_send_batch", || {
+        non_null(segments, "segments")?;
+        // SAFETY: non-null (checked), `count` segments (the caller's promise).
+        let segs = unsafe { array(segments, count, "segments") }?;
+        submit(connection, segs, transfer, |c, s| c.send_batch(s))
+    })
+}
+
+/// Receives a batch sent with `tcpx_connection_send_batch` into `segments[0..count)`, in
+/// order; the totals must match (a receive larger than the peer's batch fails instead of
+/// waiting for bytes that never come). A scattered host-memory list is received into a pooled pack buffer and copied out when the transfer is tested or
+/// waited on: read the segments only after `tcpx_transfer_test` / `tcpx_transfer_wait`
+/// returned `TCPX_OK`. Thread safety: as `tcpx_connection_send`.
+///
+/// # Safety
+/// As `tcpx_connection_send_batch`.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_recv_batch(
+    connection: tcpx_connection,
+    segments: *const tcpx_segment,
+    count: usize,
+    transfer: *mut tcpx_transfer,
+) -> tcpx_status {
+    guard("tcpx_connection_recv_batch", || {
+        non_null(segments, "segments")?;
+        // SAFETY: non-null (checked), `count` segments (the caller's promise).
+        let segs = unsafe { array(segments, count, "segments") }?;
+        submit(connection, segs, transfer, |c, s| c.recv_batch(s))
+    })
+}
+
+/// Allocates and registers the pack buffers that `batches` batches of scattered host memory
+/// in flight need (at most the connection's pool, `TCPX_PACK_BUFFERS`, 8 by default), so that
+/// the first batches do not pay for them; without it the pool grows on demand. `*reserved`, if `reserved` is not NULL,
+/// gets the number of buffers now pooled. Thread safety: any thread.
+///
+/// # Safety
+/// `reserved` is NULL or points to a writable `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_connection_reserve_batches(
+    connection: tcpx_connection,
+    batches: usize,
+    reserved: *mut usize,
+) -> tcpx_status {
+    guard("tcpx_connection_reserve_batches", || {
+        let pooled = objects::connection(connection)?.with(|c| Ok(c.reserve_batches(batches)?))?;
+        if !reserved.is_null() {
+            // SAFETY: non-null (checked); writable (the caller's promise).
+            unsafe { write_out(reserved, pooled) };
+        }
+        Ok(TCPX_OK)
     })
 }
 

@@ -62,8 +62,9 @@ pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// (1: `tcpx_connection_warmup`; the same-host functions, `tcpx_local_connection` and
 /// `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
 /// `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
-/// formats, `tcpx_nixl_*`.)
-pub const TCPX_ABI_VERSION_MINOR: u32 = 3;
+/// formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
+/// `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.)
+pub const TCPX_ABI_VERSION_MINOR: u32 = 4;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
 pub const TCPX_ABI_VERSION: u32 = (TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR;
@@ -77,6 +78,9 @@ pub const TCPX_DESCRIPTOR_BYTES: usize = 26;
 pub const TCPX_METADATA_MAX_BYTES: usize = 4096;
 /// Largest notification payload (`tcpx_connection_notify`, the one of a write).
 pub const TCPX_NOTIFICATION_MAX_BYTES: usize = 65536;
+/// Largest total of one batch (`tcpx_connection_send_batch` / `tcpx_connection_recv_batch`):
+/// 4 MiB, the size of a pack buffer.
+pub const TCPX_BATCH_MAX_BYTES: u64 = 4194304;
 /// Bytes in `tcpx_endpoint_info::plugin` (the plugin's name, NUL-terminated).
 pub const TCPX_NAME_MAX: usize = 64;
 /// Bytes in a same-host (CUDA IPC) descriptor (`tcpx_region_advertise_ipc`).

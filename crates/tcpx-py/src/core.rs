@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tcpx_runtime::control::EndpointMetadata;
 use tcpx_runtime::{
-    Config, Connection, Descriptor, Endpoint, IpcDescriptor, LocalConnection, Metrics, Region,
-    RemoteSegment, Segment, Store, Transfer,
+    Config, Connection, Descriptor, Endpoint, IpcDescriptor, LocalConnection, Metrics, PackStats,
+    Region, RemoteSegment, Segment, Store, Transfer,
 };
 
 use crate::blob::Advert;
@@ -593,6 +593,32 @@ impl Core {
             Way::Send => conn.send_vectored(&segments)?,
             Way::Recv => conn.recv_vectored(&segments)?,
         })
+    }
+
+    /// Starts a batch of small messages (`Connection::send_batch` / `recv_batch`): one
+    /// submission, one packed stream; the peer uses the batch form of the same total.
+    pub fn batch(&self, way: Way, conn_id: u64, pieces: &[Piece]) -> Outcome<Transfer> {
+        let conn = self.conn(conn_id)?;
+        let resolved = self.resolve_all(pieces)?;
+        let segments: Vec<Segment<'_>> = resolved
+            .iter()
+            .map(|(mr, offset, len)| Segment::new(&mr.region, *offset, *len))
+            .collect();
+        Ok(match way {
+            Way::Send => conn.send_batch(&segments)?,
+            Way::Recv => conn.recv_batch(&segments)?,
+        })
+    }
+
+    /// Allocates and registers the pack buffers of `batches` batches in flight on
+    /// `conn_id` up front; returns the buffers now pooled.
+    pub fn reserve_batches(&self, conn_id: u64, batches: usize) -> Outcome<usize> {
+        Ok(self.conn(conn_id)?.reserve_batches(batches)?)
+    }
+
+    /// The packing counters of `conn_id`'s batches.
+    pub fn batch_pack_stats(&self, conn_id: u64) -> Outcome<PackStats> {
+        Ok(self.conn(conn_id)?.batch_pack_stats())
     }
 
     /// The registration's descriptor, advertising it on first use.

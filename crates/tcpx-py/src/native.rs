@@ -211,6 +211,47 @@ impl PyCore {
         self.two_sided(py, Way::Recv, conn_id, pieces, keep, vectored)
     }
 
+    /// Starts sending the pieces as one batch of small messages (peer: `recv_batch`).
+    fn send_batch(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyTransfer> {
+        self.batch(py, Way::Send, conn_id, pieces, keep)
+    }
+
+    /// Starts receiving one batch (peer: `send_batch`, same total) into the pieces, in order.
+    fn recv_batch(
+        &self,
+        py: Python<'_>,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyTransfer> {
+        self.batch(py, Way::Recv, conn_id, pieces, keep)
+    }
+
+    /// Allocates and registers the pack buffers of `batches` batches in flight; returns the
+    /// buffers now pooled.
+    fn reserve_batches(&self, py: Python<'_>, conn_id: u64, batches: usize) -> PyResult<usize> {
+        let core = self.core.clone();
+        raise(py, py.detach(|| core.reserve_batches(conn_id, batches)))
+    }
+
+    /// The packing counters of the connection's batches, as a dict.
+    fn batch_pack_stats<'py>(&self, py: Python<'py>, conn_id: u64) -> PyResult<Bound<'py, PyDict>> {
+        let s = raise(py, self.core.batch_pack_stats(conn_id))?;
+        let d = PyDict::new(py);
+        d.set_item("packed_sent", s.packed_sent)?;
+        d.set_item("packed_received", s.packed_received)?;
+        d.set_item("fallbacks", s.fallbacks)?;
+        d.set_item("overflows", s.overflows)?;
+        d.set_item("buffers", s.buffers)?;
+        Ok(d)
+    }
+
     #[pyo3(signature = (conn_id, pieces, blobs, keep, notification=None))]
     fn write(
         &self,
@@ -409,6 +450,21 @@ impl PyCore {
                 }
             }
         });
+        self.transfer(t, keep, py)
+    }
+
+    /// Submits a batch without the GIL (the sender gathers a scattered list on this thread).
+    fn batch(
+        &self,
+        py: Python<'_>,
+        way: Way,
+        conn_id: u64,
+        pieces: Vec<(u64, u64, u64)>,
+        keep: Py<PyAny>,
+    ) -> PyResult<PyTransfer> {
+        let core = self.core.clone();
+        let p = self::pieces(pieces);
+        let t = py.detach(|| core.batch(way, conn_id, &p));
         self.transfer(t, keep, py)
     }
 }

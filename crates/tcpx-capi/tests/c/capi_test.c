@@ -1397,6 +1397,154 @@ static void inflight_sender(link_t l) {
     CHECK(tcpx_endpoint_destroy(ep));
 }
 
+/* ---------------------------------------------------------------- scenario: batches */
+
+/* Messages of a batch: message k is batch_len(k) bytes (uneven sizes), at k * stride in its
+ * side's memory (the sender's and the receiver's strides differ: both lists are scattered). */
+#define BATCH_SEND_STRIDE 3000u
+#define BATCH_RECV_STRIDE 2048u
+static size_t batch_count(void) { return g_valgrind ? 48 : 300; }
+static size_t batch_len(size_t k) { return 64 + (k * 37) % 1500; }
+
+static void batch_receiver(link_t l) {
+    tcpx_endpoint ep = make_endpoint(10000, -1);
+    tcpx_connection c = accept_peer(ep, l, NULL);
+    size_t n = batch_count();
+
+    /* Pack buffers up front: a NULL count is allowed, the count is the pool's size. */
+    CHECK(tcpx_connection_reserve_batches(c, 1, NULL));
+    size_t reserved = 0;
+    CHECK(tcpx_connection_reserve_batches(c, 2, &reserved));
+    ASSERT(reserved == 2, "reserved %zu pack buffers, expected 2", reserved);
+    EXPECT(tcpx_connection_reserve_batches((tcpx_connection){0}, 1, NULL), TCPX_ERR_NULL_POINTER,
+           "tcpx_connection_reserve_batches");
+
+    tcpx_region dst;
+    CHECK(tcpx_endpoint_alloc_host(ep, n * BATCH_RECV_STRIDE, &dst));
+    size_t dlen;
+    uint8_t *d = region_ptr(dst, &dlen);
+    memset(d, 0xEE, dlen);
+    tcpx_transfer t;
+    EXPECT(tcpx_connection_recv_batch(c, (tcpx_segment[]){{dst, 0, 1}}, 0, &t),
+           TCPX_ERR_INVALID_ARGUMENT, "tcpx_connection_recv_batch");
+
+    /* 1. Many small messages, each into its own slot, in order. */
+    tcpx_segment *rs = calloc(n, sizeof *rs);
+    ASSERT(rs != NULL, "calloc");
+    uint64_t total = 0;
+    for (size_t k = 0; k < n; k++) {
+        rs[k] = (tcpx_segment){dst, (uint64_t)k * BATCH_RECV_STRIDE, batch_len(k)};
+        total += batch_len(k);
+    }
+    CHECK(tcpx_connection_recv_batch(c, rs, n, &t));
+    free(rs);
+    finish(t, total, "batch recv");
+    for (size_t k = 0; k < n; k++) {
+        const uint8_t *m = d + k * BATCH_RECV_STRIDE;
+        verify(m, batch_len(k), 300 + (uint64_t)k, 0, "batch message");
+        /* Nothing past the message: the slot's tail is untouched. */
+        ASSERT(m[batch_len(k)] == 0xEE,
+               "message %zu overran its slot", k);
+    }
+
+    /* 2. The peer sends one run cut in three; this side receives it over two regions. */
+    size_t whole = g_valgrind ? 20000 : 300001;
+    size_t cut = whole / 2 + 3;
+    tcpx_region d1, d2;
+    CHECK(tcpx_endpoint_alloc_host(ep, cut + 10, &d1));
+    CHECK(tcpx_endpoint_alloc_host(ep, whole - cut + 3, &d2));
+    uint8_t *p1 = region_ptr(d1, &dlen);
+    uint8_t *p2 = region_ptr(d2, &dlen);
+    CHECK(tcpx_connection_recv_batch(c, (tcpx_segment[]){{d1, 10, cut}, {d2, 3, whole - cut}}, 2, &t));
+    finish(t, whole, "batch recv over two regions");
+    verify(p1 + 10, cut, 31, 0, "batch stream, first region");
+    verify(p2 + 3, whole - cut, 31, cut, "batch stream, second region");
+
+    /* 3. Totals that differ (this side expects more than the peer's batch holds): the receive
+     * fails within the wait; it does not hang. */
+    CHECK(tcpx_connection_recv_batch(c, (tcpx_segment[]){{dst, 0, 4096}, {dst, 8192, 4096}}, 2, &t));
+    tcpx_status st = tcpx_transfer_wait(t, wait_ms(), NULL);
+    ASSERT(st != TCPX_OK && st != TCPX_PENDING, "mismatched batch receive -> %s", tcpx_status_str(st));
+    printf("[%s] mismatched batch: %s: %s\n", g_role, tcpx_status_str(st), tcpx_last_error());
+    CHECK(tcpx_transfer_release(t));
+    signal_peer(l, "checked");
+
+    await_peer(l, "closing");
+    CHECK(tcpx_connection_destroy(c));
+    CHECK(tcpx_region_destroy(d2));
+    CHECK(tcpx_region_destroy(d1));
+    CHECK(tcpx_region_destroy(dst));
+    CHECK(tcpx_endpoint_destroy(ep));
+}
+
+static void batch_sender(link_t l) {
+    tcpx_endpoint ep = make_endpoint(10000, -1);
+    tcpx_connection c = connect_peer(ep, l);
+    size_t n = batch_count();
+    /* Caller-owned memory, registered; messages scattered through it. */
+    size_t bytes = n * BATCH_SEND_STRIDE;
+    uint8_t *mem = alloc_aligned(bytes);
+    tcpx_region src;
+    CHECK(tcpx_endpoint_register(ep, mem, bytes, &src));
+    CHECK(tcpx_connection_reserve_batches(c, 2, NULL));
+
+    /* Refused at once, nothing sent: NULL list, empty list, a range outside its region, a
+     * total over TCPX_BATCH_MAX_BYTES, a NULL output. */
+    tcpx_transfer t;
+    EXPECT(tcpx_connection_send_batch(c, NULL, 1, &t), TCPX_ERR_NULL_POINTER,
+           "tcpx_connection_send_batch");
+    EXPECT(tcpx_connection_send_batch(c, (tcpx_segment[]){{src, 0, 1}}, 0, &t),
+           TCPX_ERR_INVALID_ARGUMENT, "tcpx_connection_send_batch");
+    EXPECT(tcpx_connection_send_batch(c, (tcpx_segment[]){{src, bytes - 10, 11}}, 1, &t),
+           TCPX_ERR_INVALID_ARGUMENT, "tcpx_connection_send_batch");
+    tcpx_region big;
+    uint64_t half = TCPX_BATCH_MAX_BYTES / 2;
+    CHECK(tcpx_endpoint_alloc_host(ep, TCPX_BATCH_MAX_BYTES + 4096, &big));
+    EXPECT(tcpx_connection_send_batch(c, (tcpx_segment[]){{big, 0, half}, {big, half, half + 1}}, 2, &t),
+           TCPX_ERR_INVALID_ARGUMENT, "tcpx_connection_send_batch");
+    ASSERT(strstr(tcpx_last_error(), "split it") != NULL, "%s", tcpx_last_error());
+    CHECK(tcpx_region_destroy(big));
+    EXPECT(tcpx_connection_send_batch(c, (tcpx_segment[]){{src, 0, 1}}, 1, NULL),
+           TCPX_ERR_NULL_POINTER, "tcpx_connection_send_batch");
+    EXPECT(tcpx_connection_send_batch((tcpx_connection){0}, (tcpx_segment[]){{src, 0, 1}}, 1, &t),
+           TCPX_ERR_NULL_POINTER, "tcpx_connection_send_batch");
+
+    /* 1. Many small messages of uneven sizes in one batch (through a pack buffer). */
+    tcpx_segment *ss = calloc(n, sizeof *ss);
+    ASSERT(ss != NULL, "calloc");
+    uint64_t total = 0;
+    for (size_t k = 0; k < n; k++) {
+        fill(mem + k * BATCH_SEND_STRIDE, batch_len(k), 300 + (uint64_t)k, 0);
+        ss[k] = (tcpx_segment){src, (uint64_t)k * BATCH_SEND_STRIDE, batch_len(k)};
+        total += batch_len(k);
+    }
+    ASSERT(total <= TCPX_BATCH_MAX_BYTES, "batch of %llu bytes", (unsigned long long)total);
+    CHECK(tcpx_connection_send_batch(c, ss, n, &t));
+    free(ss);
+    finish(t, total, "batch send");
+
+    /* 2. One run cut in three uneven pieces (sent in place). */
+    size_t whole = g_valgrind ? 20000 : 300001;
+    fill(mem, whole, 31, 0);
+    CHECK(tcpx_connection_send_batch(
+        c, (tcpx_segment[]){{src, 0, 1}, {src, 1, whole / 3}, {src, 1 + whole / 3, whole - 1 - whole / 3}},
+        3, &t));
+    finish(t, whole, "batch send, one run");
+
+    /* 3. A batch smaller than the peer's receive: whatever this side sees, it finishes. */
+    CHECK(tcpx_connection_send_batch(c, (tcpx_segment[]){{src, 0, 3000}, {src, 4096, 3000}}, 2, &t));
+    tcpx_status st = tcpx_transfer_wait(t, wait_ms(), NULL);
+    ASSERT(st != TCPX_PENDING, "the smaller batch's send did not finish");
+    CHECK(tcpx_transfer_release(t));
+    await_peer(l, "checked");
+
+    signal_peer(l, "closing");
+    CHECK(tcpx_connection_destroy(c));
+    CHECK(tcpx_region_destroy(src));
+    free(mem);
+    CHECK(tcpx_endpoint_destroy(ep));
+}
+
 /* ---------------------------------------------------------------- coordinator */
 
 typedef void (*role_fn)(link_t);
@@ -1503,6 +1651,8 @@ int main(int argc, char **argv) {
     RUN("rendezvous by name through etcd (skips without TCPX_TEST_ETCD)", "rdv-server", rdv_server,
         "rdv-client", rdv_client, 0);
     RUN("destroy with transfers in flight", "receiver", inflight_receiver, "sender", inflight_sender, 0);
+    RUN("batches of small messages: in order, reserved, refusals, mismatched totals",
+        "batch-receiver", batch_receiver, "batch-sender", batch_sender, 0);
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

@@ -160,7 +160,8 @@ class Connection:
     """A connection to one peer (``Endpoint.connect`` / ``Endpoint.accept``).
 
     Two-sided: the k-th ``send`` here pairs with the k-th ``recv`` there (same size); the
-    vectored forms pair with each other (the totals must match). One-sided: ``write`` /
+    vectored forms pair with each other (the totals must match), and so do the batch forms
+    (``send_batch`` / ``recv_batch``: many small messages in one submission). One-sided: ``write`` /
     ``read`` on the peer's advertised memory (``Endpoint.advertise`` there), no call on the
     peer. Buffers are :class:`Region` (fastest: registered once), ``region[a:b]``, or any
     array / tensor / buffer (registered for the call). Closing fails pending transfers.
@@ -223,6 +224,53 @@ class Connection:
     def recvv(self, bufs: Sequence[Buffer], timeout: Optional[float] = None) -> int:
         """``recvv_async`` and wait."""
         return self.recvv_async(bufs).wait(timeout)
+
+    # Batches of small messages ------------------------------------------------------
+    def send_batch_async(self, bufs: Sequence[Buffer]) -> Transfer:
+        """Starts sending many small messages in one submission (peer: ``recv_batch``).
+
+        ``bufs`` travel, in order, as one batch: one request and one completion for all of
+        them, one packed stream on the wire, instead of one each (the fast path for many
+        small messages). The total is 1 byte to 4 MiB (more raises :class:`BadArgument`:
+        split it into several batches). Buffers that are not one contiguous run of one
+        registration are copied into a pooled pack buffer during this call
+        (:meth:`reserve_batches` allocates those up front). Batches are numbered with the
+        other sends: the k-th send of any kind pairs with the peer's k-th receive, which must
+        be a ``recv_batch`` of the same total.
+        """
+        pieces, keep = self._pieces(bufs, False)
+        return self._core.send_batch(self.conn_id, pieces, keep)
+
+    def recv_batch_async(self, bufs: Sequence[Buffer]) -> Transfer:
+        """Starts receiving one ``send_batch`` batch into ``bufs``, in order (same total as the
+        peer's batch; with the same sizes on both sides each message lands in its own
+        buffer). A scattered list is received into a pack buffer and copied out when the
+        transfer is waited on (or ``done()`` polled): read ``bufs`` only after that. A
+        total that differs from the peer's fails the transfer instead of hanging."""
+        pieces, keep = self._pieces(bufs, True)
+        return self._core.recv_batch(self.conn_id, pieces, keep)
+
+    def send_batch(self, bufs: Sequence[Buffer], timeout: Optional[float] = None) -> int:
+        """``send_batch_async`` and wait; returns the bytes sent."""
+        return self.send_batch_async(bufs).wait(timeout)
+
+    def recv_batch(self, bufs: Sequence[Buffer], timeout: Optional[float] = None) -> int:
+        """``recv_batch_async`` and wait; returns the bytes received."""
+        return self.recv_batch_async(bufs).wait(timeout)
+
+    def reserve_batches(self, batches: int) -> int:
+        """Allocates and registers, now, the pack buffers that ``batches`` batches in flight
+        need (capped by ``TCPX_PACK_BUFFERS``), so that the first batches do not pay for
+        them; returns the buffers now pooled. Without it the pool grows on demand."""
+        if not isinstance(batches, int) or batches < 0:
+            raise BadArgument(f"reserve_batches takes a count of batches (>= 0), not {batches!r}")
+        return self._core.reserve_batches(self.conn_id, batches)
+
+    def batch_pack_stats(self) -> Dict[str, int]:
+        """Packing counters of this connection's batches: ``packed_sent``,
+        ``packed_received``, ``fallbacks``, ``overflows``, ``buffers`` (pooled buffers
+        allocated so far)."""
+        return self._core.batch_pack_stats(self.conn_id)
 
     # One-sided -----------------------------------------------------------------------
     @staticmethod
