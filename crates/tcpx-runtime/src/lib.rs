@@ -49,6 +49,7 @@
 
 // Control plane: codec, messages, metadata, one-sided payloads, the blocking socket shell.
 pub mod control;
+mod wakeup;
 // Sans-IO cores: deterministic state machines, no sockets, no clock of their own (they live
 // in tcpx-proto with the formats they decide on; re-exported under their old paths).
 pub use tcpx_proto::{schedule, window};

@@ -17,6 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Direction, Error, Result};
+use crate::wakeup::Wakeup;
 
 /// Progress for a transfer no engine finishes: [`Transfer::poll`], [`Transfer::wait`] and
 /// [`Transfer::is_finished`] call [`drive`](Drive::drive) until the completion is set.
@@ -44,6 +45,8 @@ pub(crate) struct Completion {
     waiters: AtomicUsize,
     finished: Mutex<bool>,
     wake: Condvar,
+    /// A control loop that sleeps until this finishes (see [`Completion::wake_on_finish`]).
+    loop_wakeup: OnceLock<Arc<Wakeup>>,
 }
 
 impl Completion {
@@ -61,7 +64,20 @@ impl Completion {
             *finished = true;
             self.wake.notify_all();
         }
+        if let Some(wakeup) = self.loop_wakeup.get() {
+            wakeup.wake();
+        }
         true
+    }
+
+    /// Has `finish` wake a connection's control loop that is about to sleep waiting for this
+    /// (a syscall only if it does sleep). Returns whether it is finished already, checked
+    /// after registering (the fence pairs with the one in `finish`), so a loop that gets
+    /// `false` is sure to be woken.
+    pub(crate) fn wake_on_finish(&self, wakeup: &Arc<Wakeup>) -> bool {
+        let _ = self.loop_wakeup.set(wakeup.clone());
+        fence(Ordering::SeqCst);
+        self.outcome.get().is_some()
     }
 
     pub(crate) fn get(&self) -> Option<&Result<u64>> {

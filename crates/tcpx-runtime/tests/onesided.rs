@@ -977,3 +977,98 @@ fn a_target_closing_at_the_notification_still_acknowledges_the_write() {
         );
     }
 }
+
+/// Many small operations in flight in both directions, each side's control loop either
+/// sleeping between frames (no wait spin: every frame is a wake-up, and a thread queueing a
+/// frame while its loop sleeps writes it itself) or spinning (frames and answers of many
+/// operations written together): every byte lands, every read sees the writes before it,
+/// and notifications arrive once each, in order.
+#[test]
+fn many_small_operations_in_flight_land_whether_the_control_loops_spin_or_sleep() {
+    loopback();
+    for spin in [Duration::ZERO, Duration::from_micros(200)] {
+        let conf = || {
+            let mut c = config(4, 64 << 10);
+            c.wait_spin = spin;
+            c
+        };
+        let (a, b, ab, ba) = pair_with(conf(), conf());
+        const OPS: usize = 400;
+        const BLOCK: usize = 4 << 10;
+        const IN_FLIGHT: usize = 32;
+        // a writes into b's region and reads it back; b writes into a's region the other way.
+        let b_dst = b.alloc_host(OPS * BLOCK).unwrap();
+        let a_dst = a.alloc_host(OPS * BLOCK).unwrap();
+        let (db, da) = (b.advertise(&b_dst).unwrap(), a.advertise(&a_dst).unwrap());
+        let a_src = source(&a, OPS * BLOCK, 900);
+        let b_src = source(&b, OPS * BLOCK, 901);
+        let back = a.alloc_host(OPS * BLOCK).unwrap();
+        let run = |conn: &Connection, src: &Region, d: Descriptor, read_back: bool| {
+            let mut in_flight = std::collections::VecDeque::new();
+            for i in 0..OPS {
+                let at = i * BLOCK;
+                let note = format!("{i}");
+                in_flight.push_back(
+                    conn.write(
+                        &[Segment::new(src, at, BLOCK)],
+                        &[RemoteSegment::new(d, at as u64, BLOCK as u64)],
+                        Some(note.as_bytes()),
+                    )
+                    .unwrap(),
+                );
+                if read_back {
+                    in_flight.push_back(
+                        conn.read(
+                            &[Segment::new(&back, at, BLOCK)],
+                            &[RemoteSegment::new(d, at as u64, BLOCK as u64)],
+                        )
+                        .unwrap(),
+                    );
+                }
+                while in_flight.len() > IN_FLIGHT {
+                    let t = in_flight.pop_front().unwrap();
+                    assert_eq!(t.wait(DEADLINE).unwrap(), BLOCK as u64, "spin {spin:?}");
+                }
+            }
+            for t in in_flight {
+                assert_eq!(t.wait(DEADLINE).unwrap(), BLOCK as u64, "spin {spin:?}");
+            }
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| run(&ab, &a_src, db, true));
+            s.spawn(|| run(&ba, &b_src, da, false));
+        });
+        let expected: Vec<Vec<u8>> = (0..OPS).map(|i| format!("{i}").into_bytes()).collect();
+        assert_eq!(
+            wait_notifications(&b, OPS),
+            expected,
+            "b's notifications, spin {spin:?}"
+        );
+        assert_eq!(
+            wait_notifications(&a, OPS),
+            expected,
+            "a's notifications, spin {spin:?}"
+        );
+        assert_pattern(
+            &b_dst,
+            0,
+            OPS * BLOCK,
+            900,
+            &format!("a → b, spin {spin:?}"),
+        );
+        assert_pattern(
+            &back,
+            0,
+            OPS * BLOCK,
+            900,
+            &format!("read back, spin {spin:?}"),
+        );
+        assert_pattern(
+            &a_dst,
+            0,
+            OPS * BLOCK,
+            901,
+            &format!("b → a, spin {spin:?}"),
+        );
+    }
+}

@@ -6,6 +6,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,10 @@ pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bytes read from the socket at a time. Frames larger than this arrive over several reads.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// How far past a receive's deadline a read may wait before its socket timeout is reset
+/// (resetting it is a syscall).
+const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(2);
 
 /// Longest sleep between polls of a listener while waiting in [`ControlConn::accept`].
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
@@ -166,8 +171,14 @@ pub struct ControlConn {
     rx: Box<[u8]>,
     rx_start: usize,
     rx_end: usize,
+    /// Encoded frames not yet written: [`ControlConn::queue`] appends, [`ControlConn::flush`]
+    /// writes them all in one call.
     tx: Vec<u8>,
     write_timeout: Duration,
+    /// The timeouts last set on the socket: setting one is a syscall, which the control loop
+    /// would otherwise pay per message.
+    applied_write_timeout: Option<Duration>,
+    applied_read_timeout: Option<Duration>,
     broken: bool,
 }
 
@@ -255,6 +266,8 @@ impl ControlConn {
             rx_end: 0,
             tx: Vec::new(),
             write_timeout: DEFAULT_WRITE_TIMEOUT,
+            applied_write_timeout: None,
+            applied_read_timeout: None,
             broken: false,
         };
         conn.set_write_timeout(write_timeout);
@@ -291,6 +304,10 @@ impl ControlConn {
             rx_end: 0,
             tx: Vec::new(),
             write_timeout: self.write_timeout,
+            // Socket options are shared by every handle on the socket, so a clone must set
+            // its own before relying on them.
+            applied_write_timeout: None,
+            applied_read_timeout: None,
             broken: self.broken,
         })
     }
@@ -300,6 +317,11 @@ impl ControlConn {
     /// already sent are still delivered.
     pub fn shutdown(&self) {
         let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// The socket's descriptor, to `poll` for readability.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
     }
 
     /// The peer's address.
@@ -325,26 +347,65 @@ impl ControlConn {
         };
     }
 
-    /// Sends one message, failing if it cannot be written within the write timeout. A send
-    /// that fails part-way leaves the connection [`ControlError::Broken`].
+    /// Sends one message (after any queued with [`Self::queue`]), failing if they cannot be
+    /// written within the write timeout. A send that fails part-way leaves the connection
+    /// [`ControlError::Broken`].
     pub fn send(&mut self, msg: &Message) -> Result<(), ControlError> {
+        self.queue(msg)?;
+        self.flush()
+    }
+
+    /// Encodes one message behind those already queued, without writing anything: a thread
+    /// that answers many operations in a row writes all their answers with one
+    /// [`Self::flush`] (one syscall instead of one per answer). Frames leave in queue order,
+    /// with the next flush or [`Self::send`] on this handle.
+    pub fn queue(&mut self, msg: &Message) -> Result<(), ControlError> {
         if self.broken {
             return Err(ControlError::Broken { peer: self.peer });
         }
-        self.tx.clear();
+        // `encode` appends one whole frame, or nothing when it fails.
         msg.encode(&mut self.tx)
             .map_err(|source| ControlError::Encode {
                 peer: self.peer,
                 kind: msg.kind(),
                 source,
-            })?;
+            })
+    }
+
+    /// Writes every queued frame, failing if they cannot be written within the write timeout.
+    /// A flush that fails part-way leaves the connection [`ControlError::Broken`].
+    pub fn flush(&mut self) -> Result<(), ControlError> {
+        if self.tx.is_empty() {
+            return if self.broken {
+                Err(ControlError::Broken { peer: self.peer })
+            } else {
+                Ok(())
+            };
+        }
+        let tx = std::mem::take(&mut self.tx);
+        let written = self.write_raw(&tx);
+        self.tx = tx;
+        self.tx.clear();
+        written
+    }
+
+    /// Writes `frames` (whole encoded frames) within the write timeout. A write that fails
+    /// part-way leaves the connection [`ControlError::Broken`].
+    pub(crate) fn write_raw(&mut self, frames: &[u8]) -> Result<(), ControlError> {
+        if self.broken {
+            return Err(ControlError::Broken { peer: self.peer });
+        }
         let peer = self.peer;
         let waited = self.write_timeout;
-        let result = self
-            .stream
-            .set_write_timeout(Some(self.write_timeout))
-            .and_then(|()| self.stream.write_all(&self.tx))
-            .and_then(|()| self.stream.flush());
+        let result = if self.applied_write_timeout == Some(waited) {
+            Ok(())
+        } else {
+            self.stream.set_write_timeout(Some(waited))
+        }
+        .and_then(|()| {
+            self.applied_write_timeout = Some(waited);
+            self.stream.write_all(frames)
+        });
         result.map_err(|source| {
             self.broken = true;
             if is_timeout(&source) {
@@ -363,6 +424,17 @@ impl ControlConn {
         })
     }
 
+    /// Shuts down the sending half: the peer reads end of stream after what was sent.
+    pub(crate) fn shutdown_write(&self) -> Result<(), ControlError> {
+        self.stream
+            .shutdown(Shutdown::Write)
+            .map_err(|source| ControlError::Io {
+                peer: self.peer,
+                op: "shutting down",
+                source,
+            })
+    }
+
     /// Receives the next message, waiting at most `timeout` for it to arrive whole.
     ///
     /// A timeout does not lose data: part of a frame received so far is kept for the next
@@ -370,61 +442,121 @@ impl ControlConn {
     pub fn recv(&mut self, timeout: Duration) -> Result<Message, ControlError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.rx_start < self.rx_end {
-                let mut input = &self.rx[self.rx_start..self.rx_end];
-                let decoded = self.decoder.decode(&mut input);
-                self.rx_start = self.rx_end - input.len();
-                match decoded {
-                    Ok(Some(frame)) => {
-                        return Message::decode(&frame).map_err(|source| ControlError::Malformed {
-                            peer: self.peer,
-                            source,
-                        })
-                    }
-                    Ok(None) => {}
-                    Err(source) => {
-                        return Err(ControlError::Protocol {
-                            peer: self.peer,
-                            source,
-                        })
-                    }
-                }
+            if let Some(message) = self.next_buffered() {
+                return message;
             }
-            // Everything buffered was fed to the decoder.
-            self.rx_start = 0;
-            self.rx_end = 0;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(self.recv_timeout(timeout));
             }
-            if let Err(source) = self.stream.set_read_timeout(Some(left)) {
-                return Err(ControlError::Io {
-                    peer: self.peer,
-                    op: "setting the read timeout",
-                    source,
-                });
-            }
-            match self.stream.read(&mut self.rx) {
-                Ok(0) => {
-                    return Err(match self.decoder.finish() {
-                        Ok(()) => ControlError::Closed { peer: self.peer },
-                        Err(source) => ControlError::Protocol {
-                            peer: self.peer,
-                            source,
-                        },
-                    })
-                }
-                Ok(n) => self.rx_end = n,
-                Err(e) if is_timeout(&e) => return Err(self.recv_timeout(timeout)),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
+            // The socket keeps the last timeout set, so a watcher polling with the same
+            // interval sets it once (a syscall per message otherwise). A read waits at most
+            // that long and a timed-out read with time left loops, so it is reset only when it
+            // would overshoot what is left by more than the slack, or poll far too often.
+            if self
+                .applied_read_timeout
+                .is_none_or(|applied| applied > left + READ_TIMEOUT_SLACK || applied < left / 2)
+            {
+                if let Err(source) = self.stream.set_read_timeout(Some(left)) {
                     return Err(ControlError::Io {
                         peer: self.peer,
-                        op: "receiving a message",
+                        op: "setting the read timeout",
                         source,
-                    })
+                    });
+                }
+                self.applied_read_timeout = Some(left);
+            }
+            match self.stream.read(&mut self.rx) {
+                Ok(0) => return Err(self.end_of_stream()),
+                Ok(n) => self.rx_end = n,
+                // An earlier, shorter socket timeout ran out: wait on for what is left.
+                Err(e) if is_timeout(&e) && Instant::now() < deadline => {}
+                Err(e) if is_timeout(&e) => return Err(self.recv_timeout(timeout)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(self.read_failed(source)),
+            }
+        }
+    }
+
+    /// The next whole message among the bytes already read, if any. Once it returns `None`
+    /// every buffered byte was fed to the decoder (a partial frame waits inside it).
+    pub(crate) fn next_buffered(&mut self) -> Option<Result<Message, ControlError>> {
+        if self.rx_start < self.rx_end {
+            let mut input = &self.rx[self.rx_start..self.rx_end];
+            let decoded = self.decoder.decode(&mut input);
+            self.rx_start = self.rx_end - input.len();
+            match decoded {
+                Ok(Some(frame)) => {
+                    return Some(Message::decode(&frame).map_err(|source| {
+                        ControlError::Malformed {
+                            peer: self.peer,
+                            source,
+                        }
+                    }))
+                }
+                Ok(None) => {}
+                Err(source) => {
+                    return Some(Err(ControlError::Protocol {
+                        peer: self.peer,
+                        source,
+                    }))
                 }
             }
+        }
+        self.rx_start = 0;
+        self.rx_end = 0;
+        None
+    }
+
+    /// Reads whatever the socket holds without blocking (the socket itself stays blocking:
+    /// the writing handle shares its flags), for a loop that polls the socket itself.
+    /// `Ok(false)`: nothing there yet.
+    pub(crate) fn read_now(&mut self) -> Result<bool, ControlError> {
+        // SAFETY: `rx` is a live buffer this handle owns exclusively (`&mut self`), writable
+        // for `rx.len()` bytes, and the descriptor belongs to `self.stream`, open for as long
+        // as `self` lives. `recv` writes at most `rx.len()` bytes into it.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                self.rx.as_mut_ptr().cast(),
+                self.rx.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => Err(self.end_of_stream()),
+            // Positive and at most `rx.len()`.
+            n if n > 0 => {
+                self.rx_start = 0;
+                self.rx_end = n as usize;
+                Ok(true)
+            }
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(false),
+                    _ => Err(self.read_failed(e)),
+                }
+            }
+        }
+    }
+
+    /// The error for a stream that ended: cleanly between frames, or inside one.
+    fn end_of_stream(&mut self) -> ControlError {
+        match self.decoder.finish() {
+            Ok(()) => ControlError::Closed { peer: self.peer },
+            Err(source) => ControlError::Protocol {
+                peer: self.peer,
+                source,
+            },
+        }
+    }
+
+    fn read_failed(&self, source: io::Error) -> ControlError {
+        ControlError::Io {
+            peer: self.peer,
+            op: "receiving a message",
+            source,
         }
     }
 
@@ -459,13 +591,7 @@ impl ControlConn {
         self.send(&Message::Close {
             reason: reason.to_owned(),
         })?;
-        self.stream
-            .shutdown(Shutdown::Write)
-            .map_err(|source| ControlError::Io {
-                peer: self.peer,
-                op: "shutting down",
-                source,
-            })
+        self.shutdown_write()
     }
 
     fn recv_timeout(&self, waited: Duration) -> ControlError {

@@ -3,6 +3,8 @@
 //! - [`codec`]: sans-IO framing (magic, version, type, capped length) and its [`Decoder`];
 //! - [`message`]: the messages ([`Message`], [`EndpointInfo`]) and their payload encoding;
 //! - [`conn`]: [`ControlConn`], the blocking socket shell with a timeout on every operation;
+//! - [`tx`]: [`ControlTx`], a connection's sending half shared by many threads, with the
+//!   flusher that writes what they queue;
 //! - [`metadata`]: [`EndpointMetadata`], the blob passed out of band to find a peer;
 //! - [`rma`]: the payloads of the one-sided messages ([`rma::WriteRequest`] and its kin).
 //!
@@ -16,6 +18,7 @@
 
 pub mod conn;
 mod secret;
+pub mod tx;
 
 // The bytes themselves live in `tcpx-proto` (sans-IO, fuzzed); they keep their paths here.
 pub use tcpx_proto::control::{codec, message, rma};
@@ -29,4 +32,5 @@ pub use message::{
 };
 pub use metadata::{EndpointMetadata, MetadataError};
 pub use secret::random_secret;
+pub use tx::ControlTx;
 pub use wire::{TooLong, WireError};

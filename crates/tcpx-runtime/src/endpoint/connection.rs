@@ -20,7 +20,7 @@ use super::setup::Established;
 use super::shared::EndpointShared;
 use super::watch;
 use crate::carrier::{segments_id, Carrier, JobSpec};
-use crate::control::{ControlConn, EndpointInfo, Message};
+use crate::control::{ControlConn, ControlTx, EndpointInfo, Message};
 use crate::engine::job::{staging_of, Job};
 use crate::engine::stage::Staging;
 use crate::engine::{Command, NewChannel};
@@ -28,13 +28,13 @@ use crate::error::{Direction, Error, Result};
 use crate::link::{Link, Wake};
 use crate::onesided::pack::PackPool;
 use crate::onesided::state::Rma;
-use crate::onesided::target::spawn_acker;
 use crate::onesided::RemoteSegment;
 pub use crate::registry::Segment;
 use crate::registry::{Region, Registration};
 use crate::schedule::Schedule;
 use crate::stats::ChannelStats;
 use crate::transfer::Transfer;
+use crate::wakeup::Wakeup;
 
 /// A connection to one peer: `channels` send comms and as many receive comms, driven by the
 /// endpoint's engines.
@@ -47,7 +47,10 @@ pub struct Connection {
     /// How two-sided jobs reach the engines of `link`.
     carrier: Arc<Carrier>,
     shared: Arc<EndpointShared>,
-    writer: Arc<Mutex<ControlConn>>,
+    /// The control connection's sending half, shared with the one-sided half.
+    writer: Arc<ControlTx>,
+    /// The control loop: reads the control stream, answers one-sided operations and writes
+    /// what `writer`'s users queue (see `watch`).
     watcher: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     /// Next sequence number per direction; held while a transfer is numbered and handed to
@@ -57,8 +60,6 @@ pub struct Connection {
     peer_info: EndpointInfo,
     /// The one-sided half: its own link over the RMA channels (see [`crate::onesided`]).
     rma: Arc<Rma>,
-    /// Acknowledges served writes and delivers notifications, in control-stream order.
-    acker: Option<JoinHandle<()>>,
     /// Pack buffers of two-sided batches ([`Connection::send_batch`]).
     batch_pack: PackPool,
 }
@@ -116,7 +117,10 @@ impl Connection {
         // The reader keeps what the handshake read ahead: the peer may send its first
         // notification or request right behind its `Ready`, in the same segment.
         let (reader, writer) = ctl.split()?;
-        let writer = Arc::new(Mutex::new(writer));
+        let wakeup = Arc::new(Wakeup::new().map_err(|e| {
+            Error::Internal(format!("cannot make the control loop's eventfd: {e}"))
+        })?);
+        let writer = Arc::new(ControlTx::new(writer, wakeup.clone()));
         let stop = Arc::new(AtomicBool::new(false));
         let rma = Arc::new(Rma::new(
             rma_carrier,
@@ -138,7 +142,6 @@ impl Connection {
             recv_order: Mutex::new(0),
             peer_info: established.peer_info,
             rma: rma.clone(),
-            acker: None,
             batch_pack: PackPool::new(config.pack_buffers),
         };
         // From here on, dropping `conn` on error releases whatever was handed out.
@@ -179,15 +182,13 @@ impl Connection {
                 tracing::warn!(target: "tcpx_runtime", %peer, error = %e, "staging rings not made at connect; lanes make them at their first staged transfer");
             }
         }
-        let (acker_tx, acker_rx) = crossbeam_channel::unbounded();
-        conn.acker = Some(spawn_acker(rma.clone(), acker_rx)?);
         conn.watcher = Some(watch::spawn(
             carrier,
             reader,
             stop,
             config.chunk_bytes,
             rma,
-            acker_tx,
+            wakeup,
         )?);
         Ok(conn)
     }
@@ -201,8 +202,7 @@ impl Connection {
     /// [`peer`](Self::peer) on its side (how a group rendezvous tells the acceptor who
     /// connected).
     pub fn local_control_addr(&self) -> Result<SocketAddr> {
-        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(writer.local_addr()?)
+        Ok(self.writer.local_addr()?)
     }
 
     /// What the peer said about itself in `Hello`.
@@ -560,11 +560,7 @@ impl Connection {
             transfer_id: segments_id(job.direction, job.seq),
             lens: job.local_lens(),
         };
-        let sent = self
-            .writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(&message);
+        let sent = self.writer.post(&message);
         if let Err(e) = sent {
             self.link.fail(e.into());
             job.fail_with_link();
@@ -592,22 +588,13 @@ impl Drop for Connection {
     fn drop(&mut self) {
         let peer = self.link.peer;
         self.link.fail(Error::Closed { peer });
-        {
-            let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = writer.close("connection closed by the application");
-            writer.shutdown();
-        }
+        // What is queued leaves before `Close`.
+        let _ = self.writer.close("connection closed by the application");
+        self.writer.shutdown();
         self.stop.store(true, Ordering::Release);
         if let Some(watcher) = self.watcher.take() {
             if watcher.join().is_err() {
-                tracing::error!(target: "tcpx_runtime", %peer, "control watcher panicked");
-            }
-        }
-        // The watcher is gone, and with it the acknowledger's queue: it ends once the
-        // failed link's jobs are abandoned.
-        if let Some(acker) = self.acker.take() {
-            if acker.join().is_err() {
-                tracing::error!(target: "tcpx_runtime", %peer, "acknowledger panicked");
+                tracing::error!(target: "tcpx_runtime", %peer, "control loop panicked");
             }
         }
         self.rma.close(Error::Closed { peer });

@@ -10,7 +10,8 @@
 //! - `pack`: moving batches of small scattered blocks as one contiguous transfer through
 //!   pack buffers ([`PackStats`]);
 //! - `state`: a connection's one-sided state and the initiator's calls;
-//! - `target`: serving requests on the control watcher, and the acknowledger thread;
+//! - `target`: serving requests on the connection's control loop, and the acknowledger that
+//!   answers them once their data landed;
 //! - `inbox`: delivered notifications waiting for [`crate::Endpoint::notifications`].
 //!
 //! # Why separate comms

@@ -14,7 +14,7 @@ use crate::carrier::{Carrier, JobSpec};
 use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
-use crate::control::{ControlConn, Message};
+use crate::control::{ControlTx, Message};
 use crate::engine::job::{staging_of, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
@@ -93,9 +93,9 @@ pub(crate) struct Rma {
     pub(crate) shared: Arc<OneSidedShared>,
     /// The endpoint's configuration (chunk size, packing thresholds).
     pub(crate) config: Config,
-    /// The control connection's write half, shared with the two-sided code. Holding it while
-    /// queueing a send job and writing its marker is what keeps the RMA lanes in step.
-    pub(crate) writer: Arc<Mutex<ControlConn>>,
+    /// The control connection's sending half, shared with the two-sided code. Queueing a send
+    /// job and its marker in one of its critical sections is what keeps the RMA lanes in step.
+    pub(crate) writer: Arc<ControlTx>,
     next_op: AtomicU64,
     pending: Mutex<Pending>,
     /// The discard region (registered for receives on first refusal) and its registration.
@@ -114,7 +114,7 @@ impl Rma {
         main: Arc<Link>,
         shared: Arc<OneSidedShared>,
         config: Config,
-        writer: Arc<Mutex<ControlConn>>,
+        writer: Arc<ControlTx>,
         stages_cuda: bool,
     ) -> Self {
         let pack = PackPool::new(config.pack_buffers);
@@ -135,10 +135,6 @@ impl Rma {
 
     fn pending(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn writer(&self) -> MutexGuard<'_, ControlConn> {
-        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Operations initiated here and not answered yet.
@@ -424,13 +420,14 @@ impl Rma {
             job.fail(e.clone());
             return Err(e);
         }
-        // The order rule: the data sender queues its job and writes the marker in one
-        // critical section, so the target queues its receives in the same order.
-        let sent = {
-            let mut writer = self.writer();
-            self.carrier.submit_job(&job);
-            writer.send(&Message::WriteRequest(request))
-        };
+        // The order rule: the data sender queues its job and its marker in one critical
+        // section, so the target queues its receives in the same order. The connection's
+        // control loop writes the marker when it is awake: this thread then pays no syscall.
+        let ((), queued) = self.writer.queue_with(
+            || self.carrier.submit_job(&job),
+            &Message::WriteRequest(request),
+        );
+        let sent = queued.and_then(|()| self.writer.signal());
         if let Err(e) = sent {
             let e = Error::from(e);
             self.link.fail(e.clone());
@@ -487,7 +484,7 @@ impl Rma {
             deadline: Instant::now() + self.link.timeout,
         };
         self.add_pending(op_id, op)?;
-        let sent = self.writer().send(&Message::ReadRequest(request));
+        let sent = self.writer.post(&Message::ReadRequest(request));
         if let Err(e) = sent {
             let e = Error::from(e);
             self.link.fail(e.clone());
@@ -506,7 +503,7 @@ impl Rma {
     pub(crate) fn notify(&self, bytes: &[u8]) -> Result<()> {
         self.usable()?;
         check_notification(bytes)?;
-        let sent = self.writer().send(&Message::Notify {
+        let sent = self.writer.post(&Message::Notify {
             bytes: bytes.to_vec(),
         });
         sent.map_err(|e| {

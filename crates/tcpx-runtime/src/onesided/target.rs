@@ -1,23 +1,22 @@
-//! The watcher's side of one-sided operations: serving the peer's requests (target) and
-//! taking the peer's answers (initiator), plus the acknowledger thread.
+//! The control loop's side of one-sided operations: serving the peer's requests (target),
+//! taking the peer's answers (initiator), and the [`Acknowledger`].
 //!
-//! Everything here runs on the connection's control watcher, one message at a time, in
-//! stream order: that order *is* the posting order of the RMA receive lanes. The watcher
-//! never writes to the control stream and never waits on data: the acknowledger does both.
-//! It takes the target's writes, reads and the standalone notifications in stream order;
-//! waits for each write's receive job, then answers `WriteAck` and delivers its notification
-//! (in that order, so that a target torn down at the notification has answered already);
-//! queues each accepted read's send job and answers `ReadData` (or `ReadRefused`). So a
-//! notification reaches the application only after its write's bytes have landed, and after
-//! every earlier write's; a read is served only after every earlier write landed; and two
-//! endpoints whose control streams are both full cannot deadlock (the readers of both
-//! streams keep reading).
+//! Everything here runs on the connection's control loop (`endpoint::watch`), one message
+//! at a time, in stream order: that order *is* the posting order of the RMA receive lanes.
+//! The loop never waits on data. What must wait for a job — a served write's `WriteAck`
+//! and notification, a packed read's scatter, an initiated write answered before its sends
+//! were done — is queued as a [`TargetItem`], and the [`Acknowledger`] hands the items over
+//! in stream order once their jobs finish: it answers `WriteAck` and then delivers the
+//! notification (after the answer was written, so that a target torn down at the
+//! notification has answered already); it queues each accepted read's send job and answers
+//! `ReadData` (or `ReadRefused`). So a notification reaches the application only after its
+//! write's bytes have landed, and after every earlier write's; a read is served only after
+//! every earlier write landed; and two endpoints whose control streams are both full cannot
+//! deadlock (both loops keep reading).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use crossbeam_channel::{Receiver, Sender};
 
 use super::coalesce::coalesce;
 use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
@@ -31,12 +30,13 @@ use crate::error::{Direction, Error, Result};
 use crate::registry::Region;
 use crate::schedule::Schedule;
 use crate::transfer::{Completion, Transfer};
+use crate::wakeup::Wakeup;
 
 /// Most chunks a refused write may carry into the discard region (one piece each); a peer
 /// asking for more is treated as hostile (128 GiB at the default 512 KiB chunks).
 const MAX_DISCARD_CHUNKS: u64 = 1 << 18;
 
-/// Grace after a job's own deadline before the acknowledger stops waiting on it (the engine
+/// Grace after a job's own deadline before the acknowledger gives up on it (the engine
 /// fails the connection at the deadline; this only bounds the wait).
 const ACK_GRACE: Duration = Duration::from_secs(1);
 
@@ -48,7 +48,7 @@ enum PackedInto {
     Host(Vec<Part>),
 }
 
-/// What the acknowledger handles, in control-stream order.
+/// What the [`Acknowledger`] hands over, in control-stream order.
 pub(crate) enum TargetItem {
     /// A write this side serves: its receive job (into the application's regions, or the
     /// discard region when refused).
@@ -97,16 +97,16 @@ pub(crate) enum TargetItem {
 impl Rma {
     /// Handles one one-sided control message. An error is a protocol violation or a local
     /// failure that leaves the lanes out of step: the caller fails the connection.
-    pub(crate) fn on_message(&self, message: Message, acker: &Sender<TargetItem>) -> Result<()> {
+    pub(crate) fn on_message(&self, message: Message, items: &mut Items) -> Result<()> {
         match message {
-            Message::WriteRequest(request) => self.on_write_request(request, acker),
-            Message::ReadRequest(request) => self.on_read_request(request, acker),
+            Message::WriteRequest(request) => self.on_write_request(request, items),
+            Message::ReadRequest(request) => self.on_read_request(request, items),
             Message::Notify { bytes } => {
-                self.ack(acker, TargetItem::Notify(bytes))?;
+                self.ack(items, TargetItem::Notify(bytes))?;
                 Ok(())
             }
-            Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, acker),
-            Message::ReadData { op_id, packed } => self.on_read_data(op_id, packed, acker),
+            Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, items),
+            Message::ReadData { op_id, packed } => self.on_read_data(op_id, packed, items),
             Message::ReadRefused { op_id, refusal } => {
                 let op = self.answered(op_id, "ReadRefused")?;
                 op.completion.finish(Err(access_error(&self.link, refusal)));
@@ -116,20 +116,10 @@ impl Rma {
         }
     }
 
-    /// Hands `item` to the acknowledger. One that stopped (it panicked) would leave the
-    /// item's transfers waiting until their deadline: the connection fails at once instead,
-    /// and so does everything the item holds.
-    fn ack(&self, acker: &Sender<TargetItem>, item: TargetItem) -> Result<()> {
-        let Err(crossbeam_channel::SendError(item)) = acker.send(item) else {
-            return Ok(());
-        };
-        let error = Error::Internal(format!(
-            "the acknowledger of the connection to peer {} stopped",
-            self.link.peer
-        ));
-        self.link.fail(error.clone());
-        fail_item(&self.link, item);
-        Err(error)
+    /// Queues `item` behind the earlier ones (see [`Items`]).
+    fn ack(&self, items: &mut Items, item: TargetItem) -> Result<()> {
+        items.push_back(item);
+        Ok(())
     }
 
     fn violation(&self, what: String) -> Error {
@@ -201,7 +191,7 @@ impl Rma {
 
     /// Target: a write. Its data is already on the way, so a receive job is queued either
     /// way — into the application's regions, or into the discard region when refused.
-    fn on_write_request(&self, request: WriteRequest, acker: &Sender<TargetItem>) -> Result<()> {
+    fn on_write_request(&self, request: WriteRequest, items: &mut Items) -> Result<()> {
         let WriteRequest {
             op_id,
             entries,
@@ -210,7 +200,7 @@ impl Rma {
             packed,
         } = request;
         if packed {
-            return self.on_packed_write(op_id, &entries, &local_lens, notification, acker);
+            return self.on_packed_write(op_id, &entries, &local_lens, notification, items);
         }
         let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
         // Refused (a mixed staged / other list included): the data goes to the discard
@@ -237,7 +227,7 @@ impl Rma {
         });
         self.carrier.submit_job(&job);
         self.ack(
-            acker,
+            items,
             TargetItem::Write {
                 job,
                 op_id,
@@ -324,7 +314,7 @@ impl Rma {
         entries: &[RemoteEntry],
         peer_lens: &[u64],
         notification: Option<Vec<u8>>,
-        acker: &Sender<TargetItem>,
+        items: &mut Items,
     ) -> Result<()> {
         let total = self.packed_total(entries, peer_lens, op_id)?;
         let (into, refusal) = match self.shared.adverts.validate(entries) {
@@ -401,7 +391,7 @@ impl Rma {
         self.pack.count_received();
         self.carrier.submit_job(&job);
         self.ack(
-            acker,
+            items,
             TargetItem::Write {
                 job,
                 op_id,
@@ -448,7 +438,7 @@ impl Rma {
     /// Target: a read. Accepted: its send job is built here and handed to the acknowledger,
     /// which queues it and writes `ReadData` in one critical section (this side sends the
     /// data, so it sets the order). Refused: `ReadRefused`, and nothing moves.
-    fn on_read_request(&self, request: ReadRequest, acker: &Sender<TargetItem>) -> Result<()> {
+    fn on_read_request(&self, request: ReadRequest, items: &mut Items) -> Result<()> {
         let ReadRequest {
             op_id,
             entries,
@@ -459,7 +449,7 @@ impl Rma {
         if pack {
             if let Ok(regions) = &validated {
                 if let Some(item) = self.packed_read(op_id, &entries, &local_lens, regions)? {
-                    self.ack(acker, item)?;
+                    self.ack(items, item)?;
                     return Ok(());
                 }
             }
@@ -495,7 +485,7 @@ impl Rma {
                 }
             }
         };
-        self.ack(acker, item)?;
+        self.ack(items, item)?;
         Ok(())
     }
 
@@ -595,7 +585,7 @@ impl Rma {
 
     /// Initiator: the target accepted a read and queued its data; queue the receive (into
     /// the pack buffer offered, if the target packed: the acknowledger scatters it).
-    fn on_read_data(&self, op_id: u64, packed: bool, acker: &Sender<TargetItem>) -> Result<()> {
+    fn on_read_data(&self, op_id: u64, packed: bool, items: &mut Items) -> Result<()> {
         let op = self.answered(op_id, "ReadData")?;
         match op.kind {
             PendingKind::Read { offered: false, .. } if packed => Err(self.violation(format!(
@@ -651,7 +641,7 @@ impl Rma {
                 self.pack.count_received();
                 self.carrier.submit_job(&job);
                 self.ack(
-                    acker,
+                    items,
                     TargetItem::ScatterRead {
                         job,
                         pack,
@@ -690,12 +680,7 @@ impl Rma {
     /// Initiator: the target's verdict on a write. Completes the transfer once this side's
     /// send job is done too (its memory is then free for the CPU again): now, or through the
     /// acknowledger if the job is still finishing.
-    fn on_write_ack(
-        &self,
-        op_id: u64,
-        refusal: Option<Refusal>,
-        acker: &Sender<TargetItem>,
-    ) -> Result<()> {
+    fn on_write_ack(&self, op_id: u64, refusal: Option<Refusal>, items: &mut Items) -> Result<()> {
         let op = self.answered(op_id, "WriteAck")?;
         let job = match &op.kind {
             PendingKind::Write { job } => job.clone(),
@@ -706,7 +691,7 @@ impl Rma {
         if job.is_finished() {
             complete_write(&self.link, &job, op, refusal, Duration::ZERO);
         } else {
-            self.ack(acker, TargetItem::Complete { job, op, refusal })?;
+            self.ack(items, TargetItem::Complete { job, op, refusal })?;
         }
         Ok(())
     }
@@ -749,7 +734,7 @@ fn complete_write(
     op.completion.finish(outcome);
 }
 
-/// Fails what an item the acknowledger never took holds, with the link's error: its jobs
+/// Fails what an item the acknowledger gives up on holds, with the link's error: its jobs
 /// (one never handed to the engines would otherwise never finish), the application's
 /// completions, and its pack buffer (a job may still post into it: never reused).
 fn fail_item(link: &crate::link::Link, item: TargetItem) {
@@ -786,145 +771,277 @@ fn fail_item(link: &crate::link::Link, item: TargetItem) {
     }
 }
 
-/// Starts the acknowledger of one connection; it ends when the watcher drops its sender.
-pub(crate) fn spawn_acker(rma: Arc<Rma>, items: Receiver<TargetItem>) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("tcpx-ack-{}", rma.link.id))
-        .spawn(move || acknowledge(&rma, &items))
-        .map_err(|e| Error::Internal(format!("cannot start the acknowledger: {e}")))
+/// The items the control loop still has to answer or complete, in control-stream order: a
+/// FIFO, so a read is served only after every earlier write landed, and notifications are
+/// delivered in the order the peer sent them.
+pub(crate) type Items = VecDeque<TargetItem>;
+
+impl TargetItem {
+    /// The job this item waits for before it can be handled, if any.
+    fn awaits(&self) -> Option<&Arc<Job>> {
+        match self {
+            Self::Write { job, .. }
+            | Self::ScatterRead { job, .. }
+            | Self::Complete { job, .. } => Some(job),
+            Self::Notify(_) | Self::ServeRead { .. } => None,
+        }
+    }
 }
 
-fn acknowledge(rma: &Rma, items: &Receiver<TargetItem>) {
-    let peer = rma.link.peer;
-    // The acknowledger is the hand-off between a served write's last chunk and its
-    // notification and `WriteAck` (and between a packed read's data and its scatter): it
-    // polls the job for the configured wait spin before it sleeps, like an application's
-    // wait, so that a small write's answer does not also wait for this thread's futex
-    // wake-up (tens of µs; the spin is 0 on machines with fewer than 4 cores).
-    let spin = rma.config.wait_spin;
-    for item in items {
-        match item {
-            TargetItem::Notify(bytes) => rma.shared.inbox.deliver(peer, bytes),
-            TargetItem::ServeRead {
-                job,
-                op_id,
-                refusal,
-                packed,
-                pack,
-            } => {
-                // Packed: gathered here, after every earlier write of the peer landed and
-                // was scattered, and before the job is queued.
-                if let (Some((lease, parts)), Some(job)) = (&pack, &job) {
-                    if let Err(e) = gather(lease, parts) {
-                        rma.link.fail(e);
-                        job.fail_with_link();
-                        if let Some((lease, _)) = pack {
-                            lease.poison();
-                        }
-                        continue;
+/// The notifications the control loop holds until the answers before them are written.
+///
+/// Answers (`WriteAck`, `ReadData`, `ReadRefused`) are queued on the connection's
+/// [`crate::control::ControlTx`] and written by the loop with everything else queued, one
+/// syscall for all that is ready. A notification must not become visible before its write's
+/// answer left (an application that tears its endpoint down at the notification would take
+/// the answer with it), so notifications wait here for [`Acknowledger::delivered`], which the
+/// loop calls after each flush.
+#[derive(Default)]
+struct Answers {
+    /// Notifications of answered writes (and standalone ones behind them), in stream order.
+    notifications: Vec<Vec<u8>>,
+}
+
+impl Answers {
+    /// Queues `message` (the loop writes it, or this thread when the loop sleeps: drain).
+    fn queue(&mut self, rma: &Rma, message: &Message) {
+        if let Err(e) = rma.writer.post(message) {
+            rma.link.fail(e.into());
+        }
+    }
+
+    /// Queues a send job's marker (`ReadData`) with the job in one critical section (see
+    /// the order rule in [`crate::onesided`]).
+    fn queue_with_job(&mut self, rma: &Rma, job: &Arc<Job>, message: &Message) {
+        let ((), queued) = rma
+            .writer
+            .queue_with(|| rma.carrier.submit_job(job), message);
+        if let Err(e) = queued.and_then(|()| rma.writer.signal()) {
+            rma.link.fail(e.into());
+        }
+    }
+
+    /// Writes what is queued (if anything is held behind it) and delivers the notifications.
+    fn deliver(&mut self, rma: &Rma) {
+        if self.notifications.is_empty() {
+            return;
+        }
+        if rma.writer.has_queued() {
+            if let Err(e) = rma.writer.flush() {
+                rma.link.fail(e.into());
+            }
+        }
+        let peer = rma.link.peer;
+        for bytes in self.notifications.drain(..) {
+            rma.shared.inbox.deliver(peer, bytes);
+        }
+    }
+}
+
+/// What the control loop answers, completes and delivers (see the module docs), without
+/// ever blocking on data while the loop runs.
+#[derive(Default)]
+pub(crate) struct Acknowledger {
+    items: Items,
+    answers: Answers,
+}
+
+impl Acknowledger {
+    /// Where the message handlers queue what they leave to be answered.
+    pub(crate) fn items(&mut self) -> &mut Items {
+        &mut self.items
+    }
+
+    /// Handles every item at the head whose job has finished (an item past its job's
+    /// deadline and a grace fails the connection instead: the engines should have failed the
+    /// job by then). Answers are queued, not written. Returns whether it handled anything.
+    pub(crate) fn advance(&mut self, rma: &Rma) -> bool {
+        let mut handled = false;
+        while let Some(head) = self.items.front() {
+            if let Some(job) = head.awaits() {
+                if !job.is_finished() {
+                    if Instant::now() < job.deadline + ACK_GRACE {
+                        break;
                     }
+                    rma.link.fail(Error::Timeout {
+                        channel: 0,
+                        peer: rma.link.peer,
+                        waited: rma.link.timeout,
+                        what: "a one-sided operation's data (its job never finished)".into(),
+                    });
+                    if let Some(item) = self.items.pop_front() {
+                        fail_item(&rma.link, item);
+                    }
+                    handled = true;
+                    continue;
                 }
-                let sent = {
-                    let mut writer = rma.writer();
-                    match (&job, refusal) {
-                        (Some(job), _) => {
-                            // Counted before `ReadData` leaves: the initiator may complete
-                            // the read (and look at the counters) before this thread runs on.
-                            if packed {
-                                rma.pack.count_sent();
-                            }
-                            rma.carrier.submit_job(job);
-                            writer.send(&Message::ReadData { op_id, packed })
-                        }
-                        (None, Some(refusal)) => {
-                            writer.send(&Message::ReadRefused { op_id, refusal })
-                        }
-                        (None, None) => Ok(()),
-                    }
-                };
-                if let Err(e) = sent {
-                    rma.link.fail(e.into());
-                }
-                // A job never handed to the engines (the connection failed) still finishes.
-                if let Some(job) = job {
-                    if rma.link.is_failed() {
-                        job.fail_with_link();
-                    }
+            }
+            if let Some(item) = self.items.pop_front() {
+                handle(rma, item, &mut self.answers);
+                handled = true;
+            }
+        }
+        handled
+    }
+
+    /// Called after the loop wrote what was queued: delivers the notifications held.
+    pub(crate) fn delivered(&mut self, rma: &Rma) {
+        self.answers.deliver(rma);
+    }
+
+    /// Before the loop sleeps: has the head's job wake it when it finishes. `Ok(None)`:
+    /// nothing to wait for; `Ok(Some(by))`: sleep at most until `by` (the job's deadline and
+    /// grace); `Err(())`: the head can be handled now, do not sleep.
+    pub(crate) fn sleep_on(
+        &self,
+        wakeup: &Arc<Wakeup>,
+    ) -> std::result::Result<Option<Instant>, ()> {
+        let Some(head) = self.items.front() else {
+            return Ok(None);
+        };
+        match head.awaits() {
+            None => Err(()),
+            Some(job) if job.completion.wake_on_finish(wakeup) => Err(()),
+            Some(job) => Ok(Some(job.deadline + ACK_GRACE)),
+        }
+    }
+
+    /// The loop ended (the stream ended, or the connection closed): handles what is left in
+    /// order, waiting for each job (its bytes may still land: a peer that closed right after
+    /// its write still has its notification delivered), then delivers the notifications.
+    pub(crate) fn drain(mut self, rma: &Rma) {
+        while let Some(item) = self.items.pop_front() {
+            handle(rma, item, &mut self.answers);
+        }
+        self.answers.deliver(rma);
+    }
+}
+
+/// Waits for `job` (up to its deadline and a grace: only the drain at the end waits; the
+/// running loop hands over finished jobs only).
+fn wait_job(rma: &Rma, job: &Job, direction: Direction) -> Result<u64> {
+    let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
+    Transfer::new(
+        job.completion.clone(),
+        direction,
+        job.len,
+        rma.config.wait_spin,
+    )
+    .wait(left)
+}
+
+/// Handles one item (see the module docs: the hand-off between a served write's last chunk
+/// and its notification and `WriteAck`, and between a packed read's data and its scatter).
+/// Blocks only for a job that has not finished, which the running loop never hands it.
+fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
+    match item {
+        // Behind every earlier write's notification, as the peer sent it.
+        TargetItem::Notify(bytes) => answers.notifications.push(bytes),
+        TargetItem::ServeRead {
+            job,
+            op_id,
+            refusal,
+            packed,
+            pack,
+        } => {
+            // Packed: gathered here, after every earlier write of the peer landed and was
+            // scattered, and before the job is queued.
+            if let (Some((lease, parts)), Some(job)) = (&pack, &job) {
+                if let Err(e) = gather(lease, parts) {
+                    rma.link.fail(e);
+                    job.fail_with_link();
                     if let Some((lease, _)) = pack {
-                        // Back to the pool once the sends are done.
-                        rma.pack.hold(job, lease);
-                    }
-                }
-            }
-            TargetItem::ScatterRead {
-                job,
-                pack,
-                completion,
-                len,
-            } => {
-                let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
-                let landed = Transfer::new(job.completion.clone(), Direction::Recv, job.len, spin)
-                    .wait(left);
-                let outcome = landed.and_then(|_| scatter(&pack.lease, &pack.parts).map(|_| len));
-                if outcome.is_err() && !job.is_finished() {
-                    // The job may still post into the buffer: never reuse it.
-                    pack.lease.poison();
-                }
-                completion.finish(outcome);
-            }
-            TargetItem::Complete { job, op, refusal } => {
-                complete_write(&rma.link, &job, op, refusal, spin)
-            }
-            TargetItem::Write {
-                job,
-                op_id,
-                refusal,
-                notification,
-                pack,
-            } => {
-                let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
-                // The receive job completes only once every chunk is in the application's
-                // memory: for a staged write (CUDA, or emulated) the lane retires a chunk
-                // only after its ring → memory copy was seen done (`consume_recv` in
-                // `engine/channel.rs` returns before a slot whose copy is still running), so
-                // the notification below never precedes the bytes it announces.
-                let landed = Transfer::new(job.completion.clone(), Direction::Recv, job.len, spin)
-                    .wait(left);
-                // A packed write's bytes reach the application's memory here, before the
-                // notification and the acknowledgement (a refused one's never do).
-                let landed = match (&pack, landed) {
-                    (Some((lease, parts)), Ok(n)) if refusal.is_none() => {
-                        scatter(lease, parts).map(|_| n)
-                    }
-                    (_, landed) => landed,
-                };
-                if let Some((lease, _)) = pack {
-                    if !job.is_finished() {
                         lease.poison();
                     }
+                    return;
                 }
-                match landed {
-                    Ok(_) => {
-                        // The answer leaves before the notification is visible: an
-                        // application that tears its endpoint down as soon as it sees the
-                        // notification must not take the initiator's answer with it (the
-                        // initiator's write would fail with `PeerClosed` although every byte
-                        // landed).
-                        let sent = rma.writer().send(&Message::WriteAck { op_id, refusal });
-                        if let Err(e) = sent {
-                            rma.link.fail(e.into());
-                        }
-                        if refusal.is_none() {
-                            if let Some(bytes) = notification {
-                                rma.shared.inbox.deliver(peer, bytes);
-                            }
+            }
+            match (&job, refusal) {
+                (Some(job), _) => {
+                    // Counted before `ReadData` leaves: the initiator may complete the read
+                    // (and look at the counters) before this thread runs on.
+                    if packed {
+                        rma.pack.count_sent();
+                    }
+                    answers.queue_with_job(rma, job, &Message::ReadData { op_id, packed });
+                }
+                (None, Some(refusal)) => {
+                    answers.queue(rma, &Message::ReadRefused { op_id, refusal })
+                }
+                (None, None) => {}
+            }
+            // A job never handed to the engines (the connection failed) still finishes.
+            if let Some(job) = job {
+                if rma.link.is_failed() {
+                    job.fail_with_link();
+                }
+                if let Some((lease, _)) = pack {
+                    // Back to the pool once the sends are done.
+                    rma.pack.hold(job, lease);
+                }
+            }
+        }
+        TargetItem::ScatterRead {
+            job,
+            pack,
+            completion,
+            len,
+        } => {
+            let landed = wait_job(rma, &job, Direction::Recv);
+            let outcome = landed.and_then(|_| scatter(&pack.lease, &pack.parts).map(|_| len));
+            if outcome.is_err() && !job.is_finished() {
+                // The job may still post into the buffer: never reuse it.
+                pack.lease.poison();
+            }
+            completion.finish(outcome);
+        }
+        TargetItem::Complete { job, op, refusal } => {
+            complete_write(&rma.link, &job, op, refusal, rma.config.wait_spin)
+        }
+        TargetItem::Write {
+            job,
+            op_id,
+            refusal,
+            notification,
+            pack,
+        } => {
+            // The receive job completes only once every chunk is in the application's
+            // memory: for a staged write (CUDA, or emulated) the lane retires a chunk only
+            // after its ring → memory copy was seen done (`consume_recv` in
+            // `engine/channel.rs` returns before a slot whose copy is still running), so the
+            // notification never precedes the bytes it announces.
+            let landed = wait_job(rma, &job, Direction::Recv);
+            // A packed write's bytes reach the application's memory here, before the
+            // notification and the acknowledgement (a refused one's never do).
+            let landed = match (&pack, landed) {
+                (Some((lease, parts)), Ok(n)) if refusal.is_none() => {
+                    scatter(lease, parts).map(|_| n)
+                }
+                (_, landed) => landed,
+            };
+            if let Some((lease, _)) = pack {
+                if !job.is_finished() {
+                    lease.poison();
+                }
+            }
+            match landed {
+                Ok(_) => {
+                    // The answer leaves before the notification is visible (`Answers`
+                    // delivers it after the flush that writes the answer): an application
+                    // that tears its endpoint down as soon as it sees the notification must
+                    // not take the initiator's answer with it (the initiator's write would
+                    // fail with `PeerClosed` although every byte landed).
+                    answers.queue(rma, &Message::WriteAck { op_id, refusal });
+                    if refusal.is_none() {
+                        if let Some(bytes) = notification {
+                            answers.notifications.push(bytes);
                         }
                     }
-                    // The connection failed (the engines failed the job with its error) or
-                    // the job is stuck past its deadline: either way no answer is owed.
-                    Err(e) => {
-                        rma.link.fail(e);
-                    }
+                }
+                // The connection failed (the engines failed the job with its error) or the
+                // job is stuck past its deadline: either way no answer is owed.
+                Err(e) => {
+                    rma.link.fail(e);
                 }
             }
         }
