@@ -671,3 +671,52 @@ fn child() {
         other => panic!("unknown role {other}"),
     }
 }
+
+/// A thread waiting for local peers (as the NIXL plugin's accept loop does; the wait goes in
+/// 100 ms rounds, back to back) must not hold up the endpoint's other users: `local_route` (every NIXL
+/// metadata load asks it) read the claimed GPU name under the lock the waiting thread held
+/// for each whole round, and on a 16-core machine it waited from seconds to over a minute.
+#[test]
+fn asking_the_route_is_not_held_up_by_a_thread_waiting_for_local_peers() {
+    let _serial = serial();
+    loopback();
+    let mut cfg = config(1, 1 << 20);
+    // A GPU named by its bus id: accepting claims the GPU's rendezvous name as well, and
+    // then waits on both names.
+    cfg.gpu_pci = Some("0000:ab:00.0".into());
+    let a = Endpoint::new(cfg).expect("endpoint");
+    let b = endpoint();
+    let peer = b.local_info();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let e = a
+                    .accept_local_timeout(Duration::from_millis(700))
+                    .expect_err("nobody connects");
+                assert_eq!(kind(&e), Some(LocalErrorKind::Timeout), "{e}");
+            }
+        });
+        // Let the waiter claim the GPU name and start its rounds.
+        std::thread::sleep(Duration::from_millis(150));
+        // Asked at scattered moments of the waiter's rounds: held up by them, most answers
+        // would wait for the rest of a round (up to 100 ms). Answered directly, each is a few
+        // reads; two slow ones are tolerated (a busy CI machine).
+        let mut slow = Vec::new();
+        for _ in 0..30 {
+            let started = Instant::now();
+            let _ = a.local_route(&peer);
+            assert!(a.local_info().gpu.is_some(), "the GPU name was claimed");
+            let took = started.elapsed();
+            if took > Duration::from_millis(40) {
+                slow.push(took);
+            }
+            std::thread::sleep(Duration::from_millis(7));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            slow.len() <= 2,
+            "answers held up by the waiting thread: {slow:?}"
+        );
+    });
+}

@@ -38,7 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from harness import Peer, blocks, cuda_available, span  # noqa: E402
+from harness import Peer, blocks, cuda_available, span, ucx_tls  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -49,7 +49,7 @@ GAP = 4 * KiB  # after every scattered block
 
 def backend_env(backend, plugin_dir, memory, module):
     env = {"TCPX_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-           "UCX_TLS": "tcp,cuda_copy,self" if memory == "cuda" else "tcp,self",
+           "UCX_TLS": ucx_tls(memory == "cuda"),
            "UCX_NET_DEVICES": "lo", "TCPX_NIXL_MODULE": module}
     if backend == "TCPX":
         env["NIXL_PLUGIN_DIR"] = plugin_dir
@@ -226,7 +226,7 @@ def main():
     if args.memory == "cuda" and not cuda_available():
         print("SKIP: --memory cuda needs a CUDA driver and device")
         return
-    ucx = "UCX_TLS=tcp,cuda_copy,self" if args.memory == "cuda" else "UCX_TLS=tcp,self"
+    ucx = "UCX_TLS=" + ucx_tls(args.memory == "cuda")
     print(f"{args.memory} memory; TCPX: {args.channels} channels, built-in plugin unless "
           f"TCPX_PLUGIN_PATH says otherwise; UCX: NIXL's UCX plugin from {args.nixl_module}, "
           f"{ucx} UCX_NET_DEVICES=lo", flush=True)

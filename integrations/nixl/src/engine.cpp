@@ -703,6 +703,8 @@ Status Engine::loadRemoteConnInfo(const std::string &remote_agent, const std::st
         }
         // Same-host route: asked once per load (tcpx compares boot ids, users, GPUs).
         bool ipc = false;
+        logDebug("agent '" + localAgent + "' loading the connection info of agent '" +
+                 remote_agent + "'");
         if (!ci->local.empty()) {
             char why[256] = {0};
             const tcpx_status rs = tcpx_endpoint_local_route(ep_, ci->local.data(),

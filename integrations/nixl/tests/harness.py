@@ -184,6 +184,13 @@ def cuda_available():
         return False
 
 
+def ucx_tls(gpu_memory):
+    """UCX transports for NIXL's UCX backend on loopback: TCP and self, plus cuda_copy for GPU
+    memory or wherever a GPU is present (NIXL 1.5.1's UCX backend refuses to start without a
+    CUDA transport on a machine with NVIDIA GPUs, even for host memory)."""
+    return "tcp,cuda_copy,self" if gpu_memory or cuda_available() else "tcp,self"
+
+
 # --------------------------------------------------------------------------------------------
 # Agent side (child process)
 # --------------------------------------------------------------------------------------------

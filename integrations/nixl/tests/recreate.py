@@ -260,10 +260,12 @@ def free_port():
 
 
 def backend_env(backend, memory):
+    from harness import ucx_tls
+
     env = dict(os.environ)
     env.update({"TCPX_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
                 "TCPX_CONTROL_ADDR": "127.0.0.1:0",
-                "UCX_TLS": "tcp,cuda_copy,self" if memory == "VRAM" else "tcp,self",
+                "UCX_TLS": ucx_tls(memory == "VRAM"),
                 "UCX_NET_DEVICES": "lo"})
     env.setdefault("TCPX_TIMEOUT_MS", "10000")
     if backend != "TCPX":

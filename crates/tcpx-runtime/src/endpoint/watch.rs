@@ -66,6 +66,10 @@ pub(crate) fn spawn(
                 &wakeup,
                 &mut acks,
             );
+            // Nobody flushes for a thread that queues a frame from now on: it writes its own
+            // (or learns that the stream is gone). What was queued before leaves now.
+            wakeup.going_to_sleep();
+            let _ = rma.writer.flush();
             let link = &carrier.link;
             // No answer to a one-sided operation can arrive any more.
             let error = link.failure().cloned().unwrap_or(Error::PeerClosed {

@@ -25,7 +25,11 @@ const HELLO_LIMIT: Duration = Duration::from_secs(5);
 /// The rendezvous sockets of one endpoint; closed (names released) when dropped.
 pub(crate) struct Listeners {
     primary: std::result::Result<UnixListener, String>,
-    alias: Mutex<Option<(String, UnixListener)>>,
+    /// The GPU's name, once claimed. Shared out (`Arc`) so that `accept` waits on it without
+    /// holding this lock: a waiter holding it starved every other user of the lock
+    /// (`claimed_gpu`, hence `Endpoint::local_route`) for seconds to a minute on a 16-core
+    /// machine, where the accepting loop took the lock back at once after each round.
+    alias: Mutex<Option<(String, Arc<UnixListener>)>>,
 }
 
 impl Listeners {
@@ -56,7 +60,7 @@ impl Listeners {
         }
         let name = gpu_socket_name(uid, bus);
         match socket::bind(&name) {
-            Ok(l) => *alias = Some((bus.to_owned(), l)),
+            Ok(l) => *alias = Some((bus.to_owned(), Arc::new(l))),
             Err(e) => {
                 tracing::debug!(target: "tcpx_runtime::ipc", name, "GPU name not claimed: {e}")
             }
@@ -89,9 +93,15 @@ impl Listeners {
         loop {
             // The alias is read per round: claiming it may happen while this waits.
             let accepted = {
-                let alias = self.alias.lock().unwrap_or_else(|p| p.into_inner());
+                // Copied out: the lock is not held while this waits (see `alias`).
+                let alias = self
+                    .alias
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|(_, l)| l.clone());
                 let mut listeners = vec![primary];
-                if let Some((_, l)) = alias.as_ref() {
+                if let Some(l) = alias.as_deref() {
                     listeners.push(l);
                 }
                 // Short rounds, so a name claimed meanwhile is served too.
