@@ -1072,3 +1072,63 @@ fn many_small_operations_in_flight_land_whether_the_control_loops_spin_or_sleep(
         );
     }
 }
+
+/// Both peers submit writes with long segment lists at once, never waiting in between: each
+/// request is about 256 KiB of control frame, so both control streams hold several MiB at a
+/// time, more than the sockets buffer. Each side's control loop must go on reading while its
+/// own stream is full (it never waits for its socket), or both would wait for the other until
+/// the write timeout. Every byte lands.
+#[test]
+fn both_control_streams_full_at_once_do_not_wait_for_each_other() {
+    loopback();
+    let conf = || {
+        let mut c = config(2, 64 << 10);
+        c.timeout = Duration::from_secs(20);
+        // Loops that stay awake write every frame themselves (a frame queued while a loop
+        // sleeps is written by the thread that queued it, which would hide the problem).
+        c.wait_spin = Duration::from_secs(2);
+        c
+    };
+    let (a, b, ab, ba) = pair_with(conf(), conf());
+    const WRITES: usize = 40;
+    const SEGMENTS: usize = 8192;
+    const SEG: usize = 16;
+    const LEN: usize = SEGMENTS * SEG;
+    let a_dst = a.alloc_host(LEN).unwrap();
+    let b_dst = b.alloc_host(LEN).unwrap();
+    let (da, db) = (a.advertise(&a_dst).unwrap(), b.advertise(&b_dst).unwrap());
+    let a_src = source(&a, LEN, 41);
+    let b_src = source(&b, LEN, 42);
+    let run = |conn: &Connection, src: &Region, d: Descriptor| {
+        // Every other segment of the destination in reverse order: nothing coalesces, so
+        // every segment is an entry of the request.
+        let remote: Vec<RemoteSegment> = (0..SEGMENTS)
+            .map(|i| RemoteSegment::new(d, ((SEGMENTS - 1 - i) * SEG) as u64, SEG as u64))
+            .collect();
+        let local = [Segment::new(src, 0, LEN)];
+        let transfers: Vec<_> = (0..WRITES)
+            .map(|_| conn.write(&local, &remote, None).unwrap())
+            .collect();
+        for t in transfers {
+            assert_eq!(t.wait(Duration::from_secs(60)).unwrap(), LEN as u64);
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| run(&ab, &a_src, db));
+        s.spawn(|| run(&ba, &b_src, da));
+    });
+    // Segment i of the source landed at the mirrored place.
+    let check = |dst: &Region, src: &Region, what: &str| {
+        let (d, s) = (snapshot(dst), snapshot(src));
+        for i in 0..SEGMENTS {
+            let at = (SEGMENTS - 1 - i) * SEG;
+            assert_eq!(
+                &d[at..at + SEG],
+                &s[i * SEG..(i + 1) * SEG],
+                "{what}: segment {i}"
+            );
+        }
+    };
+    check(&b_dst, &a_src, "a → b");
+    check(&a_dst, &b_src, "b → a");
+}

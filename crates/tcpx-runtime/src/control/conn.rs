@@ -424,6 +424,54 @@ impl ControlConn {
         })
     }
 
+    /// Writes what the socket takes of `bytes` now, without blocking (the socket itself stays
+    /// blocking: the reading handle shares its flags), and returns how many it took. A failed
+    /// write leaves the connection [`ControlError::Broken`].
+    pub(crate) fn write_now(&mut self, bytes: &[u8]) -> Result<usize, ControlError> {
+        if self.broken {
+            return Err(ControlError::Broken { peer: self.peer });
+        }
+        let mut done = 0;
+        while done < bytes.len() {
+            let rest = &bytes[done..];
+            // SAFETY: `rest` is a live slice of `rest.len()` readable bytes for the whole
+            // call, and the descriptor belongs to `self.stream`, open while `self` lives.
+            // MSG_NOSIGNAL: a peer that reset the connection is an error here, not SIGPIPE in
+            // a host application that did not ignore it.
+            let n = unsafe {
+                libc::send(
+                    self.stream.as_raw_fd(),
+                    rest.as_ptr().cast(),
+                    rest.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n > 0 {
+                // Positive and at most `rest.len()`.
+                done += n as usize;
+                continue;
+            }
+            if n == 0 {
+                // Nothing taken from a non-empty buffer: try again on the next call.
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => break,
+                io::ErrorKind::Interrupted => {}
+                _ => {
+                    self.broken = true;
+                    return Err(ControlError::Io {
+                        peer: self.peer,
+                        op: "sending a message",
+                        source: e,
+                    });
+                }
+            }
+        }
+        Ok(done)
+    }
+
     /// Shuts down the sending half: the peer reads end of stream after what was sent.
     pub(crate) fn shutdown_write(&self) -> Result<(), ControlError> {
         self.stream

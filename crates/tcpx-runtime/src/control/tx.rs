@@ -18,8 +18,14 @@
 //! - `socket`: held by whoever writes, from taking the queue to the end of the write. Queues
 //!   are taken only under it, so they reach the stream in the order they were taken, and
 //!   every frame in the order it was queued, whichever thread flushes.
+//!
+//! The control loop never blocks on a write (`ControlTx::flush_now`): it writes what the
+//! socket takes and keeps the rest for later, so that it always goes on reading. Two peers
+//! whose control streams are both full would otherwise each wait for the other to read.
+//! Other threads write with [`ControlTx::flush`], which waits (up to the write timeout).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use super::conn::{ControlConn, ControlError};
 use super::message::Message;
@@ -30,19 +36,25 @@ struct Queue {
     bytes: Vec<u8>,
     /// A write failed part-way: the stream can no longer be framed.
     broken: bool,
+    /// Bytes ever queued (see [`ControlTx::queued_mark`]).
+    total: u64,
 }
 
-/// The socket, held while writing, and the buffer a writer swaps with the queue (so the
+/// The socket, held while writing, and the bytes taken from the queue that the socket did not
+/// take yet (`unsent[sent..]`; the buffer is swapped with the queue's when empty, so the
 /// steady state allocates nothing).
 struct Socket {
     conn: ControlConn,
-    spare: Vec<u8>,
+    unsent: Vec<u8>,
+    sent: usize,
 }
 
 /// The sending half of one control connection (see the module docs).
 pub struct ControlTx {
     queue: Mutex<Queue>,
     socket: Mutex<Socket>,
+    /// Bytes ever written (see [`ControlTx::written`]).
+    written: AtomicU64,
     /// The control loop's: says whether it sleeps (then a queuer writes for it).
     wakeup: Arc<Wakeup>,
     peer: std::net::SocketAddr,
@@ -64,11 +76,14 @@ impl ControlTx {
             queue: Mutex::new(Queue {
                 bytes: Vec::new(),
                 broken: false,
+                total: 0,
             }),
             socket: Mutex::new(Socket {
                 conn,
-                spare: Vec::new(),
+                unsent: Vec::new(),
+                sent: 0,
             }),
+            written: AtomicU64::new(0),
             wakeup,
         }
     }
@@ -96,6 +111,7 @@ impl ControlTx {
             return (r, Err(ControlError::Broken { peer: self.peer }));
         }
         // `encode` appends one whole frame, or nothing when it fails.
+        let before_len = queue.bytes.len();
         let encoded = msg
             .encode(&mut queue.bytes)
             .map_err(|source| ControlError::Encode {
@@ -103,6 +119,7 @@ impl ControlTx {
                 kind: msg.kind(),
                 source,
             });
+        queue.total += (queue.bytes.len() - before_len) as u64;
         (r, encoded)
     }
 
@@ -132,6 +149,17 @@ impl ControlTx {
         !self.queue_lock().bytes.is_empty()
     }
 
+    /// The stream position after everything queued so far: once [`Self::written`] reaches
+    /// it, every frame queued before this call is on the wire.
+    pub fn queued_mark(&self) -> u64 {
+        self.queue_lock().total
+    }
+
+    /// Bytes written to the socket so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
     /// Queues `msg` and writes it (with everything queued before it) on this thread.
     pub fn send(&self, msg: &Message) -> Result<(), ControlError> {
         self.queue(msg)?;
@@ -143,23 +171,79 @@ impl ControlTx {
     /// returns [`ControlError::Broken`].
     pub fn flush(&self) -> Result<(), ControlError> {
         let mut socket = self.socket_lock();
-        let Socket { conn, spare } = &mut *socket;
+        self.write_taken(&mut socket, true).map(|_| ())
+    }
+
+    /// For the control loop: writes what the socket takes now, without waiting for it or for
+    /// another thread's write, and keeps the rest (in order) for the next call. `Ok(true)`
+    /// when nothing is left unwritten.
+    pub(crate) fn flush_now(&self) -> Result<bool, ControlError> {
+        let mut socket = match self.socket.try_lock() {
+            Ok(socket) => socket,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another thread is writing: it takes the queue too.
+            Err(TryLockError::WouldBlock) => return Ok(false),
+        };
+        self.write_taken(&mut socket, false)
+    }
+
+    /// Whether bytes taken from the queue still wait for the socket (the loop then polls for
+    /// writability).
+    pub(crate) fn has_unsent(&self) -> bool {
+        match self.socket.try_lock() {
+            Ok(s) => s.sent < s.unsent.len(),
+            Err(TryLockError::Poisoned(p)) => {
+                let s = p.into_inner();
+                s.sent < s.unsent.len()
+            }
+            Err(TryLockError::WouldBlock) => false,
+        }
+    }
+
+    /// Takes the queue behind what is still unsent and writes: all of it (`wait`), or what
+    /// the socket takes now. `Ok(true)` when nothing is left.
+    fn write_taken(&self, socket: &mut Socket, wait: bool) -> Result<bool, ControlError> {
+        let Socket { conn, unsent, sent } = socket;
         {
             let mut queue = self.queue_lock();
             if queue.broken {
                 return Err(ControlError::Broken { peer: self.peer });
             }
-            std::mem::swap(&mut queue.bytes, spare);
+            if *sent == unsent.len() {
+                unsent.clear();
+                *sent = 0;
+                std::mem::swap(&mut queue.bytes, unsent);
+            } else {
+                unsent.extend_from_slice(&queue.bytes);
+                queue.bytes.clear();
+            }
         }
-        if spare.is_empty() {
-            return Ok(());
+        if *sent == unsent.len() {
+            return Ok(true);
         }
-        let written = conn.write_raw(spare);
-        spare.clear();
-        if written.is_err() {
-            self.queue_lock().broken = true;
+        let result = if wait {
+            conn.write_raw(&unsent[*sent..])
+                .map(|()| unsent.len() - *sent)
+        } else {
+            conn.write_now(&unsent[*sent..])
+        };
+        match result {
+            Ok(n) => {
+                *sent += n;
+                self.written.fetch_add(n as u64, Ordering::AcqRel);
+                if *sent == unsent.len() {
+                    unsent.clear();
+                    *sent = 0;
+                    Ok(true)
+                } else {
+                    Ok(false)
+                }
+            }
+            Err(e) => {
+                self.queue_lock().broken = true;
+                Err(e)
+            }
         }
-        written
     }
 
     /// Writes what is queued, then `Close { reason }`, and shuts down the sending half.

@@ -105,6 +105,8 @@ fn run(
     let spin = rma.config.wait_spin.max(rma.config.idle_linger);
     let mut told_peer = false;
     let mut last_progress = Instant::now();
+    // Since when queued frames have waited for a socket that takes nothing.
+    let mut unsent_since: Option<Instant> = None;
     loop {
         if stop.load(Ordering::Acquire) {
             return;
@@ -145,12 +147,33 @@ fn run(
         }
         progressed |= frames > 0;
         progressed |= acks.advance(rma);
-        if rma.writer.has_queued() {
-            if let Err(e) = rma.writer.flush() {
+        // Written without waiting for the socket: this loop must go on reading whatever the
+        // peer sends, or two peers whose streams are both full would wait for each other.
+        let before = rma.writer.written();
+        match rma.writer.flush_now() {
+            Ok(true) => unsent_since = None,
+            Ok(false) => {
+                let since = *unsent_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > rma.config.timeout {
+                    link.fail(
+                        ControlError::Timeout {
+                            peer: link.peer,
+                            waited: rma.config.timeout,
+                            during: "sending control messages; the peer is not reading",
+                        }
+                        .into(),
+                    );
+                    return;
+                }
+            }
+            Err(e) => {
                 link.fail(e.into());
                 return;
             }
+        }
+        if rma.writer.written() != before {
             progressed = true;
+            unsent_since = unsent_since.map(|_| Instant::now());
         }
         acks.delivered(rma);
         if progressed {
@@ -172,7 +195,12 @@ fn run(
             Ok(Some(by)) => Some(by.saturating_duration_since(Instant::now()).min(POLL)),
         };
         if let Some(sleep) = sleep {
-            poll_readable(reader.raw_fd(), wakeup.raw_fd(), sleep);
+            poll_readable(
+                reader.raw_fd(),
+                rma.writer.has_unsent(),
+                wakeup.raw_fd(),
+                sleep,
+            );
         }
         wakeup.awake();
         last_progress = Instant::now();
@@ -242,12 +270,22 @@ fn on_read_error(link: &crate::link::Link, stop: &AtomicBool, e: ControlError) {
     }
 }
 
-/// Sleeps until `socket` or `wakeup` is readable (or hung up), or `timeout` passes.
-fn poll_readable(socket: std::os::fd::RawFd, wakeup: std::os::fd::RawFd, timeout: Duration) {
+/// Sleeps until `socket` is readable (or writable, when `unsent` frames wait for it), hung
+/// up, `wakeup` rang, or `timeout` passed.
+fn poll_readable(
+    socket: std::os::fd::RawFd,
+    unsent: bool,
+    wakeup: std::os::fd::RawFd,
+    timeout: Duration,
+) {
     let mut fds = [
         libc::pollfd {
             fd: socket,
-            events: libc::POLLIN,
+            events: if unsent {
+                libc::POLLIN | libc::POLLOUT
+            } else {
+                libc::POLLIN
+            },
             revents: 0,
         },
         libc::pollfd {

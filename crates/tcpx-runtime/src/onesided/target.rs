@@ -792,14 +792,16 @@ impl TargetItem {
 ///
 /// Answers (`WriteAck`, `ReadData`, `ReadRefused`) are queued on the connection's
 /// [`crate::control::ControlTx`] and written by the loop with everything else queued, one
-/// syscall for all that is ready. A notification must not become visible before its write's
-/// answer left (an application that tears its endpoint down at the notification would take
-/// the answer with it), so notifications wait here for [`Acknowledger::delivered`], which the
-/// loop calls after each flush.
+/// syscall for all that is ready, without the loop ever waiting for the socket. A
+/// notification must not become visible before its write's answer left (an application that
+/// tears its endpoint down at the notification would take the answer with it), so each waits
+/// here, in stream order, until the stream position after its answer is written.
 #[derive(Default)]
 struct Answers {
-    /// Notifications of answered writes (and standalone ones behind them), in stream order.
-    notifications: Vec<Vec<u8>>,
+    /// Notifications of answered writes (and standalone ones behind them), in stream order,
+    /// each with the [`ControlTx::queued_mark`](crate::control::ControlTx::queued_mark) it
+    /// waits for.
+    notifications: VecDeque<(u64, Vec<u8>)>,
 }
 
 impl Answers {
@@ -821,19 +823,35 @@ impl Answers {
         }
     }
 
-    /// Writes what is queued (if anything is held behind it) and delivers the notifications.
-    fn deliver(&mut self, rma: &Rma) {
+    /// Holds `bytes` until everything queued so far (its write's answer included) is written.
+    fn hold(&mut self, rma: &Rma, bytes: Vec<u8>) {
+        self.notifications
+            .push_back((rma.writer.queued_mark(), bytes));
+    }
+
+    /// Delivers the notifications whose answers are written; with `wait`, writes what is
+    /// queued first (on this thread, waiting for the socket) and delivers them all.
+    fn deliver(&mut self, rma: &Rma, wait: bool) {
         if self.notifications.is_empty() {
             return;
         }
-        if rma.writer.has_queued() {
+        if wait {
             if let Err(e) = rma.writer.flush() {
                 rma.link.fail(e.into());
             }
         }
+        let written = rma.writer.written();
         let peer = rma.link.peer;
-        for bytes in self.notifications.drain(..) {
-            rma.shared.inbox.deliver(peer, bytes);
+        // A failed link writes nothing more: what is held is delivered all the same (its
+        // bytes landed; only the answer could not be written).
+        let failed = rma.link.is_failed();
+        while let Some((mark, _)) = self.notifications.front() {
+            if !(wait || failed || *mark <= written) {
+                break;
+            }
+            if let Some((_, bytes)) = self.notifications.pop_front() {
+                rma.shared.inbox.deliver(peer, bytes);
+            }
         }
     }
 }
@@ -884,9 +902,10 @@ impl Acknowledger {
         handled
     }
 
-    /// Called after the loop wrote what was queued: delivers the notifications held.
+    /// Called after the loop wrote what the socket took: delivers the notifications whose
+    /// answers are on the wire.
     pub(crate) fn delivered(&mut self, rma: &Rma) {
-        self.answers.deliver(rma);
+        self.answers.deliver(rma, false);
     }
 
     /// Before the loop sleeps: has the head's job wake it when it finishes. `Ok(None)`:
@@ -913,7 +932,7 @@ impl Acknowledger {
         while let Some(item) = self.items.pop_front() {
             handle(rma, item, &mut self.answers);
         }
-        self.answers.deliver(rma);
+        self.answers.deliver(rma, true);
     }
 }
 
@@ -936,7 +955,7 @@ fn wait_job(rma: &Rma, job: &Job, direction: Direction) -> Result<u64> {
 fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
     match item {
         // Behind every earlier write's notification, as the peer sent it.
-        TargetItem::Notify(bytes) => answers.notifications.push(bytes),
+        TargetItem::Notify(bytes) => answers.hold(rma, bytes),
         TargetItem::ServeRead {
             job,
             op_id,
@@ -1034,7 +1053,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
                     answers.queue(rma, &Message::WriteAck { op_id, refusal });
                     if refusal.is_none() {
                         if let Some(bytes) = notification {
-                            answers.notifications.push(bytes);
+                            answers.hold(rma, bytes);
                         }
                     }
                 }
