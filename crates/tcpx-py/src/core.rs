@@ -583,31 +583,36 @@ impl Core {
 
     /// Starts a vectored two-sided transfer (the peer uses the vectored form too).
     pub fn two_sided_v(&self, way: Way, conn_id: u64, pieces: &[Piece]) -> Outcome<Transfer> {
-        let conn = self.conn(conn_id)?;
-        let resolved = self.resolve_all(pieces)?;
-        let segments: Vec<Segment<'_>> = resolved
-            .iter()
-            .map(|(mr, offset, len)| Segment::new(&mr.region, *offset, *len))
-            .collect();
-        Ok(match way {
-            Way::Send => conn.send_vectored(&segments)?,
-            Way::Recv => conn.recv_vectored(&segments)?,
+        self.with_segments(conn_id, pieces, |conn, segments| match way {
+            Way::Send => conn.send_vectored(segments),
+            Way::Recv => conn.recv_vectored(segments),
         })
     }
 
     /// Starts a batch of small messages (`Connection::send_batch` / `recv_batch`): one
     /// submission, one packed stream; the peer uses the batch form of the same total.
     pub fn batch(&self, way: Way, conn_id: u64, pieces: &[Piece]) -> Outcome<Transfer> {
+        self.with_segments(conn_id, pieces, |conn, segments| match way {
+            Way::Send => conn.send_batch(segments),
+            Way::Recv => conn.recv_batch(segments),
+        })
+    }
+
+    /// Resolves `pieces` into segments of registered regions and starts `start` on the
+    /// connection with them.
+    fn with_segments(
+        &self,
+        conn_id: u64,
+        pieces: &[Piece],
+        start: impl FnOnce(&Connection, &[Segment<'_>]) -> tcpx_runtime::Result<Transfer>,
+    ) -> Outcome<Transfer> {
         let conn = self.conn(conn_id)?;
         let resolved = self.resolve_all(pieces)?;
         let segments: Vec<Segment<'_>> = resolved
             .iter()
             .map(|(mr, offset, len)| Segment::new(&mr.region, *offset, *len))
             .collect();
-        Ok(match way {
-            Way::Send => conn.send_batch(&segments)?,
-            Way::Recv => conn.recv_batch(&segments)?,
-        })
+        Ok(start(&conn, &segments)?)
     }
 
     /// Allocates and registers the pack buffers of `batches` batches in flight on
