@@ -36,8 +36,6 @@ struct Queue {
     bytes: Vec<u8>,
     /// A write failed part-way: the stream can no longer be framed.
     broken: bool,
-    /// Bytes ever queued (see [`ControlTx::queued_mark`]).
-    total: u64,
 }
 
 /// The socket, held while writing, and the bytes taken from the queue that the socket did not
@@ -53,7 +51,10 @@ struct Socket {
 pub struct ControlTx {
     queue: Mutex<Queue>,
     socket: Mutex<Socket>,
-    /// Bytes ever written (see [`ControlTx::written`]).
+    /// Bytes ever queued (see [`ControlTx::queued_mark`]); changed under the queue lock.
+    queued: AtomicU64,
+    /// Bytes ever written (see [`ControlTx::written`]); changed under the socket lock. Equal
+    /// to `queued` when nothing waits: the spinning control loop checks that without locks.
     written: AtomicU64,
     /// The control loop's: says whether it sleeps (then a queuer writes for it).
     wakeup: Arc<Wakeup>,
@@ -76,13 +77,13 @@ impl ControlTx {
             queue: Mutex::new(Queue {
                 bytes: Vec::new(),
                 broken: false,
-                total: 0,
             }),
             socket: Mutex::new(Socket {
                 conn,
                 unsent: Vec::new(),
                 sent: 0,
             }),
+            queued: AtomicU64::new(0),
             written: AtomicU64::new(0),
             wakeup,
         }
@@ -119,7 +120,8 @@ impl ControlTx {
                 kind: msg.kind(),
                 source,
             });
-        queue.total += (queue.bytes.len() - before_len) as u64;
+        self.queued
+            .fetch_add((queue.bytes.len() - before_len) as u64, Ordering::AcqRel);
         (r, encoded)
     }
 
@@ -152,7 +154,7 @@ impl ControlTx {
     /// The stream position after everything queued so far: once [`Self::written`] reaches
     /// it, every frame queued before this call is on the wire.
     pub fn queued_mark(&self) -> u64 {
-        self.queue_lock().total
+        self.queued.load(Ordering::Acquire)
     }
 
     /// Bytes written to the socket so far.
@@ -178,6 +180,10 @@ impl ControlTx {
     /// another thread's write, and keeps the rest (in order) for the next call. `Ok(true)`
     /// when nothing is left unwritten.
     pub(crate) fn flush_now(&self) -> Result<bool, ControlError> {
+        // Nothing queued or unsent: no lock taken (the loop calls this on every pass).
+        if self.written.load(Ordering::Acquire) == self.queued.load(Ordering::Acquire) {
+            return Ok(true);
+        }
         let mut socket = match self.socket.try_lock() {
             Ok(socket) => socket,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),

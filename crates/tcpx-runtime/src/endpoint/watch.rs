@@ -42,6 +42,10 @@ use crate::wakeup::Wakeup;
 /// operations' deadlines again.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How often a busy loop checks the pending operations' deadlines (`Rma::sweep`, which acts
+/// every 50 ms at most anyway).
+const SWEEP_EVERY: Duration = Duration::from_millis(5);
+
 /// Most frames handled between two writes of what is queued: bounds how long an answer
 /// waits behind a burst of requests.
 const FRAMES_PER_PASS: usize = 64;
@@ -107,6 +111,9 @@ fn run(
     let mut last_progress = Instant::now();
     // Since when queued frames have waited for a socket that takes nothing.
     let mut unsent_since: Option<Instant> = None;
+    let mut last_sweep = Instant::now()
+        .checked_sub(SWEEP_EVERY)
+        .unwrap_or_else(Instant::now);
     loop {
         if stop.load(Ordering::Acquire) {
             return;
@@ -117,7 +124,12 @@ fn run(
                 tell_peer(rma, error);
             }
         }
-        rma.sweep(Instant::now());
+        // Deadlines are checked at most every few milliseconds: `sweep` takes the pending
+        // operations' lock, which a spinning loop would otherwise take on every pass.
+        if last_sweep.elapsed() >= SWEEP_EVERY {
+            last_sweep = Instant::now();
+            rma.sweep(last_sweep);
+        }
         let mut progressed = false;
         // Everything that arrived, without waiting.
         let mut frames = 0;
