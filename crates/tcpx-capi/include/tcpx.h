@@ -728,8 +728,8 @@ tcpx_status tcpx_connection_send_batch(struct tcpx_connection connection,
 /**
  * Receives a batch sent with `tcpx_connection_send_batch` into `segments[0..count)`, in
  * order; the totals must match (a receive larger than the peer's batch fails instead of
- * waiting for bytes that never come). A scattered host-memory list is received into a pooled pack buffer and copied out when the transfer is tested or
- * waited on: read the segments only after `tcpx_transfer_test` / `tcpx_transfer_wait`
+ * waiting for bytes that never come). A scattered host-memory list is received into a
+ * pooled pack buffer and copied out when the transfer is tested or waited on: read the segments only after `tcpx_transfer_test` / `tcpx_transfer_wait`
  * returned `TCPX_OK`. Thread safety: as `tcpx_connection_send`.
  *
  * # Safety
@@ -743,8 +743,8 @@ tcpx_status tcpx_connection_recv_batch(struct tcpx_connection connection,
 /**
  * Allocates and registers the pack buffers that `batches` batches of scattered host memory
  * in flight need (at most the connection's pool, `TCPX_PACK_BUFFERS`, 8 by default), so that
- * the first batches do not pay for them; without it the pool grows on demand. `*reserved`, if `reserved` is not NULL,
- * gets the number of buffers now pooled. Thread safety: any thread.
+ * the first batches do not pay for them; without it the pool grows on demand. `*reserved`,
+ * if `reserved` is not NULL, gets the number of buffers now pooled. Thread safety: any thread.
  *
  * # Safety
  * `reserved` is NULL or points to a writable `size_t`.

@@ -63,6 +63,24 @@ fn submit(
     Ok(TCPX_OK)
 }
 
+/// [`submit`] of the C list `segments[0..count)`, refused when `segments` is NULL.
+///
+/// # Safety
+/// `segments` is NULL or points to `count` initialized segments; `transfer` as for
+/// [`submit`].
+unsafe fn submit_list(
+    connection: tcpx_connection,
+    segments: *const tcpx_segment,
+    count: usize,
+    transfer: *mut tcpx_transfer,
+    post: impl FnOnce(&Connection, &[Segment<'_>]) -> tcpx_runtime::Result<Transfer>,
+) -> CapiResult<tcpx_status> {
+    non_null(segments, "segments")?;
+    // SAFETY: non-null (checked), `count` segments (the caller's promise).
+    let segs = unsafe { array(segments, count, "segments") }?;
+    submit(connection, segs, transfer, post)
+}
+
 /// Sends `len` bytes at `offset` in `region` (registered or allocated on this connection's
 /// endpoint); the peer posts a receive of the same length. `*transfer` tracks it (test / wait,
 /// then release). The memory must stay untouched until the transfer finished.
@@ -131,10 +149,12 @@ pub unsafe extern "C" fn tcpx_connection_send_vectored(
     transfer: *mut tcpx_transfer,
 ) -> tcpx_status {
     guard("tcpx_connection_send_vectored", || {
-        non_null(segments, "segments")?;
-        // SAFETY: non-null (checked), `count` segments (the caller's promise).
-        let segs = unsafe { array(segments, count, "segments") }?;
-        submit(connection, segs, transfer, |c, s| c.send_vectored(s))
+        // SAFETY: `segments` and `transfer` as this function's contract says.
+        unsafe {
+            submit_list(connection, segments, count, transfer, |c, s| {
+                c.send_vectored(s)
+            })
+        }
     })
 }
 
@@ -151,10 +171,12 @@ pub unsafe extern "C" fn tcpx_connection_recv_vectored(
     transfer: *mut tcpx_transfer,
 ) -> tcpx_status {
     guard("tcpx_connection_recv_vectored", || {
-        non_null(segments, "segments")?;
-        // SAFETY: non-null (checked), `count` segments (the caller's promise).
-        let segs = unsafe { array(segments, count, "segments") }?;
-        submit(connection, segs, transfer, |c, s| c.recv_vectored(s))
+        // SAFETY: `segments` and `transfer` as this function's contract says.
+        unsafe {
+            submit_list(connection, segments, count, transfer, |c, s| {
+                c.recv_vectored(s)
+            })
+        }
     })
 }
 
@@ -185,17 +207,19 @@ pub unsafe extern "C" fn tcpx_connection_send_batch(
     transfer: *mut tcpx_transfer,
 ) -> tcpx_status {
     guard("tcpx_connection_send_batch", || {
-        non_null(segments, "segments")?;
-        // SAFETY: non-null (checked), `count` segments (the caller's promise).
-        let segs = unsafe { array(segments, count, "segments") }?;
-        submit(connection, segs, transfer, |c, s| c.send_batch(s))
+        // SAFETY: `segments` and `transfer` as this function's contract says.
+        unsafe {
+            submit_list(connection, segments, count, transfer, |c, s| {
+                c.send_batch(s)
+            })
+        }
     })
 }
 
 /// Receives a batch sent with `tcpx_connection_send_batch` into `segments[0..count)`, in
 /// order; the totals must match (a receive larger than the peer's batch fails instead of
-/// waiting for bytes that never come). A scattered host-memory list is received into a pooled pack buffer and copied out when the transfer is tested or
-/// waited on: read the segments only after `tcpx_transfer_test` / `tcpx_transfer_wait`
+/// waiting for bytes that never come). A scattered host-memory list is received into a
+/// pooled pack buffer and copied out when the transfer is tested or waited on: read the segments only after `tcpx_transfer_test` / `tcpx_transfer_wait`
 /// returned `TCPX_OK`. Thread safety: as `tcpx_connection_send`.
 ///
 /// # Safety
@@ -208,17 +232,19 @@ pub unsafe extern "C" fn tcpx_connection_recv_batch(
     transfer: *mut tcpx_transfer,
 ) -> tcpx_status {
     guard("tcpx_connection_recv_batch", || {
-        non_null(segments, "segments")?;
-        // SAFETY: non-null (checked), `count` segments (the caller's promise).
-        let segs = unsafe { array(segments, count, "segments") }?;
-        submit(connection, segs, transfer, |c, s| c.recv_batch(s))
+        // SAFETY: `segments` and `transfer` as this function's contract says.
+        unsafe {
+            submit_list(connection, segments, count, transfer, |c, s| {
+                c.recv_batch(s)
+            })
+        }
     })
 }
 
 /// Allocates and registers the pack buffers that `batches` batches of scattered host memory
 /// in flight need (at most the connection's pool, `TCPX_PACK_BUFFERS`, 8 by default), so that
-/// the first batches do not pay for them; without it the pool grows on demand. `*reserved`, if `reserved` is not NULL,
-/// gets the number of buffers now pooled. Thread safety: any thread.
+/// the first batches do not pay for them; without it the pool grows on demand. `*reserved`,
+/// if `reserved` is not NULL, gets the number of buffers now pooled. Thread safety: any thread.
 ///
 /// # Safety
 /// `reserved` is NULL or points to a writable `size_t`.

@@ -109,6 +109,25 @@ fn tmp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("tcpx-bench-test-{}-{name}", std::process::id()))
 }
 
+/// Runs `tcpx-bench server` and `client` with `args` on both sides; both must succeed.
+/// Returns the client's JSON rows and its standard output.
+fn server_client_rows(args: &[&str], json_name: &str) -> (Vec<serde_json::Value>, String) {
+    let server = Server::start(args);
+    let json = tmp(json_name);
+    let out = bench()
+        .args(["client", "--peer", &server.peer, "--json"])
+        .arg(&json)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, err) = server.wait();
+    assert_eq!(code, Some(0), "server: {err}");
+    let rows = json_rows(&json);
+    let _ = std::fs::remove_file(json);
+    (rows, text(&out.stdout))
+}
+
 /// Issue 16: registration, allocation and first touches are paid before any clock starts,
 /// and `--verify` checks after the timed part: inside every timed window, neither process
 /// adds a registration or takes more than a handful of page faults.
@@ -125,18 +144,7 @@ fn one_time_costs_are_paid_before_the_timer_starts() {
         "--timeout",
         "30",
     ];
-    let server = Server::start(&args);
-    let json = tmp("costs.json");
-    let out = bench()
-        .args(["client", "--peer", &server.peer, "--json"])
-        .arg(&json)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let (code, err) = server.wait();
-    assert_eq!(code, Some(0), "server: {err}");
-    let rows = json_rows(&json);
+    let (rows, _) = server_client_rows(&args, "costs.json");
     assert_eq!(rows.len(), 2);
     for row in &rows {
         assert_eq!(row["timed_registrations"], 0, "{row}");
@@ -148,7 +156,6 @@ fn one_time_costs_are_paid_before_the_timer_starts() {
         );
         assert_eq!(row["verified"], true, "{row}");
     }
-    let _ = std::fs::remove_file(json);
 }
 
 /// Issue 25: `--batch` posts small messages in batches (`send_batch` / `recv_batch`) between
@@ -169,23 +176,8 @@ fn batched_small_messages_are_verified_and_pay_their_buffers_before_the_clock() 
         "--timeout",
         "30",
     ];
-    let server = Server::start(&args);
-    let json = tmp("batch.json");
-    let out = bench()
-        .args(["client", "--peer", &server.peer, "--json"])
-        .arg(&json)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("batches of up to 256 messages"),
-        "{}",
-        text(&out.stdout)
-    );
-    let (code, err) = server.wait();
-    assert_eq!(code, Some(0), "server: {err}");
-    let rows = json_rows(&json);
+    let (rows, stdout) = server_client_rows(&args, "batch.json");
+    assert!(stdout.contains("batches of up to 256 messages"), "{stdout}");
     assert_eq!(rows.len(), 3);
     for row in &rows {
         assert_eq!(row["verified"], true, "{row}");
@@ -198,7 +190,6 @@ fn batched_small_messages_are_verified_and_pay_their_buffers_before_the_clock() 
         "{}",
         rows[0]
     );
-    let _ = std::fs::remove_file(json);
 }
 
 /// Issue 14 item 3: one validation for every subcommand: exit 2, one line, the flag named,

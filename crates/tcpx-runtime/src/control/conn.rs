@@ -171,8 +171,7 @@ pub struct ControlConn {
     rx: Box<[u8]>,
     rx_start: usize,
     rx_end: usize,
-    /// Encoded frames not yet written: [`ControlConn::queue`] appends, [`ControlConn::flush`]
-    /// writes them all in one call.
+    /// The encoding buffer of [`ControlConn::send`], kept between messages.
     tx: Vec<u8>,
     write_timeout: Duration,
     /// The timeouts last set on the socket: setting one is a syscall, which the control loop
@@ -347,46 +346,25 @@ impl ControlConn {
         };
     }
 
-    /// Sends one message (after any queued with [`Self::queue`]), failing if they cannot be
-    /// written within the write timeout. A send that fails part-way leaves the connection
-    /// [`ControlError::Broken`].
+    /// Sends one message, failing if it cannot be written within the write timeout. A send
+    /// that fails part-way leaves the connection [`ControlError::Broken`].
     pub fn send(&mut self, msg: &Message) -> Result<(), ControlError> {
-        self.queue(msg)?;
-        self.flush()
-    }
-
-    /// Encodes one message behind those already queued, without writing anything: a thread
-    /// that answers many operations in a row writes all their answers with one
-    /// [`Self::flush`] (one syscall instead of one per answer). Frames leave in queue order,
-    /// with the next flush or [`Self::send`] on this handle.
-    pub fn queue(&mut self, msg: &Message) -> Result<(), ControlError> {
         if self.broken {
             return Err(ControlError::Broken { peer: self.peer });
         }
-        // `encode` appends one whole frame, or nothing when it fails.
-        msg.encode(&mut self.tx)
+        let mut tx = std::mem::take(&mut self.tx);
+        tx.clear();
+        let sent = msg
+            .encode(&mut tx)
             .map_err(|source| ControlError::Encode {
                 peer: self.peer,
                 kind: msg.kind(),
                 source,
             })
-    }
-
-    /// Writes every queued frame, failing if they cannot be written within the write timeout.
-    /// A flush that fails part-way leaves the connection [`ControlError::Broken`].
-    pub fn flush(&mut self) -> Result<(), ControlError> {
-        if self.tx.is_empty() {
-            return if self.broken {
-                Err(ControlError::Broken { peer: self.peer })
-            } else {
-                Ok(())
-            };
-        }
-        let tx = std::mem::take(&mut self.tx);
-        let written = self.write_raw(&tx);
+            .and_then(|()| self.write_raw(&tx));
+        // The buffer is kept for the next message.
         self.tx = tx;
-        self.tx.clear();
-        written
+        sent
     }
 
     /// Writes `frames` (whole encoded frames) within the write timeout. A write that fails

@@ -193,17 +193,9 @@ impl ControlTx {
         self.write_taken(&mut socket, false)
     }
 
-    /// Whether bytes taken from the queue still wait for the socket (the loop then polls for
-    /// writability).
+    /// Whether any queued byte is not written yet (the loop then polls for writability).
     pub(crate) fn has_unsent(&self) -> bool {
-        match self.socket.try_lock() {
-            Ok(s) => s.sent < s.unsent.len(),
-            Err(TryLockError::Poisoned(p)) => {
-                let s = p.into_inner();
-                s.sent < s.unsent.len()
-            }
-            Err(TryLockError::WouldBlock) => false,
-        }
+        self.written() != self.queued_mark()
     }
 
     /// Takes the queue behind what is still unsent and writes: all of it (`wait`), or what

@@ -200,13 +200,12 @@ fn run(
         // head item waits for, or the poll interval wakes us. Frames other threads queue
         // from now on are theirs to write (they see `sleeping`).
         wakeup.going_to_sleep();
-        let sleep = match acks.sleep_on(wakeup) {
-            _ if rma.writer.has_queued() => None,
-            Err(()) => None,
-            Ok(None) => Some(POLL),
-            Ok(Some(by)) => Some(by.saturating_duration_since(Instant::now()).min(POLL)),
+        let sleep = if rma.writer.has_queued() {
+            Duration::ZERO
+        } else {
+            acks.may_sleep(wakeup, POLL)
         };
-        if let Some(sleep) = sleep {
+        if !sleep.is_zero() {
             poll_readable(
                 reader.raw_fd(),
                 rma.writer.has_unsent(),

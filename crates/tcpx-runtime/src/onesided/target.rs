@@ -102,7 +102,7 @@ impl Rma {
             Message::WriteRequest(request) => self.on_write_request(request, items),
             Message::ReadRequest(request) => self.on_read_request(request, items),
             Message::Notify { bytes } => {
-                self.ack(items, TargetItem::Notify(bytes))?;
+                items.push_back(TargetItem::Notify(bytes));
                 Ok(())
             }
             Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, items),
@@ -114,12 +114,6 @@ impl Rma {
             }
             other => Err(self.violation(format!("{:?} is not a one-sided message", other.kind()))),
         }
-    }
-
-    /// Queues `item` behind the earlier ones (see [`Items`]).
-    fn ack(&self, items: &mut Items, item: TargetItem) -> Result<()> {
-        items.push_back(item);
-        Ok(())
     }
 
     fn violation(&self, what: String) -> Error {
@@ -226,16 +220,13 @@ impl Rma {
             packed: false,
         });
         self.carrier.submit_job(&job);
-        self.ack(
-            items,
-            TargetItem::Write {
-                job,
-                op_id,
-                refusal,
-                notification,
-                pack: None,
-            },
-        )?;
+        items.push_back(TargetItem::Write {
+            job,
+            op_id,
+            refusal,
+            notification,
+            pack: None,
+        });
         Ok(())
     }
 
@@ -390,16 +381,13 @@ impl Rma {
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
         self.carrier.submit_job(&job);
-        self.ack(
-            items,
-            TargetItem::Write {
-                job,
-                op_id,
-                refusal,
-                notification,
-                pack,
-            },
-        )?;
+        items.push_back(TargetItem::Write {
+            job,
+            op_id,
+            refusal,
+            notification,
+            pack,
+        });
         Ok(())
     }
 
@@ -449,7 +437,7 @@ impl Rma {
         if pack {
             if let Ok(regions) = &validated {
                 if let Some(item) = self.packed_read(op_id, &entries, &local_lens, regions)? {
-                    self.ack(items, item)?;
+                    items.push_back(item);
                     return Ok(());
                 }
             }
@@ -485,7 +473,7 @@ impl Rma {
                 }
             }
         };
-        self.ack(items, item)?;
+        items.push_back(item);
         Ok(())
     }
 
@@ -640,15 +628,12 @@ impl Rma {
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
                 self.carrier.submit_job(&job);
-                self.ack(
-                    items,
-                    TargetItem::ScatterRead {
-                        job,
-                        pack,
-                        completion: op.completion,
-                        len: op.len,
-                    },
-                )?;
+                items.push_back(TargetItem::ScatterRead {
+                    job,
+                    pack,
+                    completion: op.completion,
+                    len: op.len,
+                });
                 Ok(())
             }
             PendingKind::Read {
@@ -691,7 +676,7 @@ impl Rma {
         if job.is_finished() {
             complete_write(&self.link, &job, op, refusal, Duration::ZERO);
         } else {
-            self.ack(items, TargetItem::Complete { job, op, refusal })?;
+            items.push_back(TargetItem::Complete { job, op, refusal });
         }
         Ok(())
     }
@@ -908,20 +893,18 @@ impl Acknowledger {
         self.answers.deliver(rma, false);
     }
 
-    /// Before the loop sleeps: has the head's job wake it when it finishes. `Ok(None)`:
-    /// nothing to wait for; `Ok(Some(by))`: sleep at most until `by` (the job's deadline and
-    /// grace); `Err(())`: the head can be handled now, do not sleep.
-    pub(crate) fn sleep_on(
-        &self,
-        wakeup: &Arc<Wakeup>,
-    ) -> std::result::Result<Option<Instant>, ()> {
+    /// Before the loop sleeps: how long it may, having the head's job wake it when it
+    /// finishes: at most `at_most`, zero when the head can be handled now.
+    pub(crate) fn may_sleep(&self, wakeup: &Arc<Wakeup>, at_most: Duration) -> Duration {
         let Some(head) = self.items.front() else {
-            return Ok(None);
+            return at_most;
         };
         match head.awaits() {
-            None => Err(()),
-            Some(job) if job.completion.wake_on_finish(wakeup) => Err(()),
-            Some(job) => Ok(Some(job.deadline + ACK_GRACE)),
+            Some(job) if !job.completion.wake_on_finish(wakeup) => (job.deadline + ACK_GRACE)
+                .saturating_duration_since(Instant::now())
+                .min(at_most),
+            // No job to wait for, or it finished meanwhile.
+            _ => Duration::ZERO,
         }
     }
 
