@@ -25,6 +25,7 @@ fn info() -> EndpointInfo {
         abi_version: 7,
         chunk_bytes: 512 << 10,
         gpu_index: Some(3),
+        spread: 8,
     }
 }
 

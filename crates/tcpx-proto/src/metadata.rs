@@ -29,7 +29,7 @@ use crate::wire::{Reader, TooLong, WireError, Writer};
 pub const METADATA_MAGIC: [u8; 4] = *b"TXMD";
 
 /// Format version of the blob.
-pub const METADATA_VERSION: u8 = 2;
+pub const METADATA_VERSION: u8 = 3;
 
 /// Largest blob accepted or produced, in bytes (hex text is twice as long).
 pub const MAX_METADATA_BYTES: usize = 4096;
@@ -90,6 +90,7 @@ pub enum MetadataError {
 ///         abi_version: 7,
 ///         chunk_bytes: 512 << 10,
 ///         gpu_index: Some(0),
+///         spread: 4,
 ///     },
 ///     control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)), 7400),
 ///     secret: Secret::from_bytes([7; 16]),
@@ -262,6 +263,7 @@ mod tests {
                 abi_version: 8,
                 chunk_bytes: 1 << 19,
                 gpu_index: None,
+                spread: 1,
             },
             control_addr: "[::1]:9000".parse().unwrap(),
             secret: Secret::from_bytes([3; crate::control::message::SECRET_BYTES]),

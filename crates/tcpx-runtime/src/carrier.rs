@@ -340,7 +340,7 @@ impl Carrier {
 /// fails the connection (both applications disagree on what this transfer is).
 pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64], chunk_bytes: u32) {
     let link = &job.link;
-    match Schedule::vectored(&job.local_lens(), remote, chunk_bytes, link.channels) {
+    match link.schedule(&job.local_lens(), remote, chunk_bytes) {
         Ok(schedule) => {
             job.set_schedule(schedule.rotated(job.seq));
             link.wake_engines(Signal::Wake);

@@ -23,6 +23,7 @@
 //! | `TCPX_ENGINE_LINGER_US` | how long an engine with nothing in flight keeps polling for new work before it blocks, µs ([`Config::idle_linger`]) | `200` (`0` below 4 cores) |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
+//! | `TCPX_SPREAD` | most channels one small transfer is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //!
@@ -168,6 +169,12 @@ pub struct Config {
     /// engine would cap a device at one core's copy bandwidth (at most half the machine's
     /// cores, so that two local endpoints do not oversubscribe it).
     pub engines_per_device: Option<usize>,
+    /// Most channels a transfer smaller than `channels` chunks is cut over, so that a lone
+    /// 1 MiB message rides eight channels in 128 KiB pieces rather than two in 512 KiB chunks
+    /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); a connection uses
+    /// the smaller of both sides' values. `None`: this endpoint's engine count (pieces beyond
+    /// the threads that move them only add requests). `Some(1)` keeps whole chunks.
+    pub spread: Option<u16>,
     /// One-sided batches of host memory whose blocks average fewer bytes than this (after
     /// merging contiguous ones) travel packed: gathered into one contiguous pack buffer,
     /// sent as one transfer, scattered on arrival (see [`crate::onesided`]). `0` never packs.
@@ -210,6 +217,7 @@ impl Default for Config {
             idle_linger: default_idle_linger(),
             pin_engines: true,
             engines_per_device: None,
+            spread: None,
             pack_below: DEFAULT_PACK_BELOW,
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
@@ -316,6 +324,9 @@ impl Config {
         if let Some((name, v)) = get(&["TCPX_ENGINES_PER_NIC"]) {
             b = b.engines_per_device(parse_num(name, &v)?);
         }
+        if let Some((name, v)) = get(&["TCPX_SPREAD"]) {
+            b = b.spread(parse_num(name, &v)?);
+        }
         if let Some((name, v)) = get(&["TCPX_PACK_BELOW"]) {
             b = b.pack_below(parse_size(name, &v)?);
         }
@@ -352,6 +363,11 @@ impl Config {
                     "engines_per_device {n} must be between 1 and 256"
                 )));
             }
+        }
+        if self.spread == Some(0) {
+            return Err(Error::Config(
+                "spread must be at least 1 (1 keeps whole chunks)".into(),
+            ));
         }
         if self.pack_buffers > MAX_PACK_BUFFERS {
             return Err(Error::Config(format!(
@@ -437,6 +453,12 @@ impl ConfigBuilder {
     /// Engine threads per device (instead of the automatic choice).
     pub fn engines_per_device(mut self, engines: usize) -> Self {
         self.config.engines_per_device = Some(engines);
+        self
+    }
+
+    /// [`Config::spread`].
+    pub fn spread(mut self, channels: u16) -> Self {
+        self.config.spread = Some(channels);
         self
     }
 

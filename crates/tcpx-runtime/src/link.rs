@@ -18,6 +18,7 @@ use crate::control::ControlError;
 use crate::error::Error;
 use crate::metrics::EndpointCounters;
 use crate::registry::RegistrationCache;
+use crate::schedule::{Schedule, ScheduleError};
 use crate::stats::ChannelCounters;
 
 /// A signal that wakes an engine (cheap to copy; sent best-effort).
@@ -44,6 +45,9 @@ pub(crate) struct Link {
     /// The peer's control address: how errors name the peer.
     pub(crate) peer: SocketAddr,
     pub(crate) channels: u16,
+    /// How many channels a lone small transfer is spread over (agreed with the peer; see
+    /// [`Schedule::spread_over`]).
+    spread: u16,
     pub(crate) timeout: Duration,
     failed: AtomicBool,
     failure: OnceLock<Error>,
@@ -83,6 +87,7 @@ impl Link {
     pub(crate) fn new(
         peer: SocketAddr,
         channels: u16,
+        spread: u16,
         timeout: Duration,
         engines: Vec<Box<dyn Wake>>,
         events: Option<Arc<EndpointCounters>>,
@@ -91,6 +96,7 @@ impl Link {
             id: NEXT_LINK_ID.fetch_add(1, Ordering::Relaxed),
             peer,
             channels,
+            spread,
             timeout,
             failed: AtomicBool::new(false),
             failure: OnceLock::new(),
@@ -104,6 +110,20 @@ impl Link {
             partner: OnceLock::new(),
             events,
         }
+    }
+
+    /// The schedule of a transfer on this link: `local_lens` against the peer's
+    /// `remote_lens`, cut into `chunk_bytes` chunks over the link's channels and spread as
+    /// agreed with the peer. Every schedule of the link is built here, so that both sides cut
+    /// alike; callers rotate it by the number both sides know.
+    pub(crate) fn schedule(
+        &self,
+        local_lens: &[u64],
+        remote_lens: &[u64],
+        chunk_bytes: u32,
+    ) -> Result<Schedule, ScheduleError> {
+        Schedule::vectored(local_lens, remote_lens, chunk_bytes, self.channels)
+            .map(|s| s.spread_over(self.spread))
     }
 
     /// Ties `a` and `b` together: from now on failing either fails both (see `partner`).

@@ -47,6 +47,7 @@ fn hello_bytes() -> Vec<u8> {
         abi_version: 8,
         chunk_bytes: 64 << 10,
         gpu_index: None,
+        spread: 1,
     };
     let mut out = Vec::new();
     Message::hello(info).encode(&mut out).unwrap();

@@ -29,9 +29,10 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
         any::<u8>(),
         any::<u32>(),
         proptest::option::of(any::<u32>()),
+        any::<u16>(),
     )
         .prop_map(
-            |(ip, gpu_pci, channels, plugin_name, abi_version, chunk_bytes, gpu_index)| {
+            |(ip, gpu_pci, channels, plugin_name, abi_version, chunk_bytes, gpu_index, spread)| {
                 EndpointInfo {
                     ip,
                     gpu_pci,
@@ -40,6 +41,7 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
                     abi_version,
                     chunk_bytes,
                     gpu_index,
+                    spread,
                 }
             },
         )

@@ -30,6 +30,7 @@ fn info(channels: u16) -> EndpointInfo {
         abi_version: 8,
         chunk_bytes: 512 << 10,
         gpu_index: None,
+        spread: 1,
     }
 }
 

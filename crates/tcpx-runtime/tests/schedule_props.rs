@@ -2,7 +2,7 @@
 //! and every chunk is one contiguous piece on both sides.
 
 use proptest::prelude::*;
-use tcpx_runtime::schedule::{Chunk, Schedule};
+use tcpx_runtime::schedule::{Chunk, Schedule, SPREAD_FLOOR_BYTES};
 
 /// Segment lengths (zeros included) and a chunk size small enough to give many chunks.
 fn lens() -> impl Strategy<Value = Vec<u64>> {
@@ -116,6 +116,40 @@ proptest! {
         prop_assert_eq!(per_channel(&mine), per_channel(&theirs));
         let offsets = |s: &Schedule| s.iter().map(|c| (c.offset, c.len)).collect::<Vec<_>>();
         prop_assert_eq!(offsets(&mine), offsets(&theirs));
+    }
+
+    #[test]
+    fn spread_schedules_agree_and_tile(
+        local in proptest::collection::vec(prop_oneof![1 => Just(0u64), 8 => 1u64..700_000], 0..6),
+        cuts in proptest::collection::vec(any::<u64>(), 0..6),
+        chunk in prop_oneof![Just(512u32 << 10), Just(1u32 << 20), 100_000u32..1_200_000],
+        channels in 1u16..17,
+        width in 0u16..20,
+        rotation in any::<u64>(),
+    ) {
+        let total: u64 = local.iter().sum();
+        let remote = split(total, cuts);
+        let build = |a: &[u64], b: &[u64]| {
+            Schedule::vectored(a, b, chunk, channels).unwrap().spread_over(width).rotated(rotation)
+        };
+        let (mine, theirs) = (build(&local, &remote), build(&remote, &local));
+        check_against_local(&mine, &local, &remote)?;
+        check_against_local(&theirs, &remote, &local)?;
+        prop_assert_eq!(per_channel(&mine), per_channel(&theirs));
+        // The cut lies between the floor and the chunk size; spreading only ever cuts finer.
+        let plain = Schedule::vectored(&local, &remote, chunk, channels).unwrap();
+        prop_assert!(mine.cut_bytes() <= chunk);
+        prop_assert!(mine.cut_bytes() >= chunk.min(SPREAD_FLOOR_BYTES));
+        prop_assert!(mine.chunk_count() >= plain.chunk_count());
+        let w = u64::from(width.min(channels));
+        if w <= 1 || chunk <= SPREAD_FLOOR_BYTES {
+            prop_assert_eq!(mine.cut_bytes(), chunk);
+        } else if local.len() <= 1 && total >= w * u64::from(SPREAD_FLOOR_BYTES)
+            && total < w * u64::from(chunk) && remote.iter().filter(|&&l| l > 0).count() <= 1
+        {
+            // One contiguous transfer of fewer than `w` chunks rides exactly `w` channels.
+            prop_assert_eq!(mine.chunk_count(), w);
+        }
     }
 
     #[test]

@@ -317,3 +317,59 @@ fn several_engines_per_device_share_the_channels() {
     // One registration per channel, made by the engine owning each channel.
     assert_eq!(b.live_registrations(), 6);
 }
+
+/// Channels of `conn` that received bytes since `before`, and how many each.
+fn received_per_channel(conn: &Connection, before: &[u64]) -> Vec<u64> {
+    conn.stats()
+        .iter()
+        .zip(before)
+        .map(|(s, b)| s.bytes_received - b)
+        .filter(|&n| n > 0)
+        .collect()
+}
+
+#[test]
+fn a_lone_small_transfer_spreads_over_the_engines_both_sides_drive() {
+    loopback();
+    // 8 channels of 512 KiB chunks: a 1 MiB message is two chunks, unless spread.
+    let cfg = |engines: usize| {
+        let mut c = config(8, 512 * KIB as u32);
+        c.engines_per_device = Some(engines);
+        c
+    };
+    for (engines_a, engines_b, pieces) in [(8, 4, 4usize), (8, 8, 8), (1, 8, 2), (2, 8, 2)] {
+        let (a, b, ab, ba) = pair_with(cfg(engines_a), cfg(engines_b));
+        assert_eq!(ba.peer_info().spread, engines_a as u16);
+        let what = format!("engines {engines_a} and {engines_b}");
+        // Contiguous: the agreed width is the smaller engine count.
+        let before: Vec<u64> = ba.stats().iter().map(|s| s.bytes_received).collect();
+        roundtrip(&a, &b, &ab, &ba, MIB, 900 + engines_b as u64);
+        let got = received_per_channel(&ba, &before);
+        assert_eq!(got, vec![(MIB / pieces) as u64; pieces], "{what}");
+        // Vectored, laid out differently per side: same width, cut at both sides' boundaries.
+        let src = source(&a, MIB, 77);
+        let dst = b.alloc_host(2 * MIB).unwrap();
+        let before: Vec<u64> = ba.stats().iter().map(|s| s.bytes_received).collect();
+        let rx = ba
+            .recv_vectored(&[
+                Segment::new(&dst, MIB + 4 * KIB, 300 * KIB),
+                Segment::new(&dst, 0, MIB - 300 * KIB),
+            ])
+            .unwrap();
+        let tx = ab.send_vectored(&[Segment::new(&src, 0, MIB)]).unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64);
+        assert_eq!(rx.wait(DEADLINE).unwrap(), MIB as u64);
+        let got = received_per_channel(&ba, &before);
+        assert!(got.len() >= pieces.min(8), "{what}: {got:?}");
+        assert_eq!(got.iter().sum::<u64>(), MIB as u64);
+        let (bytes, sent) = (snapshot(&dst), snapshot(&src));
+        assert!(
+            bytes[MIB + 4 * KIB..MIB + 304 * KIB] == sent[..300 * KIB],
+            "{what}: first segment"
+        );
+        assert!(
+            bytes[..MIB - 300 * KIB] == sent[300 * KIB..MIB],
+            "{what}: second segment"
+        );
+    }
+}

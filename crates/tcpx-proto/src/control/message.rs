@@ -21,8 +21,8 @@
 //!
 //! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
 //! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32,
-//! gpu_index (u8 0 = none, 1 = present then u32) (protocol version 2 added `gpu_index` and the
-//! `Hello` secret).
+//! gpu_index (u8 0 = none, 1 = present then u32), spread u16 (protocol version 2 added
+//! `gpu_index` and the `Hello` secret, version 3 `spread`).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects
@@ -93,6 +93,12 @@ pub struct EndpointInfo {
     /// The GPU index this endpoint announces (`Config::gpu_index`), if any:
     /// an application-level label (e.g. a rank's local GPU), not checked against CUDA.
     pub gpu_index: Option<u32>,
+    /// How many channels this side can drive at once (its engine threads, at most
+    /// `channels`). A connection spreads a transfer smaller than that many chunks over the
+    /// smaller of the two sides' values
+    /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); 1 keeps whole
+    /// chunks.
+    pub spread: u16,
 }
 
 /// Bytes in a [`Secret`].
@@ -186,6 +192,7 @@ impl EndpointInfo {
                 w.u32(g);
             }
         }
+        w.u16(self.spread);
         Ok(())
     }
 
@@ -215,6 +222,7 @@ impl EndpointInfo {
                 })
             }
         };
+        let spread = r.u16("spread")?;
         Ok(Self {
             ip,
             gpu_pci,
@@ -223,6 +231,7 @@ impl EndpointInfo {
             abi_version,
             chunk_bytes,
             gpu_index,
+            spread,
         })
     }
 }
@@ -536,6 +545,7 @@ mod tests {
             abi_version: 7,
             chunk_bytes: 512 << 10,
             gpu_index: Some(3),
+            spread: 8,
         }
     }
 

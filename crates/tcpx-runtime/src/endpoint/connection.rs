@@ -31,7 +31,6 @@ use crate::onesided::state::Rma;
 use crate::onesided::RemoteSegment;
 pub use crate::registry::Segment;
 use crate::registry::{Region, Registration};
-use crate::schedule::Schedule;
 use crate::stats::ChannelStats;
 use crate::transfer::Transfer;
 use crate::wakeup::Wakeup;
@@ -94,14 +93,28 @@ impl Connection {
                 .map(|e| Box::new(e.clone()) as Box<dyn Wake>)
                 .collect()
         };
+        // Spread a lone small transfer over as many channels as both sides drive at once.
+        let spread = u16::try_from(used_slots)
+            .unwrap_or(u16::MAX)
+            .min(config.spread.unwrap_or(u16::MAX))
+            .min(established.peer_info.spread)
+            .max(1);
         let link = Arc::new(Link::new(
             peer,
             channels,
+            spread,
             config.timeout,
             wakers(),
             Some(shared.counters.clone()),
         ));
-        let rma_link = Arc::new(Link::new(peer, channels, config.timeout, wakers(), None));
+        let rma_link = Arc::new(Link::new(
+            peer,
+            channels,
+            spread,
+            config.timeout,
+            wakers(),
+            None,
+        ));
         Link::pair(&link, &rma_link);
         shared.track(&link, &rma_link);
         let carrier = Arc::new(Carrier::new(
@@ -537,7 +550,9 @@ impl Connection {
         if vectored {
             self.pair_segments(&job);
         } else {
-            match Schedule::contiguous(job.len, self.shared.config.chunk_bytes, self.link.channels)
+            match self
+                .link
+                .schedule(&[job.len], &[job.len], self.shared.config.chunk_bytes)
             {
                 // Rotating by the sequence number spreads a stream of small transfers over
                 // every channel; the peer rotates its matching transfer the same way.

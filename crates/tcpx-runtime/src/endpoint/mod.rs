@@ -177,21 +177,6 @@ impl Endpoint {
                 hello_timeout: config.timeout.min(HELLO_LIMIT),
             },
         )?;
-        let info = EndpointInfo {
-            ip,
-            gpu_pci: config.gpu_pci.clone(),
-            channels: config.channels,
-            plugin_name: backend.name.clone(),
-            abi_version: backend.abi_version,
-            chunk_bytes: config.chunk_bytes,
-            gpu_index: config.gpu_index,
-        };
-        let metadata = EndpointMetadata {
-            info: info.clone(),
-            control_addr: SocketAddr::new(ip, local.port()),
-            secret,
-        };
-        let local_side = local_side::LocalSide::start(&config, metadata.control_addr)?;
 
         // Engine k serves device k mod D; with E engines per device, channel c lands on
         // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
@@ -209,6 +194,26 @@ impl Endpoint {
             }
         });
         let engine_count = devices.len() * per_device;
+        let info = EndpointInfo {
+            ip,
+            gpu_pci: config.gpu_pci.clone(),
+            channels: config.channels,
+            plugin_name: backend.name.clone(),
+            abi_version: backend.abi_version,
+            chunk_bytes: config.chunk_bytes,
+            gpu_index: config.gpu_index,
+            // A connection drives its channels with at most this many engines.
+            spread: u16::try_from(engine_count)
+                .unwrap_or(u16::MAX)
+                .min(config.spread.unwrap_or(u16::MAX))
+                .min(config.channels),
+        };
+        let metadata = EndpointMetadata {
+            info: info.clone(),
+            control_addr: SocketAddr::new(ip, local.port()),
+            secret,
+        };
+        let local_side = local_side::LocalSide::start(&config, metadata.control_addr)?;
         let engine_nics: Vec<String> = (0..engine_count)
             .map(|k| names[k % names.len()].clone())
             .collect();

@@ -291,6 +291,7 @@ mod tests {
             abi_version: 8,
             chunk_bytes,
             gpu_index: None,
+            spread: 1,
         }
     }
 

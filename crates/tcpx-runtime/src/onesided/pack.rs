@@ -28,6 +28,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tcpx::SharedMemory;
 
+use crate::link::Link;
+
 use crate::engine::job::Job;
 use crate::error::{Error, Result};
 use crate::registry::Region;
@@ -79,10 +81,11 @@ impl PackSide {
 pub(crate) fn packed_schedule(
     total: u64,
     chunk_bytes: u32,
-    channels: u16,
+    link: &Link,
     op_id: u64,
 ) -> std::result::Result<Schedule, crate::schedule::ScheduleError> {
-    Schedule::vectored(&[total], &[total], chunk_bytes, channels).map(|s| s.rotated(op_id))
+    link.schedule(&[total], &[total], chunk_bytes)
+        .map(|s| s.rotated(op_id))
 }
 
 /// Packing counters of one connection (both roles), from [`crate::Connection::pack_stats`].

@@ -251,14 +251,10 @@ impl Rma {
     }
 
     fn schedule(&self, local_lens: &[u64], remote_lens: &[u64], op_id: u64) -> Result<Schedule> {
-        Schedule::vectored(
-            local_lens,
-            remote_lens,
-            self.config.chunk_bytes,
-            self.link.channels,
-        )
-        .map(|s| s.rotated(op_id))
-        .map_err(|e| Error::InvalidArgument(e.to_string()))
+        self.link
+            .schedule(local_lens, remote_lens, self.config.chunk_bytes)
+            .map(|s| s.rotated(op_id))
+            .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
 
     /// How this side takes part if the batch travels packed, or `None` when it does not
@@ -307,7 +303,7 @@ impl Rma {
         op_id: u64,
         staged: bool,
     ) -> Result<(Vec<Piece>, Schedule)> {
-        let schedule = packed_schedule(len, self.config.chunk_bytes, self.link.channels, op_id)
+        let schedule = packed_schedule(len, self.config.chunk_bytes, &self.link, op_id)
             .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
         let pieces = match lease {
             // Staged: the lanes gather each chunk's pieces into their ring slots (or scatter

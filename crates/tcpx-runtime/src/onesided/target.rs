@@ -132,7 +132,8 @@ impl Rma {
         op_id: u64,
     ) -> Result<Schedule> {
         let own = super::state::remote_lens(entries);
-        Schedule::vectored(&own, peer_lens, self.config.chunk_bytes, self.link.channels)
+        self.link
+            .schedule(&own, peer_lens, self.config.chunk_bytes)
             .map(|s| s.rotated(op_id))
             .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
     }
@@ -328,7 +329,7 @@ impl Rma {
             }
         };
         let schedule =
-            super::pack::packed_schedule(total, self.config.chunk_bytes, self.link.channels, op_id)
+            super::pack::packed_schedule(total, self.config.chunk_bytes, &self.link, op_id)
                 .map_err(|e| self.violation(format!("packed request #{op_id}: {e}")))?;
         let (pieces, staging, schedule, pack) = match (into, &refusal) {
             (PackedInto::Staged(regions, staging), _) => {
