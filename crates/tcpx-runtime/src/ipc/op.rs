@@ -122,8 +122,12 @@ pub(crate) unsafe fn submit(
         check_piece(link, what, i, p)?;
         total += p.len as u64;
     }
-    // What the owner must confirm, once per key on this connection.
+    // What the owner must confirm, once per key on this connection. A KV list names the same
+    // descriptor block after block: each run of equal descriptors is looked up once.
     for (i, p) in pieces.iter().enumerate() {
+        if i > 0 && pieces[i - 1].remote == p.remote {
+            continue;
+        }
         confirm(link, what, i, p.remote)?;
     }
     let ordinal = copy_gpu(link, what, pieces)?;
@@ -133,6 +137,10 @@ pub(crate) unsafe fn submit(
     let mut mappings: Vec<Arc<Mapped>> = Vec::with_capacity(1);
     let mut which = Vec::with_capacity(pieces.len());
     for (i, p) in pieces.iter().enumerate() {
+        if i > 0 && pieces[i - 1].remote == p.remote {
+            which.push(which[i - 1]);
+            continue;
+        }
         let mapped = map(link, &gpu, ordinal, what, i, p.remote)?;
         let at = match mappings.iter().position(|m| Arc::ptr_eq(m, &mapped)) {
             Some(at) => at,
@@ -177,10 +185,30 @@ pub(crate) unsafe fn submit(
             },
         });
     }
+    // A list goes through the gather kernel (one launch, not one copy per block) when the
+    // kernel reaches every byte: local memory on the copying GPU, and peer memory either
+    // mapped through IPC (which needs peer-to-peer access to the owner's GPU) or, for a
+    // peer in this process, on the copying GPU too.
+    let kernel_reaches = pieces.iter().all(|p| p.local_gpu == Some(ordinal))
+        && guards.iter().all(|g| match g.as_ref() {
+            Some(Target::Ipc(_)) => true,
+            Some(Target::Direct(base)) => {
+                tcpx::cuda::pointer_device(*base as *const u8) == Some(ordinal)
+            }
+            None => false,
+        });
     // SAFETY: the remote ranges lie inside mappings held open (read-locked now, kept by the
     // flight until the copies are seen done, retired only after a wait for every queued
-    // copy); the local ranges are the caller's promise.
-    let copy = unsafe { gpu.pool.submit(&copies) }.map_err(|e| {
+    // copy); the local ranges are the caller's promise. `submit_list` only when every
+    // address is device memory the copying GPU reaches (checked just above).
+    let copy = unsafe {
+        if kernel_reaches {
+            gpu.pool.submit_list(&copies)
+        } else {
+            gpu.pool.submit(&copies)
+        }
+    }
+    .map_err(|e| {
         link.error(
             LocalErrorKind::Cuda,
             format!("{what}: queuing the copies: {e}"),

@@ -42,6 +42,7 @@
 //! ```
 
 mod buffer;
+mod copy;
 mod device;
 mod driver;
 mod ipc;
@@ -49,14 +50,15 @@ mod staging;
 pub mod unpack;
 
 pub use buffer::{AsyncCopy, CudaBuffer, DeviceAccessible, PinnedHostBuffer};
+pub use copy::{
+    CopyPiece, CopyPool, PooledCopy, LIST_KERNEL_ENV, LIST_MAX_FRAGMENTS, LIST_MIN_PIECES,
+    MAX_COPY_STREAMS, SPLIT_UNIT,
+};
 pub use device::{device_pci_bus_id, peer_access_possible, CudaDevice, CudaEvent, CudaStream};
 pub use driver::{
     driver_available, driver_status, pointer_allocation, pointer_device, skip_reason, DriverStatus,
 };
-pub use ipc::{
-    allocation_range, CopyPiece, CopyPool, IpcExport, IpcMapping, IpcMemHandle, PooledCopy,
-    IPC_HANDLE_BYTES, MAX_COPY_STREAMS, SPLIT_UNIT,
-};
+pub use ipc::{allocation_range, IpcExport, IpcMapping, IpcMemHandle, IPC_HANDLE_BYTES};
 pub use staging::{Span, StagingRing, FRAGMENTS_PER_SLOT, FRAGMENT_BYTES};
 
 /// Why a CUDA operation failed; defined with the crate's error type, which carries it.
