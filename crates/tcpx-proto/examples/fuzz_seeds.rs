@@ -68,12 +68,14 @@ fn messages() -> Vec<Message> {
             local_lens: vec![4096, 16384],
             notification: Some(b"layer 3 done".to_vec()),
             packed: true,
+            spread: false,
         }),
         Message::ReadRequest(ReadRequest {
             op_id: 12,
             entries,
             local_lens: vec![20480],
             pack: false,
+            spread: true,
         }),
         Message::Notify {
             bytes: b"hello".to_vec(),

@@ -27,7 +27,9 @@
 //! [`SPREAD_FLOOR_BYTES`] and never above `chunk_bytes`. The cut depends only on the total,
 //! the chunk size and `W`, which both peers know (the runtime agrees `W` in the handshake:
 //! the smaller of the two sides' engine counts, because pieces beyond the threads that move
-//! them only add requests; on a 2-core box that is 1, and spreading is off).
+//! them only add requests; on a 2-core box that is 1, and spreading is off). Both peers must
+//! also agree *whether* a transfer spreads: the runtime spreads only one-sided operations
+//! whose request says so (see `Rma::spreads` in the runtime).
 //!
 //! The union of boundaries is symmetric, so the sender (local = its list, remote = the
 //! receiver's) and the receiver (the other way round) compute the same chunks in the same

@@ -340,7 +340,9 @@ impl Carrier {
 /// fails the connection (both applications disagree on what this transfer is).
 pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64], chunk_bytes: u32) {
     let link = &job.link;
-    match link.schedule(&job.local_lens(), remote, chunk_bytes) {
+    // Two-sided transfers never spread: the receiver posts without knowing how busy the
+    // sender is, and staged memory pays per chunk (see `Link::schedule`).
+    match link.schedule(&job.local_lens(), remote, chunk_bytes, false) {
         Ok(schedule) => {
             job.set_schedule(schedule.rotated(job.seq));
             link.wake_engines(Signal::Wake);

@@ -23,7 +23,7 @@
 //! | `TCPX_ENGINE_LINGER_US` | how long an engine with nothing in flight keeps polling for new work before it blocks, µs ([`Config::idle_linger`]) | `200` (`0` below 4 cores) |
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
-//! | `TCPX_SPREAD` | most channels one small transfer is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
+//! | `TCPX_SPREAD` | most channels a lone one-sided operation is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //!
@@ -169,11 +169,14 @@ pub struct Config {
     /// engine would cap a device at one core's copy bandwidth (at most half the machine's
     /// cores, so that two local endpoints do not oversubscribe it).
     pub engines_per_device: Option<usize>,
-    /// Most channels a transfer smaller than `channels` chunks is cut over, so that a lone
-    /// 1 MiB message rides eight channels in 128 KiB pieces rather than two in 512 KiB chunks
+    /// Most channels a lone one-sided operation smaller than `channels` chunks is cut over, so
+    /// that a 1 MiB write waited for on its own rides eight channels in 128 KiB pieces rather
+    /// than two in 512 KiB chunks
     /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); a connection uses
-    /// the smaller of both sides' values. `None`: this endpoint's engine count (pieces beyond
-    /// the threads that move them only add requests). `Some(1)` keeps whole chunks.
+    /// the smaller of both sides' values. The initiator spreads an operation only when none
+    /// other of the connection is in flight and neither side stages it; two-sided transfers
+    /// never spread. `None`: this endpoint's engine count (pieces beyond the threads that
+    /// move them only add requests). `Some(1)` keeps whole chunks.
     pub spread: Option<u16>,
     /// One-sided batches of host memory whose blocks average fewer bytes than this (after
     /// merging contiguous ones) travel packed: gathered into one contiguous pack buffer,

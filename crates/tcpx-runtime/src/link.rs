@@ -113,17 +113,25 @@ impl Link {
     }
 
     /// The schedule of a transfer on this link: `local_lens` against the peer's
-    /// `remote_lens`, cut into `chunk_bytes` chunks over the link's channels and spread as
-    /// agreed with the peer. Every schedule of the link is built here, so that both sides cut
-    /// alike; callers rotate it by the number both sides know.
+    /// `remote_lens`, cut into `chunk_bytes` chunks over the link's channels and, with
+    /// `spread`, cut finer over the width agreed with the peer. Every schedule of the link is
+    /// built here, so that both sides cut alike (both must pass the same `spread`: a one-sided
+    /// request carries it); callers rotate it by the number both sides know.
     pub(crate) fn schedule(
         &self,
         local_lens: &[u64],
         remote_lens: &[u64],
         chunk_bytes: u32,
+        spread: bool,
     ) -> Result<Schedule, ScheduleError> {
+        let width = if spread { self.spread } else { 1 };
         Schedule::vectored(local_lens, remote_lens, chunk_bytes, self.channels)
-            .map(|s| s.spread_over(self.spread))
+            .map(|s| s.spread_over(width))
+    }
+
+    /// The width a spread transfer of this link is cut over (1: spreading changes nothing).
+    pub(crate) fn spread_width(&self) -> u16 {
+        self.spread
     }
 
     /// Ties `a` and `b` together: from now on failing either fails both (see `partner`).

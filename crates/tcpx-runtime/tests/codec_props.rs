@@ -113,26 +113,36 @@ fn onesided_message() -> impl Strategy<Value = Message> {
             lens(),
             proptest::option::of(blob()),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(op_id, entries, local_lens, notification, packed)| {
-                Message::WriteRequest(WriteRequest {
-                    op_id,
-                    entries,
-                    local_lens,
-                    notification,
-                    packed,
-                })
-            }),
-        (any::<u64>(), entries(), lens(), any::<bool>()).prop_map(
-            |(op_id, entries, local_lens, pack)| {
+            .prop_map(
+                |(op_id, entries, local_lens, notification, packed, spread)| {
+                    Message::WriteRequest(WriteRequest {
+                        op_id,
+                        entries,
+                        local_lens,
+                        notification,
+                        packed,
+                        spread,
+                    })
+                }
+            ),
+        (
+            any::<u64>(),
+            entries(),
+            lens(),
+            any::<bool>(),
+            any::<bool>()
+        )
+            .prop_map(|(op_id, entries, local_lens, pack, spread)| {
                 Message::ReadRequest(ReadRequest {
                     op_id,
                     entries,
                     local_lens,
                     pack,
+                    spread,
                 })
-            }
-        ),
+            }),
         blob().prop_map(|bytes| Message::Notify { bytes }),
         (any::<u64>(), proptest::option::of(refusal()))
             .prop_map(|(op_id, refusal)| Message::WriteAck { op_id, refusal }),
@@ -380,12 +390,14 @@ fn packing_flags_with_unknown_bits_are_refused() {
             local_lens: vec![4096],
             notification: None,
             packed: true,
+            spread: false,
         }),
         Message::ReadRequest(ReadRequest {
             op_id: 7,
             entries: Vec::new(),
             local_lens: vec![4096],
             pack: true,
+            spread: false,
         }),
         Message::ReadData {
             op_id: 7,
@@ -405,7 +417,12 @@ fn packing_flags_with_unknown_bits_are_refused() {
             payload,
         };
         assert_eq!(Message::decode(&frame(payload.clone())).unwrap(), msg);
-        for bad in [2u8, 3, 0x80, 0xff] {
+        // Requests know bit 1 too (spread); `ReadData` knows bit 0 only.
+        let unknown: &[u8] = match msg {
+            Message::ReadData { .. } => &[2, 3, 0x80, 0xff],
+            _ => &[4, 5, 0x80, 0xff],
+        };
+        for &bad in unknown {
             payload[last] = bad;
             assert!(
                 Message::decode(&frame(payload.clone())).is_err(),

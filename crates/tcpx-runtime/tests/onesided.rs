@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use tcpx_runtime::{Connection, Descriptor, Endpoint, Error, Region, RemoteSegment, Segment};
 
+const MIB: usize = 1 << 20;
+
 fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     assert!(
@@ -1143,13 +1145,55 @@ fn spread_writes_and_reads_land_exactly() {
         c.engines_per_device = Some(8);
         c
     };
-    let (a, b, ab, _ba) = pair_with(cfg(), cfg());
+    let (a, b, ab, ba) = pair_with(cfg(), cfg());
     assert_eq!(ab.peer_info().spread, 8);
+    // A lone 1 MiB write rides all 8 RMA channels in 128 KiB pieces.
+    {
+        let src = source(&a, MIB, 3);
+        let target = b.alloc_host(MIB).unwrap();
+        let d = b.advertise(&target).unwrap();
+        let before: Vec<u64> = ba
+            .one_sided_stats()
+            .iter()
+            .map(|s| s.bytes_received)
+            .collect();
+        let tx = ab
+            .write(
+                &[Segment::new(&src, 0, MIB)],
+                &[RemoteSegment::new(d, 0, MIB as u64)],
+                None,
+            )
+            .unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64);
+        let got: Vec<u64> = ba
+            .one_sided_stats()
+            .iter()
+            .zip(&before)
+            .map(|(s, b)| s.bytes_received - b)
+            .collect();
+        assert_eq!(got, vec![(MIB / 8) as u64; 8]);
+        assert!(snapshot(&target) == snapshot(&src));
+    }
     let target = b.alloc_host(4 << 20).unwrap();
     let d = b.advertise(&target).unwrap();
+    let second = b.alloc_host(1 << 20).unwrap();
+    let d2 = b.advertise(&second).unwrap();
     let mut rng = Rng(11);
     for round in 0..8u64 {
         let total = (128 << 10) + rng.below(3 << 20) as usize;
+        // Every other round two writes go at once: the second is not alone and keeps whole
+        // chunks, the first spreads; both land.
+        let companion = (round % 2 == 1).then(|| {
+            let extra = source(&a, 600 << 10, 700 + round);
+            let t = ab
+                .write(
+                    &[Segment::new(&extra, 0, 600 << 10)],
+                    &[RemoteSegment::new(d2, 0, 600 << 10)],
+                    None,
+                )
+                .unwrap();
+            (extra, t)
+        });
         let src = source(&a, total, 500 + round);
         let local_layout = random_layout(&mut rng, total, total, 700 << 10);
         let remote_layout = random_layout(&mut rng, total, 4 << 20, 600 << 10);
@@ -1163,6 +1207,13 @@ fn spread_writes_and_reads_land_exactly() {
             .collect();
         let tx = ab.write(&local, &remote, None).unwrap();
         assert_eq!(tx.wait(DEADLINE).unwrap(), total as u64, "write {round}");
+        if let Some((extra, t)) = companion {
+            assert_eq!(t.wait(DEADLINE).unwrap(), 600 << 10);
+            assert!(
+                snapshot(&second)[..600 << 10] == snapshot(&extra)[..],
+                "write {round}: companion"
+            );
+        }
         let (expected, got) = (snapshot(&src), snapshot(&target));
         let mut pos = 0;
         for &(o, l) in &remote_layout {

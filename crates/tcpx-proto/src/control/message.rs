@@ -94,7 +94,7 @@ pub struct EndpointInfo {
     /// an application-level label (e.g. a rank's local GPU), not checked against CUDA.
     pub gpu_index: Option<u32>,
     /// How many channels this side can drive at once (its engine threads, at most
-    /// `channels`). A connection spreads a transfer smaller than that many chunks over the
+    /// `channels`). A one-sided operation whose request asks for it is spread over the
     /// smaller of the two sides' values
     /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); 1 keeps whole
     /// chunks.

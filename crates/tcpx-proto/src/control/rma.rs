@@ -3,8 +3,8 @@
 //!
 //! | message | payload |
 //! |---|---|
-//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes), flags u8 (bit 0: packed) |
-//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens, flags u8 (bit 0: packing offered) |
+//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes), flags u8 (bit 0: packed, bit 1: spread) |
+//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens, flags u8 (bit 0: packing offered, bit 1: spread) |
 //! | `Notify` 0x0102 | u32 length + bytes |
 //! | `WriteAck` 0x0103 | op_id u64, u8 0 = done / 1 = refused then a refusal |
 //! | `ReadData` 0x0104 | op_id u64, u8 0 = unpacked / 1 = packed |
@@ -51,6 +51,10 @@ pub struct WriteRequest {
     /// The data travels packed: one contiguous transfer of the total length, which the
     /// target receives into a pack buffer and scatters (the initiator decided).
     pub packed: bool,
+    /// Both sides cut the data finer, over the connection's agreed spread width
+    /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); the initiator
+    /// decides (a lone operation, no staged memory on either side).
+    pub spread: bool,
 }
 
 /// A one-sided read: the target answers `ReadData` (and sends) or `ReadRefused`.
@@ -65,20 +69,30 @@ pub struct ReadRequest {
     /// The initiator can receive the data packed (it holds a pack buffer for it); the
     /// target, which sends the data, decides and says so in `ReadData`.
     pub pack: bool,
+    /// Both sides cut the data finer, as in [`WriteRequest::spread`] (the initiator decides;
+    /// packed or not).
+    pub spread: bool,
 }
 
-/// Bit 0 of a request's flag byte.
+/// Bit 0 of a request's flag byte: packed (write) / packing offered (read).
 const FLAG_PACKED: u8 = 1;
+/// Bit 1: spread.
+const FLAG_SPREAD: u8 = 2;
 
-fn read_flags(r: &mut Reader<'_>) -> Result<bool, WireError> {
-    match r.u8("flags")? {
-        0 => Ok(false),
-        FLAG_PACKED => Ok(true),
-        _ => Err(WireError::Invalid {
+fn write_flags(w: &mut Writer<'_>, packed: bool, spread: bool) {
+    w.u8(if packed { FLAG_PACKED } else { 0 } | if spread { FLAG_SPREAD } else { 0 });
+}
+
+/// (bit 0, bit 1) of a request's flag byte; any other bit is refused.
+fn read_flags(r: &mut Reader<'_>) -> Result<(bool, bool), WireError> {
+    let flags = r.u8("flags")?;
+    if flags & !(FLAG_PACKED | FLAG_SPREAD) != 0 {
+        return Err(WireError::Invalid {
             field: "flags",
             why: "unknown flag bits",
-        }),
+        });
     }
+    Ok((flags & FLAG_PACKED != 0, flags & FLAG_SPREAD != 0))
 }
 
 /// Why a target refused a request.
@@ -275,7 +289,7 @@ impl WriteRequest {
                 write_blob(w, bytes)?;
             }
         }
-        w.u8(if self.packed { FLAG_PACKED } else { 0 });
+        write_flags(w, self.packed, self.spread);
         Ok(())
     }
 
@@ -293,13 +307,14 @@ impl WriteRequest {
                 })
             }
         };
-        let packed = read_flags(r)?;
+        let (packed, spread) = read_flags(r)?;
         Ok(Self {
             op_id,
             entries,
             local_lens,
             notification,
             packed,
+            spread,
         })
     }
 }
@@ -314,16 +329,21 @@ impl ReadRequest {
         w.u64(self.op_id);
         write_entries(w, &self.entries)?;
         write_lens(w, &self.local_lens)?;
-        w.u8(if self.pack { FLAG_PACKED } else { 0 });
+        write_flags(w, self.pack, self.spread);
         Ok(())
     }
 
     pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let op_id = r.u64("op_id")?;
+        let entries = read_entries(r)?;
+        let local_lens = read_lens(r)?;
+        let (pack, spread) = read_flags(r)?;
         Ok(Self {
-            op_id: r.u64("op_id")?,
-            entries: read_entries(r)?,
-            local_lens: read_lens(r)?,
-            pack: read_flags(r)?,
+            op_id,
+            entries,
+            local_lens,
+            pack,
+            spread,
         })
     }
 }

@@ -45,7 +45,8 @@ pub enum ControlError {
         local: SocketAddr,
         /// How long it waited.
         waited: Duration,
-        /// Connections rejected during the wait (bad or slow handshakes, missing secret).
+        /// Connections rejected since the last timed-out accept reported them (bad or slow
+        /// handshakes, missing secret).
         rejected: u64,
         /// The last of them: `peer: reason`.
         last_rejection: Option<String>,

@@ -83,6 +83,8 @@ pub(crate) struct Policy {
 #[derive(Default)]
 pub(crate) struct Rejections {
     count: AtomicU64,
+    /// `count` as the last timed-out accept reported it.
+    reported: AtomicU64,
     last: Mutex<Option<String>>,
 }
 
@@ -98,6 +100,14 @@ impl Rejections {
     /// Connections rejected since the thread started.
     pub(crate) fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// Rejections no timed-out accept has reported yet, now marked reported. A peer turned
+    /// away while no accept was waiting (before the first one, between two) is reported by
+    /// the next one that times out, not lost.
+    pub(crate) fn take_unreported(&self) -> u64 {
+        let now = self.count();
+        now.saturating_sub(self.reported.swap(now, Ordering::Relaxed))
     }
 
     /// The most recent rejection, `peer: reason`.

@@ -110,7 +110,7 @@ pub(crate) fn submit(
     };
     let mut next = cx.order.lock().unwrap_or_else(|p| p.into_inner());
     let seq = *next;
-    let schedule = packed_schedule(total, cx.chunk_bytes, &cx.carrier.link, seq)
+    let schedule = packed_schedule(total, cx.chunk_bytes, &cx.carrier.link, seq, false)
         .map_err(|e| Error::InvalidArgument(format!("batch #{seq}: {e}")))?;
     let job = cx.carrier.new_job(JobSpec {
         direction,

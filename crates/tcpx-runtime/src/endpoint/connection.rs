@@ -550,10 +550,12 @@ impl Connection {
         if vectored {
             self.pair_segments(&job);
         } else {
-            match self
-                .link
-                .schedule(&[job.len], &[job.len], self.shared.config.chunk_bytes)
-            {
+            match self.link.schedule(
+                &[job.len],
+                &[job.len],
+                self.shared.config.chunk_bytes,
+                false,
+            ) {
                 // Rotating by the sequence number spreads a stream of small transfers over
                 // every channel; the peer rotates its matching transfer the same way.
                 Ok(schedule) => job.set_schedule(schedule.rotated(seq)),

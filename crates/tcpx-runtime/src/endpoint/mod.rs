@@ -324,17 +324,17 @@ impl Endpoint {
     }
 
     /// [`Endpoint::accept`], waiting at most `wait` for a peer to arrive (set-up then has
-    /// the configured timeout). On timeout the error counts the connections turned away and
+    /// the configured timeout). On timeout the error counts the connections turned away since
+    /// the last timed-out accept said so (during this wait, or while none was waiting) and
     /// names the last one.
     pub fn accept_timeout(&self, wait: Duration) -> Result<Connection> {
         let admission = &self.admission;
         let deadline = Instant::now() + wait;
-        let rejected_before = admission.rejections.count();
         loop {
             let candidate = match admission.ready.recv_deadline(deadline) {
                 Ok(c) => c,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let rejected = admission.rejections.count() - rejected_before;
+                    let rejected = admission.rejections.take_unreported();
                     return Err(ControlError::AcceptTimeout {
                         local: self.metadata.control_addr,
                         waited: wait,

@@ -83,8 +83,9 @@ pub(crate) fn packed_schedule(
     chunk_bytes: u32,
     link: &Link,
     op_id: u64,
+    spread: bool,
 ) -> std::result::Result<Schedule, crate::schedule::ScheduleError> {
-    link.schedule(&[total], &[total], chunk_bytes)
+    link.schedule(&[total], &[total], chunk_bytes, spread)
         .map(|s| s.rotated(op_id))
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::coalesce;
 use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
-use super::state::{access_error, PendingKind, PendingOp, ReadPack, Rma};
+use super::state::{access_error, OpCut, PendingKind, PendingOp, ReadPack, Rma};
 use crate::carrier::JobSpec;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
@@ -130,10 +130,11 @@ impl Rma {
         entries: &[RemoteEntry],
         peer_lens: &[u64],
         op_id: u64,
+        spread: bool,
     ) -> Result<Schedule> {
         let own = super::state::remote_lens(entries);
         self.link
-            .schedule(&own, peer_lens, self.config.chunk_bytes)
+            .schedule(&own, peer_lens, self.config.chunk_bytes, spread)
             .map(|s| s.rotated(op_id))
             .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
     }
@@ -193,11 +194,12 @@ impl Rma {
             local_lens,
             notification,
             packed,
+            spread,
         } = request;
         if packed {
-            return self.on_packed_write(op_id, &entries, &local_lens, notification, items);
+            return self.on_packed_write(op_id, &entries, &local_lens, notification, spread, items);
         }
-        let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
+        let schedule = self.request_schedule(&entries, &local_lens, op_id, spread)?;
         // Refused (a mixed staged / other list included): the data goes to the discard
         // region, host memory that is never staged.
         let (pieces, staging, schedule, refusal) = match self.shared.adverts.validate(&entries) {
@@ -306,6 +308,7 @@ impl Rma {
         entries: &[RemoteEntry],
         peer_lens: &[u64],
         notification: Option<Vec<u8>>,
+        spread: bool,
         items: &mut Items,
     ) -> Result<()> {
         let total = self.packed_total(entries, peer_lens, op_id)?;
@@ -329,7 +332,7 @@ impl Rma {
             }
         };
         let schedule =
-            super::pack::packed_schedule(total, self.config.chunk_bytes, &self.link, op_id)
+            super::pack::packed_schedule(total, self.config.chunk_bytes, &self.link, op_id, spread)
                 .map_err(|e| self.violation(format!("packed request #{op_id}: {e}")))?;
         let (pieces, staging, schedule, pack) = match (into, &refusal) {
             (PackedInto::Staged(regions, staging), _) => {
@@ -364,8 +367,8 @@ impl Rma {
                     own,
                     total,
                     Direction::Recv,
-                    op_id,
                     false,
+                    OpCut { op_id, spread },
                 )?;
                 (pieces, None, schedule, pack)
             }
@@ -433,17 +436,20 @@ impl Rma {
             entries,
             local_lens,
             pack,
+            spread,
         } = request;
         let validated = self.shared.adverts.validate(&entries);
         if pack {
             if let Ok(regions) = &validated {
-                if let Some(item) = self.packed_read(op_id, &entries, &local_lens, regions)? {
+                if let Some(item) =
+                    self.packed_read(op_id, &entries, &local_lens, regions, spread)?
+                {
                     items.push_back(item);
                     return Ok(());
                 }
             }
         }
-        let schedule = self.request_schedule(&entries, &local_lens, op_id)?;
+        let schedule = self.request_schedule(&entries, &local_lens, op_id, spread)?;
         let item = match validated {
             Ok(regions) => {
                 let (pieces, staging) = self.pieces(&entries, &regions, Direction::Send)?;
@@ -490,6 +496,7 @@ impl Rma {
         entries: &[RemoteEntry],
         peer_lens: &[u64],
         regions: &[Region],
+        spread: bool,
     ) -> Result<Option<TargetItem>> {
         let total = self.packed_total(entries, peer_lens, op_id)?;
         let own_runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len))).len();
@@ -501,8 +508,14 @@ impl Rma {
             }
             let (pieces, staging) =
                 self.pieces_staged(entries, regions, Direction::Send, Some(staging))?;
-            let (pieces, schedule) =
-                self.packed_job_parts(None, pieces, total, Direction::Send, op_id, true)?;
+            let (pieces, schedule) = self.packed_job_parts(
+                None,
+                pieces,
+                total,
+                Direction::Send,
+                true,
+                OpCut { op_id, spread },
+            )?;
             let job = self.carrier.new_job(JobSpec {
                 direction: Direction::Send,
                 seq: op_id,
@@ -543,8 +556,8 @@ impl Rma {
             own,
             total,
             Direction::Send,
-            op_id,
             false,
+            OpCut { op_id, spread },
         )?;
         let job = self.carrier.new_job(JobSpec {
             direction: Direction::Send,
@@ -584,14 +597,21 @@ impl Rma {
                 pieces,
                 pack: None,
                 staging,
+                spread,
                 ..
             } if packed => {
                 // A staged list: the lanes scatter each chunk out of their ring slots, and the
                 // read completes once every chunk's copy was seen done. A host list that is
                 // one run: the packed data lands in place.
                 let staged = staging.is_some();
-                let (pieces, schedule) =
-                    self.packed_job_parts(None, pieces, op.len, Direction::Recv, op_id, staged)?;
+                let (pieces, schedule) = self.packed_job_parts(
+                    None,
+                    pieces,
+                    op.len,
+                    Direction::Recv,
+                    staged,
+                    OpCut { op_id, spread },
+                )?;
                 let job = self.carrier.new_job(JobSpec {
                     direction: Direction::Recv,
                     seq: op_id,
@@ -607,15 +627,17 @@ impl Rma {
                 Ok(())
             }
             PendingKind::Read {
-                pack: Some(pack), ..
+                pack: Some(pack),
+                spread,
+                ..
             } if packed => {
                 let (pieces, schedule) = self.packed_job_parts(
                     Some(&pack.lease),
                     Vec::new(),
                     op.len,
                     Direction::Recv,
-                    op_id,
                     false,
+                    OpCut { op_id, spread },
                 )?;
                 let job = self.carrier.new_job(JobSpec {
                     direction: Direction::Recv,
