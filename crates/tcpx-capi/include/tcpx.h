@@ -42,9 +42,10 @@
  * `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
  * `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
  * formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
- * `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.)
+ * `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.
+ * 5: `tcpx_local_connection_prepare_ipc`.)
  */
-#define TCPX_ABI_VERSION_MINOR 4
+#define TCPX_ABI_VERSION_MINOR 5
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -1054,6 +1055,22 @@ tcpx_status tcpx_endpoint_revoke_ipc(struct tcpx_endpoint endpoint,
                                      const uint8_t *descriptor,
                                      size_t len,
                                      bool *was_advertised);
+
+/**
+ * Pays ahead what the first `tcpx_local_connection_write_ipc` / `_read_ipc` naming the
+ * descriptor would: the owner's confirmation, the copying GPU's streams and list kernel, the
+ * mapping of the allocation (a NIXL agent's first VRAM transfer took 20 × its tenth without
+ * it). `gpu` is the CUDA ordinal of the local memory that will be copied (negative: the
+ * endpoint's GPU, else GPU 0). Errors as a transfer naming the descriptor: `TCPX_ERR_ACCESS`
+ * for an unknown, revoked or foreign one. Optional. Thread safety: any thread.
+ *
+ * # Safety
+ * `descriptor` points to `len` readable bytes.
+ */
+tcpx_status tcpx_local_connection_prepare_ipc(struct tcpx_local_connection connection,
+                                              const uint8_t *descriptor,
+                                              size_t len,
+                                              int32_t gpu);
 
 /**
  * Writes every segment's local bytes into the local peer's advertised GPU memory, with this

@@ -63,8 +63,9 @@ pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// `tcpx_ipc_segment`. 2: rendezvous by name, `tcpx_endpoint_publish`,
 /// `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
 /// formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
-/// `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.)
-pub const TCPX_ABI_VERSION_MINOR: u32 = 4;
+/// `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.
+/// 5: `tcpx_local_connection_prepare_ipc`.)
+pub const TCPX_ABI_VERSION_MINOR: u32 = 5;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
 pub const TCPX_ABI_VERSION: u32 = (TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR;

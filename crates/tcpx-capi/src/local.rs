@@ -319,6 +319,35 @@ pub unsafe extern "C" fn tcpx_endpoint_revoke_ipc(
     })
 }
 
+/// Pays ahead what the first `tcpx_local_connection_write_ipc` / `_read_ipc` naming the
+/// descriptor would: the owner's confirmation, the copying GPU's streams and list kernel, the
+/// mapping of the allocation (a NIXL agent's first VRAM transfer took 20 × its tenth without
+/// it). `gpu` is the CUDA ordinal of the local memory that will be copied (negative: the
+/// endpoint's GPU, else GPU 0). Errors as a transfer naming the descriptor: `TCPX_ERR_ACCESS`
+/// for an unknown, revoked or foreign one. Optional. Thread safety: any thread.
+///
+/// # Safety
+/// `descriptor` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tcpx_local_connection_prepare_ipc(
+    connection: tcpx_local_connection,
+    descriptor: *const u8,
+    len: usize,
+    gpu: i32,
+) -> tcpx_status {
+    guard("tcpx_local_connection_prepare_ipc", || {
+        non_null(descriptor, "descriptor")?;
+        // SAFETY: non-null (checked), `len` readable bytes (the caller's promise).
+        let raw = unsafe { bytes(descriptor, len, "descriptor") }?;
+        let d = IpcDescriptor::from_bytes(raw)
+            .map_err(|e| CapiError::invalid(format!("descriptor: {e}")))?;
+        let gpu = usize::try_from(gpu).ok();
+        let conn = LOCALS.get(connection.id)?;
+        conn.with(|c| Ok(c.prepare_ipc(&d, gpu)?))?;
+        Ok(TCPX_OK)
+    })
+}
+
 /// Shared body of write and read.
 ///
 /// # Safety

@@ -179,11 +179,17 @@ fn descriptors_are_refused_for_the_right_reason_before_any_copy() {
     assert!(e.to_string().contains("unknown key"), "{e}");
     let e = ba.read_ipc(&local, 0, &unknown, 0, 4096).unwrap_err();
     assert_eq!(kind(&e), Some(LocalErrorKind::Access), "{e}");
+    // Preparing it ahead is refused the same way, before any CUDA call.
+    let e = ba.prepare_ipc(&unknown, None).unwrap_err();
+    assert_eq!(kind(&e), Some(LocalErrorKind::Access), "{e}");
+    assert!(e.to_string().contains("unknown key"), "{e}");
 
     // A descriptor of another endpoint (b's own) on the connection to a.
     let foreign = forged(&b, 1);
     let e = ba.write_ipc(&local, 0, &foreign, 0, 4096).unwrap_err();
     assert_eq!(kind(&e), Some(LocalErrorKind::Access), "{e}");
+    assert!(e.to_string().contains("belongs to endpoint"), "{e}");
+    let e = ba.prepare_ipc(&foreign, Some(0)).unwrap_err();
     assert!(e.to_string().contains("belongs to endpoint"), "{e}");
 
     // Out of range, on either side, and an empty list.
@@ -419,6 +425,10 @@ fn gpu_write_and_read_between_two_processes_verified() {
     let Some((ep, mut peer, conn, desc, device)) = gpu_parent("target") else {
         return;
     };
+    // Prepared ahead: confirmed and mapped before the first transfer.
+    conn.prepare_ipc(&desc, Some(device.ordinal())).unwrap();
+    assert_eq!(conn.mapped_allocations(), 1);
+    assert_eq!(conn.confirmed_descriptors(), 1);
     // Write: 8 MiB at offset 1 MiB + 4 KiB, then the child checks.
     let len = 8 * MIB;
     let src = cuda_source(&ep, &device, len, 11);

@@ -486,3 +486,59 @@ fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in
     }
     assert!(ab.error().is_none());
 }
+
+/// Bytes each one-sided channel of `conn` received since `before` (channels with none left
+/// out), and the new totals.
+fn rma_received(conn: &tcpx_runtime::Connection, before: &[u64]) -> (Vec<u64>, Vec<u64>) {
+    let now: Vec<u64> = conn
+        .one_sided_stats()
+        .iter()
+        .map(|s| s.bytes_received)
+        .collect();
+    let got = now
+        .iter()
+        .zip(before)
+        .map(|(n, b)| n - b)
+        .filter(|&d| d > 0)
+        .collect();
+    (got, now)
+}
+
+#[test]
+fn a_lone_write_spreads_unless_either_side_stages() {
+    loopback();
+    // 8 channels, 512 KiB chunks, 8 engines a side: a lone 1 MiB write of host memory rides
+    // 8 channels in 128 KiB pieces; with staged memory on either side it keeps its two whole
+    // chunks (every staged piece costs a copy and an event).
+    let cfg = || {
+        let mut c = config(8, 512 << 10);
+        c.engines_per_device = Some(8);
+        c
+    };
+    let (a, b, ab, ba) = pair_with(cfg(), cfg());
+    const MIB: usize = 1 << 20;
+    let mut before = vec![0u64; 8];
+    for (local_staged, remote_staged, pieces) in [
+        (false, false, 8usize),
+        (false, true, 2),
+        (true, false, 2),
+        (true, true, 2),
+    ] {
+        let what = format!("{} → {}", label(local_staged), label(remote_staged));
+        let src = filled(&a, local_staged, MIB, 40 + pieces as u64);
+        let dst = region(&b, remote_staged, MIB);
+        let d = b.advertise(&dst).unwrap();
+        let tx = ab
+            .write(
+                &[Segment::new(&src, 0, MIB)],
+                &[RemoteSegment::new(d, 0, MIB as u64)],
+                None,
+            )
+            .unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64, "{what}");
+        let (got, now) = rma_received(&ba, &before);
+        before = now;
+        assert_eq!(got, vec![(MIB / pieces) as u64; pieces], "{what}");
+        assert!(snapshot(&dst) == snapshot(&src), "{what}");
+    }
+}

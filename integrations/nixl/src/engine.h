@@ -56,6 +56,8 @@ struct LocalMD final : MD {
     /// VRAM exported for same-host peers (CUDA IPC), when the driver allowed it.
     bool hasIpc = false;
     uint8_t ipcDescriptor[TCPX_IPC_DESCRIPTOR_BYTES] = {};
+    /// The CUDA ordinal of VRAM (NIXL's devId); -1 for DRAM.
+    int gpu = -1;
     int refs = 1;
 };
 
@@ -159,6 +161,11 @@ private:
     /// The same-host connection to `agent`, dialing it when there is none; false (and the
     /// agent's IPC route off from then on) when it cannot be made.
     bool localConnection(const std::string &agent, tcpx_local_connection &out) const;
+    /// Pays ahead, on the same-host connection to `agent` (dialed if need be), what its
+    /// first CUDA IPC transfer naming `ipcDescriptor` would: confirmation, mapping, copy
+    /// streams and list kernel, for the GPU of every VRAM region registered here. Failures
+    /// only cost that saving: logged (the transfer path reports them).
+    void prepareIpc(const std::string &agent, const uint8_t *ipcDescriptor) const;
     /// Drops `conn` as the same-host connection to `agent` (it failed on submit).
     void forgetLocal(const std::string &agent, tcpx_local_connection conn) const;
     /// Takes every delivered tcpx notification: hellos bind accepted connections, the rest

@@ -1145,6 +1145,12 @@ static void ipc_initiator(link_t l) {
     ASSERT(strstr(tcpx_last_error(), "unknown key") != NULL, "%s", tcpx_last_error());
     EXPECT(tcpx_local_connection_read_ipc(c, &seg, 1, &t), TCPX_ERR_ACCESS,
            "tcpx_local_connection_read_ipc");
+    EXPECT(tcpx_local_connection_prepare_ipc(c, forged, sizeof forged, -1), TCPX_ERR_ACCESS,
+           "tcpx_local_connection_prepare_ipc");
+    EXPECT(tcpx_local_connection_prepare_ipc(c, NULL, sizeof forged, -1),
+           TCPX_ERR_NULL_POINTER, "tcpx_local_connection_prepare_ipc");
+    EXPECT(tcpx_local_connection_prepare_ipc(c, forged, 3, -1), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_local_connection_prepare_ipc");
     seg.descriptor[0] = 'X';
     EXPECT(tcpx_local_connection_write_ipc(c, &seg, 1, &t), TCPX_ERR_INVALID_ARGUMENT,
            "tcpx_local_connection_write_ipc");
@@ -1164,6 +1170,8 @@ static void ipc_initiator(link_t l) {
         uint8_t *buf = alloc_aligned(IPC_BYTES);
         fill(buf, IPC_BYTES, 21, 0);
         CHECK(tcpx_region_write(src, 0, buf, IPC_BYTES));
+        /* Confirmed and mapped ahead of the first write. */
+        CHECK(tcpx_local_connection_prepare_ipc(c, desc, sizeof desc, -1));
         /* Two segments: the halves, written in one operation. */
         tcpx_ipc_segment two[2] = {ipc_segment(src, desc, 0, IPC_BYTES / 2),
                                    ipc_segment(src, desc, IPC_BYTES / 2, IPC_BYTES / 2)};

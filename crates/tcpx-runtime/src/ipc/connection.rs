@@ -179,6 +179,17 @@ impl LocalConnection {
         self.readv_ipc(&[IpcSegment::new(dst, dst_offset, remote, remote_offset, len)])
     }
 
+    /// Pays ahead what the first [`write_ipc`](Self::write_ipc) / [`read_ipc`](Self::read_ipc)
+    /// naming `remote` would: the owner's confirmation of the descriptor, the copying GPU's
+    /// streams and list kernel, the mapping of the allocation. `gpu` is the GPU of the local
+    /// memory that will be copied (`None`: the endpoint's GPU, else GPU 0). The same errors as
+    /// a transfer naming `remote` (an unknown, revoked or foreign descriptor is
+    /// [`Error::Local`] with [`LocalErrorKind::Access`]). Optional: transfers do all of this
+    /// themselves the first time.
+    pub fn prepare_ipc(&self, remote: &IpcDescriptor, gpu: Option<usize>) -> Result<()> {
+        super::op::prepare(&self.link, remote, gpu)
+    }
+
     /// Writes every segment; one transfer for all of them.
     pub fn writev_ipc(&self, segments: &[IpcSegment<'_>]) -> Result<Transfer> {
         self.on_regions(Direction::Send, segments)

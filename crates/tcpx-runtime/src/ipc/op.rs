@@ -238,6 +238,34 @@ pub(crate) unsafe fn submit(
     ))
 }
 
+/// Does now what the first operation naming `remote` would otherwise pay for (a new agent's
+/// first VRAM transfer took 20 × its tenth): confirms the descriptor with its owner, opens
+/// the copying GPU (its streams, events and list kernel) and maps the allocation there.
+/// `gpu` is the GPU whose memory will be copied to or from `remote` (`None`: the endpoint's,
+/// else GPU 0); operations from memory on another GPU map it again there.
+pub(crate) fn prepare(
+    link: &Arc<LocalLink>,
+    remote: &IpcDescriptor,
+    gpu: Option<usize>,
+) -> Result<()> {
+    const WHAT: &str = "prepare_ipc";
+    link.check_open()?;
+    let piece = Piece {
+        local: 0,
+        local_gpu: gpu,
+        remote,
+        remote_offset: 0,
+        len: 0,
+    };
+    check_piece(link, WHAT, 0, &piece)?;
+    confirm(link, WHAT, 0, remote)?;
+    let ordinal = copy_gpu(link, WHAT, &[piece])?;
+    let gpu = link.shared.gpu(ordinal).map_err(|e| relabel(link, e))?;
+    map(link, &gpu, ordinal, WHAT, 0, remote)?;
+    gpu.pool.prepare_lists();
+    Ok(())
+}
+
 /// The GPU that copies: the one of the local memory (one for all pieces), else for host
 /// memory the endpoint's, else GPU 0.
 fn copy_gpu(link: &LocalLink, what: &str, pieces: &[Piece<'_>]) -> Result<usize> {

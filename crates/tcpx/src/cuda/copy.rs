@@ -297,6 +297,30 @@ impl CopyPool {
         })
     }
 
+    /// Loads the list kernel and makes one metadata buffer now, so that the first
+    /// [`submit_list`](Self::submit_list) pays neither. Whether lists will go through the
+    /// kernel (false: its load failed, or `TCPX_IPC_LIST_KERNEL=0`).
+    pub fn prepare_lists(&self) -> bool {
+        if !list_kernel_on() {
+            return false;
+        }
+        let mut lists = self.lists.lock().unwrap_or_else(|p| p.into_inner());
+        match lists.get_or_insert_with(|| ListCopier::new(&self.device)) {
+            Ok(copier) => {
+                if copier.free.is_empty() {
+                    match PinnedHostBuffer::new(&self.device, LIST_MAX_FRAGMENTS * META_BYTES) {
+                        Ok(m) => copier.free.push(m),
+                        Err(e) => {
+                            tracing::debug!(target: "tcpx::cuda", "list metadata buffer not made ahead: {e}")
+                        }
+                    }
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn give_back_metas(&self, metas: PinnedHostBuffer) {
         if let Some(Ok(copier)) = self
             .lists
