@@ -1152,11 +1152,7 @@ fn spread_writes_and_reads_land_exactly() {
         let src = source(&a, MIB, 3);
         let target = b.alloc_host(MIB).unwrap();
         let d = b.advertise(&target).unwrap();
-        let before: Vec<u64> = ba
-            .one_sided_stats()
-            .iter()
-            .map(|s| s.bytes_received)
-            .collect();
+        let (_, before) = received_since(&ba.one_sided_stats(), &[0; 8]);
         let tx = ab
             .write(
                 &[Segment::new(&src, 0, MIB)],
@@ -1165,12 +1161,7 @@ fn spread_writes_and_reads_land_exactly() {
             )
             .unwrap();
         assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64);
-        let got: Vec<u64> = ba
-            .one_sided_stats()
-            .iter()
-            .zip(&before)
-            .map(|(s, b)| s.bytes_received - b)
-            .collect();
+        let (got, _) = received_since(&ba.one_sided_stats(), &before);
         assert_eq!(got, vec![(MIB / 8) as u64; 8]);
         assert!(snapshot(&target) == snapshot(&src));
     }

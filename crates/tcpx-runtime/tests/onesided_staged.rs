@@ -487,23 +487,6 @@ fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in
     assert!(ab.error().is_none());
 }
 
-/// Bytes each one-sided channel of `conn` received since `before` (channels with none left
-/// out), and the new totals.
-fn rma_received(conn: &tcpx_runtime::Connection, before: &[u64]) -> (Vec<u64>, Vec<u64>) {
-    let now: Vec<u64> = conn
-        .one_sided_stats()
-        .iter()
-        .map(|s| s.bytes_received)
-        .collect();
-    let got = now
-        .iter()
-        .zip(before)
-        .map(|(n, b)| n - b)
-        .filter(|&d| d > 0)
-        .collect();
-    (got, now)
-}
-
 #[test]
 fn a_lone_write_spreads_unless_either_side_stages() {
     loopback();
@@ -536,7 +519,7 @@ fn a_lone_write_spreads_unless_either_side_stages() {
             )
             .unwrap();
         assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64, "{what}");
-        let (got, now) = rma_received(&ba, &before);
+        let (got, now) = received_since(&ba.one_sided_stats(), &before);
         before = now;
         assert_eq!(got, vec![(MIB / pieces) as u64; pieces], "{what}");
         assert!(snapshot(&dst) == snapshot(&src), "{what}");

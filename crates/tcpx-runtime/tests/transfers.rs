@@ -318,16 +318,6 @@ fn several_engines_per_device_share_the_channels() {
     assert_eq!(b.live_registrations(), 6);
 }
 
-/// Channels of `conn` that received bytes since `before`, and how many each.
-fn received_per_channel(conn: &Connection, before: &[u64]) -> Vec<u64> {
-    conn.stats()
-        .iter()
-        .zip(before)
-        .map(|(s, b)| s.bytes_received - b)
-        .filter(|&n| n > 0)
-        .collect()
-}
-
 #[test]
 fn two_sided_transfers_keep_whole_chunks_whatever_the_spread() {
     loopback();
@@ -343,9 +333,9 @@ fn two_sided_transfers_keep_whole_chunks_whatever_the_spread() {
         let (a, b, ab, ba) = pair_with(cfg(engines_a), cfg(engines_b));
         assert_eq!(ba.peer_info().spread, engines_a as u16);
         assert_eq!(ab.peer_info().spread, engines_b as u16);
-        let before: Vec<u64> = ba.stats().iter().map(|s| s.bytes_received).collect();
+        let (_, before) = received_since(&ba.stats(), &[0; 8]);
         roundtrip(&a, &b, &ab, &ba, MIB, 900 + engines_b as u64);
-        let got = received_per_channel(&ba, &before);
+        let (got, _) = received_since(&ba.stats(), &before);
         assert_eq!(
             got,
             vec![(MIB / 2) as u64; 2],

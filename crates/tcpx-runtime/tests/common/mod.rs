@@ -285,3 +285,20 @@ pub fn all_to_all(ep: &Endpoint, group: &tcpx_runtime::Group, len: usize) {
         );
     }
 }
+
+/// Bytes each channel in `stats` (`Connection::stats` or `one_sided_stats`) received since
+/// `before` (the totals a previous call returned, or zeros), channels with none left out, and
+/// the new totals.
+pub fn received_since(
+    stats: &[tcpx_runtime::ChannelStats],
+    before: &[u64],
+) -> (Vec<u64>, Vec<u64>) {
+    let now: Vec<u64> = stats.iter().map(|s| s.bytes_received).collect();
+    let got = now
+        .iter()
+        .zip(before)
+        .map(|(n, b)| n - b)
+        .filter(|&d| d > 0)
+        .collect();
+    (got, now)
+}

@@ -19,7 +19,7 @@ use super::buffer::PinnedHostBuffer;
 use super::device::{CudaDevice, CudaEvent, CudaStream};
 use super::driver::cuda_error;
 use super::staging::FRAGMENT_BYTES;
-use super::unpack::{LaunchConfig, LoadMeta, UnpackEntry, Unpacker, META_BYTES};
+use super::unpack::{put_meta, LaunchConfig, UnpackEntry, Unpacker, META_BYTES};
 use crate::error::{Error, Result};
 
 /// Most streams a [`CopyPool`] runs (and events one [`PooledCopy`] holds).
@@ -477,16 +477,9 @@ fn plan_list(
             let mut at = 0usize;
             while at < p.len {
                 let len = (p.len - at).min(FRAGMENT_BYTES);
-                let meta = LoadMeta {
-                    // Within the run's window: below 2^32.
-                    src_off: (p.src + at as u64 - lo) as u32,
-                    len: len as u32,
-                    dst_off: p.dst + at as u64 - dlo,
-                };
-                let bytes = &mut metas[written * META_BYTES..(written + 1) * META_BYTES];
-                bytes[0..4].copy_from_slice(&meta.src_off.to_le_bytes());
-                bytes[4..8].copy_from_slice(&meta.len.to_le_bytes());
-                bytes[8..16].copy_from_slice(&meta.dst_off.to_le_bytes());
+                // The source offset lies within the run's window: below 2^32.
+                let src_off = (p.src + at as u64 - lo) as u32;
+                put_meta(metas, written, src_off, len as u32, p.dst + at as u64 - dlo);
                 written += 1;
                 at += len;
             }
@@ -561,9 +554,9 @@ mod tests {
             assert_eq!(first, seen, "entries follow one another");
             for k in first..first + e.count as usize {
                 let m = &metas[k * META_BYTES..(k + 1) * META_BYTES];
-                let src_off = u32::from_le_bytes(m[0..4].try_into().unwrap());
-                let len = u32::from_le_bytes(m[4..8].try_into().unwrap());
-                let dst_off = u64::from_le_bytes(m[8..16].try_into().unwrap());
+                let src_off = u32::from_ne_bytes(m[0..4].try_into().unwrap());
+                let len = u32::from_ne_bytes(m[4..8].try_into().unwrap());
+                let dst_off = u64::from_ne_bytes(m[8..16].try_into().unwrap());
                 assert!(u64::from(src_off) + u64::from(len) <= e.bounce_len, "{e:?}");
                 assert!(dst_off + u64::from(len) <= e.dst_len, "{e:?}");
                 assert!(len >= 1 && len as usize <= FRAGMENT_BYTES);

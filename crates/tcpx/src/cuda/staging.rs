@@ -46,7 +46,7 @@ use cudarc::driver::sys;
 use super::buffer::PinnedHostBuffer;
 use super::device::{CudaDevice, CudaEvent, CudaStream};
 use super::driver::check;
-use super::unpack::{LaunchConfig, UnpackEntry, UnpackKernel, Unpacker, META_BYTES};
+use super::unpack::{put_meta, LaunchConfig, UnpackEntry, UnpackKernel, Unpacker, META_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{InFlight, MemoryKind, SharedMemory};
 
@@ -853,10 +853,7 @@ fn plan_list(
                 Way::Gather => ((addr - base) as u32, at as u64),
                 Way::Scatter => (at as u32, addr - base),
             };
-            let m = &mut metas[written * META_BYTES..(written + 1) * META_BYTES];
-            m[0..4].copy_from_slice(&src_off.to_ne_bytes());
-            m[4..8].copy_from_slice(&(len as u32).to_ne_bytes());
-            m[8..16].copy_from_slice(&dst_off.to_ne_bytes());
+            put_meta(metas, written, src_off, len as u32, dst_off);
             written += 1;
             done += len;
         }

@@ -64,6 +64,16 @@ const _: () = assert!(UNPACK_META_SIZE == UNPACK_CNT_OFFSET + SLOTS * 8);
 // ------------------------------------------------------------------------------------------
 // CPU side: metadata helpers and the reference gather.
 
+/// Writes fragment `index` of a metadata array held as bytes (a pinned buffer the kernel
+/// reads): `len` bytes from `src_off` past the entry's bounce to `dst_off` past its
+/// destination, in the layout of [`LoadMeta`].
+pub(crate) fn put_meta(metas: &mut [u8], index: usize, src_off: u32, len: u32, dst_off: u64) {
+    let m = &mut metas[index * META_BYTES..(index + 1) * META_BYTES];
+    m[0..4].copy_from_slice(&src_off.to_ne_bytes());
+    m[4..8].copy_from_slice(&len.to_ne_bytes());
+    m[8..16].copy_from_slice(&dst_off.to_ne_bytes());
+}
+
 /// The metadata as raw bytes (what a test writes into the meta page or a pinned buffer).
 pub fn meta_bytes(metas: &[LoadMeta]) -> &[u8] {
     // SAFETY: LoadMeta is repr(C), 16 bytes with no padding (u32, u32, u64) and no invalid bit
