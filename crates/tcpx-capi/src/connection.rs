@@ -54,9 +54,7 @@ fn submit(
         .map(|(r, s)| Segment::new(&r.region, s.offset as usize, s.len as usize))
         .collect();
     let started = conn.with(|c| Ok(post(c, &pieces)?))?;
-    for region in &regions {
-        region.track(&started);
-    }
+    objects::track_all(&regions, &started);
     let handle = issue(started);
     // SAFETY: non-null (checked); writable (the caller's promise).
     unsafe { write_out(transfer, handle) };

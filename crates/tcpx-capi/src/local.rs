@@ -364,12 +364,19 @@ unsafe fn ipc_op(
     // SAFETY: non-null (checked), `n` initialized entries (the caller's promise).
     let segs = unsafe { array(segments, n, "segments") }?;
     let conn = LOCALS.get(connection.id)?;
-    let mut descriptors = Vec::with_capacity(segs.len());
+    // A KV list names one or a few of the peer's descriptors a thousand times over: a
+    // segment whose descriptor is its predecessor's reuses that decoding (a 128-byte compare
+    // instead of a decode and its checks: 22 µs of a 1024-block list).
+    let mut descriptors: Vec<IpcDescriptor> = Vec::new();
+    let mut which = Vec::with_capacity(segs.len());
     for (i, s) in segs.iter().enumerate() {
-        descriptors.push(
-            IpcDescriptor::from_bytes(&s.descriptor)
-                .map_err(|e| CapiError::invalid(format!("segment {i}: descriptor: {e}")))?,
-        );
+        if i == 0 || s.descriptor != segs[i - 1].descriptor {
+            descriptors.push(
+                IpcDescriptor::from_bytes(&s.descriptor)
+                    .map_err(|e| CapiError::invalid(format!("segment {i}: descriptor: {e}")))?,
+            );
+        }
+        which.push(descriptors.len() - 1);
     }
     let local: Vec<tcpx_segment> = segs
         .iter()
@@ -381,11 +388,11 @@ unsafe fn ipc_op(
         .collect();
     let regions = resolve(conn.endpoint, &local)?;
     let mut pieces = Vec::with_capacity(segs.len());
-    for ((r, s), d) in regions.iter().zip(segs).zip(&descriptors) {
+    for ((r, s), &d) in regions.iter().zip(segs).zip(&which) {
         pieces.push(IpcSegment::new(
             &r.region,
             to_usize(s.offset, "offset")?,
-            d,
+            &descriptors[d],
             s.remote_offset,
             to_usize(s.len, "len")?,
         ));
@@ -397,9 +404,7 @@ unsafe fn ipc_op(
             c.readv_ipc(&pieces)?
         })
     })?;
-    for r in &regions {
-        r.track(&started);
-    }
+    objects::track_all(&regions, &started);
     // SAFETY: non-null (checked); writable (the caller's promise).
     unsafe { write_out(transfer, issue(started)) };
     Ok(TCPX_OK)

@@ -254,28 +254,34 @@ impl Drop for InUse {
 
 /// Looks up every segment's region, checks it belongs to endpoint `endpoint` and that the
 /// range lies inside it, and marks it in use.
+///
+/// A KV list names one or a few regions a thousand times over: a run of segments on one
+/// region looks it up once (the table's lock, an `Arc` clone) and marks it once more per
+/// segment (one atomic add). Looking each segment up cost 47 µs for a 1024-block NIXL list
+/// (H200), a quarter of the whole same-host transfer.
 pub(crate) fn resolve(endpoint: u64, segments: &[tcpx_segment]) -> CapiResult<Vec<InUse>> {
     if segments.is_empty() {
         return Err(CapiError::invalid("the segment list is empty"));
     }
-    let mut out = Vec::with_capacity(segments.len());
+    let mut out: Vec<InUse> = Vec::with_capacity(segments.len());
+    let mut previous_id = None;
     for (i, s) in segments.iter().enumerate() {
-        let obj = REGIONS
-            .get(s.region.id)
-            .map_err(|e| CapiError::new(e.status, format!("segment {i}: {}", e.message)))?;
-        if obj.state.fetch_add(1, Ordering::AcqRel) & DESTROYING != 0 {
-            obj.state.fetch_sub(1, Ordering::AcqRel);
-            return Err(CapiError::new(
-                TCPX_ERR_STALE_HANDLE,
-                format!("segment {i}: the region is being destroyed by another thread"),
-            ));
-        }
-        let in_use = InUse(obj);
-        if in_use.endpoint != endpoint {
-            return Err(CapiError::invalid(format!(
-                "segment {i}: the region belongs to another endpoint than the connection"
-            )));
-        }
+        let in_use = match out.last() {
+            Some(last) if previous_id == Some(s.region.id) => mark(last.0.clone(), i)?,
+            _ => {
+                let obj = REGIONS
+                    .get(s.region.id)
+                    .map_err(|e| CapiError::new(e.status, format!("segment {i}: {}", e.message)))?;
+                let in_use = mark(obj, i)?;
+                if in_use.endpoint != endpoint {
+                    return Err(CapiError::invalid(format!(
+                        "segment {i}: the region belongs to another endpoint than the connection"
+                    )));
+                }
+                in_use
+            }
+        };
+        previous_id = Some(s.region.id);
         let (offset, len) = (to_usize(s.offset, "offset")?, to_usize(s.len, "len")?);
         let size = in_use.region.len();
         if offset.checked_add(len).is_none_or(|end| end > size) {
@@ -286,6 +292,39 @@ pub(crate) fn resolve(endpoint: u64, segments: &[tcpx_segment]) -> CapiResult<Ve
         out.push(in_use);
     }
     Ok(out)
+}
+
+/// Marks `obj` in use for segment `i`, unless a destroy is checking it.
+fn mark(obj: Arc<RegionObj>, i: usize) -> CapiResult<InUse> {
+    if obj.state.fetch_add(1, Ordering::AcqRel) & DESTROYING != 0 {
+        obj.state.fetch_sub(1, Ordering::AcqRel);
+        return Err(CapiError::new(
+            TCPX_ERR_STALE_HANDLE,
+            format!("segment {i}: the region is being destroyed by another thread"),
+        ));
+    }
+    Ok(InUse(obj))
+}
+
+/// Records `transfer` on every region of `regions` (as [`resolve`] returned them), once per
+/// region: a region repeated a thousand times in a list is tracked once, not a thousand
+/// times (each a lock and a push, and past [`PRUNE_AT`] a scan of the region's list that
+/// polled the unfinished transfer again and again: 76 µs for a 1024-block list).
+pub(crate) fn track_all(regions: &[InUse], transfer: &Transfer) {
+    /// Distinct regions remembered per list; a list of more distinct regions than this may
+    /// track a region twice, which is harmless (the list is pruned as transfers finish).
+    const REMEMBERED: usize = 16;
+    let mut tracked: Vec<*const RegionObj> = Vec::with_capacity(REMEMBERED.min(regions.len()));
+    for r in regions {
+        let ptr = Arc::as_ptr(&r.0);
+        if tracked.contains(&ptr) {
+            continue;
+        }
+        if tracked.len() < REMEMBERED {
+            tracked.push(ptr);
+        }
+        r.track(transfer);
+    }
 }
 
 /// Hands a new region of endpoint `endpoint` to C through `out` (checked non-null by the

@@ -144,9 +144,7 @@ unsafe fn one_sided(
         ));
     }
     let started = conn.with(|c| Ok(post(c, &pieces, &remote)?))?;
-    for r in &regions {
-        r.track(&started);
-    }
+    objects::track_all(&regions, &started);
     // SAFETY: non-null (checked); writable (the caller's promise).
     unsafe { write_out(transfer, issue(started)) };
     Ok(TCPX_OK)

@@ -670,10 +670,24 @@ static void two_sided_client(link_t l) {
     EXPECT(tcpx_connection_send(c, foreign, 0, 4096, &t), TCPX_ERR_INVALID_ARGUMENT,
            "tcpx_connection_send");
     ASSERT(strstr(tcpx_last_error(), "another endpoint") != NULL, "%s", tcpx_last_error());
+    /* A foreign region after a run of this endpoint's is caught at its own index. */
+    tcpx_segment run_foreign[3] = {{src, 0, 4096}, {src, 4096, 4096}, {foreign, 0, 4096}};
+    EXPECT(tcpx_connection_send_vectored(c, run_foreign, 3, &t), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_connection_send_vectored");
+    ASSERT(strstr(tcpx_last_error(), "segment 2") != NULL &&
+               strstr(tcpx_last_error(), "another endpoint") != NULL,
+           "%s", tcpx_last_error());
     CHECK(tcpx_endpoint_destroy(other));
     EXPECT(tcpx_connection_send(c, foreign, 0, 4096, &t), TCPX_ERR_STALE_HANDLE, "tcpx_connection_send");
     EXPECT(tcpx_connection_send_vectored(c, (tcpx_segment[]){{src, 0, 1}}, 0, &t),
            TCPX_ERR_INVALID_ARGUMENT, "tcpx_connection_send_vectored");
+    /* A run of segments on one region is looked up once, yet every segment's range is
+     * checked: the third, past the end, is refused by its index, and nothing is sent. */
+    tcpx_segment run_bad[3] = {{src, 0, 4096}, {src, 8192, 4096}, {src, 2 * big - 10, 11}};
+    EXPECT(tcpx_connection_send_vectored(c, run_bad, 3, &t), TCPX_ERR_INVALID_ARGUMENT,
+           "tcpx_connection_send_vectored");
+    ASSERT(strstr(tcpx_last_error(), "segment 2") != NULL && strstr(tcpx_last_error(), "outside"),
+           "%s", tcpx_last_error());
 
     /* 2. Vectored: three pieces from scattered offsets. */
     size_t p0 = big / 4, p1 = big / 2, p2 = big - p0 - p1;

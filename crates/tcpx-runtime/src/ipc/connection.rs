@@ -203,18 +203,28 @@ impl LocalConnection {
     fn on_regions(&self, direction: Direction, segments: &[IpcSegment<'_>]) -> Result<Transfer> {
         let mut pieces = Vec::with_capacity(segments.len());
         let mut regions = Vec::with_capacity(segments.len());
+        // The GPU of the last region seen: a KV list names one region a thousand times, and
+        // asking the driver where foreign CUDA memory lives costs a call per ask.
+        let mut last_gpu: Option<(u64, Option<usize>)> = None;
         for (i, s) in segments.iter().enumerate() {
             s.local
                 .memory()
                 .check_range("ipc", s.local_offset, s.len)
                 .map_err(|e| Error::InvalidArgument(format!("segment {i}: local memory: {e}")))?;
             let base = s.local.as_ptr() as u64;
-            let local_gpu = match s.local.cuda_device() {
-                Some(d) => Some(d.ordinal()),
-                None if s.local.kind() == tcpx::MemoryKind::Cuda => {
-                    tcpx::cuda::pointer_device(s.local.as_ptr())
+            let local_gpu = match last_gpu {
+                Some((id, gpu)) if id == s.local.inner.id => gpu,
+                _ => {
+                    let gpu = match s.local.cuda_device() {
+                        Some(d) => Some(d.ordinal()),
+                        None if s.local.kind() == tcpx::MemoryKind::Cuda => {
+                            tcpx::cuda::pointer_device(s.local.as_ptr())
+                        }
+                        None => None,
+                    };
+                    last_gpu = Some((s.local.inner.id, gpu));
+                    gpu
                 }
-                None => None,
             };
             pieces.push(Piece {
                 local: base + s.local_offset as u64,
