@@ -615,7 +615,10 @@ fn assert_blocks(dst: &Region, blocks: &[(usize, usize)], src: &[u8], what: &str
 #[test]
 fn scattered_small_blocks_are_written_and_read_packed_exactly() {
     loopback();
-    let (a, b, ab, ba) = pair(3, 128 << 10);
+    // Every batch packs, however short (alone on the connection, a short one would not).
+    let mut c = config(3, 128 << 10);
+    c.pack_lone_runs = Some(0);
+    let (a, b, ab, ba) = pair_with(c.clone(), c);
     let mut rng = Rng(11);
     const REGION: usize = 16 << 20;
     let t0 = b.alloc_host(REGION).unwrap();
@@ -694,6 +697,35 @@ fn scattered_small_blocks_are_written_and_read_packed_exactly() {
     }
     assert_eq!(b.access_refusals(), 0);
     assert_eq!(ab.pack_stats().fallbacks, 0);
+}
+
+#[test]
+fn a_short_list_alone_on_its_connection_goes_unpacked_and_a_long_one_packs() {
+    loopback();
+    // 2 channels × a window of 16: up to 32 runs ride the channels unpacked when alone.
+    let (a, b, ab, _ba) = pair(2, 128 << 10);
+    const BLOCK: usize = 16 << 10;
+    let dst = b.alloc_host(2 * BLOCK * 64).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    for (round, n) in [(0u64, 2usize), (1, 32), (2, 33), (3, 64)] {
+        let src = source(&a, BLOCK * n, 700 + round);
+        let remote: Vec<RemoteSegment> = (0..n)
+            .map(|i| RemoteSegment::new(d, (i * 2 * BLOCK) as u64, BLOCK as u64))
+            .collect();
+        let before = ab.pack_stats().packed_sent;
+        let tx = ab
+            .write(&[Segment::new(&src, 0, BLOCK * n)], &remote, None)
+            .expect("write");
+        assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * n) as u64);
+        let packed = ab.pack_stats().packed_sent - before;
+        assert_eq!(
+            packed,
+            u64::from(n > 32),
+            "{n} runs of 16 KiB alone: packed {packed}"
+        );
+        let blocks: Vec<(usize, usize)> = (0..n).map(|i| (i * 2 * BLOCK, BLOCK)).collect();
+        assert_blocks(&dst, &blocks, &snapshot(&src), &format!("{n} blocks"));
+    }
 }
 
 #[test]

@@ -233,10 +233,13 @@ impl LocalConnection {
                 remote_offset: s.remote_offset,
                 len: s.len,
             });
-            if !regions
-                .iter()
-                .any(|r: &Region| r.inner.id == s.local.inner.id)
-            {
+            let known = regions
+                .last()
+                .is_some_and(|r: &Region| r.inner.id == s.local.inner.id)
+                || regions
+                    .iter()
+                    .any(|r: &Region| r.inner.id == s.local.inner.id);
+            if !known {
                 regions.push(s.local.clone());
             }
         }

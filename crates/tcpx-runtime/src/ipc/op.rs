@@ -125,7 +125,7 @@ pub(crate) unsafe fn submit(
     // What the owner must confirm, once per key on this connection. A KV list names the same
     // descriptor block after block: each run of equal descriptors is looked up once.
     for (i, p) in pieces.iter().enumerate() {
-        if i > 0 && pieces[i - 1].remote == p.remote {
+        if i > 0 && same_descriptor(pieces[i - 1].remote, p.remote) {
             continue;
         }
         confirm(link, what, i, p.remote)?;
@@ -137,7 +137,7 @@ pub(crate) unsafe fn submit(
     let mut mappings: Vec<Arc<Mapped>> = Vec::with_capacity(1);
     let mut which = Vec::with_capacity(pieces.len());
     for (i, p) in pieces.iter().enumerate() {
-        if i > 0 && pieces[i - 1].remote == p.remote {
+        if i > 0 && same_descriptor(pieces[i - 1].remote, p.remote) {
             which.push(which[i - 1]);
             continue;
         }
@@ -304,6 +304,12 @@ fn relabel(link: &LocalLink, e: Error) -> Error {
 }
 
 /// The checks that need nothing but the piece and the connection.
+/// Whether two pieces name the same descriptor: the same reference (the C API and the
+/// NIXL plugin pass one decoding for a run of blocks) or equal values.
+fn same_descriptor(a: &IpcDescriptor, b: &IpcDescriptor) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
 fn check_piece(link: &LocalLink, what: &str, i: usize, p: &Piece<'_>) -> Result<()> {
     let d = p.remote;
     if d.owner != link.peer.instance {

@@ -304,7 +304,17 @@ impl Rma {
         };
         let runs = plan.pieces.len().max(plan.remote_lens.len());
         let cap = PackSide::cap(local, far);
-        worth_packing(plan.len, runs, self.config.pack_below, cap).then_some(local)
+        (worth_packing(plan.len, runs, self.config.pack_below, cap)
+            && (runs > self.lone_unpacked_runs() || self.pending_count() > 0))
+            .then_some(local)
+    }
+
+    /// Runs a batch alone on the connection may have and still go unpacked: its pieces then
+    /// ride the channels in parallel with no copy (see [`crate::Config::pack_lone_runs`]).
+    fn lone_unpacked_runs(&self) -> usize {
+        self.config
+            .pack_lone_runs
+            .unwrap_or(usize::from(self.link.channels) * self.config.window)
     }
 
     /// The packed form of a batch: the contiguous schedule, and this side's pieces — the
