@@ -319,18 +319,32 @@ impl LocalConnection {
         segments: &[IpcPtrSegment<'_>],
     ) -> Result<Transfer> {
         let mut pieces = Vec::with_capacity(segments.len());
+        // The last CUDA allocation seen (start, size, GPU): a KV list's blocks lie in one or
+        // a few allocations, and asking the driver (two calls per pointer) cost more than the
+        // copies of a list of small blocks.
+        let mut last: Option<(u64, usize, usize)> = None;
         for (i, s) in segments.iter().enumerate() {
             if s.ptr.is_null() && s.len > 0 {
                 return Err(Error::InvalidArgument(format!(
                     "segment {i}: the local pointer is null"
                 )));
             }
-            let local_gpu = tcpx::cuda::pointer_device(s.ptr);
+            let at = s.ptr as u64;
+            let known = last.filter(|&(start, size, _)| at >= start && at - start < size as u64);
+            let (local_gpu, allocation) = match known {
+                Some((start, size, gpu)) => (Some(gpu), Some((start, size))),
+                None => {
+                    let gpu = tcpx::cuda::pointer_device(s.ptr);
+                    let allocation = gpu.and_then(|_| tcpx::cuda::pointer_allocation(s.ptr));
+                    if let (Some(gpu), Some((start, size))) = (gpu, allocation) {
+                        last = Some((start, size, gpu));
+                    }
+                    (gpu, allocation)
+                }
+            };
             // Device memory: the driver knows the allocation, so a range running past it is
             // caught here rather than by a faulting copy.
-            if let (Some(_), Some((start, size))) =
-                (local_gpu, tcpx::cuda::pointer_allocation(s.ptr))
-            {
+            if let (Some(_), Some((start, size))) = (local_gpu, allocation) {
                 let end = (s.ptr as u64).checked_add(s.len as u64);
                 if end.is_none_or(|end| end > start + size as u64) {
                     return Err(Error::InvalidArgument(format!(

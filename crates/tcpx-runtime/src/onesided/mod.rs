@@ -70,6 +70,13 @@
 //! refused one past a pack buffer chunk by chunk, as an unpacked one. CUDA memory a plugin
 //! takes directly (TCPX) never packs on the initiating side.
 //!
+//! A batch alone on its connection (no other one-sided operation in flight) packs only when
+//! it has more runs than the connection can have requests in flight
+//! ([`crate::Config::pack_lone_runs`], channels × window by default): fewer pieces ride the
+//! channels in parallel with no copy, where packed they are gathered into one chunk on one
+//! channel and scattered (2 × 16 KiB between two processes: 27 µs unpacked against 35
+//! packed on host memory, 47 against 90 on GPUs).
+//!
 //! # Staged regions (CUDA memory on a host-only plugin)
 //! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs
 //! over it carry `staging` and unregistered pieces, and the engines copy every chunk through
