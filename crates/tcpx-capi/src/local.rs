@@ -364,20 +364,11 @@ unsafe fn ipc_op(
     // SAFETY: non-null (checked), `n` initialized entries (the caller's promise).
     let segs = unsafe { array(segments, n, "segments") }?;
     let conn = LOCALS.get(connection.id)?;
-    // A KV list names one or a few of the peer's descriptors a thousand times over: a
-    // segment whose descriptor is its predecessor's reuses that decoding (a 128-byte compare
-    // instead of a decode and its checks: 22 µs of a 1024-block list).
-    let mut descriptors: Vec<IpcDescriptor> = Vec::new();
-    let mut which = Vec::with_capacity(segs.len());
-    for (i, s) in segs.iter().enumerate() {
-        if i == 0 || s.descriptor != segs[i - 1].descriptor {
-            descriptors.push(
-                IpcDescriptor::from_bytes(&s.descriptor)
-                    .map_err(|e| CapiError::invalid(format!("segment {i}: descriptor: {e}")))?,
-            );
-        }
-        which.push(descriptors.len() - 1);
-    }
+    // A KV list names one or a few of the peer's descriptors block after block: each run is
+    // decoded once (22 µs of a 1024-block list when every segment was).
+    let (descriptors, which) =
+        IpcDescriptor::decode_runs(segs.iter().map(|s| &s.descriptor[..]))
+            .map_err(|(i, e)| CapiError::invalid(format!("segment {i}: descriptor: {e}")))?;
     let local: Vec<tcpx_segment> = segs
         .iter()
         .map(|s| tcpx_segment {

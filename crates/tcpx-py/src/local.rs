@@ -192,22 +192,14 @@ impl Core {
         pieces: &[IpcPiece<'_>],
     ) -> Outcome<Transfer> {
         let conn = self.local_conn(conn_id)?;
-        // Blocks of one advertised range repeat its blob: a piece whose blob is its
-        // predecessor's reuses that decoding.
-        let mut descriptors = Vec::with_capacity(pieces.len());
-        let mut which = Vec::with_capacity(pieces.len());
-        for (i, p) in pieces.iter().enumerate() {
-            if i == 0 || p.info != pieces[i - 1].info {
-                let d = IpcDescriptor::from_bytes(p.info).map_err(|e| {
-                    Failure::bad(format!(
-                        "info {i} ({} bytes) is not an advertise_ipc blob: {e}",
-                        p.info.len()
-                    ))
-                })?;
-                descriptors.push(d);
-            }
-            which.push(descriptors.len() - 1);
-        }
+        // Blocks of one advertised range repeat its blob: each run is decoded once.
+        let (descriptors, which) = IpcDescriptor::decode_runs(pieces.iter().map(|p| p.info))
+            .map_err(|(i, e)| {
+                Failure::bad(format!(
+                    "info {i} ({} bytes) is not an advertise_ipc blob: {e}",
+                    pieces[i].info.len()
+                ))
+            })?;
         let mut segments = Vec::with_capacity(pieces.len());
         for (i, (p, &at)) in pieces.iter().zip(&which).enumerate() {
             let d = &descriptors[at];

@@ -205,11 +205,46 @@ impl IpcDescriptor {
         }
         Ok(d)
     }
+
+    /// Decodes a list of blobs, each run of equal blobs once: a KV list names one or a few
+    /// advertised ranges block after block, and a 128-byte compare is far cheaper than a
+    /// decode and its checks. Returns the distinct decodings and, per blob, the index of its
+    /// decoding; or the index of the first blob that does not decode, with why.
+    pub fn decode_runs<'a>(
+        blobs: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<(Vec<Self>, Vec<usize>), (usize, IpcDescriptorError)> {
+        let mut decoded = Vec::new();
+        let mut which = Vec::new();
+        let mut previous: Option<&[u8]> = None;
+        for (i, blob) in blobs.into_iter().enumerate() {
+            if previous != Some(blob) {
+                decoded.push(Self::from_bytes(blob).map_err(|e| (i, e))?);
+                previous = Some(blob);
+            }
+            which.push(decoded.len() - 1);
+        }
+        Ok((decoded, which))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_of_equal_blobs_decode_once_and_a_bad_blob_is_named_by_index() {
+        let a = sample(1);
+        let (a_bytes, b_bytes) = (a.to_bytes(), sample(2).to_bytes());
+        let list: [&[u8]; 4] = [&b_bytes, &b_bytes, &a_bytes, &b_bytes];
+        let (decoded, which) = IpcDescriptor::decode_runs(list).unwrap();
+        assert_eq!(which, vec![0, 0, 1, 2]);
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(decoded[1], a);
+        assert_eq!(decoded[0], decoded[2]);
+        let short: [&[u8]; 3] = [&b_bytes, &b_bytes, &b_bytes[..10]];
+        let (at, _) = IpcDescriptor::decode_runs(short).unwrap_err();
+        assert_eq!(at, 2);
+    }
     use proptest::prelude::*;
 
     pub(crate) fn sample(key: u64) -> IpcDescriptor {

@@ -233,13 +233,10 @@ impl LocalConnection {
                 remote_offset: s.remote_offset,
                 len: s.len,
             });
-            let known = regions
-                .last()
-                .is_some_and(|r: &Region| r.inner.id == s.local.inner.id)
-                || regions
-                    .iter()
-                    .any(|r: &Region| r.inner.id == s.local.inner.id);
-            if !known {
+            if !regions
+                .iter()
+                .any(|r: &Region| r.inner.id == s.local.inner.id)
+            {
                 regions.push(s.local.clone());
             }
         }

@@ -303,13 +303,13 @@ fn relabel(link: &LocalLink, e: Error) -> Error {
     }
 }
 
-/// The checks that need nothing but the piece and the connection.
 /// Whether two pieces name the same descriptor: the same reference (the C API and the
 /// NIXL plugin pass one decoding for a run of blocks) or equal values.
 fn same_descriptor(a: &IpcDescriptor, b: &IpcDescriptor) -> bool {
     std::ptr::eq(a, b) || a == b
 }
 
+/// The checks that need nothing but the piece and the connection.
 fn check_piece(link: &LocalLink, what: &str, i: usize, p: &Piece<'_>) -> Result<()> {
     let d = p.remote;
     if d.owner != link.peer.instance {
