@@ -613,7 +613,18 @@ fn run_prepared(
     };
     let specs: Vec<Spec> = order.iter().map(|&i| specs[i].clone()).collect();
     let mut failed = false;
-    for pass in 0..20_000u32 {
+    // Enough passes for the chunks this lane carries: with 1-byte chunks a few transfers are
+    // a hundred thousand chunks, more than any fixed budget (a shrunk case once "stalled" at
+    // 20 000 passes with work still moving).
+    let chunks: u64 = specs
+        .iter()
+        .map(|s| {
+            Schedule::contiguous(s.len, chunk_bytes, channels)
+                .map_or(0, |sc| sc.chunk_count_on(channel))
+        })
+        .sum();
+    let passes = u32::try_from(20_000 + 64 * chunks).unwrap_or(u32::MAX);
+    for pass in 0..passes {
         if prepare_at == Some(pass) {
             prepare(&mut model, &mut core);
         }
