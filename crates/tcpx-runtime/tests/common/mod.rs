@@ -109,15 +109,30 @@ pub fn source(ep: &Endpoint, len: usize, seed: u64) -> Region {
 }
 
 /// Asserts `region[offset..offset+len]` holds `fill(seed)`.
+///
+/// The region may still be in flight for a moment after the transfer that the test waited
+/// for: a one-sided read completes on the initiator once the data arrived, while the target's
+/// engine may not have retired the send out of this region yet. So a busy region is asked
+/// again, for a bounded time, before its bytes are checked.
 pub fn assert_pattern(region: &Region, offset: usize, len: usize, seed: u64, what: &str) {
-    region
-        .memory()
-        .with_bytes(|b| {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let checked = region.memory().with_bytes(|b| {
             if let Err(at) = check(&b[offset..offset + len], seed) {
                 panic!("{what}: data differs at byte {at} of {len}");
             }
-        })
-        .expect("cpu access");
+        });
+        match checked {
+            Ok(()) => return,
+            Err(e)
+                if matches!(e.kind(), tcpx::ErrorKind::Busy(_))
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{what}: cpu access: {e:?}"),
+        }
+    }
 }
 
 /// Open file descriptors of this process.
