@@ -26,6 +26,7 @@ fn info() -> EndpointInfo {
         chunk_bytes: 512 << 10,
         gpu_index: Some(3),
         spread: 8,
+        eager_bytes: 0,
     }
 }
 

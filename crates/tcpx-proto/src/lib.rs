@@ -8,6 +8,7 @@
 //! - [`wire`]: the little-endian [`Reader`](wire::Reader) / [`Writer`](wire::Writer) every
 //!   format is written with, and their errors;
 //! - [`control`]: control frames, messages and one-sided (RMA) payloads;
+//! - [`eager`]: frames of small two-sided messages on the eager comms;
 //! - [`metadata`]: endpoint metadata, the one blob that finds a peer (out of band, through a
 //!   store, in UCCL's or NIXL's exchanges);
 //! - [`onesided`]: the descriptor of an advertised region, and [`MemoryKind`];
@@ -30,6 +31,7 @@ pub mod bus_id;
 pub mod checksum;
 pub mod coalesce;
 pub mod control;
+pub mod eager;
 pub mod ipc;
 pub mod metadata;
 pub mod nixl;

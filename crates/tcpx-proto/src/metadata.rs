@@ -12,7 +12,8 @@
 //! | 16 | the endpoint's [`Secret`], presented back by peers that connect with this blob |
 //! | 4 | CRC-32 (IEEE) of all preceding bytes |
 //!
-//! Format version 2 added `gpu_index` (inside `EndpointInfo`) and the secret. Whoever holds
+//! Format version 2 added `gpu_index` (inside `EndpointInfo`) and the secret, version 4
+//! `eager_bytes` (inside `EndpointInfo`). Whoever holds
 //! the blob can connect to an endpoint that requires the secret: share it like a password.
 //!
 //! The checksum catches blobs damaged in copy-paste or truncated by a transport; the text
@@ -29,7 +30,7 @@ use crate::wire::{Reader, TooLong, WireError, Writer};
 pub const METADATA_MAGIC: [u8; 4] = *b"TXMD";
 
 /// Format version of the blob.
-pub const METADATA_VERSION: u8 = 3;
+pub const METADATA_VERSION: u8 = 4;
 
 /// Largest blob accepted or produced, in bytes (hex text is twice as long).
 pub const MAX_METADATA_BYTES: usize = 4096;
@@ -91,6 +92,7 @@ pub enum MetadataError {
 ///         chunk_bytes: 512 << 10,
 ///         gpu_index: Some(0),
 ///         spread: 4,
+///         eager_bytes: 4096,
 ///     },
 ///     control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)), 7400),
 ///     secret: Secret::from_bytes([7; 16]),
@@ -264,6 +266,7 @@ mod tests {
                 chunk_bytes: 1 << 19,
                 gpu_index: None,
                 spread: 1,
+                eager_bytes: 0,
             },
             control_addr: "[::1]:9000".parse().unwrap(),
             secret: Secret::from_bytes([3; crate::control::message::SECRET_BYTES]),

@@ -26,6 +26,7 @@
 //! | `TCPX_SPREAD` | most channels a lone one-sided operation is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
+//! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 16 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
@@ -88,6 +89,9 @@ impl std::str::FromStr for Backoff {
 /// scattered blocks beat unpacked ones clearly at 4–32 KiB, break even around 64 KiB, and
 /// lose from 128 KiB (the extra memcpy costs more than the plugin requests it saves).
 pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
+
+/// Default [`Config::eager_bytes`]: two-sided messages up to 16 KiB travel in eager frames.
+pub const DEFAULT_EAGER_BYTES: u32 = 16 << 10;
 /// Default [`Config::pack_buffers`] (8 × 4 MiB at most, allocated on first use).
 pub const DEFAULT_PACK_BUFFERS: usize = 8;
 
@@ -197,6 +201,18 @@ pub struct Config {
     /// request windows and packing wins (256 × 16 KiB: 1.06 against 0.55 × two-sided).
     /// `Some(0)` packs whatever the connection does (the behaviour before this rule).
     pub pack_lone_runs: Option<usize>,
+    /// Two-sided messages ([`Connection::send`](crate::Connection::send) /
+    /// [`recv`](crate::Connection::recv)) of 1 byte up to this size travel in eager frames:
+    /// the engines copy queued small messages into frames of up to 256 KiB and send each
+    /// frame as one plugin request on comms of their own, and the receiver hands every
+    /// message to its receive (see [`tcpx_proto::eager`]). A connection uses the smaller of
+    /// both sides' values; 0 on either side turns it off, as does a plugin that cannot take
+    /// host memory (the frames are host buffers). At most 64 KiB.
+    ///
+    /// Why: one plugin request per small message costs a job, a hand-off to an engine and a
+    /// completion, and TCPX admits 16 requests per comm: 4 KiB messages one by one ran at
+    /// 0.05–0.14 × raw TCP (issue 25).
+    pub eager_bytes: u32,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.
     pub pack_buffers: usize,
@@ -237,6 +253,7 @@ impl Default for Config {
             spread: None,
             pack_below: DEFAULT_PACK_BELOW,
             pack_lone_runs: None,
+            eager_bytes: DEFAULT_EAGER_BYTES,
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
             require_secret: false,
@@ -351,6 +368,9 @@ impl Config {
         if let Some((name, v)) = get(&["TCPX_PACK_LONE_RUNS"]) {
             b = b.pack_lone_runs(parse_num(name, &v)?);
         }
+        if let Some((name, v)) = get(&["TCPX_EAGER_BYTES"]) {
+            b = b.eager_bytes(parse_size(name, &v)?);
+        }
         if let Some((name, v)) = get(&["TCPX_PACK_BUFFERS"]) {
             b = b.pack_buffers(parse_num(name, &v)?);
         }
@@ -389,6 +409,13 @@ impl Config {
             return Err(Error::Config(
                 "spread must be at least 1 (1 keeps whole chunks)".into(),
             ));
+        }
+        if self.eager_bytes > tcpx_proto::eager::EAGER_MAX_MESSAGE {
+            return Err(Error::Config(format!(
+                "eager_bytes {} must be at most {} (0 turns eager frames off)",
+                self.eager_bytes,
+                tcpx_proto::eager::EAGER_MAX_MESSAGE
+            )));
         }
         if self.pack_buffers > MAX_PACK_BUFFERS {
             return Err(Error::Config(format!(
@@ -492,6 +519,12 @@ impl ConfigBuilder {
     /// Runs past which a batch alone on its connection packs (see [`Config::pack_lone_runs`]).
     pub fn pack_lone_runs(mut self, runs: usize) -> Self {
         self.config.pack_lone_runs = Some(runs);
+        self
+    }
+
+    /// Largest two-sided message sent in eager frames; 0: none (see [`Config::eager_bytes`]).
+    pub fn eager_bytes(mut self, bytes: u32) -> Self {
+        self.config.eager_bytes = bytes;
         self
     }
 

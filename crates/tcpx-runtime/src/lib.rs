@@ -69,6 +69,8 @@ mod transfer;
 pub mod metrics;
 // What a connection shares with its engines: failure, peer-gone, counters.
 mod link;
+
+mod eager;
 // The pinned progress engines: lane core, action executor, staging, unpack.
 mod engine;
 // The submission path of one link: regions, pieces, jobs handed to the engines.

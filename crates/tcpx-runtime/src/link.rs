@@ -240,6 +240,14 @@ impl Link {
         self.peer_gone.get()
     }
 
+    /// Wakes one engine of the link (`k` modulo their count), without blocking.
+    pub(crate) fn wake_one(&self, k: u64) {
+        if !self.engines.is_empty() {
+            let i = (k % self.engines.len() as u64) as usize;
+            self.engines[i].wake(Signal::Wake);
+        }
+    }
+
     /// Sends `signal` to every engine of the link, without blocking (see [`Wake`]).
     pub(crate) fn wake_engines(&self, signal: Signal) {
         for engine in &self.engines {

@@ -48,6 +48,7 @@ fn hello_bytes() -> Vec<u8> {
         chunk_bytes: 64 << 10,
         gpu_index: None,
         spread: 1,
+        eager_bytes: 0,
     };
     let mut out = Vec::new();
     Message::hello(info).encode(&mut out).unwrap();

@@ -31,6 +31,7 @@ fn info(channels: u16) -> EndpointInfo {
         chunk_bytes: 512 << 10,
         gpu_index: None,
         spread: 1,
+        eager_bytes: 0,
     }
 }
 

@@ -88,7 +88,7 @@ impl MessageType {
 pub const MAGIC: [u8; 4] = *b"TXCP";
 
 /// The protocol version this crate speaks (and the only one it accepts).
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;

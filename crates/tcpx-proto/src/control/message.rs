@@ -21,8 +21,9 @@
 //!
 //! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
 //! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32,
-//! gpu_index (u8 0 = none, 1 = present then u32), spread u16 (protocol version 2 added
-//! `gpu_index` and the `Hello` secret, version 3 `spread`).
+//! gpu_index (u8 0 = none, 1 = present then u32), spread u16, eager_bytes u32 (protocol
+//! version 2 added
+//! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects
@@ -99,6 +100,10 @@ pub struct EndpointInfo {
     /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); 1 keeps whole
     /// chunks.
     pub spread: u16,
+    /// Largest two-sided message this side sends and receives through eager frames
+    /// ([`crate::eager`]), at most [`crate::eager::EAGER_MAX_MESSAGE`]; 0: none. Both sides
+    /// use the smaller value (0 if either is 0).
+    pub eager_bytes: u32,
 }
 
 /// Bytes in a [`Secret`].
@@ -193,6 +198,7 @@ impl EndpointInfo {
             }
         }
         w.u16(self.spread);
+        w.u32(self.eager_bytes);
         Ok(())
     }
 
@@ -223,6 +229,13 @@ impl EndpointInfo {
             }
         };
         let spread = r.u16("spread")?;
+        let eager_bytes = r.u32("eager_bytes")?;
+        if eager_bytes > crate::eager::EAGER_MAX_MESSAGE {
+            return Err(WireError::Invalid {
+                field: "eager_bytes",
+                why: "larger than the eager path's largest message (64 KiB)",
+            });
+        }
         Ok(Self {
             ip,
             gpu_pci,
@@ -232,6 +245,7 @@ impl EndpointInfo {
             chunk_bytes,
             gpu_index,
             spread,
+            eager_bytes,
         })
     }
 }
@@ -546,6 +560,7 @@ mod tests {
             chunk_bytes: 512 << 10,
             gpu_index: Some(3),
             spread: 8,
+            eager_bytes: 0,
         }
     }
 

@@ -21,6 +21,8 @@ use super::shared::EndpointShared;
 use super::watch;
 use crate::carrier::{segments_id, Carrier, JobSpec};
 use crate::control::{ControlConn, ControlTx, EndpointInfo, Message};
+use crate::eager::Eager;
+use crate::engine::eager::NewEagerChannel;
 use crate::engine::job::{staging_of, Job};
 use crate::engine::stage::Staging;
 use crate::engine::{Command, NewChannel};
@@ -61,6 +63,8 @@ pub struct Connection {
     rma: Arc<Rma>,
     /// Pack buffers of two-sided batches ([`Connection::send_batch`]).
     batch_pack: PackPool,
+    /// Small two-sided messages in eager frames, when both sides offer them.
+    eager: Option<Arc<Eager>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -144,6 +148,13 @@ impl Connection {
             !shared.plugin_cuda,
         ));
 
+        let eager = (established.eager_bytes > 0).then(|| {
+            Arc::new(Eager::new(
+                established.eager_bytes,
+                link.clone(),
+                config.wait_spin,
+            ))
+        });
         let mut conn = Self {
             link: link.clone(),
             carrier: carrier.clone(),
@@ -156,33 +167,53 @@ impl Connection {
             peer_info: established.peer_info,
             rma: rma.clone(),
             batch_pack: PackPool::new(config.pack_buffers),
+            eager: eager.clone(),
         };
         // From here on, dropping `conn` on error releases whatever was handed out.
-        let (reply_tx, reply_rx) = crossbeam_channel::bounded(2 * usize::from(channels));
+        let pairs = established.sends.len();
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(pairs);
         for (index, (send, recv)) in established
             .sends
             .into_iter()
             .zip(established.recvs)
             .enumerate()
         {
-            // `index` < 2 · channels, a u16: channels N.. belong to the RMA link.
-            let (link, index) = match (index as u16).checked_sub(channels) {
-                None => (link.clone(), index as u16),
-                Some(rma_index) => (rma_link.clone(), rma_index),
-            };
+            // `index` < 3 · channels, a u16: channels N.. belong to the RMA link, 2N.. are
+            // the eager ones.
+            let set = index / usize::from(channels);
+            let index = (index % usize::from(channels)) as u16;
             let engine = shared.engines[shared.engine_of(index)].sender();
-            let channel = Box::new(NewChannel {
-                link,
-                index,
-                send,
-                recv,
-            });
+            let command = match (set, &eager) {
+                (0, _) | (1, _) => Command::AddChannel(
+                    Box::new(NewChannel {
+                        link: if set == 0 { link.clone() } else { rma_link.clone() },
+                        index,
+                        send,
+                        recv,
+                    }),
+                    reply_tx.clone(),
+                ),
+                (_, Some(eager)) => Command::AddEager(
+                    Box::new(NewEagerChannel {
+                        eager: eager.clone(),
+                        index,
+                        send,
+                        recv,
+                    }),
+                    reply_tx.clone(),
+                ),
+                (_, None) => {
+                    return Err(Error::Internal(
+                        "eager comms set up without eager frames agreed".into(),
+                    ))
+                }
+            };
             engine
-                .send(Command::AddChannel(channel, reply_tx.clone()))
+                .send(command)
                 .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
         }
         let deadline = Instant::now() + config.timeout;
-        for _ in 0..2 * channels {
+        for _ in 0..pairs {
             let left = deadline.saturating_duration_since(Instant::now());
             reply_rx.recv_timeout(left).map_err(|_| {
                 Error::Internal("an engine did not take its channel in time".into())
@@ -345,13 +376,46 @@ impl Connection {
     }
 
     /// Sends `len` bytes at `offset` in `region`; the peer posts a receive of the same length.
+    ///
+    /// A message of at most the connection's eager size ([`Connection::eager_bytes`]) is
+    /// copied into an eager frame with whatever other small messages are queued, and sent
+    /// with them as one plugin request (see [`crate::Config::eager_bytes`]); its transfer
+    /// completes once that frame is sent. Do not change its bytes before then.
     pub fn send(&self, region: &Region, offset: usize, len: usize) -> Result<Transfer> {
+        if let Some(eager) = self.eager.as_ref().filter(|e| e.carries(len)) {
+            if let Some(e) = self.link.refusal() {
+                return Err(e);
+            }
+            check_segment(0, &Segment::new(region, offset, len))?;
+            let mut next = self.send_order.lock().unwrap_or_else(|p| p.into_inner());
+            let transfer = eager.send(*next, region, offset, len);
+            *next += 1;
+            return Ok(transfer);
+        }
         self.submit(Direction::Send, &[Segment::new(region, offset, len)], false)
     }
 
     /// Receives `len` bytes into `region` at `offset`; the peer sends the same length.
+    /// Messages of at most [`Connection::eager_bytes`] arrive in eager frames and are copied
+    /// out of them (see [`Connection::send`]).
     pub fn recv(&self, region: &Region, offset: usize, len: usize) -> Result<Transfer> {
+        if let Some(eager) = self.eager.as_ref().filter(|e| e.carries(len)) {
+            if let Some(e) = self.link.failure().cloned() {
+                return Err(e);
+            }
+            check_segment(0, &Segment::new(region, offset, len))?;
+            let mut next = self.recv_order.lock().unwrap_or_else(|p| p.into_inner());
+            let transfer = eager.recv(*next, region, offset, len)?;
+            *next += 1;
+            return Ok(transfer);
+        }
         self.submit(Direction::Recv, &[Segment::new(region, offset, len)], false)
+    }
+
+    /// Largest message [`Connection::send`] and [`Connection::recv`] carry in eager frames on
+    /// this connection (the smaller of both sides' [`crate::Config::eager_bytes`]); 0: none.
+    pub fn eager_bytes(&self) -> u32 {
+        self.eager.as_ref().map_or(0, |e| e.max_message)
     }
 
     /// Sends the concatenation of `segments` as one transfer; the peer receives it with
@@ -499,17 +563,7 @@ impl Connection {
             ));
         }
         for (i, s) in segments.iter().enumerate() {
-            if s.offset
-                .checked_add(s.len)
-                .is_none_or(|end| end > s.region.len())
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "segment {i}: {} bytes at offset {} lie outside a region of {} bytes",
-                    s.len,
-                    s.offset,
-                    s.region.len()
-                )));
-            }
+            check_segment(i, s)?;
         }
         let staging = staging_of(segments.iter().map(|s| s.region), direction)?;
         let pieces = segments
@@ -601,6 +655,22 @@ impl Connection {
     }
 }
 
+/// `Err` names segment `i` when it does not lie inside its region.
+fn check_segment(i: usize, s: &Segment<'_>) -> Result<()> {
+    if s.offset
+        .checked_add(s.len)
+        .is_none_or(|end| end > s.region.len())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "segment {i}: {} bytes at offset {} lie outside a region of {} bytes",
+            s.len,
+            s.offset,
+            s.region.len()
+        )));
+    }
+    Ok(())
+}
+
 impl Drop for Connection {
     fn drop(&mut self) {
         let peer = self.link.peer;
@@ -642,6 +712,9 @@ impl Drop for Connection {
         self.link.registrations.clear();
         self.rma.link.registrations.clear();
         self.carrier.abandon_segments();
+        if let Some(eager) = &self.eager {
+            eager.fail_all();
+        }
         tracing::debug!(target: "tcpx_runtime", %peer, "connection closed");
     }
 }

@@ -141,6 +141,7 @@ impl Endpoint {
         }
         let mut names = Vec::with_capacity(devices.len());
         let mut plugin_cuda = true;
+        let mut host_ok = true;
         for &d in &devices {
             if d >= count {
                 return Err(Error::Config(format!(
@@ -152,6 +153,7 @@ impl Endpoint {
                 .device(d)
                 .map_err(backend_err("reading device properties"))?;
             plugin_cuda &= device.properties.ptr_support.cuda();
+            host_ok &= device.properties.ptr_support.host();
             if !device.properties.ptr_support.host() {
                 tracing::info!(target: "tcpx_runtime", device = d, "device does not take host memory");
             }
@@ -207,6 +209,8 @@ impl Endpoint {
                 .unwrap_or(u16::MAX)
                 .min(config.spread.unwrap_or(u16::MAX))
                 .min(config.channels),
+            // Eager frames are host buffers the plugin sends from and receives into.
+            eager_bytes: if host_ok { config.eager_bytes } else { 0 },
         };
         let metadata = EndpointMetadata {
             info: info.clone(),

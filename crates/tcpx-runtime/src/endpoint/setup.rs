@@ -7,7 +7,8 @@
 //!    agree, or the set-up fails with `INCOMPATIBLE` naming both values;
 //! 2. each side listens once per channel (channel `c` on device `c mod devices`) — 2N
 //!    channels: N two-sided ones, then N for one-sided traffic (see [`crate::onesided`] for
-//!    why they are separate) — and sends `ConnectHandles`;
+//!    why they are separate), then, when both sides offer eager frames (`eager_bytes` in
+//!    `Hello`, see [`crate::eager`]), N eager ones — and sends `ConnectHandles`;
 //! 3. each side connects channel `c` to the peer's handle `c` while accepting on its own
 //!    listen `c`, polling every pending connect and accept in one loop so neither side
 //!    waits on the other;
@@ -27,9 +28,12 @@ use crate::control::{ControlConn, EndpointInfo, Message, MessageType, Secret, PR
 use crate::error::{Error, Result};
 use crate::metrics::EndpointCounters;
 
-/// The comms of a set-up connection, indexed by channel: `0..N` two-sided, `N..2N` one-sided.
+/// The comms of a set-up connection, indexed by channel: `0..N` two-sided, `N..2N` one-sided,
+/// `2N..3N` eager (when `eager_bytes` > 0).
 pub(crate) struct Established {
     pub(crate) peer_info: EndpointInfo,
+    /// Largest message both sides send in eager frames; 0: no eager comms.
+    pub(crate) eager_bytes: u32,
     pub(crate) sends: Vec<SendComm>,
     pub(crate) recvs: Vec<RecvComm>,
 }
@@ -129,10 +133,13 @@ fn handshake(
         .map_err(|what| Error::Incompatible { peer, what })?;
 
     let channels = shared.config.channels;
-    // N two-sided channels, then N one-sided (RMA) ones; RMA channel N + c uses c's device.
+    let eager_bytes = agreed_eager_bytes(shared.info.eager_bytes, peer_info.eager_bytes);
+    // N two-sided channels, then N one-sided (RMA) ones, then N eager ones when both sides
+    // offer eager frames; channel k · N + c uses c's device.
+    let sets = if eager_bytes > 0 { 3 } else { 2 };
     let total = channels
-        .checked_mul(2)
-        .ok_or_else(|| Error::Config(format!("{channels} channels: too many to double")))?;
+        .checked_mul(sets)
+        .ok_or_else(|| Error::Config(format!("{channels} channels: too many comms")))?;
     let device_of = |c: u16| shared.device_of(c % channels);
     let setup_err = |source: tcpx::Error| Error::Setup {
         peer,
@@ -157,7 +164,7 @@ fn handshake(
             peer,
             what: format!(
                 "the peer sent {} connect handles for {channels} channels (expected {total}: \
-                 two-sided and one-sided)",
+                 two-sided, one-sided and, when both offer them, eager)",
                 handles.len()
             ),
         });
@@ -217,6 +224,7 @@ fn handshake(
     ctl.recv_expecting(MessageType::Ready, left())?;
     Ok(Established {
         peer_info,
+        eager_bytes,
         sends: sends.into_iter().flatten().collect(),
         recvs: recvs.into_iter().flatten().collect(),
     })
@@ -243,6 +251,11 @@ pub(crate) fn check_secret(
                 .into(),
         ),
     }
+}
+
+/// The eager size a connection uses: the smaller of both sides' offers, 0 if either is 0.
+pub(crate) fn agreed_eager_bytes(local: u32, peer: u32) -> u32 {
+    local.min(peer)
 }
 
 /// `Err` names the setting that differs, with both values.
@@ -292,6 +305,7 @@ mod tests {
             chunk_bytes,
             gpu_index: None,
             spread: 1,
+            eager_bytes: 0,
         }
     }
 

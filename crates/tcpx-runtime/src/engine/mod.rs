@@ -16,6 +16,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod channel;
+pub(crate) mod eager;
 pub(crate) mod job;
 pub(crate) mod lane;
 pub(crate) mod pin;
@@ -35,6 +36,7 @@ use crate::link::{Link, Signal, Wake};
 use crate::registry::{CountedRegion, RegistrationCounter};
 use backoff::{Idle, Pause};
 use channel::Channel;
+use eager::{EagerChannel, NewEagerChannel};
 use job::Job;
 use pin::CoreLease;
 use stage::Staging;
@@ -48,6 +50,9 @@ const PEER_GONE_LINGER: Duration = Duration::from_millis(250);
 
 /// Passes between health checks while busy (deadlines, departed peers).
 const CHECK_EVERY_PASSES: u64 = 256;
+
+/// Longest interval between two deadline checks of an engine's eager channels.
+const EAGER_CHECK_EVERY: Duration = Duration::from_millis(1);
 
 /// A channel handed to an engine.
 pub(crate) struct NewChannel {
@@ -67,6 +72,8 @@ pub(crate) type PrepareReply = Vec<(u16, tcpx::Result<u16>)>;
 pub(crate) enum Command {
     /// Take ownership of a channel.
     AddChannel(Box<NewChannel>, Sender<Result<()>>),
+    /// Take ownership of a connection's eager channel (see [`crate::eager`]).
+    AddEager(Box<NewEagerChannel>, Sender<Result<()>>),
     /// Carry a transfer's chunks on this engine's channels of its link.
     Submit(Arc<Job>),
     /// Register memory on this engine's channels of a link (comms are driven by their engine,
@@ -144,6 +151,8 @@ impl EngineHandle {
                 Engine {
                     rx,
                     channels: Vec::new(),
+                    eager: Vec::new(),
+                    eager_checked: Instant::now(),
                     idle: Idle::new(backoff, linger),
                     window,
                     passes: 0,
@@ -181,6 +190,9 @@ impl Drop for EngineHandle {
 struct Engine {
     rx: Receiver<Command>,
     channels: Vec<Channel>,
+    eager: Vec<EagerChannel>,
+    /// When the eager channels' deadlines were last checked.
+    eager_checked: Instant,
     idle: Idle,
     window: usize,
     passes: u64,
@@ -222,6 +234,7 @@ impl Engine {
                     channel.counters().idle();
                 }
             }
+            busy |= self.eager.iter().any(EagerChannel::has_work);
             let now = Instant::now();
             if busy {
                 // Only work in progress can time out or wait on a departed peer.
@@ -281,6 +294,15 @@ impl Engine {
         for i in 0..n {
             moved |= self.test_channel(i);
         }
+        for i in 0..self.eager.len() {
+            match self.eager[i].pump() {
+                Ok(m) => moved |= m,
+                Err(channel::LinkFailed) => {
+                    moved = true;
+                    self.abandon_link(self.eager[i].link().id);
+                }
+            }
+        }
         moved
     }
 
@@ -298,6 +320,9 @@ impl Engine {
         for channel in self.channels.iter_mut().filter(|c| c.link.id == link) {
             channel.abandon();
         }
+        for channel in self.eager.iter_mut().filter(|c| c.link().id == link) {
+            channel.abandon();
+        }
     }
 
     fn handle(&mut self, command: Command) -> Flow {
@@ -312,6 +337,16 @@ impl Engine {
                 let result = Channel::new(link, index, send, recv, self.window).map(|c| {
                     self.channels.push(c);
                 });
+                let _ = reply.send(result);
+            }
+            Command::AddEager(new, reply) => {
+                let peer = new.eager.link.peer;
+                let result = EagerChannel::new(*new)
+                    .map(|c| self.eager.push(c))
+                    .map_err(|source| Error::Setup {
+                        peer,
+                        source: Arc::new(source),
+                    });
                 let _ = reply.send(result);
             }
             Command::Submit(job) => {
@@ -365,6 +400,7 @@ impl Engine {
                 self.abandon_link(link);
                 // Dropping the channels closes their comms (once registrations are gone too).
                 self.channels.retain(|c| c.link.id != link);
+                self.eager.retain(|c| c.link().id != link);
                 let _ = reply.send(());
             }
             Command::Signal(Signal::Fail(link)) => self.abandon_link(link),
@@ -419,9 +455,50 @@ impl Engine {
                 }
             }
         }
+        // Eager deadlines are coarse (the link's timeout) and their check takes the
+        // connection's locks, which the application and the delivering engine want: at most
+        // once per millisecond per engine.
+        if failed.is_none() && now >= self.eager_checked + EAGER_CHECK_EVERY {
+            self.eager_checked = now;
+            failed = self.check_eager(now);
+        }
         if let Some(link) = failed {
             self.abandon_link(link);
         }
+    }
+
+    /// [`Engine::health_check`] for eager channels: deadlines of queued sends and waiting
+    /// receives, and a departed peer whose frames stopped coming.
+    fn check_eager(&mut self, now: Instant) -> Option<u64> {
+        for channel in &mut self.eager {
+            if !channel.has_work() {
+                continue;
+            }
+            let link = channel.link().clone();
+            if link.is_failed() {
+                return Some(link.id);
+            }
+            if let Some(what) = channel.eager.overdue(now) {
+                link.fail(Error::Timeout {
+                    channel: channel.index,
+                    peer: link.peer,
+                    waited: link.timeout,
+                    what,
+                });
+                return Some(link.id);
+            }
+            if let Some((gone_at, reason)) = link.peer_gone() {
+                let quiet_since = channel.progress_at.max(*gone_at);
+                if now.duration_since(quiet_since) >= PEER_GONE_LINGER.min(link.timeout) {
+                    link.fail(Error::PeerClosed {
+                        peer: link.peer,
+                        reason: reason.clone(),
+                    });
+                    return Some(link.id);
+                }
+            }
+        }
+        None
     }
 
     fn stop(mut self) {
@@ -432,5 +509,12 @@ impl Engine {
             channel.abandon();
         }
         self.channels.clear();
+        for channel in &mut self.eager {
+            channel.link().fail(Error::Closed {
+                peer: channel.link().peer,
+            });
+            channel.abandon();
+        }
+        self.eager.clear();
     }
 }

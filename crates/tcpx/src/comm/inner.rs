@@ -28,6 +28,9 @@ pub(crate) struct CommInner {
     /// Memory of requests dropped while in flight: kept alive until the comm is closed, because
     /// the plugin may still read or write it until then.
     pub(crate) abandoned: Mutex<Vec<InFlight>>,
+    /// Set by [`RecvComm::closing`](super::RecvComm::closing): requests dropped from then on
+    /// are the owner's expected teardown and are not warned about.
+    pub(crate) closing: AtomicBool,
 }
 
 // SAFETY: `raw` is a plugin comm. Data-path calls need `&mut SendComm`/`&mut RecvComm` (one

@@ -123,6 +123,7 @@ impl Net {
             id: NEXT_COMM_ID.fetch_add(1, Ordering::Relaxed),
             poisoned: AtomicBool::new(false),
             abandoned: Mutex::new(Vec::new()),
+            closing: AtomicBool::new(false),
         })
     }
 }
@@ -525,6 +526,13 @@ impl RecvComm {
     /// irecvs per comm.
     pub fn unpack_slot(&self, request: &RecvRequest) -> usize {
         (request.sequence() % tcpx_sys::MAX_REQUESTS as u64) as usize
+    }
+
+    /// Says that this comm is being closed with receives still posted on purpose (a comm
+    /// that always keeps receives posted, such as an eager comm of the runtime): dropping
+    /// them poisons the comm as usual, without the warning a lost request deserves.
+    pub fn closing(&self) {
+        self.inner.closing.store(true, Ordering::Relaxed);
     }
 
     /// Posts a receive of at most `len` bytes into `region[offset..]`. `Ok(None)`: busy.

@@ -71,7 +71,9 @@ impl RequestCore {
     fn abandon_if_pending(&mut self) {
         if self.state == RequestState::Pending {
             self.comm.poisoned.store(true, Ordering::Relaxed);
-            tracing::warn!(target: "tcpx", comm = %self.comm.label(), "request dropped before completion; comm poisoned");
+            if !self.comm.closing.load(Ordering::Relaxed) {
+                tracing::warn!(target: "tcpx", comm = %self.comm.label(), "request dropped before completion; comm poisoned");
+            }
         }
         if let Some(op) = self.op.take() {
             self.comm

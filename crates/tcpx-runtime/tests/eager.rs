@@ -1,0 +1,273 @@
+//! Small two-sided messages in eager frames (`Config::eager_bytes`): many messages per plugin
+//! request on comms of their own, handed to their receives by sequence number. Real loopback
+//! pairs over the built-in plugin; every byte is checked where it must land.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tcpx_runtime::{Config, Error};
+
+fn eager_config(channels: u16, eager: u32) -> Config {
+    let mut c = config(channels, 64 << 10);
+    c.eager_bytes = eager;
+    c
+}
+
+/// A stream of small messages interleaved with large ones, posted receive-first for some and
+/// send-first for others, with many in flight: every message lands whole in its own slot, in
+/// its own order, on every channel count.
+#[test]
+fn small_and_large_messages_interleave_and_land_in_order() {
+    loopback();
+    for channels in [1u16, 3, 8] {
+        let (a, b, ab, ba) = pair_with(eager_config(channels, 16 << 10), eager_config(channels, 16 << 10));
+        assert_eq!(ab.eager_bytes(), 16 << 10);
+        // Sizes cycle through the eager bound and past it (1 byte .. 200 KiB).
+        let sizes: Vec<usize> = (0..300)
+            .map(|i| match i % 7 {
+                0 => 1,
+                1 => 4096,
+                2 => 16 << 10,
+                3 => (16 << 10) + 1,
+                4 => 200 << 10,
+                5 => 333,
+                _ => 8000,
+            })
+            .collect();
+        let stride = 256 << 10;
+        let src = source(&a, sizes.len() * stride, u64::from(channels) + 40);
+        let dst = b.alloc_host(sizes.len() * stride).unwrap();
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            // The first half: receives first; the second: sends first (early arrivals).
+            if i < sizes.len() / 2 {
+                recvs.push(ba.recv(&dst, i * stride, len).unwrap());
+                sends.push(ab.send(&src, i * stride, len).unwrap());
+            } else {
+                sends.push(ab.send(&src, i * stride, len).unwrap());
+            }
+        }
+        for (i, s) in sends.iter().enumerate() {
+            assert_eq!(s.wait(DEADLINE).unwrap(), sizes[i] as u64, "send {i}");
+        }
+        for (i, &len) in sizes.iter().enumerate().skip(sizes.len() / 2) {
+            recvs.push(ba.recv(&dst, i * stride, len).unwrap());
+        }
+        for (i, r) in recvs.iter().enumerate() {
+            assert_eq!(r.wait(DEADLINE).unwrap(), sizes[i] as u64, "receive {i}");
+        }
+        let sent = snapshot(&src);
+        let got = snapshot(&dst);
+        for (i, &len) in sizes.iter().enumerate() {
+            let at = i * stride;
+            assert!(
+                got[at..at + len] == sent[at..at + len],
+                "{channels} channels: message {i} of {len} bytes"
+            );
+        }
+        assert_eq!(ab.in_flight(), 0);
+        assert_eq!(ba.in_flight(), 0);
+    }
+}
+
+/// Thousands of 4 KiB messages with a deep window of sends in flight share frames, and the
+/// receive side hands each to its own receive (checked by content).
+#[test]
+fn a_deep_stream_of_small_messages_arrives_whole() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(4, 16 << 10), eager_config(4, 16 << 10));
+    let (count, len, depth) = (5000usize, 4096usize, 256usize);
+    let slots = 512;
+    let src = a.alloc_host(slots * len).unwrap();
+    src.memory()
+        .with_bytes_mut(|bytes| {
+            for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
+                fill(slot, i as u64);
+            }
+        })
+        .unwrap();
+    let dst = b.alloc_host(slots * len).unwrap();
+    let mut seen = vec![0u32; slots];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut in_flight = std::collections::VecDeque::new();
+            for i in 0..count {
+                if in_flight.len() >= depth {
+                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
+                    t.wait(DEADLINE).unwrap();
+                }
+                in_flight.push_back(ab.send(&src, (i % slots) * len, len).unwrap());
+            }
+            for t in in_flight {
+                t.wait(DEADLINE).unwrap();
+            }
+        });
+        // One receive per slot at a time, so that a slot is checked before it is reused.
+        for round in 0..count.div_ceil(slots) {
+            let batch: Vec<_> = (round * slots..((round + 1) * slots).min(count))
+                .map(|i| ba.recv(&dst, (i % slots) * len, len).unwrap())
+                .collect();
+            for t in &batch {
+                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64);
+            }
+            dst.memory()
+                .with_bytes(|bytes| {
+                    for k in 0..batch.len() {
+                        let slot = &bytes[k * len..(k + 1) * len];
+                        assert!(check(slot, k as u64).is_ok(), "round {round}, slot {k}");
+                        seen[k] += 1;
+                    }
+                })
+                .unwrap();
+        }
+    });
+    assert_eq!(seen.iter().map(|&n| n as usize).sum::<usize>(), count);
+}
+
+/// Eager frames are agreed: a side that turns them off (0) makes the connection carry every
+/// message as a plugin request of its own, and small messages still arrive.
+#[test]
+fn either_side_turning_eager_off_keeps_every_message_on_the_channels() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(2, 16 << 10), eager_config(2, 0));
+    assert_eq!(ab.eager_bytes(), 0);
+    assert_eq!(ba.eager_bytes(), 0);
+    let src = source(&a, 4096, 7);
+    let dst = b.alloc_host(4096).unwrap();
+    let r = ba.recv(&dst, 0, 4096).unwrap();
+    ab.send(&src, 0, 4096).unwrap().wait(DEADLINE).unwrap();
+    r.wait(DEADLINE).unwrap();
+    assert_pattern(&dst, 0, 4096, 7, "a small message without eager frames");
+    // The smaller offer wins.
+    let (_c, _d, cd, dc) = pair_with(eager_config(2, 16 << 10), eager_config(2, 1024));
+    assert_eq!((cd.eager_bytes(), dc.eager_bytes()), (1024, 1024));
+}
+
+/// A small receive of another length than its send fails with a mismatch naming both
+/// lengths, and the connection with it; nothing hangs.
+#[test]
+fn a_length_mismatch_fails_the_receive_and_says_both_lengths() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(2, 16 << 10), eager_config(2, 16 << 10));
+    let src = source(&a, 4096, 3);
+    let dst = b.alloc_host(4096).unwrap();
+    let r = ba.recv(&dst, 0, 2048).unwrap();
+    let _ = ab.send(&src, 0, 4096).unwrap().wait(DEADLINE);
+    let err = r.wait(DEADLINE).unwrap_err();
+    assert!(matches!(err, Error::Mismatch { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("4096") && text.contains("2048"), "{text}");
+    assert!(ba.error().is_some(), "the connection failed");
+}
+
+/// Small receives whose sends never come time out with an error that names them; a peer
+/// that closes fails them well before that.
+#[test]
+fn waiting_small_receives_end_in_an_error_not_a_hang() {
+    loopback();
+    let mut short = eager_config(2, 16 << 10);
+    short.timeout = Duration::from_millis(700);
+    let (_a, _b, _ab, ba) = pair_with(eager_config(2, 16 << 10), short);
+    let b_region = _b.alloc_host(4096).unwrap();
+    let started = Instant::now();
+    let r = ba.recv(&b_region, 0, 4096).unwrap();
+    let err = r.wait(DEADLINE).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(
+        matches!(&err, Error::Timeout { what, .. } if what.contains("eager receive #0")),
+        "{err:?}"
+    );
+
+    let (a, b, ab, ba) = pair_with(eager_config(2, 16 << 10), eager_config(2, 16 << 10));
+    let dst = b.alloc_host(4096).unwrap();
+    let r = ba.recv(&dst, 0, 4096).unwrap();
+    let started = Instant::now();
+    drop(ab);
+    drop(a);
+    let err = r.wait(DEADLINE).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The peer's goodbye, its control stream ending, or its comm closing under a receive.
+    assert!(
+        matches!(
+            err,
+            Error::PeerClosed { .. } | Error::Control(_) | Error::Plugin { .. }
+        ),
+        "{err:?}"
+    );
+}
+
+/// Dropping a connection with small sends queued and receives waiting fails them with
+/// `Closed` and leaves nothing counted in flight.
+#[test]
+fn closing_fails_what_is_queued_and_waiting() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(2, 16 << 10), eager_config(2, 16 << 10));
+    let dst = b.alloc_host(4096 * 4).unwrap();
+    let waiting: Vec<_> = (0..4).map(|i| ba.recv(&dst, i * 4096, 4096).unwrap()).collect();
+    drop(ba);
+    for r in waiting {
+        assert!(r.wait(DEADLINE).is_err());
+    }
+    let src = source(&a, 4096, 1);
+    // The peer left: a send after its goodbye is refused or fails, never hangs.
+    let deadline = Instant::now() + DEADLINE;
+    while Instant::now() < deadline {
+        match ab.send(&src, 0, 4096) {
+            Err(_) => break,
+            Ok(t) => {
+                if t.wait(DEADLINE).is_err() {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(Instant::now() < deadline, "sends kept succeeding after the peer left");
+}
+
+/// A sender far ahead of its receiver (more than the early-message bound, 32 MiB, in
+/// flight before the first receive): the receiver still gets every message, in order.
+#[test]
+fn a_receiver_far_behind_its_sender_still_gets_every_message() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(4, 16 << 10), eager_config(4, 16 << 10));
+    let (count, len) = (12_000usize, 4096usize);
+    let src = a.alloc_host(len).unwrap();
+    let dst = b.alloc_host(count.min(1024) * len).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut in_flight = std::collections::VecDeque::new();
+            for i in 0..count {
+                if in_flight.len() >= 1024 {
+                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
+                    t.wait(DEADLINE).unwrap();
+                }
+                // Each message says its number in its first 8 bytes.
+                src.memory().write_at(0, &(i as u64).to_le_bytes()).unwrap();
+                in_flight.push_back(ab.send(&src, 0, len).unwrap());
+                // The next write must not race the copy into a frame: wait for it.
+                in_flight.pop_back().unwrap().wait(DEADLINE).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        for round in 0..count.div_ceil(1024) {
+            let n = 1024.min(count - round * 1024);
+            let batch: Vec<_> = (0..n).map(|k| ba.recv(&dst, k * len, len).unwrap()).collect();
+            for t in &batch {
+                t.wait(DEADLINE).unwrap();
+            }
+            let got = snapshot(&dst);
+            for k in 0..n {
+                let number = u64::from_le_bytes(got[k * len..k * len + 8].try_into().unwrap());
+                assert_eq!(number, (round * 1024 + k) as u64, "message {k} of round {round}");
+            }
+        }
+    });
+}
