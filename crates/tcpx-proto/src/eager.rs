@@ -38,6 +38,19 @@ pub const EAGER_MAX_MESSAGE: u32 = 64 << 10;
 /// Most messages in one frame.
 pub const EAGER_MAX_MESSAGES: usize = 1024;
 
+/// Consecutive messages that go to one eager channel: message `seq` travels on channel
+/// [`channel_of`]`(seq, channels)`. Both sides know the rule, so each side's state can be
+/// split by channel (one engine and the application meet on a channel's share, never all
+/// engines on one lock), and a run long enough fills frames while short enough that a
+/// stream still rides every channel.
+pub const EAGER_RUN: u64 = 32;
+
+/// The eager channel message `seq` travels on, of `channels` (at least 1).
+pub fn channel_of(seq: u64, channels: u16) -> u16 {
+    // The remainder is below `channels`, a u16.
+    ((seq / EAGER_RUN) % u64::from(channels.max(1))) as u16
+}
+
 /// Bytes before the first entry.
 pub const EAGER_HEADER_BYTES: usize = 8;
 
@@ -222,6 +235,16 @@ mod tests {
         assert!(err(&none, EAGER_MAX_MESSAGE).contains("1 to 1024"));
         decode(&good, EAGER_MAX_MESSAGE, &mut out).unwrap();
         assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn runs_of_messages_rotate_over_the_channels() {
+        assert_eq!(channel_of(0, 8), 0);
+        assert_eq!(channel_of(EAGER_RUN - 1, 8), 0);
+        assert_eq!(channel_of(EAGER_RUN, 8), 1);
+        assert_eq!(channel_of(8 * EAGER_RUN, 8), 0);
+        assert_eq!(channel_of(u64::MAX, 1), 0);
+        assert_eq!(channel_of(5, 0), 0);
     }
 
     #[test]

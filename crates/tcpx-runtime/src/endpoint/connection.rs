@@ -153,6 +153,7 @@ impl Connection {
                 established.eager_bytes,
                 link.clone(),
                 config.wait_spin,
+                channels,
             ))
         });
         let mut conn = Self {

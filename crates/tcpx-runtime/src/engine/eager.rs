@@ -16,7 +16,7 @@ use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMem
 use tcpx_proto::eager::{decode, header_len, write_header, EagerEntry, EagerMessage, EAGER_FRAME_BYTES};
 
 use super::channel::LinkFailed;
-use crate::eager::{Eager, Outgoing};
+use crate::eager::{Eager, Outgoing, Posted};
 use crate::error::{Direction, Error};
 use crate::link::Link;
 use crate::transfer::Completion;
@@ -78,6 +78,7 @@ pub(crate) struct EagerChannel {
     taken: Vec<Outgoing>,
     entries: Vec<EagerEntry>,
     decoded: Vec<EagerMessage>,
+    matched: Vec<(u64, Posted, Vec<u8>)>,
     /// When a frame last completed (peer-gone detection).
     pub(crate) progress_at: Instant,
 }
@@ -127,6 +128,7 @@ impl EagerChannel {
             taken: Vec::new(),
             entries: Vec::new(),
             decoded: Vec::new(),
+            matched: Vec::new(),
             progress_at: Instant::now(),
         })
     }
@@ -142,8 +144,8 @@ impl EagerChannel {
     pub(crate) fn has_work(&self) -> bool {
         !self.sending.is_empty()
             || self.send_frames.iter().any(|f| f.ready.is_some())
-            || self.eager.queued() > 0
-            || self.eager.waiting() > 0
+            || self.eager.queued(self.index) > 0
+            || self.eager.waiting(self.index) > 0
     }
 
     /// One pass: fill and post send frames, test the oldest of each side, keep receive
@@ -201,7 +203,7 @@ impl EagerChannel {
                 continue;
             }
             if self.send_frames[i].ready.is_none() {
-                if self.eager.queued() == 0 {
+                if self.eager.queued(self.index) == 0 {
                     continue;
                 }
                 self.fill(i)?;
@@ -227,7 +229,7 @@ impl EagerChannel {
 
     /// Fills free send frame `i` with queued messages (header, then their bytes).
     fn fill(&mut self, i: usize) -> Result<(), LinkFailed> {
-        let payload = self.eager.take_frame(&mut self.taken);
+        let payload = self.eager.take_frame(self.index, &mut self.taken);
         if self.taken.is_empty() {
             return Ok(());
         }
@@ -280,7 +282,7 @@ impl EagerChannel {
     }
 
     fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
-        let mut moved = false;
+        let mut moved = self.eager.land_matched(self.index, &mut self.matched);
         while let Some(&i) = self.receiving.front() {
             let frame = &mut self.recv_frames[i];
             let Some(request) = frame.request.as_mut() else {
@@ -304,7 +306,7 @@ impl EagerChannel {
             moved = true;
             self.take_delivery(i, size)?;
         }
-        if !self.eager.accepts_frames() {
+        if !self.eager.accepts_frames(self.index) {
             return Ok(moved);
         }
         for i in 0..self.recv_frames.len() {

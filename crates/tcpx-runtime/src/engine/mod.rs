@@ -478,7 +478,7 @@ impl Engine {
             if link.is_failed() {
                 return Some(link.id);
             }
-            if let Some(what) = channel.eager.overdue(now) {
+            if let Some(what) = channel.eager.overdue(channel.index, now) {
                 link.fail(Error::Timeout {
                     channel: channel.index,
                     peer: link.peer,
