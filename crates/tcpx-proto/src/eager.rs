@@ -95,7 +95,10 @@ pub fn write_header(entries: &[EagerEntry], out: &mut [u8]) -> usize {
     out[..4].copy_from_slice(&EAGER_FRAME_MAGIC);
     // At most EAGER_MAX_MESSAGES (checked above): fits a u32.
     out[4..8].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (entry, at) in entries.iter().zip(out[8..].chunks_exact_mut(EAGER_ENTRY_BYTES)) {
+    for (entry, at) in entries
+        .iter()
+        .zip(out[8..].chunks_exact_mut(EAGER_ENTRY_BYTES))
+    {
         at[..8].copy_from_slice(&entry.seq.to_le_bytes());
         at[8..].copy_from_slice(&entry.len.to_le_bytes());
     }
@@ -211,7 +214,10 @@ mod tests {
         assert_eq!(out.len(), 3);
         for (m, (seq, payload)) in out.iter().zip(&messages) {
             assert_eq!(m.entry.seq, *seq);
-            assert_eq!(&bytes[m.offset..m.offset + m.entry.len as usize], &payload[..]);
+            assert_eq!(
+                &bytes[m.offset..m.offset + m.entry.len as usize],
+                &payload[..]
+            );
         }
     }
 

@@ -26,7 +26,7 @@
 //! | `TCPX_SPREAD` | most channels a lone one-sided operation is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
-//! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 16 KiB |
+//! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
@@ -90,8 +90,8 @@ impl std::str::FromStr for Backoff {
 /// lose from 128 KiB (the extra memcpy costs more than the plugin requests it saves).
 pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 
-/// Default [`Config::eager_bytes`]: two-sided messages up to 16 KiB travel in eager frames.
-pub const DEFAULT_EAGER_BYTES: u32 = 16 << 10;
+/// Default [`Config::eager_bytes`]: two-sided messages up to 64 KiB travel in eager frames.
+pub const DEFAULT_EAGER_BYTES: u32 = 64 << 10;
 /// Default [`Config::pack_buffers`] (8 × 4 MiB at most, allocated on first use).
 pub const DEFAULT_PACK_BUFFERS: usize = 8;
 

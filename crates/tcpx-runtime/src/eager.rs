@@ -289,7 +289,9 @@ impl Eager {
         let mut inbox = share.inbox();
         if let Some(bytes) = inbox.early.remove(&seq) {
             inbox.early_bytes -= bytes.len();
-            share.early_bytes.store(inbox.early_bytes, Ordering::Release);
+            share
+                .early_bytes
+                .store(inbox.early_bytes, Ordering::Release);
             inbox.matched.push((seq, posted, bytes));
             let first = inbox.matched.len() == 1;
             share.matched.store(inbox.matched.len(), Ordering::Release);
@@ -318,11 +320,18 @@ impl Eager {
 
     /// Hands the messages of a frame received on `channel` to their receives (or keeps them
     /// until their receives come). `frame` is the frame's bytes, `messages` its decoded
-    /// entries. A message of another channel, or one that arrives twice, is a protocol
-    /// violation; a length that differs from its receive's fails the connection.
-    pub(crate) fn deliver(&self, channel: u16, frame: &[u8], messages: &[EagerMessage]) {
+    /// entries, `landed` the engine's reusable list. A message of another channel, or one
+    /// that arrives twice, is a protocol violation; a length that differs from its receive's
+    /// fails the connection.
+    pub(crate) fn deliver(
+        &self,
+        channel: u16,
+        frame: &[u8],
+        messages: &[EagerMessage],
+        landed: &mut Vec<(u64, Posted, std::ops::Range<usize>)>,
+    ) {
         let share = self.share(channel);
-        let mut landed: Vec<(u64, Posted, std::ops::Range<usize>)> = Vec::new();
+        landed.clear();
         {
             let mut inbox = share.inbox();
             for m in messages {
@@ -331,7 +340,10 @@ impl Eager {
                     drop(inbox);
                     self.violation(
                         channel,
-                        format!("message #{seq} belongs to eager channel {}", self.channel_of(seq)),
+                        format!(
+                            "message #{seq} belongs to eager channel {}",
+                            self.channel_of(seq)
+                        ),
                     );
                     return;
                 }
@@ -350,9 +362,11 @@ impl Eager {
                 }
             }
             share.waiting.store(inbox.posted.len(), Ordering::Release);
-            share.early_bytes.store(inbox.early_bytes, Ordering::Release);
+            share
+                .early_bytes
+                .store(inbox.early_bytes, Ordering::Release);
         }
-        for (seq, posted, range) in landed {
+        for (seq, posted, range) in landed.drain(..) {
             self.land(channel, seq, &posted, &frame[range]);
         }
     }

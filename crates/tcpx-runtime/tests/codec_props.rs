@@ -30,9 +30,20 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
         any::<u32>(),
         proptest::option::of(any::<u32>()),
         any::<u16>(),
+        0u32..=tcpx_proto::eager::EAGER_MAX_MESSAGE,
     )
         .prop_map(
-            |(ip, gpu_pci, channels, plugin_name, abi_version, chunk_bytes, gpu_index, spread)| {
+            |(
+                ip,
+                gpu_pci,
+                channels,
+                plugin_name,
+                abi_version,
+                chunk_bytes,
+                gpu_index,
+                spread,
+                eager_bytes,
+            )| {
                 EndpointInfo {
                     ip,
                     gpu_pci,
@@ -42,6 +53,7 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
                     chunk_bytes,
                     gpu_index,
                     spread,
+                    eager_bytes,
                 }
             },
         )

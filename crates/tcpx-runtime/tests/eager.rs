@@ -22,7 +22,10 @@ fn eager_config(channels: u16, eager: u32) -> Config {
 fn small_and_large_messages_interleave_and_land_in_order() {
     loopback();
     for channels in [1u16, 3, 8] {
-        let (a, b, ab, ba) = pair_with(eager_config(channels, 16 << 10), eager_config(channels, 16 << 10));
+        let (a, b, ab, ba) = pair_with(
+            eager_config(channels, 16 << 10),
+            eager_config(channels, 16 << 10),
+        );
         assert_eq!(ab.eager_bytes(), 16 << 10);
         // Sizes cycle through the eager bound and past it (1 byte .. 200 KiB).
         let sizes: Vec<usize> = (0..300)
@@ -210,7 +213,9 @@ fn closing_fails_what_is_queued_and_waiting() {
     loopback();
     let (a, b, ab, ba) = pair_with(eager_config(2, 16 << 10), eager_config(2, 16 << 10));
     let dst = b.alloc_host(4096 * 4).unwrap();
-    let waiting: Vec<_> = (0..4).map(|i| ba.recv(&dst, i * 4096, 4096).unwrap()).collect();
+    let waiting: Vec<_> = (0..4)
+        .map(|i| ba.recv(&dst, i * 4096, 4096).unwrap())
+        .collect();
     drop(ba);
     for r in waiting {
         assert!(r.wait(DEADLINE).is_err());
@@ -229,7 +234,10 @@ fn closing_fails_what_is_queued_and_waiting() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(Instant::now() < deadline, "sends kept succeeding after the peer left");
+    assert!(
+        Instant::now() < deadline,
+        "sends kept succeeding after the peer left"
+    );
 }
 
 /// A sender far ahead of its receiver (more than the early-message bound, 32 MiB, in
@@ -259,14 +267,20 @@ fn a_receiver_far_behind_its_sender_still_gets_every_message() {
         std::thread::sleep(Duration::from_millis(300));
         for round in 0..count.div_ceil(1024) {
             let n = 1024.min(count - round * 1024);
-            let batch: Vec<_> = (0..n).map(|k| ba.recv(&dst, k * len, len).unwrap()).collect();
+            let batch: Vec<_> = (0..n)
+                .map(|k| ba.recv(&dst, k * len, len).unwrap())
+                .collect();
             for t in &batch {
                 t.wait(DEADLINE).unwrap();
             }
             let got = snapshot(&dst);
             for k in 0..n {
                 let number = u64::from_le_bytes(got[k * len..k * len + 8].try_into().unwrap());
-                assert_eq!(number, (round * 1024 + k) as u64, "message {k} of round {round}");
+                assert_eq!(
+                    number,
+                    (round * 1024 + k) as u64,
+                    "message {k} of round {round}"
+                );
             }
         }
     });

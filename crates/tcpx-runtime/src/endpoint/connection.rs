@@ -187,7 +187,11 @@ impl Connection {
             let command = match (set, &eager) {
                 (0, _) | (1, _) => Command::AddChannel(
                     Box::new(NewChannel {
-                        link: if set == 0 { link.clone() } else { rma_link.clone() },
+                        link: if set == 0 {
+                            link.clone()
+                        } else {
+                            rma_link.clone()
+                        },
                         index,
                         send,
                         recv,

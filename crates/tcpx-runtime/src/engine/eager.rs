@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMemory};
-use tcpx_proto::eager::{decode, header_len, write_header, EagerEntry, EagerMessage, EAGER_FRAME_BYTES};
+use tcpx_proto::eager::{
+    decode, header_len, write_header, EagerEntry, EagerMessage, EAGER_FRAME_BYTES,
+};
 
 use super::channel::LinkFailed;
 use crate::eager::{Eager, Outgoing, Posted};
@@ -24,16 +26,6 @@ use crate::transfer::Completion;
 /// Send frames per eager comm: how many may be in flight at once. Few, so that a busy
 /// connection's messages gather into frames rather than spread one per request.
 pub(crate) const SEND_FRAMES: usize = 2;
-
-/// Send frames per eager comm: [`SEND_FRAMES`], or `TCPX_EAGER_SEND_FRAMES` (1–16; an
-/// experiment knob, read once per channel).
-fn send_frames() -> usize {
-    std::env::var("TCPX_EAGER_SEND_FRAMES")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=16).contains(n))
-        .unwrap_or(SEND_FRAMES)
-}
 
 /// Receive frames kept posted per eager comm.
 pub(crate) const RECV_FRAMES: usize = 4;
@@ -79,6 +71,7 @@ pub(crate) struct EagerChannel {
     entries: Vec<EagerEntry>,
     decoded: Vec<EagerMessage>,
     matched: Vec<(u64, Posted, Vec<u8>)>,
+    landed: Vec<(u64, Posted, std::ops::Range<usize>)>,
     /// When a frame last completed (peer-gone detection).
     pub(crate) progress_at: Instant,
 }
@@ -92,7 +85,7 @@ impl EagerChannel {
             send,
             recv,
         } = new;
-        let send_frames = (0..send_frames())
+        let send_frames = (0..SEND_FRAMES)
             .map(|_| {
                 let memory = SharedMemory::host(EAGER_FRAME_BYTES)?;
                 let region = send.register(&memory)?;
@@ -129,6 +122,7 @@ impl EagerChannel {
             entries: Vec::new(),
             decoded: Vec::new(),
             matched: Vec::new(),
+            landed: Vec::new(),
             progress_at: Instant::now(),
         })
     }
@@ -246,9 +240,9 @@ impl EagerChannel {
                 let out = &mut bytes[at..at + m.len as usize];
                 let memory = m.region.memory();
                 let read = if memory.kind() == tcpx::MemoryKind::Host {
-                    memory.read_at(m.offset, out).map_err(|e| {
-                        Error::InvalidArgument(format!("eager send #{}: {e}", m.seq))
-                    })
+                    memory
+                        .read_at(m.offset, out)
+                        .map_err(|e| Error::InvalidArgument(format!("eager send #{}: {e}", m.seq)))
                 } else {
                     // CUDA memory: a synchronous copy through a host bounce.
                     m.region.read(m.offset, out)
@@ -331,12 +325,13 @@ impl EagerChannel {
     fn take_delivery(&mut self, i: usize, size: usize) -> Result<(), LinkFailed> {
         let eager = &self.eager;
         let decoded = &mut self.decoded;
+        let landed = &mut self.landed;
         let index = self.index;
         let read = self.recv_frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
             match decode(frame, eager.max_message, decoded) {
                 Ok(()) => {
-                    eager.deliver(index, frame, decoded);
+                    eager.deliver(index, frame, decoded, landed);
                     true
                 }
                 Err(e) => {

@@ -341,12 +341,13 @@ impl Engine {
             }
             Command::AddEager(new, reply) => {
                 let peer = new.eager.link.peer;
-                let result = EagerChannel::new(*new)
-                    .map(|c| self.eager.push(c))
-                    .map_err(|source| Error::Setup {
-                        peer,
-                        source: Arc::new(source),
-                    });
+                let result =
+                    EagerChannel::new(*new)
+                        .map(|c| self.eager.push(c))
+                        .map_err(|source| Error::Setup {
+                            peer,
+                            source: Arc::new(source),
+                        });
                 let _ = reply.send(result);
             }
             Command::Submit(job) => {

@@ -70,6 +70,9 @@ pub struct Sweep {
     /// Batches in flight when `depth` is not given: the connection's pooled pack buffers
     /// (a batch past them takes a one-off buffer).
     pub pack_buffers: usize,
+    /// This side's `Config::eager_bytes`: messages up to it travel in eager frames, where
+    /// no plugin window limits how many are in flight.
+    pub eager_bytes: u32,
 }
 
 impl Sweep {
@@ -106,9 +109,17 @@ impl Sweep {
     /// [`MIN_AUTO_DEPTH`]. The raw-TCP baseline streams its bytes with no limit in flight, so
     /// a fixed small depth measured the stack's latency at small sizes, not its throughput
     /// (H100, 8 channels, 4 KiB: depth 8 puts one message per channel in flight).
+    ///
+    /// Messages of eager size (`Config::eager_bytes`, sent one per call) are not plugin
+    /// requests of their own, so no window limits them: their automatic depth is
+    /// [`MAX_AUTO_DEPTH`], as an application streaming small messages would keep.
     pub fn depth_for(&self, size: usize) -> usize {
-        self.depth
-            .unwrap_or_else(|| self.window_fill(size).clamp(MIN_AUTO_DEPTH, MAX_AUTO_DEPTH))
+        self.depth.unwrap_or_else(|| {
+            if self.batch <= 1 && size >= 1 && size <= self.eager_bytes as usize {
+                return MAX_AUTO_DEPTH;
+            }
+            self.window_fill(size).clamp(MIN_AUTO_DEPTH, MAX_AUTO_DEPTH)
+        })
     }
 
     /// Messages per submission at `size`: 1 without `--batch` or past

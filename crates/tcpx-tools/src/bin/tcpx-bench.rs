@@ -711,6 +711,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         gpu: link.gpu,
         batch: check_count("--batch", c.batch)?,
         pack_buffers: config.pack_buffers,
+        eager_bytes: config.eager_bytes,
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
     let slots = sweep.slots();
