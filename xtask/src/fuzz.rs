@@ -35,6 +35,7 @@ const TARGETS: &[&str] = &[
     "ipc_local_msg",
     "local_info",
     "nixl_formats",
+    "eager_frame",
 ];
 
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";

@@ -9,6 +9,7 @@ use std::path::Path;
 use tcpx_proto::control::codec::MessageType;
 use tcpx_proto::control::message::{EndpointInfo, ErrorCode, Message, Secret};
 use tcpx_proto::control::rma::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest};
+use tcpx_proto::eager::{header_len, write_header, EagerEntry};
 use tcpx_proto::metadata::EndpointMetadata;
 use tcpx_proto::onesided::Descriptor;
 use tcpx_proto::uccl::advert::Advert;
@@ -26,7 +27,7 @@ fn info() -> EndpointInfo {
         chunk_bytes: 512 << 10,
         gpu_index: Some(3),
         spread: 8,
-        eager_bytes: 0,
+        eager_bytes: 64 << 10,
     }
 }
 
@@ -156,6 +157,18 @@ fn main() {
             &uccl_metadata(SocketAddr::new(ip, 7400), "0000:8a:00.0"),
         );
     }
+    // eager_frame: the agreed eager size (4 bytes), then a frame of three messages.
+    let entries = [
+        EagerEntry { seq: 64, len: 4096 },
+        EagerEntry { seq: 65, len: 1 },
+        EagerEntry { seq: 66, len: 100 },
+    ];
+    let mut frame = vec![0u8; header_len(entries.len())];
+    write_header(&entries, &mut frame);
+    frame.extend(std::iter::repeat_n(7u8, 4096 + 1 + 100));
+    let mut seed = (64u32 << 10).to_le_bytes().to_vec();
+    seed.extend_from_slice(&frame);
+    write(dir, "eager_frame", "three", &seed);
     let mut old = vec![127, 0, 0, 1, 0x1c, 0xe8];
     old.extend_from_slice(&3i32.to_ne_bytes());
     write(dir, "uccl_metadata", "older-index", &old);

@@ -22,7 +22,9 @@
 //! | 12 · n | per message: sequence number u64, length u32 |
 //! | Σ length | the messages' bytes, in the order of the entries |
 //!
-//! A frame ends where its last message ends: the decoder refuses trailing or missing bytes.
+//! A frame ends where its last message ends: the decoder refuses missing bytes and reads no
+//! further (a plugin that reports no sizes, like nccl-fastsocket, hands over the whole posted
+//! buffer, so what follows the frame is not the peer's).
 
 use crate::wire::{Reader, WireError};
 
@@ -116,13 +118,14 @@ pub struct EagerMessage {
 
 /// Decodes the header of `frame` (the bytes the plugin reported received) into `out`
 /// (cleared first; reused across frames so that the receive path does not allocate), checking
-/// that the entries cover the payload exactly, that no message is longer than `max_message`
-/// and that sequence numbers rise strictly within the frame.
+/// that every message lies inside `frame`, that none is empty or longer than `max_message`
+/// and that sequence numbers rise strictly within the frame. Returns the frame's length (where
+/// its last message ends); bytes after it are not read.
 pub fn decode(
     frame: &[u8],
     max_message: u32,
     out: &mut Vec<EagerMessage>,
-) -> Result<(), WireError> {
+) -> Result<usize, WireError> {
     out.clear();
     let invalid = |field, why| WireError::Invalid { field, why };
     if frame.len() > EAGER_FRAME_BYTES {
@@ -175,13 +178,7 @@ pub fn decode(
         }
         offset = end;
     }
-    if offset != frame.len() {
-        return Err(invalid(
-            "eager payload",
-            "bytes past the last message of the frame",
-        ));
-    }
-    Ok(())
+    Ok(offset)
 }
 
 #[cfg(test)]
@@ -227,9 +224,11 @@ mod tests {
         let mut out = Vec::new();
         let err = |bytes: &[u8], max| decode(bytes, max, &mut Vec::new()).unwrap_err().to_string();
         assert!(err(&good[..good.len() - 1], EAGER_MAX_MESSAGE).contains("payload"));
+        // A plugin that reports no sizes hands over the whole posted buffer: what follows
+        // the frame is not read.
         let mut long = good.clone();
-        long.push(0);
-        assert!(err(&long, EAGER_MAX_MESSAGE).contains("past the last"));
+        long.extend_from_slice(&[0xee; 100]);
+        assert_eq!(decode(&long, EAGER_MAX_MESSAGE, &mut out), Ok(good.len()));
         assert!(err(&good, 99).contains("agreed eager size"));
         let mut magic = good.clone();
         magic[0] = b'X';
@@ -264,21 +263,22 @@ mod tests {
     }
 
     proptest! {
-        /// Peer input: any bytes decode to an error or to entries that tile the frame.
+        /// Peer input: any bytes decode to an error or to entries that tile a prefix of them.
         #[test]
-        fn any_bytes_decode_to_an_error_or_an_exact_tiling(
+        fn any_bytes_decode_to_an_error_or_a_tiled_prefix(
             bytes in proptest::collection::vec(any::<u8>(), 0..2048),
             max in 1u32..=EAGER_MAX_MESSAGE,
         ) {
             let mut out = Vec::new();
-            if decode(&bytes, max, &mut out).is_ok() {
+            if let Ok(end) = decode(&bytes, max, &mut out) {
                 let mut at = header_len(out.len());
                 for m in &out {
                     prop_assert_eq!(m.offset, at);
                     prop_assert!(m.entry.len >= 1 && m.entry.len <= max);
                     at += m.entry.len as usize;
                 }
-                prop_assert_eq!(at, bytes.len());
+                prop_assert_eq!(at, end);
+                prop_assert!(end <= bytes.len());
             }
         }
 
@@ -296,7 +296,7 @@ mod tests {
                 .collect();
             let bytes = frame(&messages);
             let mut out = Vec::new();
-            decode(&bytes, EAGER_MAX_MESSAGE, &mut out).unwrap();
+            prop_assert_eq!(decode(&bytes, EAGER_MAX_MESSAGE, &mut out), Ok(bytes.len()));
             prop_assert_eq!(out.len(), messages.len());
             let mut flipped = bytes.clone();
             let i = flip.index(flipped.len());

@@ -11,7 +11,7 @@ use tcpx_runtime::{Config, Error};
 
 fn eager_config(channels: u16, eager: u32) -> Config {
     let mut c = config(channels, 64 << 10);
-    c.eager_bytes = eager;
+    c.eager_bytes = Some(eager);
     c
 }
 

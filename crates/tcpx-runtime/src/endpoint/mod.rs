@@ -210,7 +210,7 @@ impl Endpoint {
                 .min(config.spread.unwrap_or(u16::MAX))
                 .min(config.channels),
             // Eager frames are host buffers the plugin sends from and receives into.
-            eager_bytes: if host_ok { config.eager_bytes } else { 0 },
+            eager_bytes: if host_ok { config.eager_limit() } else { 0 },
         };
         let metadata = EndpointMetadata {
             info: info.clone(),

@@ -330,7 +330,7 @@ impl EagerChannel {
         let read = self.recv_frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
             match decode(frame, eager.max_message, decoded) {
-                Ok(()) => {
+                Ok(_) => {
                     eager.deliver(index, frame, decoded, landed);
                     true
                 }

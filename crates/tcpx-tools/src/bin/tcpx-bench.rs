@@ -153,7 +153,8 @@ struct Link {
 struct Common {
     /// Messages in flight at once. Default: per size, enough to fill every channel's window
     /// (channels × window requests; at least 8, at most 1024), as the raw-TCP baseline has
-    /// no limit in flight; give a number to measure at a fixed depth.
+    /// no limit in flight; 1024 for sizes up to TCPX_EAGER_BYTES (eager frames: no window
+    /// limits them); give a number to measure at a fixed depth.
     #[arg(long)]
     depth: Option<usize>,
     /// Message sizes: a doubling range `A..B` or a comma list (KiB, MiB, GiB).
@@ -670,6 +671,11 @@ fn link_settings(l: &Link, bind: SocketAddr) -> Result<(Config, LinkChoice), Fai
             tcpx::cuda::driver_status()
         )));
     }
+    if l.memory == "cuda" && config.gpu_index.is_none() {
+        // Announce the GPU, as an application serving one would (`TCPX_GPU_INDEX`): the
+        // endpoint then chooses its defaults for CUDA traffic (no eager frames).
+        config.gpu_index = u32::try_from(gpu).ok();
+    }
     let choice = LinkChoice {
         channels: usize::from(config.channels),
         chunk: config.chunk_bytes as usize,
@@ -711,7 +717,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         gpu: link.gpu,
         batch: check_count("--batch", c.batch)?,
         pack_buffers: config.pack_buffers,
-        eager_bytes: config.eager_bytes,
+        eager_bytes: config.eager_limit(),
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
     let slots = sweep.slots();
