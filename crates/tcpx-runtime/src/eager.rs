@@ -40,9 +40,10 @@ use crate::link::Link;
 use crate::registry::Region;
 use crate::transfer::{Completion, Transfer};
 
-/// Bytes of messages that arrived before their receives, per eager channel, past which its
-/// engine stops posting frames while no receive of the channel waits (the peer's sends then
-/// wait in TCP, as a plugin request would) until receives take some.
+/// Bytes of messages that arrived before their receives, per eager channel, past which the
+/// peer is misbehaving. An engine reads a channel only while one of its receives waits, and
+/// a channel's messages arrive in sequence order, so a well-behaved peer leaves at most the
+/// rest of one frame (256 KiB) ahead of the receives.
 pub(crate) const EARLY_BYTES_MAX: usize = 8 << 20;
 
 /// A queued small send.
@@ -195,15 +196,9 @@ impl Eager {
         true
     }
 
-    /// Whether `channel`'s engine may post more frames: its early messages are under their
-    /// bound, or one of its receives is waiting. A waiting receive's message may sit behind
-    /// early ones in the channel's stream, so while one waits the comm keeps reading,
-    /// whatever the early messages hold: stopping then would wait forever on a message that
-    /// can only come by reading past the bound.
-    pub(crate) fn accepts_frames(&self, channel: u16) -> bool {
-        let share = self.share(channel);
-        share.waiting.load(Ordering::Acquire) > 0
-            || share.early_bytes.load(Ordering::Acquire) < EARLY_BYTES_MAX
+    /// Receives of `channel` posted and waiting for their message to arrive.
+    pub(crate) fn posted(&self, channel: u16) -> usize {
+        self.share(channel).waiting.load(Ordering::Acquire)
     }
 
     /// Queues send `seq` of `len` bytes at `offset` in `region` (the caller holds the send
@@ -357,6 +352,17 @@ impl Eager {
                             return;
                         }
                         inbox.early_bytes += range.len();
+                        if inbox.early_bytes > EARLY_BYTES_MAX {
+                            drop(inbox);
+                            self.violation(
+                                channel,
+                                format!(
+                                    "more than {EARLY_BYTES_MAX} bytes of messages ahead of \
+                                     this side's receives"
+                                ),
+                            );
+                            return;
+                        }
                         inbox.early.insert(seq, frame[range].to_vec());
                     }
                 }

@@ -152,7 +152,13 @@ impl EagerChannel {
             }
             return Err(LinkFailed);
         }
-        let mut moved = self.pump_send()?;
+        let mut moved = false;
+        if !self.sending.is_empty()
+            || self.eager.queued(self.index) > 0
+            || self.send_frames.iter().any(|f| f.ready.is_some())
+        {
+            moved |= self.pump_send()?;
+        }
         moved |= self.pump_recv()?;
         Ok(moved)
     }
@@ -275,9 +281,21 @@ impl EagerChannel {
         }
     }
 
+    /// Tests and posts receive frames only while a receive of this channel waits for its
+    /// message. Frames of one channel arrive in sequence order and receives are posted in
+    /// sequence order, so a message nobody waits for yet can only sit behind one that is
+    /// waited for: stopping then loses nothing, keeps what the application has not asked for
+    /// in TCP (flow control, as behind a plugin request), and spares every engine pass the
+    /// plugin call (a `recv` syscall on the socket plugin) of testing an idle comm.
     fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
         let mut moved = self.eager.land_matched(self.index, &mut self.matched);
+        if self.eager.posted(self.index) == 0 {
+            return Ok(moved);
+        }
         while let Some(&i) = self.receiving.front() {
+            if self.eager.posted(self.index) == 0 {
+                break;
+            }
             let frame = &mut self.recv_frames[i];
             let Some(request) = frame.request.as_mut() else {
                 self.receiving.pop_front();
@@ -299,9 +317,6 @@ impl EagerChannel {
             self.progress_at = Instant::now();
             moved = true;
             self.take_delivery(i, size)?;
-        }
-        if !self.eager.accepts_frames(self.index) {
-            return Ok(moved);
         }
         for i in 0..self.recv_frames.len() {
             let frame = &mut self.recv_frames[i];
