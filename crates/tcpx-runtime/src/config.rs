@@ -655,6 +655,26 @@ mod tests {
     }
 
     #[test]
+    fn eager_frames_default_to_64_kib_except_on_endpoints_that_name_their_gpu() {
+        assert_eq!(Config::default().eager_bytes, None);
+        assert_eq!(Config::default().eager_limit(), 64 << 10);
+        let gpu = from(&[("TCPX_GPU_INDEX", "2")]).unwrap();
+        assert_eq!(gpu.eager_limit(), 0);
+        let pci = from(&[("TCPX_GPU_PCI", "0000:04:00.0")]).unwrap();
+        assert_eq!(pci.eager_limit(), 0);
+        let asked = from(&[("TCPX_GPU_INDEX", "2"), ("TCPX_EAGER_BYTES", "4K")]).unwrap();
+        assert_eq!(asked.eager_limit(), 4 << 10);
+        assert_eq!(from(&[("TCPX_EAGER_BYTES", "0")]).unwrap().eager_limit(), 0);
+        let err = from(&[("TCPX_EAGER_BYTES", "128K")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("eager_bytes") && err.contains("at most"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn empty_environment_gives_the_defaults() {
         assert_eq!(from(&[]).unwrap(), Config::default());
     }

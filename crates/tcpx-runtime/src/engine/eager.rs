@@ -5,8 +5,9 @@
 //! Each side owns a few frame buffers of [`EAGER_FRAME_BYTES`], registered once on their
 //! comm when the channel is made, so that the path neither allocates nor registers per
 //! frame. A send frame is filled only when it is free and the comm has fewer than
-//! [`SEND_FRAMES`] frames in flight: while they are, messages queue in the connection's
-//! outbox and the next frame takes them all — that is where aggregation comes from.
+//! [`SEND_FRAMES`] frames in flight: while they are, messages queue in the channel's outbox
+//! and the next frame takes them all — that is where aggregation comes from. Receive frames
+//! are tested only while a receive of the channel waits (see [`EagerChannel::pump`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -143,7 +144,8 @@ impl EagerChannel {
     }
 
     /// One pass: fill and post send frames, test the oldest of each side, keep receive
-    /// frames posted. Returns whether anything moved.
+    /// frames posted while a receive waits, copy in early messages whose receives came.
+    /// Returns whether anything moved. An idle channel makes no plugin call.
     pub(crate) fn pump(&mut self) -> Result<bool, LinkFailed> {
         if self.link().is_failed() {
             // Abandoned already (nothing posted): nothing to do until the link is removed.
@@ -186,8 +188,15 @@ impl EagerChannel {
             match self.send.test(request) {
                 Ok(Some(_)) => {
                     frame.request = None;
+                    let mut bytes = 0u64;
                     for (completion, len) in frame.carried.drain(..) {
+                        bytes += u64::from(len);
                         self.eager.finish(&completion, Ok(u64::from(len)));
+                    }
+                    // Channel `index`'s counters (this engine owns both the channel and its
+                    // eager channel: one writer): the messages' bytes, one request.
+                    if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
+                        counters.sent(bytes);
                     }
                     self.sending.pop_front();
                     self.progress_at = Instant::now();
@@ -346,6 +355,9 @@ impl EagerChannel {
             let frame = &bytes[..size.min(bytes.len())];
             match decode(frame, eager.max_message, decoded) {
                 Ok(_) => {
+                    if let Some(counters) = eager.link.counters.get(usize::from(index)) {
+                        counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
+                    }
                     eager.deliver(index, frame, decoded, landed);
                     true
                 }
