@@ -28,7 +28,7 @@
 //! matches have the same length), so the connection's other comms keep their posting order:
 //! eager frames ride comms of their own.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -77,12 +77,16 @@ pub(crate) struct Posted {
     deadline: Instant,
 }
 
+/// One channel's receives and arrivals. A channel's messages arrive in sequence order (its
+/// frames leave in that order on one comm) and its receives are posted in that order, so
+/// both are queues, and at most one of them holds anything: a message either finds the
+/// oldest waiting receive or waits itself for the next receive.
 #[derive(Default)]
 struct Inbox {
-    /// Receives waiting for their message, by sequence number.
-    posted: BTreeMap<u64, Posted>,
-    /// Messages that arrived before their receive, by sequence number.
-    early: BTreeMap<u64, Vec<u8>>,
+    /// Receives waiting for their message, oldest first.
+    posted: VecDeque<(u64, Posted)>,
+    /// Messages that arrived before their receive, oldest first.
+    early: VecDeque<(u64, Vec<u8>)>,
     early_bytes: usize,
     /// Early messages whose receive has come: the channel's engine copies them in (so that
     /// the application's thread, which posts every receive, does not copy every byte).
@@ -282,7 +286,19 @@ impl Eager {
         let channel = self.channel_of(seq);
         let share = self.share(channel);
         let mut inbox = share.inbox();
-        if let Some(bytes) = inbox.early.remove(&seq) {
+        if let Some(&(head, _)) = inbox.early.front() {
+            if head != seq {
+                // The next message of this channel is not the next receive of it: the peer
+                // sent out of order or on the wrong channel.
+                drop(inbox);
+                self.violation(
+                    channel,
+                    format!("message #{head} arrived where #{seq} was due"),
+                );
+                self.finish(&posted.completion, Err(self.link.failure_or_closed()));
+                return Ok(transfer);
+            }
+            let (_, bytes) = inbox.early.pop_front().unwrap_or_default();
             inbox.early_bytes -= bytes.len();
             share
                 .early_bytes
@@ -299,7 +315,7 @@ impl Eager {
             }
             return Ok(transfer);
         }
-        inbox.posted.insert(seq, posted);
+        inbox.posted.push_back((seq, posted));
         let first = inbox.posted.len() == 1;
         share.waiting.store(inbox.posted.len(), Ordering::Release);
         drop(inbox);
@@ -315,9 +331,9 @@ impl Eager {
 
     /// Hands the messages of a frame received on `channel` to their receives (or keeps them
     /// until their receives come). `frame` is the frame's bytes, `messages` its decoded
-    /// entries, `landed` the engine's reusable list. A message of another channel, or one
-    /// that arrives twice, is a protocol violation; a length that differs from its receive's
-    /// fails the connection.
+    /// entries, `landed` the engine's reusable list. A message of another channel, or one out
+    /// of its channel's sequence order, is a protocol violation; a length that differs from
+    /// its receive's fails the connection.
     pub(crate) fn deliver(
         &self,
         channel: u16,
@@ -327,50 +343,56 @@ impl Eager {
     ) {
         let share = self.share(channel);
         landed.clear();
+        let mut violation = None;
         {
             let mut inbox = share.inbox();
             for m in messages {
                 let seq = m.entry.seq;
                 if self.channel_of(seq) != channel {
-                    drop(inbox);
-                    self.violation(
-                        channel,
-                        format!(
-                            "message #{seq} belongs to eager channel {}",
-                            self.channel_of(seq)
-                        ),
-                    );
-                    return;
+                    violation = Some(format!(
+                        "message #{seq} belongs to eager channel {}",
+                        self.channel_of(seq)
+                    ));
+                    break;
                 }
                 let range = m.offset..m.offset + m.entry.len as usize;
-                match inbox.posted.remove(&seq) {
-                    Some(posted) => landed.push((seq, posted, range)),
-                    None => {
-                        if inbox.early.contains_key(&seq) {
-                            drop(inbox);
-                            self.violation(channel, format!("message #{seq} arrived twice"));
-                            return;
-                        }
-                        inbox.early_bytes += range.len();
-                        if inbox.early_bytes > EARLY_BYTES_MAX {
-                            drop(inbox);
-                            self.violation(
-                                channel,
-                                format!(
-                                    "more than {EARLY_BYTES_MAX} bytes of messages ahead of \
-                                     this side's receives"
-                                ),
-                            );
-                            return;
-                        }
-                        inbox.early.insert(seq, frame[range].to_vec());
+                if let Some(&(head, _)) = inbox.posted.front() {
+                    if head != seq {
+                        violation = Some(format!("message #{seq} arrived where #{head} was due"));
+                        break;
                     }
+                    if let Some((_, posted)) = inbox.posted.pop_front() {
+                        landed.push((seq, posted, range));
+                    }
+                    continue;
                 }
+                if inbox.early.back().is_some_and(|&(last, _)| seq <= last) {
+                    violation = Some(format!("message #{seq} arrived out of order"));
+                    break;
+                }
+                inbox.early_bytes += range.len();
+                if inbox.early_bytes > EARLY_BYTES_MAX {
+                    violation = Some(format!(
+                        "more than {EARLY_BYTES_MAX} bytes of messages ahead of this side's \
+                         receives"
+                    ));
+                    break;
+                }
+                inbox.early.push_back((seq, frame[range].to_vec()));
             }
             share.waiting.store(inbox.posted.len(), Ordering::Release);
             share
                 .early_bytes
                 .store(inbox.early_bytes, Ordering::Release);
+        }
+        if let Some(what) = violation {
+            self.violation(channel, what);
+            // The receives taken off the queue before the bad entry fail with the connection.
+            let error = self.link.failure_or_closed();
+            for (_, posted, _) in landed.drain(..) {
+                self.finish(&posted.completion, Err(error.clone()));
+            }
+            return;
         }
         for (seq, posted, range) in landed.drain(..) {
             self.land(channel, seq, &posted, &frame[range]);
@@ -446,7 +468,7 @@ impl Eager {
         let inbox = share.inbox();
         inbox
             .posted
-            .first_key_value()
+            .front()
             .filter(|(_, p)| now >= p.deadline)
             .map(|(seq, p)| format!("eager receive #{seq} of {} bytes", p.len))
     }
@@ -474,7 +496,8 @@ impl Eager {
                 share.matched.store(0, Ordering::Release);
                 let matched = std::mem::take(&mut inbox.matched);
                 std::mem::take(&mut inbox.posted)
-                    .into_values()
+                    .into_iter()
+                    .map(|(_, p)| p)
                     .chain(matched.into_iter().map(|(_, p, _)| p))
                     .collect()
             };

@@ -188,15 +188,15 @@ impl EagerChannel {
             match self.send.test(request) {
                 Ok(Some(_)) => {
                     frame.request = None;
-                    let mut bytes = 0u64;
-                    for (completion, len) in frame.carried.drain(..) {
-                        bytes += u64::from(len);
-                        self.eager.finish(&completion, Ok(u64::from(len)));
-                    }
-                    // Channel `index`'s counters (this engine owns both the channel and its
-                    // eager channel: one writer): the messages' bytes, one request.
+                    // Counted before the sends finish, so that whoever sees a send complete
+                    // sees its bytes in the stats. Channel `index`'s counters: this engine owns
+                    // both the channel and its eager channel (one writer).
+                    let bytes = frame.carried.iter().map(|&(_, len)| u64::from(len)).sum();
                     if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
                         counters.sent(bytes);
+                    }
+                    for (completion, len) in frame.carried.drain(..) {
+                        self.eager.finish(&completion, Ok(u64::from(len)));
                     }
                     self.sending.pop_front();
                     self.progress_at = Instant::now();
