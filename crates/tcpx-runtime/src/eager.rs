@@ -104,8 +104,6 @@ struct Share {
     inbox: Mutex<Inbox>,
     /// Receives waiting.
     waiting: AtomicUsize,
-    /// Bytes held in `early`.
-    early_bytes: AtomicUsize,
     /// Entries in `matched`.
     matched: AtomicUsize,
 }
@@ -264,14 +262,9 @@ impl Eager {
     }
 
     /// Posts receive `seq` of `len` bytes into `region` at `offset` (the caller holds the
-    /// receive order). A message that already arrived is copied now.
-    pub(crate) fn recv(
-        &self,
-        seq: u64,
-        region: &Region,
-        offset: usize,
-        len: usize,
-    ) -> Result<Transfer> {
+    /// receive order). A message that already arrived goes to the channel's engine, which
+    /// copies it in.
+    pub(crate) fn recv(&self, seq: u64, region: &Region, offset: usize, len: usize) -> Transfer {
         let completion = Arc::new(Completion::default());
         let link = &self.link;
         link.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -286,8 +279,9 @@ impl Eager {
         let channel = self.channel_of(seq);
         let share = self.share(channel);
         let mut inbox = share.inbox();
-        if let Some(&(head, _)) = inbox.early.front() {
-            if head != seq {
+        // Whether this is the first piece of work of its kind: the engine may be asleep.
+        let first = match inbox.early.front() {
+            Some(&(head, _)) if head != seq => {
                 // The next message of this channel is not the next receive of it: the peer
                 // sent out of order or on the wrong channel.
                 drop(inbox);
@@ -296,37 +290,30 @@ impl Eager {
                     format!("message #{head} arrived where #{seq} was due"),
                 );
                 self.finish(&posted.completion, Err(self.link.failure_or_closed()));
-                return Ok(transfer);
+                return transfer;
             }
-            let (_, bytes) = inbox.early.pop_front().unwrap_or_default();
-            inbox.early_bytes -= bytes.len();
-            share
-                .early_bytes
-                .store(inbox.early_bytes, Ordering::Release);
-            inbox.matched.push((seq, posted, bytes));
-            let first = inbox.matched.len() == 1;
-            share.matched.store(inbox.matched.len(), Ordering::Release);
-            drop(inbox);
-            if first {
-                link.wake_one(u64::from(channel));
+            Some(_) => {
+                let (_, bytes) = inbox.early.pop_front().unwrap_or_default();
+                inbox.early_bytes -= bytes.len();
+                inbox.matched.push((seq, posted, bytes));
+                share.matched.store(inbox.matched.len(), Ordering::Release);
+                inbox.matched.len() == 1
             }
-            if link.is_failed() {
-                self.fail_all();
+            None => {
+                inbox.posted.push_back((seq, posted));
+                share.waiting.store(inbox.posted.len(), Ordering::Release);
+                inbox.posted.len() == 1
             }
-            return Ok(transfer);
-        }
-        inbox.posted.push_back((seq, posted));
-        let first = inbox.posted.len() == 1;
-        share.waiting.store(inbox.posted.len(), Ordering::Release);
+        };
         drop(inbox);
         if first {
-            // The channel's engine may be asleep: it tests its eager comm again.
             link.wake_one(u64::from(channel));
         }
+        // A failure between the check and the push: the engines may have swept already.
         if link.is_failed() {
             self.fail_all();
         }
-        Ok(transfer)
+        transfer
     }
 
     /// Hands the messages of a frame received on `channel` to their receives (or keeps them
@@ -381,9 +368,6 @@ impl Eager {
                 inbox.early.push_back((seq, frame[range].to_vec()));
             }
             share.waiting.store(inbox.posted.len(), Ordering::Release);
-            share
-                .early_bytes
-                .store(inbox.early_bytes, Ordering::Release);
         }
         if let Some(what) = violation {
             self.violation(channel, what);
@@ -492,7 +476,6 @@ impl Eager {
                 inbox.early.clear();
                 inbox.early_bytes = 0;
                 share.waiting.store(0, Ordering::Release);
-                share.early_bytes.store(0, Ordering::Release);
                 share.matched.store(0, Ordering::Release);
                 let matched = std::mem::take(&mut inbox.matched);
                 std::mem::take(&mut inbox.posted)

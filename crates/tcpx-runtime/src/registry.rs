@@ -183,6 +183,24 @@ impl<'a> Segment<'a> {
             len,
         }
     }
+
+    /// `Err` names the segment (`what`, e.g. "segment 3") when it does not lie inside its
+    /// region.
+    pub(crate) fn check_inside(&self, what: impl std::fmt::Display) -> crate::Result<()> {
+        if self
+            .offset
+            .checked_add(self.len)
+            .is_none_or(|end| end > self.region.len())
+        {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{what}: {} bytes at offset {} lie outside a region of {} bytes",
+                self.len,
+                self.offset,
+                self.region.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for RegionInner {

@@ -157,17 +157,7 @@ fn check(segments: &[Segment<'_>]) -> Result<u64> {
     }
     let mut total = 0u64;
     for (i, s) in segments.iter().enumerate() {
-        if s.offset
-            .checked_add(s.len)
-            .is_none_or(|end| end > s.region.len())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "batch segment {i}: {} bytes at offset {} lie outside a region of {} bytes",
-                s.len,
-                s.offset,
-                s.region.len()
-            )));
-        }
+        s.check_inside(format_args!("batch segment {i}"))?;
         total += s.len as u64;
     }
     if total == 0 || total > PACK_BYTES {

@@ -391,7 +391,7 @@ impl Connection {
             if let Some(e) = self.link.refusal() {
                 return Err(e);
             }
-            check_segment(0, &Segment::new(region, offset, len))?;
+            Segment::new(region, offset, len).check_inside("segment 0")?;
             let mut next = self.send_order.lock().unwrap_or_else(|p| p.into_inner());
             let transfer = eager.send(*next, region, offset, len);
             *next += 1;
@@ -408,9 +408,9 @@ impl Connection {
             if let Some(e) = self.link.failure().cloned() {
                 return Err(e);
             }
-            check_segment(0, &Segment::new(region, offset, len))?;
+            Segment::new(region, offset, len).check_inside("segment 0")?;
             let mut next = self.recv_order.lock().unwrap_or_else(|p| p.into_inner());
-            let transfer = eager.recv(*next, region, offset, len)?;
+            let transfer = eager.recv(*next, region, offset, len);
             *next += 1;
             return Ok(transfer);
         }
@@ -568,7 +568,7 @@ impl Connection {
             ));
         }
         for (i, s) in segments.iter().enumerate() {
-            check_segment(i, s)?;
+            s.check_inside(format_args!("segment {i}"))?;
         }
         let staging = staging_of(segments.iter().map(|s| s.region), direction)?;
         let pieces = segments
@@ -658,22 +658,6 @@ impl Connection {
     fn registration(&self, region: &Region, direction: Direction) -> Result<Arc<Registration>> {
         self.carrier.register_region(region, direction)
     }
-}
-
-/// `Err` names segment `i` when it does not lie inside its region.
-fn check_segment(i: usize, s: &Segment<'_>) -> Result<()> {
-    if s.offset
-        .checked_add(s.len)
-        .is_none_or(|end| end > s.region.len())
-    {
-        return Err(Error::InvalidArgument(format!(
-            "segment {i}: {} bytes at offset {} lie outside a region of {} bytes",
-            s.len,
-            s.offset,
-            s.region.len()
-        )));
-    }
-    Ok(())
 }
 
 impl Drop for Connection {

@@ -137,10 +137,14 @@ impl EagerChannel {
     /// checks deadlines) while it is. Frames posted with no receive waiting are not work:
     /// an idle connection lets its engines sleep, and a receive wakes them.
     pub(crate) fn has_work(&self) -> bool {
+        self.has_send_work() || self.eager.waiting(self.index) > 0
+    }
+
+    /// Frames in flight or filled, or messages queued for this channel.
+    fn has_send_work(&self) -> bool {
         !self.sending.is_empty()
             || self.send_frames.iter().any(|f| f.ready.is_some())
             || self.eager.queued(self.index) > 0
-            || self.eager.waiting(self.index) > 0
     }
 
     /// One pass: fill and post send frames, test the oldest of each side, keep receive
@@ -155,10 +159,7 @@ impl EagerChannel {
             return Err(LinkFailed);
         }
         let mut moved = false;
-        if !self.sending.is_empty()
-            || self.eager.queued(self.index) > 0
-            || self.send_frames.iter().any(|f| f.ready.is_some())
-        {
+        if self.has_send_work() {
             moved |= self.pump_send()?;
         }
         moved |= self.pump_recv()?;
