@@ -29,14 +29,16 @@
 //! eager frames ride comms of their own.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tcpx_proto::eager::{channel_of, fits, EagerEntry, EagerMessage};
+use crossbeam_utils::CachePadded;
+use tcpx::SharedMemory;
+use tcpx_proto::eager::{channel_of, EagerMessage};
 
-use crate::error::{Direction, Error, Result};
-use crate::link::Link;
+use crate::error::{Direction, Error};
+use crate::link::{Link, Pending};
 use crate::registry::Region;
 use crate::transfer::{Completion, Transfer};
 
@@ -46,26 +48,28 @@ use crate::transfer::{Completion, Transfer};
 /// rest of one frame (256 KiB) ahead of the receives.
 pub(crate) const EARLY_BYTES_MAX: usize = 8 << 20;
 
-/// A queued small send.
+/// A small send, queued until its channel's engine copies it into a frame.
 pub(crate) struct Outgoing {
     /// The send's sequence number (the receive it matches).
     pub(crate) seq: u64,
-    /// Where its bytes are; held until the frame carrying them is sent.
+    /// Where its bytes are; held until they are copied (then kept by the completion, so
+    /// that the application's thread, not the engine, releases it).
     pub(crate) region: Region,
     pub(crate) offset: usize,
     pub(crate) len: u32,
     pub(crate) completion: Arc<Completion>,
-    pub(crate) deadline: Instant,
+    /// Set when a deadline check first sees it oldest (see [`Posted::deadline`]).
+    deadline: Option<Instant>,
 }
 
-impl Outgoing {
-    /// The frame entry of this message.
-    pub(crate) fn entry(&self) -> EagerEntry {
-        EagerEntry {
-            seq: self.seq,
-            len: self.len,
-        }
-    }
+/// One channel's queued sends.
+#[derive(Default)]
+struct Outbox {
+    /// Sends not yet taken by the engine, oldest first.
+    queue: VecDeque<Outgoing>,
+    /// Sends accepted and not yet on the wire: queued, taken, or in frames in flight (the
+    /// engine counts them off when their frames are sent; see [`Eager::in_flight`]).
+    unsent: usize,
 }
 
 /// A posted small receive.
@@ -74,7 +78,10 @@ pub(crate) struct Posted {
     offset: usize,
     len: u32,
     completion: Arc<Completion>,
-    deadline: Instant,
+    /// Set when the receive is first seen oldest of its channel by a deadline check (see
+    /// [`Eager::overdue`]), not when posted: a clock read per message is a tenth of the
+    /// posting thread's time at 4 KiB, and a receive is never older than when it was posted.
+    deadline: Option<Instant>,
 }
 
 /// One channel's receives and arrivals. A channel's messages arrive in sequence order (its
@@ -93,23 +100,37 @@ struct Inbox {
     matched: Vec<(u64, Posted, Vec<u8>)>,
 }
 
-/// One eager channel's share: its outbox and inbox, and counters its engine reads without
-/// the locks. Aligned to keep two channels' counters off one cache line.
-#[derive(Default)]
-#[repr(align(128))]
+/// One eager channel's share of the connection's eager state.
+///
+/// Every field the application writes per message sits on cache lines the engine does not
+/// write per message, and the engine reads them only when its own view runs out (see
+/// `posted_total`): at 4 KiB a cache line moving between the two cores per message was
+/// most of both threads' time.
 struct Share {
-    outbox: Mutex<VecDeque<Outgoing>>,
-    /// Messages in the outbox.
-    queued: AtomicUsize,
-    inbox: Mutex<Inbox>,
-    /// Receives waiting.
-    waiting: AtomicUsize,
+    outbox: CachePadded<Mutex<Outbox>>,
+    /// Whether `Outbox::queue` holds anything: set by the application when it queues into
+    /// an empty queue, cleared by the engine when it takes the queue, both under the lock;
+    /// the engine's passes read it without the lock.
+    queued: CachePadded<AtomicBool>,
+    inbox: CachePadded<Mutex<Inbox>>,
+    /// Receives ever queued in `Inbox::posted` (the engine counts those it took).
+    posted_total: CachePadded<AtomicU64>,
     /// Entries in `matched`.
-    matched: AtomicUsize,
+    matched: CachePadded<AtomicUsize>,
 }
 
 impl Share {
-    fn outbox(&self) -> MutexGuard<'_, VecDeque<Outgoing>> {
+    fn new() -> Self {
+        Self {
+            outbox: CachePadded::new(Mutex::new(Outbox::default())),
+            queued: CachePadded::new(AtomicBool::new(false)),
+            inbox: CachePadded::new(Mutex::new(Inbox::default())),
+            posted_total: CachePadded::new(AtomicU64::new(0)),
+            matched: CachePadded::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn outbox(&self) -> MutexGuard<'_, Outbox> {
         self.outbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -123,7 +144,7 @@ impl Share {
 pub(crate) struct Eager {
     /// Largest message of the eager path on this connection (agreed in `Hello`).
     pub(crate) max_message: u32,
-    /// The connection's two-sided link: its failure, timeout, in-flight count and engines.
+    /// The connection's two-sided link: its failure, timeout and engines.
     pub(crate) link: Arc<Link>,
     spin: Duration,
     shares: Vec<Share>,
@@ -145,7 +166,7 @@ impl Eager {
             max_message,
             link,
             spin,
-            shares: (0..channels.max(1)).map(|_| Share::default()).collect(),
+            shares: (0..channels.max(1)).map(|_| Share::new()).collect(),
         }
     }
 
@@ -164,15 +185,56 @@ impl Eager {
         &self.shares[usize::from(channel) % self.shares.len()]
     }
 
-    /// Sends queued on `channel`, not yet in a frame.
-    pub(crate) fn queued(&self, channel: u16) -> usize {
+    /// Whether sends of `channel` wait in its queue (read without the lock).
+    pub(crate) fn queued(&self, channel: u16) -> bool {
         self.share(channel).queued.load(Ordering::Acquire)
     }
 
-    /// Receives of `channel` waiting for their message, or for its engine to copy it in.
-    pub(crate) fn waiting(&self, channel: u16) -> usize {
+    /// Moves the sends queued on `channel` to the back of `into` (the engine's list), in
+    /// sequence order.
+    pub(crate) fn take_queued(&self, channel: u16, into: &mut VecDeque<Outgoing>) {
         let share = self.share(channel);
-        share.waiting.load(Ordering::Acquire) + share.matched.load(Ordering::Acquire)
+        let mut outbox = share.outbox();
+        if into.is_empty() {
+            // Swap rather than move: both lists keep their capacity, nothing is copied.
+            std::mem::swap(&mut outbox.queue, into);
+        } else {
+            into.append(&mut outbox.queue);
+        }
+        share.queued.store(false, Ordering::Release);
+    }
+
+    /// Counts `messages` sends of `channel` as on the wire (their frames were sent).
+    pub(crate) fn sent(&self, channel: u16, messages: usize) {
+        let mut outbox = self.share(channel).outbox();
+        outbox.unsent = outbox.unsent.saturating_sub(messages);
+    }
+
+    /// Small transfers accepted and not finished: sends not yet on the wire (including those
+    /// that finished when copied), receives not yet landed. 0 once the link failed.
+    fn in_flight(&self) -> usize {
+        if self.link.is_failed() {
+            return 0;
+        }
+        self.shares
+            .iter()
+            .map(|share| {
+                let unsent = share.outbox().unsent;
+                let inbox = share.inbox();
+                unsent + inbox.posted.len() + inbox.matched.len()
+            })
+            .sum()
+    }
+
+    /// Receives ever queued on `channel` to wait for their message (see
+    /// [`Eager::deliver`], which returns how many it took).
+    pub(crate) fn posted_total(&self, channel: u16) -> u64 {
+        self.share(channel).posted_total.load(Ordering::Acquire)
+    }
+
+    /// Whether early messages of `channel` wait for the engine to copy them in.
+    pub(crate) fn has_matched(&self, channel: u16) -> bool {
+        self.share(channel).matched.load(Ordering::Acquire) > 0
     }
 
     /// Copies in the early messages of `channel` whose receives have come since the last
@@ -193,72 +255,49 @@ impl Eager {
             share.matched.store(0, Ordering::Release);
         }
         for (seq, posted, bytes) in scratch.drain(..) {
-            self.land(channel, seq, &posted, &bytes);
+            self.land(channel, seq, posted, &bytes);
         }
         true
     }
 
-    /// Receives of `channel` posted and waiting for their message to arrive.
-    pub(crate) fn posted(&self, channel: u16) -> usize {
-        self.share(channel).waiting.load(Ordering::Acquire)
-    }
-
     /// Queues send `seq` of `len` bytes at `offset` in `region` (the caller holds the send
-    /// order, so each outbox stays in sequence order and frames carry rising numbers).
+    /// order, so each queue stays in sequence order and frames carry rising numbers). The
+    /// channel's engine copies it into a frame and finishes it then: its memory may be reused
+    /// once the transfer finishes, before the frame is on the wire, as after a socket `send`.
     pub(crate) fn send(&self, seq: u64, region: &Region, offset: usize, len: usize) -> Transfer {
         let completion = Arc::new(Completion::default());
-        let link = &self.link;
-        link.in_flight.fetch_add(1, Ordering::AcqRel);
+        let transfer = Transfer::new(completion.clone(), Direction::Send, len as u64, self.spin);
         let message = Outgoing {
             seq,
             region: region.clone(),
             offset,
             // `carries` checked it: at most 64 KiB.
             len: len as u32,
-            completion: completion.clone(),
-            deadline: Instant::now() + link.timeout,
+            completion,
+            deadline: None,
         };
         let channel = self.channel_of(seq);
         let share = self.share(channel);
         let was_empty = {
             let mut outbox = share.outbox();
-            outbox.push_back(message);
-            share.queued.store(outbox.len(), Ordering::Release);
-            outbox.len() == 1
+            outbox.queue.push_back(message);
+            outbox.unsent += 1;
+            let was_empty = outbox.queue.len() == 1;
+            if was_empty {
+                share.queued.store(true, Ordering::Release);
+            }
+            was_empty
         };
+        let link = &self.link;
         if was_empty {
-            // The channel's engine may be asleep; a busy one polls the count anyway.
+            // The channel's engine may be asleep; a busy one reads the flag anyway.
             link.wake_one(u64::from(channel));
         }
-        // A failure between the check and the push: the engines may have swept already.
+        // A failure between the caller's check and the push: the engines may have swept.
         if link.is_failed() {
             self.fail_all();
         }
-        Transfer::new(completion, Direction::Send, len as u64, self.spin)
-    }
-
-    /// Takes the sends queued on `channel` that fit one frame into `out` (in sequence order;
-    /// emptied first). Returns the payload bytes taken. Takes nothing while the application
-    /// is queuing (never blocks the engine; it comes back on its next pass).
-    pub(crate) fn take_frame(&self, channel: u16, out: &mut Vec<Outgoing>) -> usize {
-        out.clear();
-        let share = self.share(channel);
-        let mut payload = 0usize;
-        let mut outbox = match share.outbox.try_lock() {
-            Ok(outbox) => outbox,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return 0,
-        };
-        while let Some(next) = outbox.front() {
-            if !fits(out.len(), payload, next.len) {
-                break;
-            }
-            payload += next.len as usize;
-            // `front` was Some.
-            out.extend(outbox.pop_front());
-        }
-        share.queued.store(outbox.len(), Ordering::Release);
-        payload
+        transfer
     }
 
     /// Posts receive `seq` of `len` bytes into `region` at `offset` (the caller holds the
@@ -267,14 +306,13 @@ impl Eager {
     pub(crate) fn recv(&self, seq: u64, region: &Region, offset: usize, len: usize) -> Transfer {
         let completion = Arc::new(Completion::default());
         let link = &self.link;
-        link.in_flight.fetch_add(1, Ordering::AcqRel);
         let transfer = Transfer::new(completion.clone(), Direction::Recv, len as u64, self.spin);
         let posted = Posted {
             region: region.clone(),
             offset,
             len: len as u32,
             completion,
-            deadline: Instant::now() + link.timeout,
+            deadline: None,
         };
         let channel = self.channel_of(seq);
         let share = self.share(channel);
@@ -289,7 +327,7 @@ impl Eager {
                     channel,
                     format!("message #{head} arrived where #{seq} was due"),
                 );
-                self.finish(&posted.completion, Err(self.link.failure_or_closed()));
+                posted.completion.finish(Err(self.link.failure_or_closed()));
                 return transfer;
             }
             Some(_) => {
@@ -301,7 +339,7 @@ impl Eager {
             }
             None => {
                 inbox.posted.push_back((seq, posted));
-                share.waiting.store(inbox.posted.len(), Ordering::Release);
+                share.posted_total.fetch_add(1, Ordering::Release);
                 inbox.posted.len() == 1
             }
         };
@@ -320,20 +358,25 @@ impl Eager {
     /// until their receives come). `frame` is the frame's bytes, `messages` its decoded
     /// entries, `landed` the engine's reusable list. A message of another channel, or one out
     /// of its channel's sequence order, is a protocol violation; a length that differs from
-    /// its receive's fails the connection.
+    /// its receive's fails the connection. Returns how many waiting receives it took (see
+    /// [`Eager::posted_total`]).
     pub(crate) fn deliver(
         &self,
         channel: u16,
         frame: &[u8],
         messages: &[EagerMessage],
-        landed: &mut Vec<(u64, Posted, std::ops::Range<usize>)>,
-    ) {
+        landed: &mut Vec<(u64, Posted)>,
+    ) -> u64 {
         let share = self.share(channel);
         landed.clear();
         let mut violation = None;
         {
+            // Short: the application's next receive waits for this lock. The receives the
+            // frame's first messages match are taken in one go and checked after it.
             let mut inbox = share.inbox();
-            for m in messages {
+            let k = messages.len().min(inbox.posted.len());
+            landed.extend(inbox.posted.drain(..k));
+            for m in &messages[k..] {
                 let seq = m.entry.seq;
                 if self.channel_of(seq) != channel {
                     violation = Some(format!(
@@ -342,22 +385,11 @@ impl Eager {
                     ));
                     break;
                 }
-                let range = m.offset..m.offset + m.entry.len as usize;
-                if let Some(&(head, _)) = inbox.posted.front() {
-                    if head != seq {
-                        violation = Some(format!("message #{seq} arrived where #{head} was due"));
-                        break;
-                    }
-                    if let Some((_, posted)) = inbox.posted.pop_front() {
-                        landed.push((seq, posted, range));
-                    }
-                    continue;
-                }
                 if inbox.early.back().is_some_and(|&(last, _)| seq <= last) {
                     violation = Some(format!("message #{seq} arrived out of order"));
                     break;
                 }
-                inbox.early_bytes += range.len();
+                inbox.early_bytes += m.entry.len as usize;
                 if inbox.early_bytes > EARLY_BYTES_MAX {
                     violation = Some(format!(
                         "more than {EARLY_BYTES_MAX} bytes of messages ahead of this side's \
@@ -365,22 +397,34 @@ impl Eager {
                     ));
                     break;
                 }
+                let range = m.offset..m.offset + m.entry.len as usize;
                 inbox.early.push_back((seq, frame[range].to_vec()));
             }
-            share.waiting.store(inbox.posted.len(), Ordering::Release);
+        }
+        let taken = landed.len() as u64;
+        // Each taken receive must be the one its message was sent for.
+        let good = landed
+            .iter()
+            .zip(messages)
+            .position(|(&(due, _), m)| m.entry.seq != due)
+            .unwrap_or(landed.len());
+        if good < landed.len() {
+            let (due, got) = (landed[good].0, messages[good].entry.seq);
+            violation = Some(format!("message #{got} arrived where #{due} was due"));
         }
         if let Some(what) = violation {
             self.violation(channel, what);
-            // The receives taken off the queue before the bad entry fail with the connection.
-            let error = self.link.failure_or_closed();
-            for (_, posted, _) in landed.drain(..) {
-                self.finish(&posted.completion, Err(error.clone()));
+        }
+        for (i, ((seq, posted), m)) in landed.drain(..).zip(messages).enumerate() {
+            if i < good && !self.link.is_failed() {
+                let range = m.offset..m.offset + m.entry.len as usize;
+                self.land(channel, seq, posted, &frame[range]);
+            } else {
+                // Taken off the queue with or after a bad entry: fails with the connection.
+                posted.completion.finish(Err(self.link.failure_or_closed()));
             }
-            return;
         }
-        for (seq, posted, range) in landed.drain(..) {
-            self.land(channel, seq, &posted, &frame[range]);
-        }
+        taken
     }
 
     fn mismatch(&self, channel: u16, seq: u64, sent: usize, expected: u32) -> Error {
@@ -404,12 +448,12 @@ impl Eager {
 
     /// Copies a message into its receive's memory and finishes the receive; a length that
     /// differs from the receive's fails the connection.
-    fn land(&self, channel: u16, seq: u64, posted: &Posted, bytes: &[u8]) {
+    fn land(&self, channel: u16, seq: u64, posted: Posted, bytes: &[u8]) {
         if posted.len as usize != bytes.len() {
             let e = self.mismatch(channel, seq, bytes.len(), posted.len);
             // The connection fails first, so that whoever sees this receive fail sees why.
             self.link.fail(e.clone());
-            self.finish(&posted.completion, Err(e));
+            posted.completion.finish(Err(e));
             return;
         }
         let memory = posted.region.memory();
@@ -421,61 +465,56 @@ impl Eager {
             // CUDA memory: a synchronous copy through a host bounce (small messages only).
             posted.region.write(posted.offset, bytes)
         };
-        self.finish(&posted.completion, written.map(|()| bytes.len() as u64));
-    }
-
-    /// Finishes `completion` once, counting the transfer out of the link's in-flight total.
-    pub(crate) fn finish(&self, completion: &Completion, outcome: Result<u64>) {
-        if completion.finish(outcome) {
-            self.link.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
+        let Posted {
+            region, completion, ..
+        } = posted;
+        completion.finish_keeping(region, written.map(|()| bytes.len() as u64));
     }
 
     /// The oldest unfinished eager work of `channel` whose deadline has passed, if any,
     /// described for the timeout error.
     ///
-    /// Only the oldest of each kind is looked at: sends are queued and receives posted in
+    /// Only the oldest of each kind is looked at: sends wait and receives are posted in
     /// sequence order under the connection's order locks, so the lowest number has the
-    /// earliest deadline.
+    /// earliest deadline. A receive's deadline starts when a check first sees it oldest
+    /// (never earlier than its posting), which costs the posting thread no clock read.
     pub(crate) fn overdue(&self, channel: u16, now: Instant) -> Option<String> {
         let share = self.share(channel);
-        if share.queued.load(Ordering::Acquire) > 0 {
-            if let Some(m) = share.outbox().front() {
-                if now >= m.deadline {
+        let timeout = self.link.timeout;
+        {
+            let mut outbox = share.outbox();
+            if let Some(m) = outbox.queue.front_mut() {
+                if now >= *m.deadline.get_or_insert(now + timeout) {
                     return Some(format!("eager send #{} of {} bytes", m.seq, m.len));
                 }
             }
         }
-        if share.waiting.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let inbox = share.inbox();
-        inbox
-            .posted
-            .front()
-            .filter(|(_, p)| now >= p.deadline)
-            .map(|(seq, p)| format!("eager receive #{seq} of {} bytes", p.len))
+        let mut inbox = share.inbox();
+        let (seq, posted) = inbox.posted.front_mut()?;
+        let deadline = *posted.deadline.get_or_insert(now + timeout);
+        (now >= deadline).then(|| format!("eager receive #{seq} of {} bytes", posted.len))
     }
 
     /// Fails every queued send and waiting receive with the link's failure (or `Closed`),
-    /// and forgets early messages. Idempotent: every engine of the connection calls it when
-    /// the link fails, and the connection when it closes.
+    /// and forgets early messages (sends already copied into frames finished then, as a
+    /// socket write does before a reset). Idempotent: every engine of the connection calls
+    /// it when the link fails, and the connection when it closes.
     pub(crate) fn fail_all(&self) {
         let error = self.link.failure_or_closed();
         for share in &self.shares {
             let sends: Vec<Outgoing> = {
                 let mut outbox = share.outbox();
-                share.queued.store(0, Ordering::Release);
-                outbox.drain(..).collect()
+                outbox.unsent = 0;
+                share.queued.store(false, Ordering::Release);
+                outbox.queue.drain(..).collect()
             };
             for m in sends {
-                self.finish(&m.completion, Err(error.clone()));
+                m.completion.finish(Err(error.clone()));
             }
             let posted: Vec<Posted> = {
                 let mut inbox = share.inbox();
                 inbox.early.clear();
                 inbox.early_bytes = 0;
-                share.waiting.store(0, Ordering::Release);
                 share.matched.store(0, Ordering::Release);
                 let matched = std::mem::take(&mut inbox.matched);
                 std::mem::take(&mut inbox.posted)
@@ -485,8 +524,34 @@ impl Eager {
                     .collect()
             };
             for p in posted {
-                self.finish(&p.completion, Err(error.clone()));
+                p.completion.finish(Err(error.clone()));
             }
         }
+    }
+}
+
+/// Copies `len` bytes at `offset` of `region` into `buffer` at `at` (host memory: one
+/// memcpy; CUDA memory: a synchronous copy through the driver, small messages only).
+pub(crate) fn copy_in(
+    region: &Region,
+    offset: usize,
+    buffer: &SharedMemory,
+    at: usize,
+    len: usize,
+) -> std::result::Result<(), String> {
+    let memory = region.memory();
+    if memory.kind() == tcpx::MemoryKind::Host {
+        SharedMemory::copy(memory, offset, buffer, at, len).map_err(|e| e.to_string())
+    } else {
+        buffer
+            .with_bytes_mut(|bytes| region.read(offset, &mut bytes[at..at + len]))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Pending for Eager {
+    fn pending(&self) -> usize {
+        self.in_flight()
     }
 }

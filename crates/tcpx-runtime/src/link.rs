@@ -36,6 +36,20 @@ pub(crate) enum Signal {
 pub(crate) trait Wake: Send + Sync {
     /// Delivers `signal` if there is room for it.
     fn wake(&self, signal: Signal);
+
+    /// Wakes the engine only if it is asleep or going to sleep: for work it finds by itself
+    /// while awake (eager queues), where a signal per message would cost every message a
+    /// queue operation on both threads.
+    fn nudge(&self) {
+        self.wake(Signal::Wake);
+    }
+}
+
+/// Transfers a link carries outside its in-flight counter (eager frames count theirs under
+/// their own locks, so that no counter shared by every engine is written per message).
+pub(crate) trait Pending: Send + Sync {
+    /// Transfers accepted and not finished.
+    fn pending(&self) -> usize;
 }
 
 /// The shared state of one connection.
@@ -60,8 +74,10 @@ pub(crate) struct Link {
     pub(crate) counters: Vec<Arc<ChannelCounters>>,
     /// Registrations of application regions on this link's comms.
     pub(crate) registrations: Arc<RegistrationCache>,
-    /// Transfers submitted and not finished.
+    /// Transfers submitted and not finished (see also `pending`).
     pub(crate) in_flight: AtomicUsize,
+    /// Transfers counted elsewhere: the connection's eager frames, if any.
+    pending: OnceLock<Weak<dyn Pending>>,
     /// The other link of the same connection (two-sided ↔ one-sided): failing either fails
     /// both, and a departed peer is departed on both.
     partner: OnceLock<Weak<Link>>,
@@ -107,6 +123,7 @@ impl Link {
                 .collect(),
             registrations: Arc::new(RegistrationCache::default()),
             in_flight: AtomicUsize::new(0),
+            pending: OnceLock::new(),
             partner: OnceLock::new(),
             events,
         }
@@ -235,16 +252,32 @@ impl Link {
         })
     }
 
+    /// Counts `pending`'s transfers in [`Link::in_flight_total`] (once).
+    pub(crate) fn count_pending(&self, pending: Weak<dyn Pending>) {
+        let _ = self.pending.set(pending);
+    }
+
+    /// Transfers submitted and not finished, those counted elsewhere included.
+    pub(crate) fn in_flight_total(&self) -> usize {
+        let elsewhere = self
+            .pending
+            .get()
+            .and_then(Weak::upgrade)
+            .map_or(0, |p| p.pending());
+        self.in_flight.load(Ordering::Acquire) + elsewhere
+    }
+
     /// When and why the peer left, if it did.
     pub(crate) fn peer_gone(&self) -> Option<&(Instant, String)> {
         self.peer_gone.get()
     }
 
-    /// Wakes one engine of the link (`k` modulo their count), without blocking.
+    /// Wakes one engine of the link (`k` modulo their count) if it sleeps, without blocking
+    /// (see [`Wake::nudge`]): the caller has published work that engine finds by itself.
     pub(crate) fn wake_one(&self, k: u64) {
         if !self.engines.is_empty() {
             let i = (k % self.engines.len() as u64) as usize;
-            self.engines[i].wake(Signal::Wake);
+            self.engines[i].nudge();
         }
     }
 

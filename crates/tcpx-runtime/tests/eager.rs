@@ -285,3 +285,74 @@ fn a_receiver_far_behind_its_sender_still_gets_every_message() {
         }
     });
 }
+
+/// A small send finishes once its bytes are copied into a frame, before any receive is
+/// posted: the sender may overwrite its buffer at once, and the receiver gets the bytes as
+/// they were when the send was made.
+#[test]
+fn a_small_send_finishes_when_copied_and_its_buffer_is_free_again() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(2, 16 << 10), eager_config(2, 16 << 10));
+    let (count, len) = (200usize, 1000usize);
+    let src = a.alloc_host(len).unwrap();
+    for i in 0..count {
+        src.memory().write_at(0, &vec![i as u8; len]).unwrap();
+        let send = ab.send(&src, 0, len).unwrap();
+        // No receive is posted yet: the send still finishes (its bytes are in a frame).
+        assert_eq!(send.wait(DEADLINE).unwrap(), len as u64, "send {i}");
+    }
+    let dst = b.alloc_host(count * len).unwrap();
+    let recvs: Vec<_> = (0..count)
+        .map(|i| ba.recv(&dst, i * len, len).unwrap())
+        .collect();
+    for (i, r) in recvs.iter().enumerate() {
+        assert_eq!(r.wait(DEADLINE).unwrap(), len as u64, "receive {i}");
+    }
+    let got = snapshot(&dst);
+    for (i, message) in got.chunks_exact(len).enumerate() {
+        assert!(
+            message.iter().all(|&x| x == i as u8),
+            "message {i} does not hold the bytes it was sent with"
+        );
+    }
+    assert_eq!(ab.in_flight() + ba.in_flight(), 0);
+}
+
+/// A receiver that never receives: the sender's frames stop being taken, its later small
+/// sends wait for a frame, and the connection ends in a timeout that says what was stuck —
+/// never a hang, and never sends reported done forever.
+#[test]
+fn small_sends_to_a_receiver_that_never_receives_end_in_a_timeout() {
+    loopback();
+    let mut short = eager_config(2, 64 << 10);
+    short.timeout = Duration::from_millis(1500);
+    let (a, _b, ab, _ba) = pair_with(short, eager_config(2, 64 << 10));
+    let len = 64 << 10;
+    let src = source(&a, len, 3);
+    let started = Instant::now();
+    let mut error = None;
+    // Far more than socket buffers and frames hold (a few MiB per comm).
+    for i in 0..8192 {
+        match ab.send(&src, 0, len) {
+            Ok(t) => {
+                if i % 64 == 63 {
+                    if let Err(e) = t.wait(DEADLINE) {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    let error = error.expect("every send finished although nothing was received");
+    assert!(started.elapsed() < Duration::from_secs(30), "{error:?}");
+    assert!(
+        matches!(&error, Error::Timeout { what, .. } if what.contains("eager"))
+            || matches!(&error, Error::PeerClosed { .. }),
+        "{error:?}"
+    );
+}

@@ -343,8 +343,8 @@ impl SharedMemory {
                 ));
             }
         }
-        let _reading = src.begin_operation(API)?;
-        let _writing = dst.begin_operation(API)?;
+        let _reading = src.borrow_operation(API)?;
+        let _writing = dst.borrow_operation(API)?;
         for (src_offset, dst_offset, len) in ranges {
             src.check_range(API, src_offset, len)?;
             dst.check_range(API, dst_offset, len)?;
@@ -371,7 +371,7 @@ impl SharedMemory {
         const API: &str = "SharedMemory::read_at";
         self.check_host(API)?;
         self.check_range(API, offset, out.len())?;
-        let _reading = self.begin_operation(API)?;
+        let _reading = self.borrow_operation(API)?;
         // SAFETY: the range lies inside host memory that outlives the token; no Rust slice of
         // it exists (the token excludes CPU_ACCESS, which every slice of it holds), so `out`
         // cannot point into it and the ranges do not overlap.
@@ -387,7 +387,7 @@ impl SharedMemory {
         const API: &str = "SharedMemory::write_at";
         self.check_host(API)?;
         self.check_range(API, offset, bytes.len())?;
-        let _writing = self.begin_operation(API)?;
+        let _writing = self.borrow_operation(API)?;
         // SAFETY: as in `read_at`: the range is inside live host memory of which no Rust
         // slice exists (the token excludes CPU_ACCESS), so `bytes` cannot overlap it.
         unsafe {
@@ -431,6 +431,25 @@ impl SharedMemory {
 
     /// Marks one operation in flight; the returned token ends it when dropped.
     pub(crate) fn begin_operation(&self, api: &'static str) -> Result<InFlight> {
+        self.count_operation(api)?;
+        Ok(InFlight {
+            memory: self.clone(),
+        })
+    }
+
+    /// [`SharedMemory::begin_operation`] for a copy that ends before the call returns: the
+    /// token borrows the memory instead of holding a clone. The eager path copies every small
+    /// message with it, and several threads copy out of one application buffer at once, so a
+    /// reference-count increment and decrement per copy would bounce one more cache line
+    /// between their cores.
+    fn borrow_operation(&self, api: &'static str) -> Result<Operation<'_>> {
+        self.count_operation(api)?;
+        Ok(Operation {
+            state: &self.shared.state,
+        })
+    }
+
+    fn count_operation(&self, api: &'static str) -> Result<()> {
         let state = &self.shared.state;
         let mut current = state.load(Ordering::Relaxed);
         loop {
@@ -447,11 +466,7 @@ impl SharedMemory {
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    return Ok(InFlight {
-                        memory: self.clone(),
-                    })
-                }
+                Ok(_) => return Ok(()),
                 Err(actual) => current = actual,
             }
         }
@@ -465,6 +480,17 @@ struct CpuGuard<'a> {
 impl Drop for CpuGuard<'_> {
     fn drop(&mut self) {
         self.state.store(0, Ordering::Release);
+    }
+}
+
+/// A copy in progress on a memory (see [`SharedMemory::borrow_operation`]).
+struct Operation<'a> {
+    state: &'a AtomicIsize,
+}
+
+impl Drop for Operation<'_> {
+    fn drop(&mut self) {
+        self.state.fetch_sub(1, Ordering::Release);
     }
 }
 

@@ -92,9 +92,9 @@ impl Connection {
             .map(|e| e.sender().clone())
             .collect();
         let wakers = || {
-            engines
+            shared.engines[..used_slots]
                 .iter()
-                .map(|e| Box::new(e.clone()) as Box<dyn Wake>)
+                .map(|e| Box::new(e.waker()) as Box<dyn Wake>)
                 .collect()
         };
         // Spread a lone small transfer over as many channels as both sides drive at once.
@@ -156,6 +156,10 @@ impl Connection {
                 channels,
             ))
         });
+        if let Some(eager) = &eager {
+            let eager: Arc<dyn crate::link::Pending> = eager.clone();
+            link.count_pending(Arc::downgrade(&eager));
+        }
         let mut conn = Self {
             link: link.clone(),
             carrier: carrier.clone(),
@@ -302,7 +306,7 @@ impl Connection {
     /// Transfers submitted and not finished: two-sided ones, one-sided operations this side
     /// initiated, and the data jobs of operations it serves for the peer.
     pub fn in_flight(&self) -> usize {
-        self.link.in_flight.load(Ordering::Acquire)
+        self.link.in_flight_total()
             + self.rma.link.in_flight.load(Ordering::Acquire)
             + self.rma.pending_count()
     }
@@ -384,8 +388,10 @@ impl Connection {
     ///
     /// A message of at most the connection's eager size ([`Connection::eager_bytes`]) is
     /// copied into an eager frame with whatever other small messages are queued, and sent
-    /// with them as one plugin request (see [`crate::Config::eager_bytes`]); its transfer
-    /// completes once that frame is sent. Do not change its bytes before then.
+    /// with them as one plugin request (see [`crate::Config::eager_bytes`]). Its transfer
+    /// finishes when its bytes are copied into the frame, usually before the frame is on the
+    /// wire (as a socket `send` returns once the kernel has the bytes); do not change them
+    /// before then.
     pub fn send(&self, region: &Region, offset: usize, len: usize) -> Result<Transfer> {
         if let Some(eager) = self.eager.as_ref().filter(|e| e.carries(len)) {
             if let Some(e) = self.link.refusal() {

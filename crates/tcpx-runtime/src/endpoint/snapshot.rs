@@ -59,7 +59,7 @@ pub(super) fn snapshot(shared: &EndpointShared, rejections: &Rejections) -> Metr
             ConnectionMetrics {
                 id: link.id,
                 peer: link.peer,
-                in_flight: link.in_flight.load(Ordering::Relaxed) as u64,
+                in_flight: link.in_flight_total() as u64,
                 failed: link.is_failed(),
                 channels: all,
             }

@@ -1,13 +1,17 @@
-//! One eager channel inside its engine: a send comm that carries frames of queued small
-//! messages, and a receive comm that keeps frames posted and hands their messages to the
-//! connection's receives (see [`crate::eager`] for why).
+//! One eager channel inside its engine: a send comm that carries frames of small messages,
+//! and a receive comm that keeps frames posted and hands their messages to the connection's
+//! receives (see [`crate::eager`] for why).
 //!
-//! Each side owns a few frame buffers of [`EAGER_FRAME_BYTES`], registered once on their
-//! comm when the channel is made, so that the path neither allocates nor registers per
-//! frame. A send frame is filled only when it is free and the comm has fewer than
-//! [`SEND_FRAMES`] frames in flight: while they are, messages queue in the channel's outbox
-//! and the next frame takes them all — that is where aggregation comes from. Receive frames
-//! are tested only while a receive of the channel waits (see [`EagerChannel::pump`]).
+//! Each side owns a few frame buffers, registered once on their comm when the channel is
+//! made, so that the path neither allocates nor registers per frame. The engine takes the
+//! channel's queued sends, copies them into its open frame and finishes each send as it is
+//! copied (its memory may be reused then, as after a socket `send`); the open frame goes out
+//! as soon as fewer than [`SEND_FRAMES`] are in flight. While they are, messages gather in
+//! the open frame and the ones closed behind it: that is where aggregation comes from. Receive
+//! frames are tested only while a receive of the channel waits (see [`EagerChannel::pump`]).
+//!
+//! A send frame's header is written when it closes, ending where the payload begins
+//! ([`FRAME_HEAD`]): the frame is sent from there, in the wire format, with no second copy.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,18 +19,25 @@ use std::time::Instant;
 
 use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMemory};
 use tcpx_proto::eager::{
-    decode, header_len, write_header, EagerEntry, EagerMessage, EAGER_FRAME_BYTES,
+    decode, fits, header_len, write_header, EagerEntry, EagerMessage, EAGER_ENTRY_BYTES,
+    EAGER_FRAME_BYTES, EAGER_HEADER_BYTES, EAGER_MAX_MESSAGES,
 };
 
 use super::channel::LinkFailed;
-use crate::eager::{Eager, Outgoing, Posted};
+use crate::eager::{copy_in, Eager, Outgoing, Posted};
 use crate::error::{Direction, Error};
 use crate::link::Link;
-use crate::transfer::Completion;
 
-/// Send frames per eager comm: how many may be in flight at once. Few, so that a busy
-/// connection's messages gather into frames rather than spread one per request.
+/// Send frames per eager comm in flight at once. Few, so that a busy connection's messages
+/// gather into frames rather than spread one per request.
 pub(crate) const SEND_FRAMES: usize = 2;
+
+/// Send frame buffers per eager comm: those in flight, the open one, and one closed behind
+/// it, so that copying (and finishing sends) goes on while frames are on the wire.
+const SEND_BUFFERS: usize = SEND_FRAMES + 2;
+
+/// Where a send buffer's payload starts: room for the largest header before it.
+const FRAME_HEAD: usize = EAGER_HEADER_BYTES + EAGER_ENTRY_BYTES * EAGER_MAX_MESSAGES;
 
 /// Receive frames kept posted per eager comm.
 pub(crate) const RECV_FRAMES: usize = 4;
@@ -39,14 +50,24 @@ pub(crate) struct NewEagerChannel {
     pub(crate) recv: RecvComm,
 }
 
-struct SendFrame {
+struct SendBuffer {
     memory: SharedMemory,
     region: MemoryRegion,
-    /// The frame's length once filled and not yet posted (the plugin was busy).
-    ready: Option<usize>,
+    /// Entries of the messages copied in, and their bytes.
+    entries: Vec<EagerEntry>,
+    payload: usize,
+}
+
+/// A closed send frame: posted (with its request) or waiting for room.
+struct Closed {
+    buffer: usize,
+    /// Where the frame starts in its buffer, and its length.
+    start: usize,
+    len: usize,
     request: Option<SendRequest>,
-    /// The completions of the messages it carries, and their lengths.
-    carried: Vec<(Arc<Completion>, u32)>,
+    /// When it was posted: a frame the peer does not take within the link's timeout fails
+    /// the connection, as the sends it carries would have.
+    posted_at: Instant,
 }
 
 struct RecvFrame {
@@ -61,24 +82,34 @@ pub(crate) struct EagerChannel {
     pub(crate) index: u16,
     send: SendComm,
     recv: RecvComm,
-    send_frames: Vec<SendFrame>,
-    /// Send frames posted, oldest first (the plugin completes them in order).
-    sending: VecDeque<usize>,
+    send_buffers: Vec<SendBuffer>,
+    /// Buffers neither open nor closed.
+    free: Vec<usize>,
+    /// The buffer messages are copied into.
+    open: Option<usize>,
+    /// Closed frames, oldest first: posted ones (the plugin completes them in order), then
+    /// those waiting for room.
+    closed: VecDeque<Closed>,
+    /// Sends taken from the connection's queue and not yet copied, oldest first.
+    taken: VecDeque<Outgoing>,
     recv_frames: Vec<RecvFrame>,
     /// Receive frames posted, oldest first.
     receiving: VecDeque<usize>,
-    /// Scratch for the messages a frame takes and the entries a frame carries.
-    taken: Vec<Outgoing>,
-    entries: Vec<EagerEntry>,
+    /// Receives of this channel this engine took off the inbox's queue, and the last total
+    /// it read of those queued ([`Eager::posted_total`]): while the latter is ahead, a
+    /// receive waits, and the application's counter need not be read again.
+    recvs_taken: u64,
+    recvs_seen: u64,
+    /// Scratch: decoded messages and the receives they land in.
     decoded: Vec<EagerMessage>,
     matched: Vec<(u64, Posted, Vec<u8>)>,
-    landed: Vec<(u64, Posted, std::ops::Range<usize>)>,
+    landed: Vec<(u64, Posted)>,
     /// When a frame last completed (peer-gone detection).
     pub(crate) progress_at: Instant,
 }
 
 impl EagerChannel {
-    /// Makes the channel's frames and registers them on its comms.
+    /// Makes the channel's frame buffers and registers them on its comms.
     pub(crate) fn new(new: NewEagerChannel) -> tcpx::Result<Self> {
         let NewEagerChannel {
             eager,
@@ -86,16 +117,15 @@ impl EagerChannel {
             send,
             recv,
         } = new;
-        let send_frames = (0..SEND_FRAMES)
+        let send_buffers = (0..SEND_BUFFERS)
             .map(|_| {
-                let memory = SharedMemory::host(EAGER_FRAME_BYTES)?;
+                let memory = SharedMemory::host(FRAME_HEAD + EAGER_FRAME_BYTES)?;
                 let region = send.register(&memory)?;
-                Ok(SendFrame {
+                Ok(SendBuffer {
                     memory,
                     region,
-                    ready: None,
-                    request: None,
-                    carried: Vec::new(),
+                    entries: Vec::with_capacity(EAGER_MAX_MESSAGES),
+                    payload: 0,
                 })
             })
             .collect::<tcpx::Result<Vec<_>>>()?;
@@ -115,12 +145,15 @@ impl EagerChannel {
             index,
             send,
             recv,
-            send_frames,
-            sending: VecDeque::with_capacity(SEND_FRAMES),
+            send_buffers,
+            free: (0..SEND_BUFFERS).rev().collect(),
+            open: None,
+            closed: VecDeque::with_capacity(SEND_BUFFERS),
+            taken: VecDeque::new(),
             recv_frames,
             receiving: VecDeque::with_capacity(RECV_FRAMES),
-            taken: Vec::new(),
-            entries: Vec::new(),
+            recvs_taken: 0,
+            recvs_seen: 0,
             decoded: Vec::new(),
             matched: Vec::new(),
             landed: Vec::new(),
@@ -136,24 +169,44 @@ impl EagerChannel {
     /// Whether anything is queued, in flight or waited for: the engine keeps polling (and
     /// checks deadlines) while it is. Frames posted with no receive waiting are not work:
     /// an idle connection lets its engines sleep, and a receive wakes them.
-    pub(crate) fn has_work(&self) -> bool {
-        self.has_send_work() || self.eager.waiting(self.index) > 0
+    pub(crate) fn has_work(&mut self) -> bool {
+        self.has_send_work() || self.receive_waits() || self.eager.has_matched(self.index)
     }
 
-    /// Frames in flight or filled, or messages queued for this channel.
+    /// Frames closed or in flight, messages copied or to copy.
     fn has_send_work(&self) -> bool {
-        !self.sending.is_empty()
-            || self.send_frames.iter().any(|f| f.ready.is_some())
-            || self.eager.queued(self.index) > 0
+        !self.closed.is_empty()
+            || !self.taken.is_empty()
+            || self.open.is_some()
+            || self.eager.queued(self.index)
     }
 
-    /// One pass: fill and post send frames, test the oldest of each side, keep receive
-    /// frames posted while a receive waits, copy in early messages whose receives came.
-    /// Returns whether anything moved. An idle channel makes no plugin call.
+    /// Whether a receive of this channel waits for its message (reads the application's
+    /// counter only when the receives known of are all taken).
+    fn receive_waits(&mut self) -> bool {
+        // A frame may take receives queued after the last read: `taken` can pass `seen`.
+        if self.recvs_seen <= self.recvs_taken {
+            self.recvs_seen = self.eager.posted_total(self.index);
+        }
+        self.recvs_seen > self.recvs_taken
+    }
+
+    /// The oldest frame in flight, if it has been longer than the link's timeout.
+    pub(crate) fn overdue_frame(&self, now: Instant) -> Option<String> {
+        let oldest = self.closed.front().filter(|c| c.request.is_some())?;
+        (now >= oldest.posted_at + self.link().timeout).then(|| {
+            let messages = self.send_buffers[oldest.buffer].entries.len();
+            format!("eager frame of {messages} messages, not taken by the peer")
+        })
+    }
+
+    /// One pass: retire sent frames and post new ones, test the oldest receive frame while a
+    /// receive waits, copy in early messages whose receives came. Returns whether anything
+    /// moved. An idle channel makes no plugin call.
     pub(crate) fn pump(&mut self) -> Result<bool, LinkFailed> {
         if self.link().is_failed() {
             // Abandoned already (nothing posted): nothing to do until the link is removed.
-            if self.sending.is_empty() && self.receiving.is_empty() {
+            if self.closed.is_empty() && self.receiving.is_empty() {
                 return Ok(false);
             }
             return Err(LinkFailed);
@@ -178,56 +231,156 @@ impl EagerChannel {
     }
 
     fn pump_send(&mut self) -> Result<bool, LinkFailed> {
-        let mut moved = false;
-        // Retire finished frames, oldest first.
-        while let Some(&i) = self.sending.front() {
-            let frame = &mut self.send_frames[i];
-            let Some(request) = frame.request.as_mut() else {
-                self.sending.pop_front();
-                continue;
+        let mut moved = self.retire_sent()?;
+        if self.taken.is_empty() && self.eager.queued(self.index) {
+            self.eager.take_queued(self.index, &mut self.taken);
+        }
+        moved |= self.copy_taken()?;
+        moved |= self.post_closed()?;
+        Ok(moved)
+    }
+
+    /// Retires sent frames, oldest first: their buffers become free.
+    fn retire_sent(&mut self) -> Result<bool, LinkFailed> {
+        let mut messages = 0;
+        let mut bytes = 0u64;
+        while let Some(oldest) = self.closed.front_mut() {
+            let Some(request) = oldest.request.as_mut() else {
+                break;
             };
             match self.send.test(request) {
                 Ok(Some(_)) => {
-                    frame.request = None;
-                    // Counted before the sends finish, so that whoever sees a send complete
-                    // sees its bytes in the stats. Channel `index`'s counters: this engine owns
-                    // both the channel and its eager channel (one writer).
-                    let bytes = frame.carried.iter().map(|&(_, len)| u64::from(len)).sum();
-                    if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
-                        counters.sent(bytes);
-                    }
-                    for (completion, len) in frame.carried.drain(..) {
-                        self.eager.finish(&completion, Ok(u64::from(len)));
-                    }
-                    self.sending.pop_front();
+                    let b = oldest.buffer;
+                    self.closed.pop_front();
+                    let buffer = &mut self.send_buffers[b];
+                    messages += buffer.entries.len();
+                    bytes += buffer.payload as u64;
+                    buffer.entries.clear();
+                    buffer.payload = 0;
+                    self.free.push(b);
                     self.progress_at = Instant::now();
-                    moved = true;
                 }
                 Ok(None) => break,
                 Err(e) => return Err(self.plugin_error(Direction::Send, e)),
             }
         }
-        // Post frames filled earlier while the plugin was busy, then fill free ones.
-        for i in 0..self.send_frames.len() {
-            if self.send_frames[i].request.is_some() {
+        if messages == 0 {
+            return Ok(false);
+        }
+        // Channel `index`'s counters: this engine owns both the channel and its eager channel
+        // (one writer).
+        if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
+            counters.sent(bytes);
+        }
+        self.eager.sent(self.index, messages);
+        Ok(true)
+    }
+
+    /// Copies taken sends into the open frame (opening and closing frames as they fill) and
+    /// finishes them, until they are all copied or every buffer is closed.
+    fn copy_taken(&mut self) -> Result<bool, LinkFailed> {
+        let mut moved = false;
+        while let Some(m) = self.taken.front() {
+            let b = match self.open {
+                Some(b) => b,
+                None => match self.free.pop() {
+                    Some(b) => {
+                        self.open = Some(b);
+                        b
+                    }
+                    None => break,
+                },
+            };
+            let buffer = &mut self.send_buffers[b];
+            if !fits(buffer.entries.len(), buffer.payload, m.len) {
+                self.close_open()?;
                 continue;
             }
-            if self.send_frames[i].ready.is_none() {
-                if self.eager.queued(self.index) == 0 {
-                    continue;
+            let at = FRAME_HEAD + buffer.payload;
+            if let Err(e) = copy_in(&m.region, m.offset, &buffer.memory, at, m.len as usize) {
+                // The receive this message matches would wait forever: the connection fails.
+                let e = Error::InvalidArgument(format!("eager send #{}: {e}", m.seq));
+                m.completion.finish(Err(e.clone()));
+                self.link().fail(e);
+                return Err(LinkFailed);
+            }
+            buffer.entries.push(EagerEntry {
+                seq: m.seq,
+                len: m.len,
+            });
+            buffer.payload += m.len as usize;
+            if let Some(m) = self.taken.pop_front() {
+                let Outgoing {
+                    region,
+                    completion,
+                    len,
+                    ..
+                } = m;
+                completion.finish_keeping(region, Ok(u64::from(len)));
+            }
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Closes the open frame: writes its header in front of its payload.
+    fn close_open(&mut self) -> Result<(), LinkFailed> {
+        let Some(b) = self.open.take() else {
+            return Ok(());
+        };
+        let buffer = &self.send_buffers[b];
+        if buffer.entries.is_empty() {
+            self.free.push(b);
+            return Ok(());
+        }
+        let head = header_len(buffer.entries.len());
+        let start = FRAME_HEAD - head;
+        let written = buffer.memory.with_bytes_mut(|bytes| {
+            write_header(&buffer.entries, &mut bytes[start..FRAME_HEAD]);
+        });
+        if let Err(e) = written {
+            self.link()
+                .fail(Error::Internal(format!("eager frame busy: {e}")));
+            return Err(LinkFailed);
+        }
+        self.closed.push_back(Closed {
+            buffer: b,
+            start,
+            len: head + buffer.payload,
+            request: None,
+            posted_at: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Posts closed frames, and the open one when nothing else waits, while fewer than
+    /// [`SEND_FRAMES`] are in flight: a lone message leaves at once.
+    fn post_closed(&mut self) -> Result<bool, LinkFailed> {
+        let mut moved = false;
+        loop {
+            let posted = self
+                .closed
+                .iter()
+                .take_while(|c| c.request.is_some())
+                .count();
+            if posted >= SEND_FRAMES {
+                break;
+            }
+            if posted == self.closed.len() {
+                if self.open.is_none() {
+                    break;
                 }
-                self.fill(i)?;
-                if self.send_frames[i].ready.is_none() {
-                    continue;
+                self.close_open()?;
+                if posted == self.closed.len() {
+                    break;
                 }
             }
-            let frame = &mut self.send_frames[i];
-            let len = frame.ready.unwrap_or(0);
-            match self.send.isend(&frame.region, 0, len, 0) {
+            let next = &mut self.closed[posted];
+            let region = &self.send_buffers[next.buffer].region;
+            match self.send.isend(region, next.start, next.len, 0) {
                 Ok(Some(request)) => {
-                    frame.request = Some(request);
-                    frame.ready = None;
-                    self.sending.push_back(i);
+                    next.request = Some(request);
+                    next.posted_at = Instant::now();
                     moved = true;
                 }
                 Ok(None) => break,
@@ -235,60 +388,6 @@ impl EagerChannel {
             }
         }
         Ok(moved)
-    }
-
-    /// Fills free send frame `i` with queued messages (header, then their bytes).
-    fn fill(&mut self, i: usize) -> Result<(), LinkFailed> {
-        let payload = self.eager.take_frame(self.index, &mut self.taken);
-        if self.taken.is_empty() {
-            return Ok(());
-        }
-        self.entries.clear();
-        self.entries.extend(self.taken.iter().map(Outgoing::entry));
-        let head = header_len(self.entries.len());
-        let frame = &mut self.send_frames[i];
-        let taken = &self.taken;
-        let entries = &self.entries;
-        let gathered = frame.memory.with_bytes_mut(|bytes| {
-            write_header(entries, bytes);
-            let mut at = head;
-            for m in taken {
-                let out = &mut bytes[at..at + m.len as usize];
-                let memory = m.region.memory();
-                let read = if memory.kind() == tcpx::MemoryKind::Host {
-                    memory
-                        .read_at(m.offset, out)
-                        .map_err(|e| Error::InvalidArgument(format!("eager send #{}: {e}", m.seq)))
-                } else {
-                    // CUDA memory: a synchronous copy through a host bounce.
-                    m.region.read(m.offset, out)
-                };
-                read?;
-                at += m.len as usize;
-            }
-            Ok::<(), Error>(())
-        });
-        let outcome = gathered
-            .map_err(|e| Error::Internal(format!("eager frame busy: {e}")))
-            .and_then(|r| r);
-        match outcome {
-            Ok(()) => {
-                frame.carried.clear();
-                frame
-                    .carried
-                    .extend(self.taken.drain(..).map(|m| (m.completion, m.len)));
-                frame.ready = Some(head + payload);
-                Ok(())
-            }
-            Err(e) => {
-                // The receives these messages match would wait forever: the connection fails.
-                for m in self.taken.drain(..) {
-                    self.eager.finish(&m.completion, Err(e.clone()));
-                }
-                self.eager.link.fail(e);
-                Err(LinkFailed)
-            }
-        }
     }
 
     /// Tests and posts receive frames only while a receive of this channel waits for its
@@ -299,11 +398,11 @@ impl EagerChannel {
     /// plugin call (a `recv` syscall on the socket plugin) of testing an idle comm.
     fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
         let mut moved = self.eager.land_matched(self.index, &mut self.matched);
-        if self.eager.posted(self.index) == 0 {
+        if !self.receive_waits() {
             return Ok(moved);
         }
         while let Some(&i) = self.receiving.front() {
-            if self.eager.posted(self.index) == 0 {
+            if !self.receive_waits() {
                 break;
             }
             let frame = &mut self.recv_frames[i];
@@ -359,18 +458,24 @@ impl EagerChannel {
                     if let Some(counters) = eager.link.counters.get(usize::from(index)) {
                         counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
                     }
-                    eager.deliver(index, frame, decoded, landed);
-                    true
+                    Some(eager.deliver(index, frame, decoded, landed))
                 }
                 Err(e) => {
                     eager.violation(index, e.to_string());
-                    false
+                    None
                 }
             }
         });
         match read {
-            Ok(true) if !self.link().is_failed() => Ok(()),
-            Ok(_) => Err(LinkFailed),
+            Ok(Some(taken)) => {
+                self.recvs_taken += taken;
+                if self.link().is_failed() {
+                    Err(LinkFailed)
+                } else {
+                    Ok(())
+                }
+            }
+            Ok(None) => Err(LinkFailed),
             Err(e) => {
                 self.link()
                     .fail(Error::Internal(format!("eager frame busy: {e}")));
@@ -383,14 +488,12 @@ impl EagerChannel {
     /// link failed or closed). The frames' requests are dropped with the channel's comms.
     pub(crate) fn abandon(&mut self) {
         let error = self.link().failure_or_closed();
-        for frame in &mut self.send_frames {
-            frame.request = None;
-            frame.ready = None;
-            for (completion, _) in frame.carried.drain(..) {
-                self.eager.finish(&completion, Err(error.clone()));
-            }
+        // Sends copied into frames finished then; those taken and not copied fail.
+        self.closed.clear();
+        self.open = None;
+        for m in self.taken.drain(..) {
+            m.completion.finish(Err(error.clone()));
         }
-        self.sending.clear();
         // Receive frames are always posted: dropping them is this comm's normal end.
         self.recv.closing();
         for frame in &mut self.recv_frames {

@@ -23,11 +23,13 @@ pub(crate) mod pin;
 pub(crate) mod stage;
 pub(crate) mod unpack;
 
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam_utils::CachePadded;
 use tcpx::{RecvComm, SendComm, SharedMemory};
 
 use crate::config::Backoff;
@@ -102,17 +104,34 @@ pub(crate) enum Command {
     Shutdown,
 }
 
-/// Links wake an engine through its command queue, without blocking: a signal lost to a full
-/// queue is covered by the engine's health check.
-impl Wake for Sender<Command> {
+/// How links wake an engine: through its command queue, without blocking (a signal lost to a
+/// full queue is covered by the engine's health check); a nudge only while it is parked.
+#[derive(Clone)]
+pub(crate) struct Waker {
+    tx: Sender<Command>,
+    parked: Arc<CachePadded<AtomicBool>>,
+}
+
+impl Wake for Waker {
     fn wake(&self, signal: Signal) {
-        let _ = self.try_send(Command::Signal(signal));
+        let _ = self.tx.try_send(Command::Signal(signal));
+    }
+
+    fn nudge(&self) {
+        // Pairs with the fence in `Engine::park`: either the engine's last look for work
+        // sees what the caller published before this, or this sees the engine parked.
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
+            self.wake(Signal::Wake);
+        }
     }
 }
 
 /// The application side of an engine thread.
 pub(crate) struct EngineHandle {
     tx: Sender<Command>,
+    /// Set while the engine sleeps waiting for a command (see [`Waker::nudge`]).
+    parked: Arc<CachePadded<AtomicBool>>,
     thread: Option<JoinHandle<()>>,
     /// The plugin device this engine serves.
     pub(crate) device: usize,
@@ -139,6 +158,8 @@ impl EngineHandle {
         lease: Option<CoreLease>,
     ) -> Result<Self> {
         let (tx, rx) = crossbeam_channel::bounded(COMMAND_QUEUE);
+        let parked = Arc::new(CachePadded::new(AtomicBool::new(false)));
+        let engine_parked = parked.clone();
         let core = lease.as_ref().map(|l| l.core);
         let thread = std::thread::Builder::new()
             .name(format!("tcpx-engine-{device}"))
@@ -150,6 +171,7 @@ impl EngineHandle {
                 }
                 Engine {
                     rx,
+                    parked: engine_parked,
                     channels: Vec::new(),
                     eager: Vec::new(),
                     eager_checked: Instant::now(),
@@ -163,6 +185,7 @@ impl EngineHandle {
             .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx,
+            parked,
             thread: Some(thread),
             device,
             core,
@@ -172,6 +195,14 @@ impl EngineHandle {
     /// Where to send commands.
     pub(crate) fn sender(&self) -> &Sender<Command> {
         &self.tx
+    }
+
+    /// What a link wakes this engine with.
+    pub(crate) fn waker(&self) -> Waker {
+        Waker {
+            tx: self.tx.clone(),
+            parked: self.parked.clone(),
+        }
     }
 }
 
@@ -189,6 +220,8 @@ impl Drop for EngineHandle {
 /// The engine thread's state.
 struct Engine {
     rx: Receiver<Command>,
+    /// Set while the engine sleeps waiting for a command (see [`Waker::nudge`]).
+    parked: Arc<CachePadded<AtomicBool>>,
     channels: Vec<Channel>,
     eager: Vec<EagerChannel>,
     /// When the eager channels' deadlines were last checked.
@@ -234,7 +267,7 @@ impl Engine {
                     channel.counters().idle();
                 }
             }
-            busy |= self.eager.iter().any(EagerChannel::has_work);
+            busy |= self.eager.iter_mut().any(EagerChannel::has_work);
             let now = Instant::now();
             if busy {
                 // Only work in progress can time out or wait on a departed peer.
@@ -249,20 +282,47 @@ impl Engine {
                     std::thread::yield_now();
                     Flow::Continue
                 }
-                Pause::Sleep(d) => match self.rx.recv_timeout(d) {
-                    Ok(command) => self.handle(command),
-                    Err(RecvTimeoutError::Timeout) => Flow::Continue,
-                    Err(RecvTimeoutError::Disconnected) => Flow::Stop,
-                },
-                Pause::Block => match self.rx.recv() {
-                    Ok(command) => self.handle(command),
-                    Err(_) => Flow::Stop,
-                },
+                Pause::Sleep(d) => {
+                    if !self.park() {
+                        continue;
+                    }
+                    let received = self.rx.recv_timeout(d);
+                    self.parked.store(false, Ordering::SeqCst);
+                    match received {
+                        Ok(command) => self.handle(command),
+                        Err(RecvTimeoutError::Timeout) => Flow::Continue,
+                        Err(RecvTimeoutError::Disconnected) => Flow::Stop,
+                    }
+                }
+                Pause::Block => {
+                    if !self.park() {
+                        continue;
+                    }
+                    let received = self.rx.recv();
+                    self.parked.store(false, Ordering::SeqCst);
+                    match received {
+                        Ok(command) => self.handle(command),
+                        Err(_) => Flow::Stop,
+                    }
+                }
             };
             if let Flow::Stop = flow {
                 return self.stop();
             }
         }
+    }
+
+    /// Marks the engine parked, then looks once more for eager work, which arrives without
+    /// a command (see [`Waker::nudge`]). Returns whether it may sleep; if not, it is awake
+    /// again.
+    fn park(&mut self) -> bool {
+        self.parked.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.eager.iter_mut().any(EagerChannel::has_work) {
+            self.parked.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 
     /// One pass over the channels; returns whether anything moved.
@@ -479,7 +539,11 @@ impl Engine {
             if link.is_failed() {
                 return Some(link.id);
             }
-            if let Some(what) = channel.eager.overdue(channel.index, now) {
+            let overdue = channel
+                .eager
+                .overdue(channel.index, now)
+                .or_else(|| channel.overdue_frame(now));
+            if let Some(what) = overdue {
                 link.fail(Error::Timeout {
                     channel: channel.index,
                     peer: link.peer,

@@ -381,11 +381,25 @@ fn send_size(
     let mut latencies = Vec::with_capacity(plan.units);
     let mut posted = 0;
     let mut done = 0;
-    let mut probe = Probe::start(endpoint);
-    let mut t0 = Instant::now();
-    // The clock starts once the warm-up units are done (with batches: at least a window of
-    // them, see `Units::new`; the figure counts the messages after them).
+    // The warm-up units (with batches: at least a window of them, see `Units::new`) are
+    // posted and finished before the clock starts and before any timed unit is posted: a
+    // send may finish once its bytes are copied (eager frames), long before they land, so a
+    // clock started while timed units were already posted would miss their time.
     let warm_units = plan.warmup_units;
+    while done < warm_units.min(plan.units) {
+        while posted < warm_units && inflight.len() < plan.depth {
+            inflight.push_back((
+                plan.post(conn, regions, posted, Direction::Send)?,
+                Instant::now(),
+            ));
+            posted += 1;
+        }
+        let (t, _) = inflight.pop_front().expect("non-empty");
+        t.wait(sweep.timeout).map_err(peer_failure)?;
+        done += 1;
+    }
+    let probe = Probe::start(endpoint);
+    let t0 = Instant::now();
     while done < plan.units {
         while posted < plan.units && inflight.len() < plan.depth {
             inflight.push_back((
@@ -397,12 +411,7 @@ fn send_size(
         let (t, started) = inflight.pop_front().expect("non-empty");
         t.wait(sweep.timeout).map_err(peer_failure)?;
         done += 1;
-        if done == warm_units {
-            probe = Probe::start(endpoint);
-            t0 = Instant::now();
-        } else if done > warm_units {
-            latencies.push(started.elapsed());
-        }
+        latencies.push(started.elapsed());
     }
     // The clock stops when the server confirms it has everything.
     let [_, server_faults, server_regs] = ctl.recv("the server's DONE")?;
