@@ -41,23 +41,26 @@ const DRIVE_PAUSE_MAX: Duration = Duration::from_micros(500);
 /// Write-once outcome of a transfer and the wake-up of its waiters.
 #[derive(Debug, Default)]
 pub(crate) struct Completion {
-    outcome: OnceLock<Result<u64>>,
+    /// The outcome, and the memory the transfer used if its finisher handed it over: one
+    /// write-once cell for both (each set is a call into `Once`, per message).
+    outcome: OnceLock<(Result<u64>, Option<Region>)>,
     /// Threads blocked (or about to block) in `wait`.
     waiters: AtomicUsize,
     finished: Mutex<bool>,
     wake: Condvar,
     /// A control loop that sleeps until this finishes (see [`Completion::wake_on_finish`]).
     loop_wakeup: OnceLock<Arc<Wakeup>>,
-    /// Memory the transfer used, released with the completion (see
-    /// [`Completion::finish_keeping`]).
-    kept: OnceLock<Region>,
 }
 
 impl Completion {
     /// Records the outcome (the first call wins) and wakes waiters. Returns whether this call
     /// was the one that finished it.
     pub(crate) fn finish(&self, outcome: Result<u64>) -> bool {
-        if self.outcome.set(outcome).is_err() {
+        self.finish_with(outcome, None)
+    }
+
+    fn finish_with(&self, outcome: Result<u64>, kept: Option<Region>) -> bool {
+        if self.outcome.set((outcome, kept)).is_err() {
             return false;
         }
         // Pairs with the fence in `wait`: either this load sees the waiter, or the waiter's
@@ -80,8 +83,12 @@ impl Completion {
     /// region's reference count, which the application's next submission increments, from
     /// another core: one more cache line moving between cores per small message.
     pub(crate) fn finish_keeping(&self, region: Region, outcome: Result<u64>) -> bool {
-        let _ = self.kept.set(region);
-        self.finish(outcome)
+        self.finish_with(outcome, Some(region))
+    }
+
+    /// The outcome, once set.
+    fn outcome(&self) -> Option<&Result<u64>> {
+        self.outcome.get().map(|(outcome, _)| outcome)
     }
 
     /// Has `finish` wake a connection's control loop that is about to sleep waiting for this
@@ -91,20 +98,20 @@ impl Completion {
     pub(crate) fn wake_on_finish(&self, wakeup: &Arc<Wakeup>) -> bool {
         let _ = self.loop_wakeup.set(wakeup.clone());
         fence(Ordering::SeqCst);
-        self.outcome.get().is_some()
+        self.outcome().is_some()
     }
 
     pub(crate) fn get(&self) -> Option<&Result<u64>> {
-        self.outcome.get()
+        self.outcome()
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.outcome.get().is_some()
+        self.outcome().is_some()
     }
 
     /// Waits up to `timeout`, polling for the first `spin` of it before sleeping.
     fn wait(&self, timeout: Duration, spin: Duration) -> Option<&Result<u64>> {
-        if let Some(outcome) = self.outcome.get() {
+        if let Some(outcome) = self.outcome() {
             return Some(outcome);
         }
         let start = Instant::now();
@@ -113,7 +120,7 @@ impl Completion {
             // The clock is read once per batch of polls: a poll is one load, the clock ~20 ns.
             loop {
                 for _ in 0..64 {
-                    if let Some(outcome) = self.outcome.get() {
+                    if let Some(outcome) = self.outcome() {
                         return Some(outcome);
                     }
                     std::hint::spin_loop();
@@ -128,7 +135,7 @@ impl Completion {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         // Under the lock: a finisher that saw us registered notifies only after we wait.
-        while !*finished && self.outcome.get().is_none() {
+        while !*finished && self.outcome().is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -141,7 +148,7 @@ impl Completion {
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
         drop(finished);
-        self.outcome.get()
+        self.outcome()
     }
 }
 
