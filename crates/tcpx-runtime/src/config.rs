@@ -203,7 +203,8 @@ pub struct Config {
     pub pack_lone_runs: Option<usize>,
     /// Two-sided messages ([`Connection::send`](crate::Connection::send) /
     /// [`recv`](crate::Connection::recv)) of 1 byte up to this size travel in eager frames:
-    /// the engines copy queued small messages into frames of up to 256 KiB and send each
+    /// the engines copy queued small messages into frames of up to 256 KiB (a send finishes
+    /// once copied, as a socket `send` does once the kernel has the bytes) and send each
     /// frame as one plugin request on comms of their own, and the receiver hands every
     /// message to its receive (see [`tcpx_proto::eager`]). A connection uses the smaller of
     /// both sides' values; 0 on either side turns it off, as does a plugin that cannot take
@@ -214,8 +215,8 @@ pub struct Config {
     /// frames copy CUDA memory synchronously through a host bounce, one message at a time,
     /// where the staged path pipelines its copies: on an H100, 4 KiB GPU messages ran at
     /// 0.25 GB/s in frames against 1.1 GB/s staged, while host messages gained 2–5 × (4 KiB
-    /// one call per message, 8 channels: 0.05–0.12 × raw TCP before, 0.15–0.23 after; 64 KiB
-    /// 0.62–0.75 → 0.77–0.99).
+    /// one call per message, 8 channels: 0.05–0.12 × raw TCP before, 0.33–0.35 now; 64 KiB
+    /// 0.62–0.75 → 0.69–0.99).
     pub eager_bytes: Option<u32>,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.
