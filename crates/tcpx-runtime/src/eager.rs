@@ -36,7 +36,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use tcpx::SharedMemory;
 use tcpx_proto::eager::{channel_of, EagerMessage};
 
 use crate::error::{Direction, Error};
@@ -529,26 +528,6 @@ impl Eager {
                 p.completion.finish(Err(error.clone()));
             }
         }
-    }
-}
-
-/// Copies `len` bytes at `offset` of `region` into `buffer` at `at` (host memory: one
-/// memcpy; CUDA memory: a synchronous copy through the driver, small messages only).
-pub(crate) fn copy_in(
-    region: &Region,
-    offset: usize,
-    buffer: &SharedMemory,
-    at: usize,
-    len: usize,
-) -> std::result::Result<(), String> {
-    let memory = region.memory();
-    if memory.kind() == tcpx::MemoryKind::Host {
-        SharedMemory::copy(memory, offset, buffer, at, len).map_err(|e| e.to_string())
-    } else {
-        buffer
-            .with_bytes_mut(|bytes| region.read(offset, &mut bytes[at..at + len]))
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
     }
 }
 

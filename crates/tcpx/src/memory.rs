@@ -363,33 +363,17 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Copies `out.len()` bytes at `offset` out of host memory, as one operation in flight
-    /// (like [`SharedMemory::copy`]: allowed while sends and receives are in flight on it, not
-    /// while the CPU holds a slice of it). The eager path gathers small messages into its
-    /// frames with it.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        const API: &str = "SharedMemory::read_at";
-        self.check_host(API)?;
-        self.check_range(API, offset, out.len())?;
-        let _reading = self.borrow_operation(API)?;
-        // SAFETY: the range lies inside host memory that outlives the token; no Rust slice of
-        // it exists (the token excludes CPU_ACCESS, which every slice of it holds), so `out`
-        // cannot point into it and the ranges do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len())
-        };
-        Ok(())
-    }
-
-    /// Copies `bytes` into host memory at `offset`, as one operation in flight (see
-    /// [`SharedMemory::read_at`]). The eager path scatters received messages with it.
+    /// Copies `bytes` into host memory at `offset`, as one operation in flight (like
+    /// [`SharedMemory::copy`]: allowed while sends and receives are in flight on it, not while
+    /// the CPU holds a slice of it). The eager path scatters received messages with it.
     pub fn write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         const API: &str = "SharedMemory::write_at";
         self.check_host(API)?;
         self.check_range(API, offset, bytes.len())?;
         let _writing = self.borrow_operation(API)?;
-        // SAFETY: as in `read_at`: the range is inside live host memory of which no Rust
-        // slice exists (the token excludes CPU_ACCESS), so `bytes` cannot overlap it.
+        // SAFETY: the range is inside live host memory of which no Rust slice exists (the
+        // token excludes CPU_ACCESS, which every slice of it holds), so `bytes` cannot overlap
+        // it.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.as_ptr().add(offset), bytes.len())
         };

@@ -24,9 +24,10 @@ use tcpx_proto::eager::{
 };
 
 use super::channel::LinkFailed;
-use crate::eager::{copy_in, Eager, Outgoing, Posted};
+use crate::eager::{Eager, Outgoing, Posted};
 use crate::error::{Direction, Error};
 use crate::link::Link;
+use crate::registry::Region;
 
 /// Send frames per eager comm in flight at once. Few, so that a busy connection's messages
 /// gather into frames rather than spread one per request.
@@ -501,5 +502,25 @@ impl EagerChannel {
         }
         self.receiving.clear();
         self.eager.fail_all();
+    }
+}
+
+/// Copies `len` bytes at `offset` of `region` into `buffer` at `at` (host memory: one
+/// memcpy; CUDA memory: a synchronous copy through the driver, small messages only).
+fn copy_in(
+    region: &Region,
+    offset: usize,
+    buffer: &SharedMemory,
+    at: usize,
+    len: usize,
+) -> std::result::Result<(), String> {
+    let memory = region.memory();
+    if memory.kind() == tcpx::MemoryKind::Host {
+        SharedMemory::copy(memory, offset, buffer, at, len).map_err(|e| e.to_string())
+    } else {
+        buffer
+            .with_bytes_mut(|bytes| region.read(offset, &mut bytes[at..at + len]))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 }
