@@ -43,11 +43,32 @@ use crate::link::{Link, Pending};
 use crate::registry::Region;
 use crate::transfer::{Completion, Transfer};
 
-/// Bytes of messages that arrived before their receives, per eager channel, past which the
-/// peer is misbehaving. An engine reads a channel only while one of its receives waits, and
-/// a channel's messages arrive in sequence order, so a well-behaved peer leaves at most the
-/// rest of one frame (256 KiB) ahead of the receives.
-pub(crate) const EARLY_BYTES_MAX: usize = 8 << 20;
+/// A message that arrived before its receive: where it sits in the channel's receive frames.
+///
+/// It stays there, and the frame stays off the wire, until its receive comes and the engine
+/// copies it out. An earlier design copied such messages into vectors of their own (an
+/// allocation and a copy under the inbox lock the posting thread waits for): at 4 KiB on 8
+/// channels a fifth of the messages arrived before their receives. Holding the frame instead
+/// bounds what a peer can put ahead of the receives by the frames themselves, and that is
+/// flow control: the peer's next frames wait in TCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Early {
+    /// Index of the receive frame in the channel's engine.
+    pub(crate) frame: usize,
+    /// Where the message's bytes start in that frame, and their length.
+    pub(crate) offset: usize,
+    pub(crate) len: u32,
+}
+
+/// What [`Eager::deliver`] did with a frame's messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Delivered {
+    /// Waiting receives it took (see [`Eager::posted_total`]).
+    pub(crate) taken: u64,
+    /// Messages left in the frame for receives to come: the frame is held until they are
+    /// copied out.
+    pub(crate) kept: usize,
+}
 
 /// A small send, queued until its channel's engine copies it into a frame.
 pub(crate) struct Outgoing {
@@ -85,6 +106,13 @@ pub(crate) struct Posted {
     deadline: Option<Instant>,
 }
 
+impl Posted {
+    /// Finishes the receive with `error` (its message can no longer land).
+    pub(crate) fn fail(self, error: Error) {
+        self.completion.finish(Err(error));
+    }
+}
+
 /// One channel's receives and arrivals. A channel's messages arrive in sequence order (its
 /// frames leave in that order on one comm) and its receives are posted in that order, so
 /// both are queues, and at most one of them holds anything: a message either finds the
@@ -93,12 +121,12 @@ pub(crate) struct Posted {
 struct Inbox {
     /// Receives waiting for their message, oldest first.
     posted: VecDeque<(u64, Posted)>,
-    /// Messages that arrived before their receive, oldest first.
-    early: VecDeque<(u64, Vec<u8>)>,
-    early_bytes: usize,
+    /// Messages that arrived before their receive, oldest first (they stay in their frames).
+    early: VecDeque<(u64, Early)>,
     /// Early messages whose receive has come: the channel's engine copies them in (so that
-    /// the application's thread, which posts every receive, does not copy every byte).
-    matched: Vec<(u64, Posted, Vec<u8>)>,
+    /// the application's thread, which posts every receive, does not copy every byte) and
+    /// releases their frames.
+    matched: Vec<(u64, Posted, Early)>,
 }
 
 /// One eager channel's share of the connection's eager state.
@@ -238,26 +266,17 @@ impl Eager {
         self.share(channel).matched.load(Ordering::Acquire) > 0
     }
 
-    /// Copies in the early messages of `channel` whose receives have come since the last
-    /// call, and finishes those receives; `scratch` is the engine's reusable list. Returns
-    /// whether there were any.
-    pub(crate) fn land_matched(
-        &self,
-        channel: u16,
-        scratch: &mut Vec<(u64, Posted, Vec<u8>)>,
-    ) -> bool {
+    /// Moves the early messages of `channel` whose receives have come since the last call
+    /// into `into` (the engine's reusable list, empty): the engine copies each in with
+    /// [`Eager::land`] and releases its frame. Returns whether there were any.
+    pub(crate) fn take_matched(&self, channel: u16, into: &mut Vec<(u64, Posted, Early)>) -> bool {
         let share = self.share(channel);
         if share.matched.load(Ordering::Acquire) == 0 {
             return false;
         }
-        {
-            let mut inbox = share.inbox();
-            std::mem::swap(&mut inbox.matched, scratch);
-            share.matched.store(0, Ordering::Release);
-        }
-        for (seq, posted, bytes) in scratch.drain(..) {
-            self.land(channel, seq, posted, &bytes);
-        }
+        let mut inbox = share.inbox();
+        std::mem::swap(&mut inbox.matched, into);
+        share.matched.store(0, Ordering::Release);
         true
     }
 
@@ -331,10 +350,9 @@ impl Eager {
                 posted.completion.finish(Err(self.link.failure_or_closed()));
                 return transfer;
             }
-            Some(_) => {
-                let (_, bytes) = inbox.early.pop_front().unwrap_or_default();
-                inbox.early_bytes -= bytes.len();
-                inbox.matched.push((seq, posted, bytes));
+            Some(&(_, early)) => {
+                inbox.early.pop_front();
+                inbox.matched.push((seq, posted, early));
                 share.matched.store(inbox.matched.len(), Ordering::Release);
                 inbox.matched.len() == 1
             }
@@ -355,22 +373,23 @@ impl Eager {
         transfer
     }
 
-    /// Hands the messages of a frame received on `channel` to their receives (or keeps them
-    /// until their receives come). `frame` is the frame's bytes, `messages` its decoded
-    /// entries, `landed` the engine's reusable list. A message of another channel, or one out
-    /// of its channel's sequence order, is a protocol violation; a length that differs from
-    /// its receive's fails the connection. Returns how many waiting receives it took (see
-    /// [`Eager::posted_total`]).
+    /// Hands the messages of a frame received on `channel` to their receives, and keeps the
+    /// rest (in the frame, see [`Early`]) until their receives come. `frame` is the frame's
+    /// bytes and `index` the engine's number for it, `messages` its decoded entries, `landed`
+    /// the engine's reusable list. A message of another channel, or one out of its channel's
+    /// sequence order, is a protocol violation; a length that differs from its receive's
+    /// fails the connection.
     pub(crate) fn deliver(
         &self,
         channel: u16,
-        frame: &[u8],
+        (index, frame): (usize, &[u8]),
         messages: &[EagerMessage],
         landed: &mut Vec<(u64, Posted)>,
-    ) -> u64 {
+    ) -> Delivered {
         let share = self.share(channel);
         landed.clear();
         let mut violation = None;
+        let mut kept = 0;
         {
             // Short: the application's next receive waits for this lock. The receives the
             // frame's first messages match are taken in one go and checked after it.
@@ -390,16 +409,13 @@ impl Eager {
                     violation = Some(format!("message #{seq} arrived out of order"));
                     break;
                 }
-                inbox.early_bytes += m.entry.len as usize;
-                if inbox.early_bytes > EARLY_BYTES_MAX {
-                    violation = Some(format!(
-                        "more than {EARLY_BYTES_MAX} bytes of messages ahead of this side's \
-                         receives"
-                    ));
-                    break;
-                }
-                let range = m.offset..m.offset + m.entry.len as usize;
-                inbox.early.push_back((seq, frame[range].to_vec()));
+                let early = Early {
+                    frame: index,
+                    offset: m.offset,
+                    len: m.entry.len,
+                };
+                inbox.early.push_back((seq, early));
+                kept += 1;
             }
         }
         let taken = landed.len() as u64;
@@ -425,7 +441,7 @@ impl Eager {
                 posted.completion.finish(Err(self.link.failure_or_closed()));
             }
         }
-        taken
+        Delivered { taken, kept }
     }
 
     fn mismatch(&self, channel: u16, seq: u64, sent: usize, expected: u32) -> Error {
@@ -449,7 +465,7 @@ impl Eager {
 
     /// Copies a message into its receive's memory and finishes the receive; a length that
     /// differs from the receive's fails the connection.
-    fn land(&self, channel: u16, seq: u64, posted: Posted, bytes: &[u8]) {
+    pub(crate) fn land(&self, channel: u16, seq: u64, posted: Posted, bytes: &[u8]) {
         if posted.len as usize != bytes.len() {
             let e = self.mismatch(channel, seq, bytes.len(), posted.len);
             // The connection fails first, so that whoever sees this receive fail sees why.
@@ -515,7 +531,6 @@ impl Eager {
             let posted: Vec<Posted> = {
                 let mut inbox = share.inbox();
                 inbox.early.clear();
-                inbox.early_bytes = 0;
                 share.matched.store(0, Ordering::Release);
                 let matched = std::mem::take(&mut inbox.matched);
                 std::mem::take(&mut inbox.posted)

@@ -240,8 +240,9 @@ fn closing_fails_what_is_queued_and_waiting() {
     );
 }
 
-/// A sender far ahead of its receiver (more than the early-message bound, 32 MiB, in
-/// flight before the first receive): the receiver still gets every message, in order.
+/// A sender far ahead of its receiver (47 MiB, far more than the receive frames hold, sent
+/// before the first receive: the frames fill and the rest waits in TCP): the receiver still
+/// gets every message, in order.
 #[test]
 fn a_receiver_far_behind_its_sender_still_gets_every_message() {
     loopback();

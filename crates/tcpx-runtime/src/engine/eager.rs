@@ -24,7 +24,7 @@ use tcpx_proto::eager::{
 };
 
 use super::channel::LinkFailed;
-use crate::eager::{Eager, Outgoing, Posted};
+use crate::eager::{Delivered, Eager, Early, Outgoing, Posted};
 use crate::error::{Direction, Error};
 use crate::link::Link;
 use crate::registry::Region;
@@ -75,6 +75,9 @@ struct RecvFrame {
     memory: SharedMemory,
     region: MemoryRegion,
     request: Option<RecvRequest>,
+    /// Messages of the last frame received here that wait for their receives (see
+    /// [`Early`]): the buffer is posted again only once they are copied out.
+    kept: usize,
 }
 
 /// The eager comms of one connection's channel `index`.
@@ -103,7 +106,7 @@ pub(crate) struct EagerChannel {
     recvs_seen: u64,
     /// Scratch: decoded messages and the receives they land in.
     decoded: Vec<EagerMessage>,
-    matched: Vec<(u64, Posted, Vec<u8>)>,
+    matched: Vec<(u64, Posted, Early)>,
     landed: Vec<(u64, Posted)>,
     /// When a frame last completed (peer-gone detection).
     pub(crate) progress_at: Instant,
@@ -138,6 +141,7 @@ impl EagerChannel {
                     memory,
                     region,
                     request: None,
+                    kept: 0,
                 })
             })
             .collect::<tcpx::Result<Vec<_>>>()?;
@@ -398,7 +402,7 @@ impl EagerChannel {
     /// in TCP (flow control, as behind a plugin request), and spares every engine pass the
     /// plugin call (a `recv` syscall on the socket plugin) of testing an idle comm.
     fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
-        let mut moved = self.eager.land_matched(self.index, &mut self.matched);
+        let mut moved = self.land_matched()?;
         if !self.receive_waits() {
             return Ok(moved);
         }
@@ -430,7 +434,7 @@ impl EagerChannel {
         }
         for i in 0..self.recv_frames.len() {
             let frame = &mut self.recv_frames[i];
-            if frame.request.is_some() {
+            if frame.request.is_some() || frame.kept > 0 {
                 continue;
             }
             match self.recv.irecv(&frame.region, 0, EAGER_FRAME_BYTES, 0) {
@@ -446,6 +450,44 @@ impl EagerChannel {
         Ok(moved)
     }
 
+    /// Copies in the early messages whose receives have come since the last call, finishes
+    /// those receives and releases the frames they held. Returns whether there were any.
+    fn land_matched(&mut self) -> Result<bool, LinkFailed> {
+        if !self.eager.take_matched(self.index, &mut self.matched) {
+            return Ok(false);
+        }
+        let (eager, index) = (&self.eager, self.index);
+        for (seq, posted, early) in self.matched.drain(..) {
+            // The frame is ours and held (not posted) while it keeps messages.
+            let Some(frame) = self.recv_frames.get_mut(early.frame) else {
+                posted.fail(eager.link.failure_or_closed());
+                continue;
+            };
+            frame.kept = frame.kept.saturating_sub(1);
+            let range = early.offset..early.offset + early.len as usize;
+            let mut posted = Some(posted);
+            let read = frame.memory.with_bytes(|bytes| {
+                if let (Some(posted), Some(bytes)) = (posted.take(), bytes.get(range)) {
+                    eager.land(index, seq, posted, bytes);
+                }
+            });
+            if let Some(posted) = posted {
+                // Decoding checked every message against its frame's length, and a held
+                // frame has no request in flight: neither happens short of a bug.
+                let e = Error::Internal(format!(
+                    "eager receive #{seq}: its message is no longer in frame {} ({read:?})",
+                    early.frame
+                ));
+                self.eager.link.fail(e.clone());
+                posted.fail(e);
+            }
+        }
+        if self.link().is_failed() {
+            return Err(LinkFailed);
+        }
+        Ok(true)
+    }
+
     /// Decodes received frame `i` (`size` bytes) and hands its messages over.
     fn take_delivery(&mut self, i: usize, size: usize) -> Result<(), LinkFailed> {
         let eager = &self.eager;
@@ -459,7 +501,7 @@ impl EagerChannel {
                     if let Some(counters) = eager.link.counters.get(usize::from(index)) {
                         counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
                     }
-                    Some(eager.deliver(index, frame, decoded, landed))
+                    Some(eager.deliver(index, (i, frame), decoded, landed))
                 }
                 Err(e) => {
                     eager.violation(index, e.to_string());
@@ -468,8 +510,9 @@ impl EagerChannel {
             }
         });
         match read {
-            Ok(Some(taken)) => {
+            Ok(Some(Delivered { taken, kept })) => {
                 self.recvs_taken += taken;
+                self.recv_frames[i].kept = kept;
                 if self.link().is_failed() {
                     Err(LinkFailed)
                 } else {

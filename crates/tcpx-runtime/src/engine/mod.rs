@@ -175,6 +175,7 @@ impl EngineHandle {
                     channels: Vec::new(),
                     eager: Vec::new(),
                     eager_checked: Instant::now(),
+                    clock: Instant::now(),
                     idle: Idle::new(backoff, linger),
                     window,
                     passes: 0,
@@ -226,6 +227,8 @@ struct Engine {
     eager: Vec<EagerChannel>,
     /// When the eager channels' deadlines were last checked.
     eager_checked: Instant,
+    /// The last clock reading of an empty pass (see [`Idle::wants_clock`]).
+    clock: Instant,
     idle: Idle,
     window: usize,
     passes: u64,
@@ -240,15 +243,20 @@ enum Flow {
 impl Engine {
     fn run(mut self) {
         loop {
-            loop {
-                match self.rx.try_recv() {
-                    Ok(command) => {
-                        if let Flow::Stop = self.handle(command) {
-                            return self.stop();
+            // `is_empty` is two loads; `try_recv` on an empty queue also pays a full fence,
+            // on every pass of a busy engine. Queues whose senders are all gone are seen by
+            // the periodic `try_recv` (and by every blocking wait).
+            if !self.rx.is_empty() || self.passes % CHECK_EVERY_PASSES == 0 {
+                loop {
+                    match self.rx.try_recv() {
+                        Ok(command) => {
+                            if let Flow::Stop = self.handle(command) {
+                                return self.stop();
+                            }
                         }
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => return self.stop(),
                     }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return self.stop(),
                 }
             }
             let moved = self.pass();
@@ -268,8 +276,12 @@ impl Engine {
                 }
             }
             busy |= self.eager.iter_mut().any(EagerChannel::has_work);
-            let now = Instant::now();
-            if busy {
+            let fresh = self.idle.wants_clock();
+            if fresh {
+                self.clock = Instant::now();
+            }
+            let now = self.clock;
+            if busy && fresh {
                 // Only work in progress can time out or wait on a departed peer.
                 self.health_check(now);
             }
