@@ -43,6 +43,11 @@ const FRAME_HEAD: usize = EAGER_HEADER_BYTES + EAGER_ENTRY_BYTES * EAGER_MAX_MES
 /// Receive frames kept posted per eager comm.
 pub(crate) const RECV_FRAMES: usize = 4;
 
+/// Transfers finished per publication of a lane's count while a run of them finishes (the
+/// run's end is always published): the application polls that count, and a store per
+/// message would move its cache line between the two cores per message.
+const PUBLISH_EVERY: u64 = 16;
+
 /// An eager channel handed to an engine.
 pub(crate) struct NewEagerChannel {
     pub(crate) eager: Arc<Eager>,
@@ -104,6 +109,10 @@ pub(crate) struct EagerChannel {
     /// receive waits, and the application's counter need not be read again.
     recvs_taken: u64,
     recvs_seen: u64,
+    /// This channel's sends copied and receives landed, ever (published to the connection's
+    /// lanes, see [`crate::transfer::in_order`]).
+    sends_copied: u64,
+    recvs_landed: u64,
     /// Scratch: decoded messages and the receives they land in.
     decoded: Vec<EagerMessage>,
     matched: Vec<(u64, Posted, Early)>,
@@ -159,6 +168,8 @@ impl EagerChannel {
             receiving: VecDeque::with_capacity(RECV_FRAMES),
             recvs_taken: 0,
             recvs_seen: 0,
+            sends_copied: 0,
+            recvs_landed: 0,
             decoded: Vec::new(),
             matched: Vec::new(),
             landed: Vec::new(),
@@ -303,9 +314,10 @@ impl EagerChannel {
             }
             let at = FRAME_HEAD + buffer.payload;
             if let Err(e) = copy_in(&m.region, m.offset, &buffer.memory, at, m.len as usize) {
-                // The receive this message matches would wait forever: the connection fails.
+                // The receive this message matches would wait forever: the connection fails
+                // (and with it this send and the ones after it).
+                self.publish_sends();
                 let e = Error::InvalidArgument(format!("eager send #{}: {e}", m.seq));
-                m.completion.finish(Err(e.clone()));
                 self.link().fail(e);
                 return Err(LinkFailed);
             }
@@ -314,18 +326,22 @@ impl EagerChannel {
                 len: m.len,
             });
             buffer.payload += m.len as usize;
-            if let Some(m) = self.taken.pop_front() {
-                let Outgoing {
-                    region,
-                    completion,
-                    len,
-                    ..
-                } = m;
-                completion.finish_keeping(region, Ok(u64::from(len)));
+            self.taken.pop_front();
+            self.sends_copied += 1;
+            if self.sends_copied % PUBLISH_EVERY == 0 {
+                self.publish_sends();
             }
             moved = true;
         }
+        if moved {
+            self.publish_sends();
+        }
         Ok(moved)
+    }
+
+    /// Finishes the sends copied so far.
+    fn publish_sends(&self) {
+        self.eager.sends_finished(self.index, self.sends_copied);
     }
 
     /// Closes the open frame: writes its header in front of its payload.
@@ -456,63 +472,64 @@ impl EagerChannel {
         if !self.eager.take_matched(self.index, &mut self.matched) {
             return Ok(false);
         }
-        let (eager, index) = (&self.eager, self.index);
-        for (seq, posted, early) in self.matched.drain(..) {
-            // The frame is ours and held (not posted) while it keeps messages.
-            let Some(frame) = self.recv_frames.get_mut(early.frame) else {
-                posted.fail(eager.link.failure_or_closed());
-                continue;
-            };
-            frame.kept = frame.kept.saturating_sub(1);
-            let range = early.offset..early.offset + early.len as usize;
-            let mut posted = Some(posted);
-            let read = frame.memory.with_bytes(|bytes| {
-                if let (Some(posted), Some(bytes)) = (posted.take(), bytes.get(range)) {
-                    eager.land(index, seq, posted, bytes);
-                }
-            });
-            if let Some(posted) = posted {
-                // Decoding checked every message against its frame's length, and a held
-                // frame has no request in flight: neither happens short of a bug.
-                let e = Error::Internal(format!(
-                    "eager receive #{seq}: its message is no longer in frame {} ({read:?})",
-                    early.frame
-                ));
-                self.eager.link.fail(e.clone());
-                posted.fail(e);
-            }
-        }
+        let landed = land_early(&self.eager, self.index, &self.recv_frames, &self.matched);
+        self.release_matched();
+        self.recvs_landed += landed;
+        self.eager.recvs_finished(self.index, self.recvs_landed);
         if self.link().is_failed() {
             return Err(LinkFailed);
         }
         Ok(true)
     }
 
-    /// Decodes received frame `i` (`size` bytes) and hands its messages over.
+    /// Forgets the early messages of `matched` (landed, or failed with the link) and posts
+    /// their frames again once they hold nothing more.
+    fn release_matched(&mut self) {
+        for (_, _, early) in self.matched.drain(..) {
+            if let Some(frame) = self.recv_frames.get_mut(early.frame) {
+                frame.kept = frame.kept.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Decodes received frame `i` (`size` bytes) and hands its messages over: the early
+    /// messages whose receives came since the last pass land first (their receives were
+    /// posted first), then the frame's own.
     fn take_delivery(&mut self, i: usize, size: usize) -> Result<(), LinkFailed> {
-        let eager = &self.eager;
-        let decoded = &mut self.decoded;
-        let landed = &mut self.landed;
-        let index = self.index;
-        let read = self.recv_frames[i].memory.with_bytes(|bytes| {
+        let (eager, index) = (&self.eager, self.index);
+        let frames = &self.recv_frames;
+        let (decoded, landed, matched) = (&mut self.decoded, &mut self.landed, &mut self.matched);
+        let read = frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
-            match decode(frame, eager.max_message, decoded) {
-                Ok(_) => {
-                    if let Some(counters) = eager.link.counters.get(usize::from(index)) {
-                        counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
+            if let Err(e) = decode(frame, eager.max_message, decoded) {
+                eager.violation(index, e.to_string());
+                return None;
+            }
+            if let Some(counters) = eager.link.counters.get(usize::from(index)) {
+                counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
+            }
+            let delivered = eager.deliver(index, i, decoded, landed, matched);
+            let early = land_early(eager, index, frames, matched);
+            let mut now = 0;
+            if early as usize == matched.len() {
+                for ((seq, posted), m) in landed.iter().zip(decoded.iter()).take(delivered.good) {
+                    let range = m.offset..m.offset + m.entry.len as usize;
+                    if !eager.land(index, *seq, posted, &frame[range]) {
+                        break;
                     }
-                    Some(eager.deliver(index, (i, frame), decoded, landed))
-                }
-                Err(e) => {
-                    eager.violation(index, e.to_string());
-                    None
+                    now += 1;
                 }
             }
+            Some((delivered, early + now))
         });
+        self.release_matched();
+        self.landed.clear();
         match read {
-            Ok(Some(Delivered { taken, kept })) => {
+            Ok(Some((Delivered { taken, kept, .. }, landed))) => {
                 self.recvs_taken += taken;
                 self.recv_frames[i].kept = kept;
+                self.recvs_landed += landed;
+                self.eager.recvs_finished(self.index, self.recvs_landed);
                 if self.link().is_failed() {
                     Err(LinkFailed)
                 } else {
@@ -531,13 +548,11 @@ impl EagerChannel {
     /// Fails what this channel carries and what the connection's eager half holds (the
     /// link failed or closed). The frames' requests are dropped with the channel's comms.
     pub(crate) fn abandon(&mut self) {
-        let error = self.link().failure_or_closed();
-        // Sends copied into frames finished then; those taken and not copied fail.
+        // Sends copied into frames finished then (their count is published); those taken
+        // and not copied fail when `fail_all` seals the lanes.
         self.closed.clear();
         self.open = None;
-        for m in self.taken.drain(..) {
-            m.completion.finish(Err(error.clone()));
-        }
+        self.taken.clear();
         // Receive frames are always posted: dropping them is this comm's normal end.
         self.recv.closing();
         for frame in &mut self.recv_frames {
@@ -546,6 +561,40 @@ impl EagerChannel {
         self.receiving.clear();
         self.eager.fail_all();
     }
+}
+
+/// Copies early messages into their receives' memory from the frames that hold them, in
+/// order; returns how many landed (all, unless one failed the connection: the rest wait for
+/// the link's failure).
+fn land_early(
+    eager: &Eager,
+    index: u16,
+    frames: &[RecvFrame],
+    matched: &[(u64, Posted, Early)],
+) -> u64 {
+    let mut landed = 0;
+    for (seq, posted, early) in matched {
+        let range = early.offset..early.offset + early.len as usize;
+        let read = frames.get(early.frame).map(|frame| {
+            frame
+                .memory
+                .with_bytes(|bytes| bytes.get(range).map(|b| eager.land(index, *seq, posted, b)))
+        });
+        match read {
+            Some(Ok(Some(true))) => landed += 1,
+            Some(Ok(Some(false))) => break,
+            other => {
+                // Decoding checked every message against its frame, and a frame that holds
+                // messages is not posted: short of a bug, neither fails.
+                eager.link.fail(Error::Internal(format!(
+                    "eager receive #{seq}: its message is no longer in frame {} ({other:?})",
+                    early.frame
+                )));
+                break;
+            }
+        }
+    }
+    landed
 }
 
 /// Copies `len` bytes at `offset` of `region` into `buffer` at `at` (host memory: one

@@ -11,14 +11,19 @@
 //! A transfer that no engine finishes — a same-host copy of the `ipc` module, whose progress
 //! is a CUDA event — carries a [`Drive`]: polling or waiting on the handle drives it (one
 //! event query), so the waiting thread itself sees the copy end, with no thread hop.
+//!
+//! A small two-sided message (an eager one) has no completion of its own: it finishes in
+//! order on its channel, and a counter per channel says how far ([`in_order`]).
+
+pub(crate) mod in_order;
 
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Direction, Error, Result};
-use crate::registry::Region;
 use crate::wakeup::Wakeup;
+use in_order::Ticket;
 
 /// Progress for a transfer no engine finishes: [`Transfer::poll`], [`Transfer::wait`] and
 /// [`Transfer::is_finished`] call [`drive`](Drive::drive) until the completion is set.
@@ -41,9 +46,8 @@ const DRIVE_PAUSE_MAX: Duration = Duration::from_micros(500);
 /// Write-once outcome of a transfer and the wake-up of its waiters.
 #[derive(Debug, Default)]
 pub(crate) struct Completion {
-    /// The outcome, and the memory the transfer used if its finisher handed it over: one
-    /// write-once cell for both (each set is a call into `Once`, per message).
-    outcome: OnceLock<(Result<u64>, Option<Region>)>,
+    /// The outcome.
+    outcome: OnceLock<Result<u64>>,
     /// Threads blocked (or about to block) in `wait`.
     waiters: AtomicUsize,
     finished: Mutex<bool>,
@@ -56,11 +60,7 @@ impl Completion {
     /// Records the outcome (the first call wins) and wakes waiters. Returns whether this call
     /// was the one that finished it.
     pub(crate) fn finish(&self, outcome: Result<u64>) -> bool {
-        self.finish_with(outcome, None)
-    }
-
-    fn finish_with(&self, outcome: Result<u64>, kept: Option<Region>) -> bool {
-        if self.outcome.set((outcome, kept)).is_err() {
+        if self.outcome.set(outcome).is_err() {
             return false;
         }
         // Pairs with the fence in `wait`: either this load sees the waiter, or the waiter's
@@ -77,18 +77,9 @@ impl Completion {
         true
     }
 
-    /// [`Completion::finish`], handing over the finisher's reference to the memory the
-    /// transfer used: it is released when the last handle goes, usually by the application
-    /// thread that waited for it. A finishing engine that dropped it instead would write the
-    /// region's reference count, which the application's next submission increments, from
-    /// another core: one more cache line moving between cores per small message.
-    pub(crate) fn finish_keeping(&self, region: Region, outcome: Result<u64>) -> bool {
-        self.finish_with(outcome, Some(region))
-    }
-
     /// The outcome, once set.
     fn outcome(&self) -> Option<&Result<u64>> {
-        self.outcome.get().map(|(outcome, _)| outcome)
+        self.outcome.get()
     }
 
     /// Has `finish` wake a connection's control loop that is about to sleep waiting for this
@@ -159,13 +150,23 @@ impl Completion {
 /// handle does not cancel the transfer.
 #[derive(Debug, Clone)]
 pub struct Transfer {
-    completion: Arc<Completion>,
+    source: Source,
     direction: Direction,
     len: u64,
     /// How long [`Transfer::wait`] polls before sleeping ([`crate::Config::wait_spin`]).
     spin: Duration,
-    /// What makes progress when no engine does (`None`: an engine finishes it).
-    driver: Option<Arc<dyn Drive>>,
+}
+
+/// Where a transfer's outcome comes from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Its own completion, finished by an engine, or by `driver` when the handle is polled.
+    Completion {
+        completion: Arc<Completion>,
+        driver: Option<Arc<dyn Drive>>,
+    },
+    /// Its place in an in-order lane (an eager message).
+    InOrder(Ticket),
 }
 
 impl Transfer {
@@ -176,11 +177,23 @@ impl Transfer {
         spin: Duration,
     ) -> Self {
         Self {
-            completion,
+            source: Source::Completion {
+                completion,
+                driver: None,
+            },
             direction,
             len,
             spin,
-            driver: None,
+        }
+    }
+
+    /// A transfer finished in order on its lane (see [`in_order`]).
+    pub(crate) fn in_order(ticket: Ticket, direction: Direction, len: u64, spin: Duration) -> Self {
+        Self {
+            source: Source::InOrder(ticket),
+            direction,
+            len,
+            spin,
         }
     }
 
@@ -193,19 +206,13 @@ impl Transfer {
         spin: Duration,
     ) -> Self {
         Self {
-            completion,
+            source: Source::Completion {
+                completion,
+                driver: Some(driver),
+            },
             direction,
             len,
             spin,
-            driver: Some(driver),
-        }
-    }
-
-    fn drive(&self) {
-        if let Some(driver) = &self.driver {
-            if !self.completion.is_finished() {
-                driver.drive();
-            }
         }
     }
 
@@ -226,40 +233,65 @@ impl Transfer {
 
     /// `None` while in progress; then the bytes moved or the error. Never blocks.
     pub fn poll(&self) -> Option<Result<u64>> {
-        self.drive();
-        self.completion.get().cloned()
+        match &self.source {
+            Source::Completion { completion, driver } => {
+                if let Some(driver) = driver {
+                    if !completion.is_finished() {
+                        driver.drive();
+                    }
+                }
+                completion.get().cloned()
+            }
+            Source::InOrder(ticket) => ticket.poll(self.len),
+        }
     }
 
     /// True once finished (successfully or not).
     pub fn is_finished(&self) -> bool {
-        self.drive();
-        self.completion.is_finished()
+        match &self.source {
+            Source::InOrder(ticket) => ticket.poll(self.len).is_some(),
+            Source::Completion { completion, .. } => {
+                completion.is_finished() || self.poll().is_some()
+            }
+        }
     }
 
     /// Blocks until the transfer finishes or `timeout` passes. Running out of time returns
     /// [`Error::WaitTimedOut`] and leaves the transfer running (the configured transfer
     /// timeout, enforced by the engines, is what fails it).
     pub fn wait(&self, timeout: Duration) -> Result<u64> {
-        if let Some(driver) = &self.driver {
-            return self.wait_driven(driver.as_ref(), timeout);
-        }
-        match self.completion.wait(timeout, self.spin) {
-            Some(outcome) => outcome.clone(),
-            None => Err(Error::WaitTimedOut(timeout)),
+        match &self.source {
+            Source::InOrder(ticket) => ticket.wait(self.len, timeout, self.spin),
+            Source::Completion {
+                completion,
+                driver: Some(driver),
+            } => self.wait_driven(completion, driver.as_ref(), timeout),
+            Source::Completion {
+                completion,
+                driver: None,
+            } => match completion.wait(timeout, self.spin) {
+                Some(outcome) => outcome.clone(),
+                None => Err(Error::WaitTimedOut(timeout)),
+            },
         }
     }
 
     /// Drives until finished: back to back for the spin, yielding the core between drives
     /// for [`DRIVE_YIELD_FOR`], then with sleeps that double up to [`DRIVE_PAUSE_MAX`]
     /// (nothing would wake a sleeper: the driver is the only progress).
-    fn wait_driven(&self, driver: &dyn Drive, timeout: Duration) -> Result<u64> {
+    fn wait_driven(
+        &self,
+        completion: &Completion,
+        driver: &dyn Drive,
+        timeout: Duration,
+    ) -> Result<u64> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(20);
         loop {
-            if !self.completion.is_finished() {
+            if !completion.is_finished() {
                 driver.drive();
             }
-            if let Some(outcome) = self.completion.get() {
+            if let Some(outcome) = completion.get() {
                 return outcome.clone();
             }
             let elapsed = start.elapsed();
