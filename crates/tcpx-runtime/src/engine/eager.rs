@@ -48,6 +48,40 @@ pub(crate) const RECV_FRAMES: usize = 4;
 /// message would move its cache line between the two cores per message.
 const PUBLISH_EVERY: u64 = 16;
 
+/// Bytes finished after which a lane's count is published even within
+/// [`PUBLISH_EVERY`] transfers: 16 messages of 64 KiB are a millisecond of copying, which
+/// the application would otherwise wait before it sees the first of them finished.
+const PUBLISH_BYTES: usize = 64 << 10;
+
+/// One lane's finished transfers as its engine counts them, published in steps.
+#[derive(Debug, Default)]
+struct Tally {
+    count: u64,
+    unpublished: u64,
+    unpublished_bytes: usize,
+}
+
+impl Tally {
+    /// Counts a finished transfer of `len` bytes; returns whether the count is due to be
+    /// published ([`Tally::publish`]).
+    fn add(&mut self, len: usize) -> bool {
+        self.count += 1;
+        self.unpublished += 1;
+        self.unpublished_bytes += len;
+        self.unpublished >= PUBLISH_EVERY || self.unpublished_bytes >= PUBLISH_BYTES
+    }
+
+    /// The count to publish now, if any finished since the last time.
+    fn publish(&mut self) -> Option<u64> {
+        if self.unpublished == 0 {
+            return None;
+        }
+        self.unpublished = 0;
+        self.unpublished_bytes = 0;
+        Some(self.count)
+    }
+}
+
 /// An eager channel handed to an engine.
 pub(crate) struct NewEagerChannel {
     pub(crate) eager: Arc<Eager>,
@@ -111,8 +145,8 @@ pub(crate) struct EagerChannel {
     recvs_seen: u64,
     /// This channel's sends copied and receives landed, ever (published to the connection's
     /// lanes, see [`crate::transfer::in_order`]).
-    sends_copied: u64,
-    recvs_landed: u64,
+    sends_copied: Tally,
+    recvs_landed: Tally,
     /// Scratch: decoded messages and the receives they land in.
     decoded: Vec<EagerMessage>,
     matched: Vec<(u64, Posted, Early)>,
@@ -168,8 +202,8 @@ impl EagerChannel {
             receiving: VecDeque::with_capacity(RECV_FRAMES),
             recvs_taken: 0,
             recvs_seen: 0,
-            sends_copied: 0,
-            recvs_landed: 0,
+            sends_copied: Tally::default(),
+            recvs_landed: Tally::default(),
             decoded: Vec::new(),
             matched: Vec::new(),
             landed: Vec::new(),
@@ -313,35 +347,39 @@ impl EagerChannel {
                 continue;
             }
             let at = FRAME_HEAD + buffer.payload;
-            if let Err(e) = copy_in(&m.region, m.offset, &buffer.memory, at, m.len as usize) {
+            let (seq, len) = (m.seq, m.len);
+            if let Err(e) = copy_in(&m.region, m.offset, &buffer.memory, at, len as usize) {
                 // The receive this message matches would wait forever: the connection fails
                 // (and with it this send and the ones after it).
                 self.publish_sends();
-                let e = Error::InvalidArgument(format!("eager send #{}: {e}", m.seq));
-                self.link().fail(e);
+                self.link()
+                    .fail(Error::InvalidArgument(format!("eager send #{seq}: {e}")));
                 return Err(LinkFailed);
             }
-            buffer.entries.push(EagerEntry {
-                seq: m.seq,
-                len: m.len,
-            });
-            buffer.payload += m.len as usize;
+            buffer.entries.push(EagerEntry { seq, len });
+            buffer.payload += len as usize;
             self.taken.pop_front();
-            self.sends_copied += 1;
-            if self.sends_copied % PUBLISH_EVERY == 0 {
+            if self.sends_copied.add(len as usize) {
                 self.publish_sends();
             }
             moved = true;
         }
-        if moved {
-            self.publish_sends();
-        }
+        self.publish_sends();
         Ok(moved)
     }
 
     /// Finishes the sends copied so far.
-    fn publish_sends(&self) {
-        self.eager.sends_finished(self.index, self.sends_copied);
+    fn publish_sends(&mut self) {
+        if let Some(count) = self.sends_copied.publish() {
+            self.eager.sends_finished(self.index, count);
+        }
+    }
+
+    /// Finishes the receives landed so far.
+    fn publish_recvs(&mut self) {
+        if let Some(count) = self.recvs_landed.publish() {
+            self.eager.recvs_finished(self.index, count);
+        }
     }
 
     /// Closes the open frame: writes its header in front of its payload.
@@ -472,10 +510,15 @@ impl EagerChannel {
         if !self.eager.take_matched(self.index, &mut self.matched) {
             return Ok(false);
         }
-        let landed = land_early(&self.eager, self.index, &self.recv_frames, &self.matched);
+        land_early(
+            &self.eager,
+            self.index,
+            &self.recv_frames,
+            &self.matched,
+            &mut self.recvs_landed,
+        );
         self.release_matched();
-        self.recvs_landed += landed;
-        self.eager.recvs_finished(self.index, self.recvs_landed);
+        self.publish_recvs();
         if self.link().is_failed() {
             return Err(LinkFailed);
         }
@@ -499,6 +542,7 @@ impl EagerChannel {
         let (eager, index) = (&self.eager, self.index);
         let frames = &self.recv_frames;
         let (decoded, landed, matched) = (&mut self.decoded, &mut self.landed, &mut self.matched);
+        let tally = &mut self.recvs_landed;
         let read = frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
             if let Err(e) = decode(frame, eager.max_message, decoded) {
@@ -509,27 +553,28 @@ impl EagerChannel {
                 counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
             }
             let delivered = eager.deliver(index, i, decoded, landed, matched);
-            let early = land_early(eager, index, frames, matched);
-            let mut now = 0;
-            if early as usize == matched.len() {
+            if land_early(eager, index, frames, matched, tally) {
                 for ((seq, posted), m) in landed.iter().zip(decoded.iter()).take(delivered.good) {
-                    let range = m.offset..m.offset + m.entry.len as usize;
-                    if !eager.land(index, *seq, posted, &frame[range]) {
+                    let len = m.entry.len as usize;
+                    if !eager.land(index, *seq, posted, &frame[m.offset..m.offset + len]) {
                         break;
                     }
-                    now += 1;
+                    if tally.add(len) {
+                        if let Some(count) = tally.publish() {
+                            eager.recvs_finished(index, count);
+                        }
+                    }
                 }
             }
-            Some((delivered, early + now))
+            Some(delivered)
         });
         self.release_matched();
         self.landed.clear();
+        self.publish_recvs();
         match read {
-            Ok(Some((Delivered { taken, kept, .. }, landed))) => {
+            Ok(Some(Delivered { taken, kept, .. })) => {
                 self.recvs_taken += taken;
                 self.recv_frames[i].kept = kept;
-                self.recvs_landed += landed;
-                self.eager.recvs_finished(self.index, self.recvs_landed);
                 if self.link().is_failed() {
                     Err(LinkFailed)
                 } else {
@@ -564,15 +609,15 @@ impl EagerChannel {
 }
 
 /// Copies early messages into their receives' memory from the frames that hold them, in
-/// order; returns how many landed (all, unless one failed the connection: the rest wait for
-/// the link's failure).
+/// order, counting each in `tally` (and publishing it when due); returns whether all landed
+/// (else one failed the connection, and the rest fail with it).
 fn land_early(
     eager: &Eager,
     index: u16,
     frames: &[RecvFrame],
     matched: &[(u64, Posted, Early)],
-) -> u64 {
-    let mut landed = 0;
+    tally: &mut Tally,
+) -> bool {
     for (seq, posted, early) in matched {
         let range = early.offset..early.offset + early.len as usize;
         let read = frames.get(early.frame).map(|frame| {
@@ -581,8 +626,14 @@ fn land_early(
                 .with_bytes(|bytes| bytes.get(range).map(|b| eager.land(index, *seq, posted, b)))
         });
         match read {
-            Some(Ok(Some(true))) => landed += 1,
-            Some(Ok(Some(false))) => break,
+            Some(Ok(Some(true))) => {
+                if tally.add(early.len as usize) {
+                    if let Some(count) = tally.publish() {
+                        eager.recvs_finished(index, count);
+                    }
+                }
+            }
+            Some(Ok(Some(false))) => return false,
             other => {
                 // Decoding checked every message against its frame, and a frame that holds
                 // messages is not posted: short of a bug, neither fails.
@@ -590,11 +641,11 @@ fn land_early(
                     "eager receive #{seq}: its message is no longer in frame {} ({other:?})",
                     early.frame
                 )));
-                break;
+                return false;
             }
         }
     }
-    landed
+    true
 }
 
 /// Copies `len` bytes at `offset` of `region` into `buffer` at `at` (host memory: one
@@ -614,5 +665,29 @@ fn copy_in(
             .with_bytes_mut(|bytes| region.read(offset, &mut bytes[at..at + len]))
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tally_is_due_every_few_small_transfers_or_every_large_one_and_keeps_the_rest() {
+        let mut tally = Tally::default();
+        let mut published = Vec::new();
+        for _ in 0..40 {
+            if tally.add(4096) {
+                published.extend(tally.publish());
+            }
+        }
+        // 16 messages of 4 KiB reach both thresholds at once.
+        assert_eq!(published, [16, 32]);
+        assert_eq!(tally.publish(), Some(40), "the tail of a run");
+        assert_eq!(tally.publish(), None, "nothing finished since");
+        assert!(tally.add(64 << 10), "one large message is due at once");
+        assert_eq!(tally.publish(), Some(41));
+        assert!(!tally.add(100));
+        assert_eq!(tally.publish(), Some(42));
     }
 }
