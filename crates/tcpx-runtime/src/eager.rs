@@ -66,6 +66,19 @@ pub(crate) struct Early {
     pub(crate) len: u32,
 }
 
+/// References to the memory of finished small transfers that the application's thread takes
+/// back and releases at once, per channel and direction.
+///
+/// Every small transfer holds a reference to its region until its engine is done with it.
+/// Released by the engine, each would write the region's reference count from the engine's
+/// core while the application's next transfer increments it from its own: with one region
+/// and many messages (the usual shape), a cache line moving between the two cores per
+/// message. So the engine hands them back in bulk under the lock it takes anyway, the
+/// application releases them once there are this many, and an engine about to sleep
+/// releases what is left (nothing streams then). A region dropped by its owner is thus
+/// freed at the latest when its connection's engine next sleeps or the connection closes.
+const HANDED_BACK: usize = 64;
+
 /// What [`Eager::deliver`] did with a frame's messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Delivered {
@@ -101,6 +114,8 @@ struct Outbox {
     unsent: usize,
     /// Sends ever queued on this channel: the next one's place in its lane.
     accepted: u64,
+    /// Regions of sends the engine is done with (see [`HANDED_BACK`]).
+    spent: Vec<Region>,
 }
 
 /// A posted small receive.
@@ -112,6 +127,13 @@ pub(crate) struct Posted {
     /// [`Eager::overdue`]), not when posted: a clock read per message is a tenth of the
     /// posting thread's time at 4 KiB, and a receive is never older than when it was posted.
     deadline: Option<Instant>,
+}
+
+impl Posted {
+    /// The region the receive landed in (the engine hands it back, see [`HANDED_BACK`]).
+    pub(crate) fn into_region(self) -> Region {
+        self.region
+    }
 }
 
 /// One channel's receives and arrivals. A channel's messages arrive in sequence order (its
@@ -130,6 +152,8 @@ struct Inbox {
     matched: Vec<(u64, Posted, Early)>,
     /// Receives ever posted on this channel: the next one's place in its lane.
     accepted: u64,
+    /// Regions of receives the engine is done with (see [`HANDED_BACK`]).
+    spent: Vec<Region>,
 }
 
 /// One eager channel's share of the connection's eager state.
@@ -247,10 +271,23 @@ impl Eager {
         share.queued.store(false, Ordering::Release);
     }
 
-    /// Counts `messages` sends of `channel` as on the wire (their frames were sent).
-    pub(crate) fn sent(&self, channel: u16, messages: usize) {
+    /// Counts `messages` sends of `channel` as on the wire (their frames were sent), and
+    /// hands back `spent`, the regions of sends the engine copied (see [`HANDED_BACK`]).
+    pub(crate) fn sent(&self, channel: u16, messages: usize, spent: &mut Vec<Region>) {
         let mut outbox = self.share(channel).outbox();
         outbox.unsent = outbox.unsent.saturating_sub(messages);
+        outbox.spent.append(spent);
+    }
+
+    /// Releases the regions of `channel`'s finished transfers the application has not taken
+    /// back (its engine's channel went idle in `direction`).
+    pub(crate) fn release_spent(&self, channel: u16, direction: Direction) {
+        let share = self.share(channel);
+        let spent = match direction {
+            Direction::Send => std::mem::take(&mut share.outbox().spent),
+            Direction::Recv => std::mem::take(&mut share.inbox().spent),
+        };
+        drop(spent);
     }
 
     /// Small transfers accepted and not finished: sends not yet on the wire (including those
@@ -315,7 +352,7 @@ impl Eager {
         };
         let channel = self.channel_of(seq);
         let share = self.share(channel);
-        let (ordinal, was_empty) = {
+        let (ordinal, was_empty, spent) = {
             let mut outbox = share.outbox();
             outbox.queue.push_back(message);
             outbox.unsent += 1;
@@ -325,8 +362,12 @@ impl Eager {
             if was_empty {
                 share.queued.store(true, Ordering::Release);
             }
-            (ordinal, was_empty)
+            let spent =
+                (outbox.spent.len() >= HANDED_BACK).then(|| std::mem::take(&mut outbox.spent));
+            (ordinal, was_empty, spent)
         };
+        // Released outside the lock.
+        drop(spent);
         let transfer = self.transfer(channel, Direction::Send, ordinal, len);
         let link = &self.link;
         if was_empty {
@@ -362,6 +403,7 @@ impl Eager {
         let mut inbox = share.inbox();
         let ordinal = inbox.accepted;
         inbox.accepted += 1;
+        let spent = (inbox.spent.len() >= HANDED_BACK).then(|| std::mem::take(&mut inbox.spent));
         let transfer = self.transfer(channel, Direction::Recv, ordinal, len);
         // Whether this is the first piece of work of its kind: the engine may be asleep.
         let first = match inbox.early.front() {
@@ -388,6 +430,7 @@ impl Eager {
             }
         };
         drop(inbox);
+        drop(spent);
         if first {
             link.wake_one(u64::from(channel));
         }
@@ -415,6 +458,7 @@ impl Eager {
         messages: &[EagerMessage],
         landed: &mut Vec<(u64, Posted)>,
         matched: &mut Vec<(u64, Posted, Early)>,
+        spent: &mut Vec<Region>,
     ) -> Delivered {
         let share = self.share(channel);
         landed.clear();
@@ -422,8 +466,10 @@ impl Eager {
         let mut kept = 0;
         {
             // Short: the application's next receive waits for this lock. The receives the
-            // frame's first messages match are taken in one go and checked after it.
+            // frame's first messages match are taken in one go and checked after it; the
+            // regions of receives landed before are handed back (see [`HANDED_BACK`]).
             let mut inbox = share.inbox();
+            inbox.spent.append(spent);
             if !inbox.matched.is_empty() {
                 if matched.is_empty() {
                     std::mem::swap(&mut inbox.matched, matched);
@@ -588,6 +634,7 @@ impl Eager {
                 outbox.unsent = 0;
                 share.queued.store(false, Ordering::Release);
                 outbox.queue.clear();
+                outbox.spent.clear();
             }
             {
                 let mut inbox = share.inbox();
@@ -595,6 +642,7 @@ impl Eager {
                 share.matched.store(0, Ordering::Release);
                 inbox.matched.clear();
                 inbox.posted.clear();
+                inbox.spent.clear();
             }
             share.sends.seal();
             share.recvs.seal();

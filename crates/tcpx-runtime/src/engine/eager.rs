@@ -147,6 +147,13 @@ pub(crate) struct EagerChannel {
     /// lanes, see [`crate::transfer::in_order`]).
     sends_copied: Tally,
     recvs_landed: Tally,
+    /// Regions of transfers this engine is done with, to hand back to the application with
+    /// the next lock it takes anyway, and whether it handed any back since the channel was
+    /// last idle (see [`crate::eager`]'s `HANDED_BACK`).
+    spent_sends: Vec<Region>,
+    spent_recvs: Vec<Region>,
+    handed_sends: bool,
+    handed_recvs: bool,
     /// Scratch: decoded messages and the receives they land in.
     decoded: Vec<EagerMessage>,
     matched: Vec<(u64, Posted, Early)>,
@@ -204,6 +211,10 @@ impl EagerChannel {
             recvs_seen: 0,
             sends_copied: Tally::default(),
             recvs_landed: Tally::default(),
+            spent_sends: Vec::new(),
+            spent_recvs: Vec::new(),
+            handed_sends: false,
+            handed_recvs: false,
             decoded: Vec::new(),
             matched: Vec::new(),
             landed: Vec::new(),
@@ -269,6 +280,21 @@ impl EagerChannel {
         Ok(moved)
     }
 
+    /// Releases the regions of finished transfers the application has not taken back: the
+    /// engine is about to sleep, so nothing streams on this channel.
+    pub(crate) fn release_spent(&mut self) {
+        if self.handed_sends || !self.spent_sends.is_empty() {
+            self.spent_sends.clear();
+            self.eager.release_spent(self.index, Direction::Send);
+            self.handed_sends = false;
+        }
+        if self.handed_recvs || !self.spent_recvs.is_empty() {
+            self.spent_recvs.clear();
+            self.eager.release_spent(self.index, Direction::Recv);
+            self.handed_recvs = false;
+        }
+    }
+
     fn plugin_error(&self, direction: Direction, source: tcpx::Error) -> LinkFailed {
         let link = self.link();
         link.fail(Error::Plugin {
@@ -322,7 +348,8 @@ impl EagerChannel {
         if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
             counters.sent(bytes);
         }
-        self.eager.sent(self.index, messages);
+        self.eager.sent(self.index, messages, &mut self.spent_sends);
+        self.handed_sends = true;
         Ok(true)
     }
 
@@ -358,7 +385,9 @@ impl EagerChannel {
             }
             buffer.entries.push(EagerEntry { seq, len });
             buffer.payload += len as usize;
-            self.taken.pop_front();
+            if let Some(m) = self.taken.pop_front() {
+                self.spent_sends.push(m.region);
+            }
             if self.sends_copied.add(len as usize) {
                 self.publish_sends();
             }
@@ -528,10 +557,11 @@ impl EagerChannel {
     /// Forgets the early messages of `matched` (landed, or failed with the link) and posts
     /// their frames again once they hold nothing more.
     fn release_matched(&mut self) {
-        for (_, _, early) in self.matched.drain(..) {
+        for (_, posted, early) in self.matched.drain(..) {
             if let Some(frame) = self.recv_frames.get_mut(early.frame) {
                 frame.kept = frame.kept.saturating_sub(1);
             }
+            self.spent_recvs.push(posted.into_region());
         }
     }
 
@@ -543,6 +573,8 @@ impl EagerChannel {
         let frames = &self.recv_frames;
         let (decoded, landed, matched) = (&mut self.decoded, &mut self.landed, &mut self.matched);
         let tally = &mut self.recvs_landed;
+        let spent = &mut self.spent_recvs;
+        self.handed_recvs |= !spent.is_empty();
         let read = frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
             if let Err(e) = decode(frame, eager.max_message, decoded) {
@@ -552,7 +584,7 @@ impl EagerChannel {
             if let Some(counters) = eager.link.counters.get(usize::from(index)) {
                 counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
             }
-            let delivered = eager.deliver(index, i, decoded, landed, matched);
+            let delivered = eager.deliver(index, i, decoded, landed, matched, spent);
             if land_early(eager, index, frames, matched, tally) {
                 for ((seq, posted), m) in landed.iter().zip(decoded.iter()).take(delivered.good) {
                     let len = m.entry.len as usize;
@@ -569,7 +601,11 @@ impl EagerChannel {
             Some(delivered)
         });
         self.release_matched();
-        self.landed.clear();
+        self.spent_recvs.extend(
+            self.landed
+                .drain(..)
+                .map(|(_, posted)| posted.into_region()),
+        );
         self.publish_recvs();
         match read {
             Ok(Some(Delivered { taken, kept, .. })) => {
@@ -598,6 +634,8 @@ impl EagerChannel {
         self.closed.clear();
         self.open = None;
         self.taken.clear();
+        self.spent_sends.clear();
+        self.spent_recvs.clear();
         // Receive frames are always posted: dropping them is this comm's normal end.
         self.recv.closing();
         for frame in &mut self.recv_frames {

@@ -334,6 +334,9 @@ impl Engine {
             self.parked.store(false, Ordering::SeqCst);
             return false;
         }
+        // Going to sleep: nothing streams, so what the applications did not take back of
+        // their regions is released here.
+        self.eager.iter_mut().for_each(EagerChannel::release_spent);
         true
     }
 
