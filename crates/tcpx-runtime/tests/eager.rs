@@ -357,3 +357,47 @@ fn small_sends_to_a_receiver_that_never_receives_end_in_a_timeout() {
         "{error:?}"
     );
 }
+
+/// Small transfers keep no reference to their regions once finished: the engines hand them
+/// back to the application in bulk and release the rest when they go idle. A region pair
+/// registered with the plugin by one large transfer, then used by many small ones, is
+/// deregistered once the application drops its handles.
+#[test]
+fn regions_of_finished_small_transfers_are_released() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(4, 16 << 10), eager_config(4, 16 << 10));
+    let big = 1 << 20;
+    let src = source(&a, big, 7);
+    let dst = b.alloc_host(big).unwrap();
+    let (base_a, base_b) = (a.live_registrations(), b.live_registrations());
+    let recv = ba.recv(&dst, 0, big).unwrap();
+    ab.send(&src, 0, big).unwrap().wait(DEADLINE).unwrap();
+    recv.wait(DEADLINE).unwrap();
+    assert!(a.live_registrations() > base_a && b.live_registrations() > base_b);
+    for round in 0..20 {
+        let (sends, recvs): (Vec<_>, Vec<_>) = (0..100)
+            .map(|k| {
+                let at = ((round * 100 + k) % 1000) * 1000;
+                (
+                    ab.send(&src, at, 1000).unwrap(),
+                    ba.recv(&dst, at, 1000).unwrap(),
+                )
+            })
+            .unzip();
+        for t in sends.iter().chain(&recvs) {
+            assert_eq!(t.wait(DEADLINE).unwrap(), 1000);
+        }
+    }
+    assert_eq!(snapshot(&dst), snapshot(&src), "every small message landed");
+    drop((src, dst));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (a.live_registrations(), b.live_registrations()) != (base_a, base_b) {
+        assert!(
+            Instant::now() < deadline,
+            "registrations still alive: {} and {} (were {base_a} and {base_b})",
+            a.live_registrations(),
+            b.live_registrations()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
