@@ -248,8 +248,14 @@ impl Eager {
         channel_of(seq, self.shares.len() as u16)
     }
 
+    /// Channel `channel`'s share. Every caller names a channel below the count (from
+    /// [`channel_of`] or an engine's own index); an index past it reads channel 0 rather
+    /// than panic on an engine thread. Not a modulo: that is a division per call, and an
+    /// engine's empty pass makes several calls.
     fn share(&self, channel: u16) -> &Share {
-        &self.shares[usize::from(channel) % self.shares.len()]
+        self.shares
+            .get(usize::from(channel))
+            .unwrap_or(&self.shares[0])
     }
 
     /// Whether sends of `channel` wait in its queue (read without the lock).
@@ -569,6 +575,63 @@ impl Eager {
         }
     }
 
+    /// Lands a frame's messages in the receives taken for them, in order (`receives[i]` is
+    /// the receive of `messages[i]`, whose bytes are in `frame`); returns how many landed.
+    /// Consecutive receives into one region are written as one operation on it (its state
+    /// atomic is written once per run, not twice per message from every engine). A length
+    /// that differs from its receive's, or memory that cannot take the bytes, fails the
+    /// connection; the receives before it land.
+    pub(crate) fn land_run(
+        &self,
+        channel: u16,
+        receives: &[(u64, Posted)],
+        messages: &[EagerMessage],
+        frame: &[u8],
+    ) -> usize {
+        let pairs = receives.len().min(messages.len());
+        let fitting = receives
+            .iter()
+            .zip(messages)
+            .position(|((_, posted), m)| posted.len != m.entry.len)
+            .unwrap_or(pairs);
+        let bytes_of = |m: &EagerMessage| &frame[m.offset..m.offset + m.entry.len as usize];
+        let mut landed = 0;
+        while landed < fitting {
+            let region = &receives[landed].1.region;
+            let end = landed
+                + receives[landed..fitting]
+                    .iter()
+                    .take_while(|(_, posted)| posted.region.same(region))
+                    .count();
+            let mut pieces = receives[landed..end]
+                .iter()
+                .zip(&messages[landed..end])
+                .map(|((_, posted), m)| (posted.offset, bytes_of(m)));
+            let memory = region.memory();
+            let written = if memory.kind() == tcpx::MemoryKind::Host {
+                memory.write_ranges(pieces).map_err(|e| {
+                    let seq = receives[landed].0;
+                    Error::InvalidArgument(format!("eager receives from #{seq}: {e}"))
+                })
+            } else {
+                // CUDA memory: a synchronous copy through a host bounce per message.
+                pieces.try_for_each(|(offset, bytes)| region.write(offset, bytes))
+            };
+            if let Err(e) = written {
+                self.link.fail(e);
+                return landed;
+            }
+            landed = end;
+        }
+        if fitting < pairs {
+            let (seq, posted) = &receives[fitting];
+            let sent = messages[fitting].entry.len as usize;
+            self.link
+                .fail(self.mismatch(channel, *seq, sent, posted.len));
+        }
+        landed
+    }
+
     /// Publishes that the first `count` sends of `channel` were copied into frames (the
     /// engine's running count).
     pub(crate) fn sends_finished(&self, channel: u16, count: u64) {
@@ -652,7 +715,7 @@ impl Eager {
 
 impl Lanes for Eager {
     fn lane(&self, lane: usize) -> &InOrder {
-        let share = self.share((lane / 2) as u16);
+        let share = self.shares.get(lane / 2).unwrap_or(&self.shares[0]);
         if lane % 2 == 0 {
             &share.sends
         } else {

@@ -363,6 +363,32 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// [`SharedMemory::write_at`] of many `(offset, bytes)` pieces, marked in flight once for
+    /// all of them: engines scattering many small messages into one application region
+    /// would otherwise write its state atomic twice per message, from several cores. Stops
+    /// at the first piece outside the memory, after writing the pieces before it.
+    pub fn write_ranges<'a>(
+        &self,
+        pieces: impl IntoIterator<Item = (usize, &'a [u8])>,
+    ) -> Result<()> {
+        const API: &str = "SharedMemory::write_ranges";
+        self.check_host(API)?;
+        let _writing = self.borrow_operation(API)?;
+        for (offset, bytes) in pieces {
+            self.check_range(API, offset, bytes.len())?;
+            // SAFETY: as in `write_at`: the range is inside live host memory of which no Rust
+            // slice exists (the token excludes CPU_ACCESS), so `bytes` cannot overlap it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    self.as_ptr().add(offset),
+                    bytes.len(),
+                )
+            };
+        }
+        Ok(())
+    }
+
     /// Copies `bytes` into host memory at `offset`, as one operation in flight (like
     /// [`SharedMemory::copy`]: allowed while sends and receives are in flight on it, not while
     /// the CPU holds a slice of it). The eager path scatters received messages with it.
@@ -500,6 +526,25 @@ mod tests {
         assert!(b.as_slice().iter().all(|&x| x == 0));
         assert!(HostBuffer::new(0).is_err());
         assert!(HostBuffer::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn write_ranges_writes_every_piece_and_stops_at_one_outside() {
+        let m = SharedMemory::host(16).unwrap();
+        m.write_ranges([(0, &[1u8, 2][..]), (14, &[3u8, 4][..])])
+            .unwrap();
+        let err = m.write_ranges([(4, &[5u8][..]), (15, &[6u8, 7][..]), (8, &[9u8][..])]);
+        assert!(err.is_err(), "a piece past the end is refused");
+        m.with_bytes(|b| {
+            assert_eq!(&b[..2], &[1, 2]);
+            assert_eq!(&b[14..], &[3, 4]);
+            assert_eq!(b[4], 5, "pieces before the bad one are written");
+            assert_eq!(b[8], 0, "pieces after it are not");
+        })
+        .unwrap();
+        assert_eq!(m.in_flight(), 0, "the operation ended");
+        let held = m.with_bytes(|_| m.write_ranges([(0, &[1u8][..])]).is_err());
+        assert!(held.unwrap(), "refused while the CPU holds a slice");
     }
 
     #[test]

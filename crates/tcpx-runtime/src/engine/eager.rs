@@ -357,7 +357,7 @@ impl EagerChannel {
     /// finishes them, until they are all copied or every buffer is closed.
     fn copy_taken(&mut self) -> Result<bool, LinkFailed> {
         let mut moved = false;
-        while let Some(m) = self.taken.front() {
+        while let Some(first) = self.taken.front() {
             let b = match self.open {
                 Some(b) => b,
                 None => match self.free.pop() {
@@ -369,27 +369,56 @@ impl EagerChannel {
                 },
             };
             let buffer = &mut self.send_buffers[b];
-            if !fits(buffer.entries.len(), buffer.payload, m.len) {
+            if !fits(buffer.entries.len(), buffer.payload, first.len) {
                 self.close_open()?;
                 continue;
             }
-            let at = FRAME_HEAD + buffer.payload;
-            let (seq, len) = (m.seq, m.len);
-            if let Err(e) = copy_in(&m.region, m.offset, &buffer.memory, at, len as usize) {
-                // The receive this message matches would wait forever: the connection fails
-                // (and with it this send and the ones after it).
+            // The run: the next messages from the same region that fit this frame, copied as
+            // one operation on the region (its state atomic is written once per run, not
+            // twice per message from every engine that copies out of it).
+            let (mut entries, mut payload) = (buffer.entries.len(), buffer.payload);
+            let run = self
+                .taken
+                .iter()
+                .take_while(|m| {
+                    let take = m.region.same(&first.region) && fits(entries, payload, m.len);
+                    if take {
+                        entries += 1;
+                        payload += m.len as usize;
+                    }
+                    take
+                })
+                .count();
+            let ranges = self.taken.iter().take(run).scan(buffer.payload, |at, m| {
+                let range = (m.offset, FRAME_HEAD + *at, m.len as usize);
+                *at += m.len as usize;
+                Some(range)
+            });
+            if let Err(e) = copy_in(&first.region, ranges, &buffer.memory) {
+                // The receives these messages match would wait forever: the connection fails
+                // (and with it these sends and the ones after them).
+                let seq = first.seq;
                 self.publish_sends();
-                self.link()
-                    .fail(Error::InvalidArgument(format!("eager send #{seq}: {e}")));
+                self.link().fail(Error::InvalidArgument(format!(
+                    "eager sends from #{seq} ({run} messages): {e}"
+                )));
                 return Err(LinkFailed);
             }
-            buffer.entries.push(EagerEntry { seq, len });
-            buffer.payload += len as usize;
-            if let Some(m) = self.taken.pop_front() {
+            for _ in 0..run {
+                let Some(m) = self.taken.pop_front() else {
+                    break;
+                };
+                buffer.entries.push(EagerEntry {
+                    seq: m.seq,
+                    len: m.len,
+                });
+                buffer.payload += m.len as usize;
+                if self.sends_copied.add(m.len as usize) {
+                    if let Some(count) = self.sends_copied.publish() {
+                        self.eager.sends_finished(self.index, count);
+                    }
+                }
                 self.spent_sends.push(m.region);
-            }
-            if self.sends_copied.add(len as usize) {
-                self.publish_sends();
             }
             moved = true;
         }
@@ -586,12 +615,10 @@ impl EagerChannel {
             }
             let delivered = eager.deliver(index, i, decoded, landed, matched, spent);
             if land_early(eager, index, frames, matched, tally) {
-                for ((seq, posted), m) in landed.iter().zip(decoded.iter()).take(delivered.good) {
-                    let len = m.entry.len as usize;
-                    if !eager.land(index, *seq, posted, &frame[m.offset..m.offset + len]) {
-                        break;
-                    }
-                    if tally.add(len) {
+                let good = delivered.good.min(landed.len());
+                let n = eager.land_run(index, &landed[..good], decoded, frame);
+                for m in &decoded[..n] {
+                    if tally.add(m.entry.len as usize) {
                         if let Some(count) = tally.publish() {
                             eager.recvs_finished(index, count);
                         }
@@ -686,24 +713,24 @@ fn land_early(
     true
 }
 
-/// Copies `len` bytes at `offset` of `region` into `buffer` at `at` (host memory: one
-/// memcpy; CUDA memory: a synchronous copy through the driver, small messages only).
+/// Copies `(offset in region, offset in buffer, len)` ranges of `region` into `buffer` (host
+/// memory: one operation on each for all of them; CUDA memory: a synchronous copy through
+/// the driver per range, small messages only).
 fn copy_in(
     region: &Region,
-    offset: usize,
+    mut ranges: impl Iterator<Item = (usize, usize, usize)>,
     buffer: &SharedMemory,
-    at: usize,
-    len: usize,
 ) -> std::result::Result<(), String> {
     let memory = region.memory();
     if memory.kind() == tcpx::MemoryKind::Host {
-        SharedMemory::copy(memory, offset, buffer, at, len).map_err(|e| e.to_string())
-    } else {
-        buffer
-            .with_bytes_mut(|bytes| region.read(offset, &mut bytes[at..at + len]))
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        return SharedMemory::copy_ranges(memory, buffer, ranges).map_err(|e| e.to_string());
     }
+    buffer
+        .with_bytes_mut(|bytes| {
+            ranges.try_for_each(|(offset, at, len)| region.read(offset, &mut bytes[at..at + len]))
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
