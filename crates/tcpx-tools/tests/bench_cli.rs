@@ -192,6 +192,38 @@ fn batched_small_messages_are_verified_and_pay_their_buffers_before_the_clock() 
     );
 }
 
+/// `--one-region`: every slot in one region at consecutive offsets, eager sizes and larger,
+/// one call and batches; every slot verified, nothing registered inside a timed window.
+#[test]
+fn one_region_slots_are_verified_for_eager_and_large_messages() {
+    for batch in ["1", "64"] {
+        let args = [
+            "--sizes",
+            "4000,64KiB,1MiB",
+            "--one-region",
+            "--batch",
+            batch,
+            "--channels",
+            "4",
+            "--min-bytes",
+            "8MiB",
+            "--verify",
+            "--timeout",
+            "30",
+        ];
+        let (rows, stdout) = server_client_rows(&args, &format!("one_region_{batch}.json"));
+        assert!(
+            stdout.contains("every message slot in one region"),
+            "{stdout}"
+        );
+        assert_eq!(rows.len(), 3);
+        for row in &rows {
+            assert_eq!(row["verified"], true, "{row}");
+            assert_eq!(row["timed_registrations"], 0, "{row}");
+        }
+    }
+}
+
 /// Issue 14 item 3: one validation for every subcommand: exit 2, one line, the flag named,
 /// never a panic.
 #[test]

@@ -73,6 +73,9 @@ pub struct Sweep {
     /// This side's `Config::eager_bytes`: messages up to it travel in eager frames, where
     /// no plugin window limits how many are in flight.
     pub eager_bytes: u32,
+    /// All message slots in one region at consecutive offsets ([`Slots`]), not one region
+    /// each.
+    pub one_region: bool,
 }
 
 impl Sweep {
@@ -242,15 +245,16 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
     let conn = endpoint
         .accept_timeout(sweep.timeout * 4)
         .map_err(peer_failure)?;
-    let regions = alloc_slots(endpoint, &conn, sweep, None)?;
+    let slots = alloc_slots(endpoint, &conn, sweep, None)?;
     let ctl = Control::new(endpoint, &conn, sweep.timeout)?;
     let token = rawtcp::new_token()?;
     ctl.send([token, 0, 0])?;
     // Warm-up: one full-size message into every slot, before any clock.
-    let max = regions.first().map_or(0, Region::len);
-    let warm: Vec<Transfer> = regions
-        .iter()
-        .map(|r| conn.recv(r, 0, max))
+    let warm: Vec<Transfer> = (0..slots.len())
+        .map(|i| {
+            let (region, at) = slots.slot(i);
+            conn.recv(region, at, slots.max)
+        })
         .collect::<tcpx_runtime::Result<_>>()?;
     for t in warm {
         t.wait(sweep.timeout).map_err(peer_failure)?;
@@ -260,8 +264,9 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         if sweep.verify {
             // A message that never lands must not pass for one that did.
             let poison = vec![0u8; size];
-            for region in &regions {
-                region.write(0, &poison)?;
+            for i in 0..slots.len() {
+                let (region, at) = slots.slot(i);
+                region.write(at, &poison)?;
             }
         }
         ctl.send([0, 0, 0])?;
@@ -273,7 +278,7 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
             while posted < plan.units && inflight.len() < plan.depth {
                 let messages = plan.messages_in(posted);
                 inflight.push_back((
-                    plan.post(&conn, &regions, posted, Direction::Recv)?,
+                    plan.post(&conn, &slots, posted, Direction::Recv)?,
                     messages * size,
                 ));
                 posted += 1;
@@ -290,8 +295,9 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         if sweep.verify {
             // After DONE: the client's clock has stopped. Every slot holds the last message
             // that landed in it (all of them did: total >= 8 >= slots or every slot was used).
-            for region in regions.iter().take(total.min(regions.len())) {
-                verify_slot(region, size)?;
+            for i in 0..total.min(slots.len()) {
+                let (region, at) = slots.slot(i);
+                verify_slot(region, at, size)?;
             }
         }
         if sweep.baseline {
@@ -316,14 +322,15 @@ pub fn drive(
     // The pattern is written whether or not the server checks it: it touches every page.
     let mut pattern = vec![0u8; sweep.sizes.iter().copied().max().unwrap_or(1).max(1)];
     fill_pattern(&mut pattern);
-    let regions = alloc_slots(endpoint, &conn, sweep, Some(&pattern))?;
+    let slots = alloc_slots(endpoint, &conn, sweep, Some(&pattern))?;
     drop(pattern);
     let ctl = Control::new(endpoint, &conn, sweep.timeout)?;
     let [token, _, _] = ctl.recv("the server's baseline token")?;
-    let max = regions.first().map_or(0, Region::len);
-    let warm: Vec<Transfer> = regions
-        .iter()
-        .map(|r| conn.send(r, 0, max))
+    let warm: Vec<Transfer> = (0..slots.len())
+        .map(|i| {
+            let (region, at) = slots.slot(i);
+            conn.send(region, at, slots.max)
+        })
         .collect::<tcpx_runtime::Result<_>>()?;
     for t in warm {
         t.wait(sweep.timeout).map_err(peer_failure)?;
@@ -333,7 +340,7 @@ pub fn drive(
     for &size in &sweep.sizes {
         ctl.recv::<3>("the server's READY")?;
         let (elapsed, mut latencies, work, timed) =
-            send_size(endpoint, &conn, &regions, &ctl, size, sweep)?;
+            send_size(endpoint, &conn, &slots, &ctl, size, sweep)?;
         let gbps = stats::gbps(size * timed, elapsed);
         let baseline_gbps = if sweep.baseline {
             let t = rawtcp::send(baseline_addr, &sweep.streams(size), token).map_err(|e| {
@@ -378,7 +385,7 @@ const LATENCY_SAMPLE_EVERY: usize = 16;
 fn send_size(
     endpoint: &Endpoint,
     conn: &Connection,
-    regions: &[Region],
+    slots: &Slots,
     ctl: &Control<'_>,
     size: usize,
     sweep: &Sweep,
@@ -402,7 +409,7 @@ fn send_size(
     let warm_units = plan.warmup_units;
     while done < warm_units.min(plan.units) {
         while posted < warm_units && inflight.len() < plan.depth {
-            inflight.push_back((plan.post(conn, regions, posted, Direction::Send)?, None));
+            inflight.push_back((plan.post(conn, slots, posted, Direction::Send)?, None));
             posted += 1;
         }
         let (t, _) = inflight.pop_front().expect("non-empty");
@@ -414,7 +421,7 @@ fn send_size(
     while done < plan.units {
         while posted < plan.units && inflight.len() < plan.depth {
             let started = (posted % sample_every == 0).then(Instant::now);
-            inflight.push_back((plan.post(conn, regions, posted, Direction::Send)?, started));
+            inflight.push_back((plan.post(conn, slots, posted, Direction::Send)?, started));
             posted += 1;
         }
         let (t, started) = inflight.pop_front().expect("non-empty");
@@ -496,20 +503,23 @@ impl Units {
     fn post(
         &self,
         conn: &Connection,
-        regions: &[Region],
+        slots: &Slots,
         u: usize,
         direction: Direction,
     ) -> tcpx_runtime::Result<Transfer> {
         let first = u * self.k;
         if self.k == 1 {
-            let region = &regions[first % regions.len()];
+            let (region, at) = slots.slot(first);
             return match direction {
-                Direction::Send => conn.send(region, 0, self.size),
-                Direction::Recv => conn.recv(region, 0, self.size),
+                Direction::Send => conn.send(region, at, self.size),
+                Direction::Recv => conn.recv(region, at, self.size),
             };
         }
         let segments: Vec<Segment<'_>> = (first..first + self.messages_in(u))
-            .map(|m| Segment::new(&regions[m % regions.len()], 0, self.size))
+            .map(|m| {
+                let (region, at) = slots.slot(m);
+                Segment::new(region, at, self.size)
+            })
             .collect();
         match direction {
             Direction::Send => conn.send_batch(&segments),
@@ -518,17 +528,48 @@ impl Units {
     }
 }
 
-/// One buffer per message in flight (`depth`, capped at 1 GiB in all), each its own region,
-/// registered and with every page touched (written with `fill`, else zeros) before anything
-/// is timed.
+/// Where a side's messages live: one slot per message in flight, `max` bytes each — one
+/// region per slot, or one region holding every slot at consecutive offsets
+/// ([`Sweep::one_region`]).
+pub struct Slots {
+    regions: Vec<Region>,
+    count: usize,
+    /// Bytes per slot (the largest message size).
+    pub max: usize,
+}
+
+impl Slots {
+    /// Slots in all.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether there are none (never: a sweep has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The region and offset of message `m`'s slot (`m % len`).
+    pub fn slot(&self, m: usize) -> (&Region, usize) {
+        let i = m % self.count.max(1);
+        match self.regions.as_slice() {
+            [one] => (one, i * self.max),
+            many => (&many[i], 0),
+        }
+    }
+}
+
+/// One buffer per message in flight (`depth`, capped at 1 GiB in all), each its own region
+/// (or all in one, [`Sweep::one_region`]), registered and with every page touched (written
+/// with `fill`, else zeros) before anything is timed.
 fn alloc_slots(
     endpoint: &Endpoint,
     conn: &Connection,
     sweep: &Sweep,
     fill: Option<&[u8]>,
-) -> Result<Vec<Region>, Failure> {
+) -> Result<Slots, Failure> {
     let max = sweep.sizes.iter().copied().max().unwrap_or(1).max(1);
-    let slots = sweep.slots();
+    let count = sweep.slots();
     if sweep.batch > 1 && sweep.memory == "host" {
         // The pack buffers of a window of batches, allocated and registered now (they would
         // otherwise grow inside the timed window as the window first fills).
@@ -541,7 +582,6 @@ fn alloc_slots(
             .unwrap_or(0);
         conn.reserve_batches(most)?;
     }
-    let mut regions = Vec::with_capacity(slots);
     let gpu = match sweep.memory {
         "cuda" => Some(
             tcpx::cuda::CudaDevice::new(sweep.gpu)
@@ -557,16 +597,29 @@ fn alloc_slots(
             &zeros
         }
     };
-    for _ in 0..slots {
+    let (regions, per_region) = if sweep.one_region && count > 1 {
+        (1, count)
+    } else {
+        (count, 1)
+    };
+    let mut slots = Slots {
+        regions: Vec::with_capacity(regions),
+        count,
+        max,
+    };
+    for _ in 0..regions {
+        let len = max * per_region;
         let region = match &gpu {
-            Some(gpu) => endpoint.alloc_cuda_on(gpu, max)?,
-            None => endpoint.alloc_host(max)?,
+            Some(gpu) => endpoint.alloc_cuda_on(gpu, len)?,
+            None => endpoint.alloc_host(len)?,
         };
-        region.write(0, &fill[..max])?;
+        for k in 0..per_region {
+            region.write(k * max, &fill[..max])?;
+        }
         conn.register(&region)?;
-        regions.push(region);
+        slots.regions.push(region);
     }
-    Ok(regions)
+    Ok(slots)
 }
 
 /// Byte `i` of the benchmark pattern (what senders write and `--verify` checks).
@@ -580,7 +633,7 @@ fn fill_pattern(buf: &mut [u8]) {
     }
 }
 
-fn verify_slot(region: &Region, len: usize) -> Result<(), Failure> {
+fn verify_slot(region: &Region, at: usize, len: usize) -> Result<(), Failure> {
     let first_bad = |got: &[u8]| {
         got.iter()
             .enumerate()
@@ -589,10 +642,12 @@ fn verify_slot(region: &Region, len: usize) -> Result<(), Failure> {
     let bad = if region.kind() == tcpx::MemoryKind::Cuda {
         // GPU memory: copy it back to the host first.
         let mut back = vec![0u8; len];
-        region.read(0, &mut back)?;
+        region.read(at, &mut back)?;
         first_bad(&back)
     } else {
-        region.memory().with_bytes(|b| first_bad(&b[..len]))?
+        region
+            .memory()
+            .with_bytes(|b| first_bad(&b[at..at + len]))?
     };
     match bad {
         None => Ok(()),

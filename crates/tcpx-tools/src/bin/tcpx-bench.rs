@@ -180,6 +180,11 @@ struct Common {
     /// TCPX_PACK_BUFFERS says otherwise), and p50/p99 are per batch.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Put every message slot in one region, at consecutive offsets, instead of one region
+    /// per slot: the shape of applications that register one buffer and send from offsets
+    /// in it (UCCL's and NIXL's users). Each side chooses its own layout.
+    #[arg(long)]
+    one_region: bool,
     #[command(flatten)]
     link: Link,
 }
@@ -718,6 +723,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         batch: check_count("--batch", c.batch)?,
         pack_buffers: config.pack_buffers,
         eager_bytes: config.eager_limit(),
+        one_region: c.one_region,
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
     let slots = sweep.slots();
@@ -859,9 +865,14 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
     );
     println!(
         "# every size moves at least {} ({} measured messages, raised to --min-bytes); \
-         one-time costs paid before timing; {}{}",
+         one-time costs paid before timing; {}{}{}",
         sizes::format_size(sweep.min_bytes),
         sweep.iters,
+        if sweep.one_region {
+            "every message slot in one region (--one-region); "
+        } else {
+            ""
+        },
         if sweep.batch > 1 {
             format!(
                 "posted in batches of up to {} messages (send_batch; p50/p99 per batch); ",
