@@ -557,22 +557,32 @@ impl Eager {
                 .fail(self.mismatch(channel, seq, bytes.len(), posted.len));
             return false;
         }
-        let memory = posted.region.memory();
+        self.write(seq, &posted.region, [(posted.offset, bytes)].into_iter())
+    }
+
+    /// Writes `(offset, bytes)` pieces of messages from `seq` on into `region` (host memory:
+    /// one operation on it for all of them; CUDA memory: a synchronous copy through a host
+    /// bounce per piece, small messages only); returns whether they landed. Memory that
+    /// cannot take them fails the connection.
+    fn write<'a>(
+        &self,
+        seq: u64,
+        region: &Region,
+        mut pieces: impl Iterator<Item = (usize, &'a [u8])>,
+    ) -> bool {
+        let memory = region.memory();
         let written = if memory.kind() == tcpx::MemoryKind::Host {
             memory
-                .write_at(posted.offset, bytes)
-                .map_err(|e| Error::InvalidArgument(format!("eager receive #{seq}: {e}")))
+                .write_ranges(pieces)
+                .map_err(|e| Error::InvalidArgument(format!("eager receives from #{seq}: {e}")))
         } else {
-            // CUDA memory: a synchronous copy through a host bounce (small messages only).
-            posted.region.write(posted.offset, bytes)
+            pieces.try_for_each(|(offset, bytes)| region.write(offset, bytes))
         };
-        match written {
-            Ok(()) => true,
-            Err(e) => {
-                self.link.fail(e);
-                false
-            }
+        if let Err(e) = written {
+            self.link.fail(e);
+            return false;
         }
+        true
     }
 
     /// Lands a frame's messages in the receives taken for them, in order (`receives[i]` is
@@ -603,22 +613,11 @@ impl Eager {
                     .iter()
                     .take_while(|(_, posted)| posted.region.same(region))
                     .count();
-            let mut pieces = receives[landed..end]
+            let pieces = receives[landed..end]
                 .iter()
                 .zip(&messages[landed..end])
                 .map(|((_, posted), m)| (posted.offset, bytes_of(m)));
-            let memory = region.memory();
-            let written = if memory.kind() == tcpx::MemoryKind::Host {
-                memory.write_ranges(pieces).map_err(|e| {
-                    let seq = receives[landed].0;
-                    Error::InvalidArgument(format!("eager receives from #{seq}: {e}"))
-                })
-            } else {
-                // CUDA memory: a synchronous copy through a host bounce per message.
-                pieces.try_for_each(|(offset, bytes)| region.write(offset, bytes))
-            };
-            if let Err(e) = written {
-                self.link.fail(e);
+            if !self.write(receives[landed].0, region, pieces) {
                 return landed;
             }
             landed = end;

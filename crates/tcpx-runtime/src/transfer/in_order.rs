@@ -148,20 +148,9 @@ impl Ticket {
             return outcome;
         }
         let start = Instant::now();
-        let spin = spin.min(timeout);
-        if !spin.is_zero() {
-            // The clock is read once per batch of polls.
-            loop {
-                for _ in 0..64 {
-                    if let Some(outcome) = self.poll(len) {
-                        return outcome;
-                    }
-                    std::hint::spin_loop();
-                }
-                if start.elapsed() >= spin {
-                    break;
-                }
-            }
+        if let Some(outcome) = super::spin::spin_until(start, spin.min(timeout), || self.poll(len))
+        {
+            return outcome;
         }
         let deadline = start + timeout;
         let lane = self.lane();
@@ -170,28 +159,24 @@ impl Ticket {
         fence(Ordering::SeqCst);
         // Under the lock, only the count is read: `poll` may seal, and sealing takes the
         // lock to wake waiters.
-        let timed_out = loop {
+        loop {
             if lane.peek(self.ordinal).is_some() || self.lanes.failure().is_some() {
-                break false;
+                break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break true;
+                break;
             }
             guard = lane
                 .wake
                 .wait_timeout(guard, left.min(RECHECK))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
-        };
+        }
         lane.waiters.fetch_sub(1, Ordering::SeqCst);
         drop(guard);
-        match self.poll(len) {
-            Some(outcome) => outcome,
-            None if timed_out => Err(Error::WaitTimedOut(timeout)),
-            // Unreachable: the loop left on an outcome or a failure, and neither goes away.
-            None => Err(Error::WaitTimedOut(timeout)),
-        }
+        // An outcome or a failure never goes away: no answer here means the time ran out.
+        self.poll(len).unwrap_or(Err(Error::WaitTimedOut(timeout)))
     }
 }
 

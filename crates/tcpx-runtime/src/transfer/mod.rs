@@ -16,6 +16,7 @@
 //! order on its channel, and a counter per channel says how far ([`in_order`]).
 
 pub(crate) mod in_order;
+mod spin;
 
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Direction, Error, Result};
 use crate::wakeup::Wakeup;
 use in_order::Ticket;
+use spin::spin_until;
 
 /// Progress for a transfer no engine finishes: [`Transfer::poll`], [`Transfer::wait`] and
 /// [`Transfer::is_finished`] call [`drive`](Drive::drive) until the completion is set.
@@ -106,20 +108,8 @@ impl Completion {
             return Some(outcome);
         }
         let start = Instant::now();
-        let spin = spin.min(timeout);
-        if !spin.is_zero() {
-            // The clock is read once per batch of polls: a poll is one load, the clock ~20 ns.
-            loop {
-                for _ in 0..64 {
-                    if let Some(outcome) = self.outcome() {
-                        return Some(outcome);
-                    }
-                    std::hint::spin_loop();
-                }
-                if start.elapsed() >= spin {
-                    break;
-                }
-            }
+        if let Some(outcome) = spin_until(start, spin.min(timeout), || self.outcome()) {
+            return Some(outcome);
         }
         let deadline = start + timeout;
         let mut finished = self.finished.lock().unwrap_or_else(|p| p.into_inner());
@@ -176,21 +166,21 @@ impl Transfer {
         len: u64,
         spin: Duration,
     ) -> Self {
-        Self {
-            source: Source::Completion {
-                completion,
-                driver: None,
-            },
-            direction,
-            len,
-            spin,
-        }
+        let source = Source::Completion {
+            completion,
+            driver: None,
+        };
+        Self::from_source(source, direction, len, spin)
     }
 
     /// A transfer finished in order on its lane (see [`in_order`]).
     pub(crate) fn in_order(ticket: Ticket, direction: Direction, len: u64, spin: Duration) -> Self {
+        Self::from_source(Source::InOrder(ticket), direction, len, spin)
+    }
+
+    fn from_source(source: Source, direction: Direction, len: u64, spin: Duration) -> Self {
         Self {
-            source: Source::InOrder(ticket),
+            source,
             direction,
             len,
             spin,
@@ -205,15 +195,11 @@ impl Transfer {
         len: u64,
         spin: Duration,
     ) -> Self {
-        Self {
-            source: Source::Completion {
-                completion,
-                driver: Some(driver),
-            },
-            direction,
-            len,
-            spin,
-        }
+        let source = Source::Completion {
+            completion,
+            driver: Some(driver),
+        };
+        Self::from_source(source, direction, len, spin)
     }
 
     /// Whether this side sends or receives.
