@@ -157,15 +157,28 @@ fn main() {
             &uccl_metadata(SocketAddr::new(ip, 7400), "0000:8a:00.0"),
         );
     }
-    // eager_frame: the agreed eager size (4 bytes), then a frame of three messages.
+    // eager_frame: the agreed eager size (4 bytes), then a frame of two inline messages and a
+    // detached one (its bytes are not in the frame).
     let entries = [
-        EagerEntry { seq: 64, len: 4096 },
-        EagerEntry { seq: 65, len: 1 },
-        EagerEntry { seq: 66, len: 100 },
+        EagerEntry {
+            seq: 64,
+            len: 4096,
+            detached: false,
+        },
+        EagerEntry {
+            seq: 65,
+            len: 1,
+            detached: false,
+        },
+        EagerEntry {
+            seq: 66,
+            len: 100,
+            detached: true,
+        },
     ];
     let mut frame = vec![0u8; header_len(entries.len())];
     write_header(&entries, &mut frame);
-    frame.extend(std::iter::repeat_n(7u8, 4096 + 1 + 100));
+    frame.extend(std::iter::repeat_n(7u8, 4096 + 1));
     let mut seed = (64u32 << 10).to_le_bytes().to_vec();
     seed.extend_from_slice(&frame);
     write(dir, "eager_frame", "three", &seed);

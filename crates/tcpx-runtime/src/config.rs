@@ -27,6 +27,7 @@
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB; 0 with `TCPX_GPU_INDEX` / `TCPX_GPU_PCI` |
+//! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
@@ -92,6 +93,8 @@ pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 
 /// Default [`Config::eager_bytes`]: two-sided messages up to 64 KiB travel in eager frames.
 pub const DEFAULT_EAGER_BYTES: u32 = 64 << 10;
+/// Default [`Config::eager_detach`]: eager messages of 32 KiB and more leave uncopied.
+pub const DEFAULT_EAGER_DETACH: u32 = 32 << 10;
 /// Default [`Config::pack_buffers`] (8 × 4 MiB at most, allocated on first use).
 pub const DEFAULT_PACK_BUFFERS: usize = 8;
 
@@ -204,7 +207,8 @@ pub struct Config {
     /// Two-sided messages ([`Connection::send`](crate::Connection::send) /
     /// [`recv`](crate::Connection::recv)) of 1 byte up to this size travel in eager frames:
     /// the engines copy queued small messages into frames of up to 256 KiB (a send finishes
-    /// once copied, as a socket `send` does once the kernel has the bytes) and send each
+    /// once copied, as a socket `send` does once the kernel has the bytes; one of host memory
+    /// from [`Config::eager_detach`] on is sent uncopied behind its frame) and send each
     /// frame as one plugin request on comms of their own, and the receiver hands every
     /// message to its receive (see [`tcpx_proto::eager`]). A connection uses the smaller of
     /// both sides' values; 0 on either side turns it off, as does a plugin that cannot take
@@ -218,6 +222,13 @@ pub struct Config {
     /// one call per message, 8 channels: 0.05–0.12 × raw TCP before, 0.33–0.35 now; 64 KiB
     /// 0.62–0.75 → 0.69–0.99).
     pub eager_bytes: Option<u32>,
+    /// Eager messages of host memory of at least this many bytes are not copied into their
+    /// frame: the frame carries their entry, and their bytes follow it on the same comm as
+    /// plugin messages of their own, sent from the application's memory (registered once per
+    /// region and channel; see [`tcpx_proto::eager`]). A send of one finishes when the plugin
+    /// has sent it. This side's choice: the receiver follows the frames. `0` copies every
+    /// eager message. Default [`DEFAULT_EAGER_DETACH`].
+    pub eager_detach: u32,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.
     pub pack_buffers: usize,
@@ -259,6 +270,7 @@ impl Default for Config {
             pack_below: DEFAULT_PACK_BELOW,
             pack_lone_runs: None,
             eager_bytes: None,
+            eager_detach: DEFAULT_EAGER_DETACH,
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
             require_secret: false,
@@ -375,6 +387,9 @@ impl Config {
         }
         if let Some((name, v)) = get(&["TCPX_EAGER_BYTES"]) {
             b = b.eager_bytes(parse_size(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_EAGER_DETACH"]) {
+            b = b.eager_detach(parse_size(name, &v)?);
         }
         if let Some((name, v)) = get(&["TCPX_PACK_BUFFERS"]) {
             b = b.pack_buffers(parse_num(name, &v)?);
@@ -546,6 +561,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// Smallest eager message sent uncopied; 0: none (see [`Config::eager_detach`]).
+    pub fn eager_detach(mut self, bytes: u32) -> Self {
+        self.config.eager_detach = bytes;
+        self
+    }
+
     /// Pack buffers per connection (see [`Config::pack_buffers`]).
     pub fn pack_buffers(mut self, buffers: usize) -> Self {
         self.config.pack_buffers = buffers;
@@ -666,6 +687,13 @@ mod tests {
         let asked = from(&[("TCPX_GPU_INDEX", "2"), ("TCPX_EAGER_BYTES", "4K")]).unwrap();
         assert_eq!(asked.eager_limit(), 4 << 10);
         assert_eq!(from(&[("TCPX_EAGER_BYTES", "0")]).unwrap().eager_limit(), 0);
+        assert_eq!(Config::default().eager_detach, DEFAULT_EAGER_DETACH);
+        assert_eq!(
+            from(&[("TCPX_EAGER_DETACH", "16K")]).unwrap().eager_detach,
+            16 << 10
+        );
+        assert_eq!(from(&[("TCPX_EAGER_DETACH", "0")]).unwrap().eager_detach, 0);
+        assert!(from(&[("TCPX_EAGER_DETACH", "lots")]).is_err());
         let err = from(&[("TCPX_EAGER_BYTES", "128K")])
             .unwrap_err()
             .to_string();

@@ -31,6 +31,12 @@
 //! lone message still leaves at once (one message, one frame) and a stream of them shares
 //! requests as soon as the comm is busy — Nagle's batching without its timer.
 //!
+//! Messages of host memory from [`crate::Config::eager_detach`] on are not copied at all: the
+//! frame carries their entries and their bytes follow it on the comm, sent from the
+//! application's memory, and the receiving engine takes them straight into their receives'
+//! memory when it can (see `engine::eager`). Copying was most of what separated 64 KiB
+//! messages from raw TCP: each byte copied twice per side where the kernel copies it once.
+//!
 //! Both sides know which messages go eager from the length alone (a send and the receive it
 //! matches have the same length), so the connection's other comms keep their posting order:
 //! eager frames ride comms of their own.
@@ -134,6 +140,11 @@ impl Posted {
     pub(crate) fn into_region(self) -> Region {
         self.region
     }
+
+    /// Where the receive's bytes go: its region, the offset in it and the length.
+    pub(crate) fn target(&self) -> (&Region, usize, u32) {
+        (&self.region, self.offset, self.len)
+    }
 }
 
 /// One channel's receives and arrivals. A channel's messages arrive in sequence order (its
@@ -211,6 +222,9 @@ impl Share {
 pub(crate) struct Eager {
     /// Largest message of the eager path on this connection (agreed in `Hello`).
     pub(crate) max_message: u32,
+    /// Smallest message of host memory this side sends detached (0: none; see
+    /// [`crate::Config::eager_detach`]).
+    pub(crate) detach_from: u32,
     /// The connection's two-sided link: its failure, timeout and engines.
     pub(crate) link: Arc<Link>,
     spin: Duration,
@@ -228,9 +242,16 @@ impl std::fmt::Debug for Eager {
 
 impl Eager {
     /// The eager state of a connection with `channels` eager channels.
-    pub(crate) fn new(max_message: u32, link: Arc<Link>, spin: Duration, channels: u16) -> Self {
+    pub(crate) fn new(
+        max_message: u32,
+        detach_from: u32,
+        link: Arc<Link>,
+        spin: Duration,
+        channels: u16,
+    ) -> Self {
         Self {
             max_message,
+            detach_from,
             link,
             spin,
             shares: (0..channels.max(1)).map(|_| Share::new()).collect(),
@@ -316,6 +337,28 @@ impl Eager {
     /// [`Eager::deliver`], which returns how many it took).
     pub(crate) fn posted_total(&self, channel: u16) -> u64 {
         self.share(channel).posted_total.load(Ordering::Acquire)
+    }
+
+    /// Takes the receive of detached message `seq` of `channel` if it has been posted (it is
+    /// then the oldest waiting: every earlier message of the channel has arrived), so that
+    /// the engine receives the message straight into its memory.
+    pub(crate) fn take_posted(&self, channel: u16, seq: u64) -> Option<Posted> {
+        let mut inbox = self.share(channel).inbox();
+        match inbox.posted.front() {
+            Some(&(due, _)) if due == seq => inbox.posted.pop_front().map(|(_, posted)| posted),
+            _ => None,
+        }
+    }
+
+    /// Gives back a receive [`Eager::take_posted`] took (the plugin had no room for it).
+    pub(crate) fn untake_posted(&self, channel: u16, seq: u64, posted: Posted) {
+        self.share(channel).inbox().posted.push_front((seq, posted));
+    }
+
+    /// A detached message that came with another length than its receive's: fails the
+    /// connection (the receive cannot finish, nor the channel's later ones).
+    pub(crate) fn fail_mismatch(&self, channel: u16, seq: u64, sent: usize, expected: u32) {
+        self.link.fail(self.mismatch(channel, seq, sent, expected));
     }
 
     /// Whether early messages of `channel` wait for the engine to copy them in.

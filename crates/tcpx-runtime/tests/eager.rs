@@ -76,6 +76,144 @@ fn small_and_large_messages_interleave_and_land_in_order() {
     }
 }
 
+/// Messages sent detached (host memory from `eager_detach` on: their bytes follow their
+/// frame from the application's memory) interleaved with copied ones and large ones, receive
+/// first and send first, on one to eight channels: every message lands whole in its slot, and
+/// sends finish in order (a copied send behind a detached one finishes with it).
+#[test]
+fn detached_messages_interleave_with_copied_ones_and_land_in_order() {
+    loopback();
+    for (channels, detach) in [(1u16, 16 << 10), (3, 16 << 10), (8, 32 << 10), (2, 1)] {
+        let mut ca = eager_config(channels, 64 << 10);
+        ca.eager_detach = detach;
+        let (a, b, ab, ba) = pair_with(ca.clone(), ca);
+        // Runs of detached messages longer than a frame takes, alone and between copied ones.
+        let sizes: Vec<usize> = (0..400)
+            .map(|i| match i % 11 {
+                0 => 1,
+                1..=3 => 64 << 10,
+                4 => 16 << 10,
+                5 => 40_000,
+                6 => (64 << 10) + 1,
+                7 => 4096,
+                8 => (16 << 10) - 1,
+                9 => 64 << 10,
+                _ => 333,
+            })
+            .collect();
+        let stride = 96 << 10;
+        let src = source(&a, sizes.len() * stride, u64::from(channels) + 70);
+        let dst = b.alloc_host(sizes.len() * stride).unwrap();
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            if i < sizes.len() / 2 {
+                recvs.push(ba.recv(&dst, i * stride, len).unwrap());
+            }
+            sends.push(ab.send(&src, i * stride, len).unwrap());
+        }
+        // The second half's receives come after their sends (early arrivals); waiting for
+        // those sends first would ask the transport to buffer megabytes nobody receives.
+        for (i, &len) in sizes.iter().enumerate().skip(sizes.len() / 2) {
+            recvs.push(ba.recv(&dst, i * stride, len).unwrap());
+        }
+        for (i, s) in sends.iter().enumerate() {
+            assert_eq!(s.wait(DEADLINE).unwrap(), sizes[i] as u64, "send {i}");
+        }
+        for (i, r) in recvs.iter().enumerate() {
+            assert_eq!(r.wait(DEADLINE).unwrap(), sizes[i] as u64, "receive {i}");
+        }
+        let (sent, got) = (snapshot(&src), snapshot(&dst));
+        for (i, &len) in sizes.iter().enumerate() {
+            let at = i * stride;
+            assert!(
+                got[at..at + len] == sent[at..at + len],
+                "{channels} channels, detached from {detach}: message {i} of {len} bytes"
+            );
+        }
+        assert_eq!(ab.in_flight() + ba.in_flight(), 0);
+    }
+}
+
+/// A receiver that starts late behind thousands of detached 64 KiB messages: their bytes
+/// wait in receive frames (then in TCP) and each lands in its own receive, in order.
+#[test]
+fn detached_messages_to_a_late_receiver_all_arrive_in_order() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(4, 64 << 10), eager_config(4, 64 << 10));
+    let (count, len, slots) = (3000usize, 64usize << 10, 64usize);
+    let src = a.alloc_host(slots * len).unwrap();
+    src.memory()
+        .with_bytes_mut(|bytes| {
+            for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
+                fill(slot, i as u64);
+            }
+        })
+        .unwrap();
+    let dst = b.alloc_host(slots * len).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut in_flight = std::collections::VecDeque::new();
+            for i in 0..count {
+                if in_flight.len() >= slots {
+                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
+                    t.wait(DEADLINE).unwrap();
+                }
+                in_flight.push_back(ab.send(&src, (i % slots) * len, len).unwrap());
+            }
+            for t in in_flight {
+                t.wait(DEADLINE).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        for round in 0..count.div_ceil(slots) {
+            let n = slots.min(count - round * slots);
+            let batch: Vec<_> = (0..n)
+                .map(|k| ba.recv(&dst, k * len, len).unwrap())
+                .collect();
+            for t in &batch {
+                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64);
+            }
+            dst.memory()
+                .with_bytes(|bytes| {
+                    for k in 0..n {
+                        let slot = &bytes[k * len..(k + 1) * len];
+                        assert!(check(slot, k as u64).is_ok(), "round {round}, slot {k}");
+                    }
+                })
+                .unwrap();
+        }
+    });
+    assert_eq!(ab.in_flight() + ba.in_flight(), 0);
+}
+
+/// A detached message whose receive has another length fails that receive with both
+/// lengths, whether the receive came first (straight into its memory) or after the message.
+#[test]
+fn a_detached_length_mismatch_fails_the_receive_and_says_both_lengths() {
+    loopback();
+    for receive_first in [true, false] {
+        let (a, b, ab, ba) = pair_with(eager_config(2, 64 << 10), eager_config(2, 64 << 10));
+        let src = source(&a, 64 << 10, 5);
+        let dst = b.alloc_host(64 << 10).unwrap();
+        let (sent, expected) = (40_000usize, 48_000usize);
+        let r = if receive_first {
+            let r = ba.recv(&dst, 0, expected).unwrap();
+            let _ = ab.send(&src, 0, sent).unwrap();
+            r
+        } else {
+            let _ = ab.send(&src, 0, sent).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            ba.recv(&dst, 0, expected).unwrap()
+        };
+        let err = r.wait(DEADLINE).unwrap_err();
+        assert!(matches!(err, Error::Mismatch { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("40000") && text.contains("48000"), "{text}");
+        assert!(ba.error().is_some(), "the connection failed");
+    }
+}
+
 /// Thousands of 4 KiB messages with a deep window of sends in flight share frames, and the
 /// receive side hands each to its own receive (checked by content).
 #[test]
@@ -399,5 +537,70 @@ fn regions_of_finished_small_transfers_are_released() {
             b.live_registrations()
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Streams of detached messages whose count ends a channel's run part-way, each followed by
+/// a small message, with receives posted well ahead (the shape of `tcpx-bench` phases): every
+/// receive finishes with its own bytes.
+#[test]
+fn detached_streams_that_end_mid_run_finish_every_receive() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(8, 64 << 10), eager_config(8, 64 << 10));
+    let slots = 64usize;
+    for (round, (count, len)) in [
+        (1638usize, 40usize << 10),
+        (100, 48 << 10),
+        (1000, 64 << 10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let src = a.alloc_host(slots * len).unwrap();
+        src.memory()
+            .with_bytes_mut(|bytes| {
+                for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
+                    fill(slot, i as u64);
+                }
+            })
+            .unwrap();
+        let dst = b.alloc_host(slots * len).unwrap();
+        let note = b.alloc_host(64).unwrap();
+        let note_src = a.alloc_host(64).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut in_flight = std::collections::VecDeque::new();
+                for i in 0..count {
+                    if in_flight.len() >= 256 {
+                        let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
+                        t.wait(DEADLINE).unwrap();
+                    }
+                    in_flight.push_back(ab.send(&src, (i % slots) * len, len).unwrap());
+                }
+                in_flight.push_back(ab.send(&note_src, 0, 24).unwrap());
+                for t in in_flight {
+                    t.wait(DEADLINE).unwrap();
+                }
+            });
+            let mut in_flight = std::collections::VecDeque::new();
+            for i in 0..count {
+                if in_flight.len() >= 1024 {
+                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
+                    assert_eq!(t.wait(DEADLINE).unwrap(), len as u64, "round {round}");
+                }
+                in_flight.push_back(ba.recv(&dst, (i % slots) * len, len).unwrap());
+            }
+            in_flight.push_back(ba.recv(&note, 0, 24).unwrap());
+            for t in in_flight {
+                t.wait(DEADLINE).unwrap();
+            }
+        });
+        let got = snapshot(&dst);
+        for k in 0..slots {
+            assert!(
+                check(&got[k * len..(k + 1) * len], k as u64).is_ok(),
+                "round {round}, slot {k}"
+            );
+        }
     }
 }

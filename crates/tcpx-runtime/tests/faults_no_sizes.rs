@@ -24,6 +24,50 @@ fn no_sizes_on_loopback() {
     loopback();
 }
 
+/// Eager messages copied into frames and detached ones (their bytes after the frame, straight
+/// into their receives or through a receive frame) arrive whole when the plugin reports the
+/// posted size instead of the received one.
+#[test]
+fn eager_and_detached_messages_verify_without_plugin_sizes() {
+    no_sizes_on_loopback();
+    let (a, b, ab, ba) = pair(4, 256 << 10);
+    let sizes: Vec<usize> = (0..600)
+        .map(|i| match i % 5 {
+            0 => 4096,
+            1 | 2 => 64 << 10,
+            3 => 40_000,
+            _ => 100,
+        })
+        .collect();
+    let stride = 64 << 10;
+    let src = source(&a, sizes.len() * stride, 77);
+    let dst = b.alloc_host(sizes.len() * stride).unwrap();
+    // The first half's receives before their sends, the second half's after (early).
+    let half = sizes.len() / 2;
+    let mut recvs: Vec<_> = (0..half)
+        .map(|i| ba.recv(&dst, i * stride, sizes[i]).unwrap())
+        .collect();
+    let sends: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| ab.send(&src, i * stride, len).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    recvs.extend((half..sizes.len()).map(|i| ba.recv(&dst, i * stride, sizes[i]).unwrap()));
+    for (i, t) in sends.iter().chain(&recvs).enumerate() {
+        t.wait(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("transfer {i}: {e}"));
+    }
+    let (sent, got) = (snapshot(&src), snapshot(&dst));
+    for (i, &len) in sizes.iter().enumerate() {
+        let at = i * stride;
+        assert!(
+            got[at..at + len] == sent[at..at + len],
+            "message {i} of {len} bytes"
+        );
+    }
+}
+
 #[test]
 fn two_sided_and_one_sided_traffic_verifies_without_plugin_sizes() {
     no_sizes_on_loopback();

@@ -151,6 +151,7 @@ impl Connection {
         let eager = (established.eager_bytes > 0).then(|| {
             Arc::new(Eager::new(
                 established.eager_bytes,
+                config.eager_detach,
                 link.clone(),
                 config.wait_spin,
                 channels,

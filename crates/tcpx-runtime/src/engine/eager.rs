@@ -12,15 +12,28 @@
 //!
 //! A send frame's header is written when it closes, ending where the payload begins
 //! ([`FRAME_HEAD`]): the frame is sent from there, in the wire format, with no second copy.
+//!
+//! Messages of host memory from [`crate::Config::eager_detach`] on are not copied: their
+//! entries close the frame, and their bytes follow it on the comm as requests of their own,
+//! sent from the application's memory (registered on the eager comm once per region, see
+//! [`Registered`]). Their sends finish when those requests complete, and the sends copied
+//! after one wait for it ([`Behind`]): a lane's sends finish in order. The receiver lands
+//! a detached message straight into its receive's memory when it knows, before posting the
+//! request that brings it, which message that is and its receive has come ([`Incoming`]):
+//! after a frame, its detached messages come next, then a frame. Otherwise (the request was
+//! posted before the frame announcing the message was read, or the receive has not come) the
+//! bytes arrive in a receive frame and are copied out as a frame's messages are.
 
 use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMemory};
 use tcpx_proto::eager::{
     decode, fits, header_len, write_header, EagerEntry, EagerMessage, EAGER_ENTRY_BYTES,
-    EAGER_FRAME_BYTES, EAGER_HEADER_BYTES, EAGER_MAX_MESSAGES,
+    EAGER_FRAME_BYTES, EAGER_HEADER_BYTES, EAGER_MAX_DETACHED, EAGER_MAX_MESSAGES,
 };
 
 use super::channel::LinkFailed;
@@ -40,8 +53,24 @@ const SEND_BUFFERS: usize = SEND_FRAMES + 2;
 /// Where a send buffer's payload starts: room for the largest header before it.
 const FRAME_HEAD: usize = EAGER_HEADER_BYTES + EAGER_ENTRY_BYTES * EAGER_MAX_MESSAGES;
 
+/// Requests a comm takes in flight at once (TCPX's window, the ABI's `MAX_REQUESTS`).
+const COMM_REQUESTS: usize = 16;
+
 /// Receive frames kept posted per eager comm.
 pub(crate) const RECV_FRAMES: usize = 4;
+
+/// Least length of a frame that announces detached messages: the built-in plugin reads
+/// ahead 128 KiB past a message shorter than 32 KiB (many small messages per `recv`), and
+/// after a frame of a few entries that read took the detached bytes behind it into the
+/// plugin's own buffer, to be copied out again: a fifth of a receiving engine's time at
+/// 64 KiB. After a message this long it reads only the next header, and the detached bytes go
+/// straight into their receive. The receiver ignores what follows a frame's last message.
+const ANNOUNCING_BYTES: usize = 32 << 10;
+
+/// Most regions whose registration on one eager comm a channel keeps (for detached
+/// messages); past it the channel starts over. They are also let go whenever the engine
+/// sleeps. A registration dropped while a request still uses it lives on with that request.
+const REGISTERED: usize = 4096;
 
 /// Transfers finished per publication of a lane's count while a run of them finishes (the
 /// run's end is always published): the application polls that count, and a store per
@@ -65,9 +94,14 @@ impl Tally {
     /// Counts a finished transfer of `len` bytes; returns whether the count is due to be
     /// published ([`Tally::publish`]).
     fn add(&mut self, len: usize) -> bool {
-        self.count += 1;
-        self.unpublished += 1;
-        self.unpublished_bytes += len;
+        self.add_many(1, len)
+    }
+
+    /// Counts `n` finished transfers of `bytes` in all; returns whether the count is due.
+    fn add_many(&mut self, n: u64, bytes: usize) -> bool {
+        self.count += n;
+        self.unpublished += n;
+        self.unpublished_bytes += bytes;
         self.unpublished >= PUBLISH_EVERY || self.unpublished_bytes >= PUBLISH_BYTES
     }
 
@@ -93,9 +127,63 @@ pub(crate) struct NewEagerChannel {
 struct SendBuffer {
     memory: SharedMemory,
     region: MemoryRegion,
-    /// Entries of the messages copied in, and their bytes.
+    /// Entries of the messages copied in (then of the detached ones), and the copied bytes.
     entries: Vec<EagerEntry>,
     payload: usize,
+    /// The detached messages of the frame, in entry order: sent after it.
+    detached: Vec<Detached>,
+}
+
+/// A message sent from the application's memory right after its frame.
+struct Detached {
+    /// The send's region (held until the request completes) and its registration here.
+    region: Region,
+    registered: Arc<MemoryRegion>,
+    offset: usize,
+    len: u32,
+}
+
+/// Registrations of application regions on one of a channel's eager comms, by region. An
+/// application that streams from many buffers (a slot per message in flight) registers each
+/// once, not once per message.
+#[derive(Default)]
+struct Registered {
+    entries: FxHashMap<u64, (Region, Arc<MemoryRegion>)>,
+}
+
+impl Registered {
+    /// The registration of `region`, made with `register` on first use.
+    fn of(
+        &mut self,
+        region: &Region,
+        register: impl FnOnce(&SharedMemory) -> tcpx::Result<MemoryRegion>,
+    ) -> tcpx::Result<Arc<MemoryRegion>> {
+        if let Some((_, registered)) = self.entries.get(&region.id()) {
+            return Ok(registered.clone());
+        }
+        let registered = Arc::new(register(region.memory())?);
+        if self.entries.len() >= REGISTERED {
+            self.entries.clear();
+        }
+        self.entries
+            .insert(region.id(), (region.clone(), registered.clone()));
+        Ok(registered)
+    }
+}
+
+/// Sends that cannot finish yet: each detached send still on the wire, with the copied sends
+/// after it (up to the next detached one), which finish with it.
+#[derive(Default)]
+struct Behind {
+    queue: VecDeque<Blocked>,
+}
+
+/// A detached send in flight and the copied sends behind it.
+#[derive(Clone, Copy, Default)]
+struct Blocked {
+    len: u32,
+    copied: u64,
+    copied_bytes: usize,
 }
 
 /// A closed send frame: posted (with its request) or waiting for room.
@@ -105,8 +193,33 @@ struct Closed {
     start: usize,
     len: usize,
     request: Option<SendRequest>,
+    /// Requests of its detached messages, posted right after it, in order.
+    payloads: Vec<SendRequest>,
+    /// Of the frame's request and its payloads', how many completed (in that order).
+    sent: usize,
     /// When it was posted: a frame the peer does not take within the link's timeout fails
     /// the connection, as the sends it carries would have.
+    posted_at: Instant,
+}
+
+/// What a posted request of the eager receive comm brings, in posting order.
+enum Incoming {
+    /// Receive frame `frame`: a frame, or the bytes of detached message `payload`.
+    Buffer {
+        frame: usize,
+        payload: Option<EagerEntry>,
+    },
+    /// A detached message, straight into its receive's memory.
+    Direct(Box<Direct>),
+}
+
+/// A detached message received into its receive's memory.
+struct Direct {
+    seq: u64,
+    posted: Posted,
+    request: RecvRequest,
+    /// The receive's memory registered on the comm (kept while the request is posted).
+    _registered: Arc<MemoryRegion>,
     posted_at: Instant,
 }
 
@@ -136,8 +249,17 @@ pub(crate) struct EagerChannel {
     /// Sends taken from the connection's queue and not yet copied, oldest first.
     taken: VecDeque<Outgoing>,
     recv_frames: Vec<RecvFrame>,
-    /// Receive frames posted, oldest first.
-    receiving: VecDeque<usize>,
+    /// Receive requests posted, oldest first.
+    receiving: VecDeque<Incoming>,
+    /// Of those, how many are [`Incoming::Direct`] (they are tested while no receive waits).
+    directs: usize,
+    /// Detached messages announced by a frame read, whose requests are not posted yet: the
+    /// next requests posted bring them, in order.
+    expected: VecDeque<EagerEntry>,
+    /// Registrations for detached messages received directly.
+    recv_registered: Registered,
+    /// Whether the last frame read announced detached messages (see `post_receives`).
+    announced: bool,
     /// Receives of this channel this engine took off the inbox's queue, and the last total
     /// it read of those queued ([`Eager::posted_total`]): while the latter is ahead, a
     /// receive waits, and the application's counter need not be read again.
@@ -147,6 +269,10 @@ pub(crate) struct EagerChannel {
     /// lanes, see [`crate::transfer::in_order`]).
     sends_copied: Tally,
     recvs_landed: Tally,
+    /// Sends waiting for a detached one before them to be sent.
+    behind: Behind,
+    /// Registrations for detached messages sent.
+    registered: Registered,
     /// Regions of transfers this engine is done with, to hand back to the application with
     /// the next lock it takes anyway, and whether it handed any back since the channel was
     /// last idle (see [`crate::eager`]'s `HANDED_BACK`).
@@ -180,6 +306,7 @@ impl EagerChannel {
                     region,
                     entries: Vec::with_capacity(EAGER_MAX_MESSAGES),
                     payload: 0,
+                    detached: Vec::with_capacity(EAGER_MAX_DETACHED),
                 })
             })
             .collect::<tcpx::Result<Vec<_>>>()?;
@@ -206,11 +333,17 @@ impl EagerChannel {
             closed: VecDeque::with_capacity(SEND_BUFFERS),
             taken: VecDeque::new(),
             recv_frames,
-            receiving: VecDeque::with_capacity(RECV_FRAMES),
+            receiving: VecDeque::with_capacity(COMM_REQUESTS),
+            directs: 0,
+            expected: VecDeque::with_capacity(EAGER_MAX_DETACHED),
+            recv_registered: Registered::default(),
+            announced: false,
             recvs_taken: 0,
             recvs_seen: 0,
             sends_copied: Tally::default(),
             recvs_landed: Tally::default(),
+            behind: Behind::default(),
+            registered: Registered::default(),
             spent_sends: Vec::new(),
             spent_recvs: Vec::new(),
             handed_sends: false,
@@ -231,7 +364,10 @@ impl EagerChannel {
     /// checks deadlines) while it is. Frames posted with no receive waiting are not work:
     /// an idle connection lets its engines sleep, and a receive wakes them.
     pub(crate) fn has_work(&mut self) -> bool {
-        self.has_send_work() || self.receive_waits() || self.eager.has_matched(self.index)
+        self.has_send_work()
+            || self.directs > 0
+            || self.receive_waits()
+            || self.eager.has_matched(self.index)
     }
 
     /// Frames closed or in flight, messages copied or to copy.
@@ -254,6 +390,17 @@ impl EagerChannel {
 
     /// The oldest frame in flight, if it has been longer than the link's timeout.
     pub(crate) fn overdue_frame(&self, now: Instant) -> Option<String> {
+        let direct = self.receiving.iter().find_map(|item| match item {
+            Incoming::Direct(d) => Some(d),
+            Incoming::Buffer { .. } => None,
+        });
+        if let Some(d) = direct.filter(|d| now >= d.posted_at + self.link().timeout) {
+            return Some(format!(
+                "eager receive #{} of {} bytes (detached)",
+                d.seq,
+                d.posted.target().2
+            ));
+        }
         let oldest = self.closed.front().filter(|c| c.request.is_some())?;
         (now >= oldest.posted_at + self.link().timeout).then(|| {
             let messages = self.send_buffers[oldest.buffer].entries.len();
@@ -283,6 +430,10 @@ impl EagerChannel {
     /// Releases the regions of finished transfers the application has not taken back: the
     /// engine is about to sleep, so nothing streams on this channel.
     pub(crate) fn release_spent(&mut self) {
+        // Registrations hold their regions: an idle channel lets them go (requests in flight
+        // keep theirs).
+        self.registered.entries.clear();
+        self.recv_registered.entries.clear();
         if self.handed_sends || !self.spent_sends.is_empty() {
             self.spent_sends.clear();
             self.eager.release_spent(self.index, Direction::Send);
@@ -316,33 +467,62 @@ impl EagerChannel {
         Ok(moved)
     }
 
-    /// Retires sent frames, oldest first: their buffers become free.
+    /// Retires sent frames (with their detached messages), oldest first: their buffers
+    /// become free, and their detached sends finish.
     fn retire_sent(&mut self) -> Result<bool, LinkFailed> {
         let mut messages = 0;
         let mut bytes = 0u64;
-        while let Some(oldest) = self.closed.front_mut() {
-            let Some(request) = oldest.request.as_mut() else {
-                break;
-            };
-            match self.send.test(request) {
-                Ok(Some(_)) => {
-                    let b = oldest.buffer;
-                    self.closed.pop_front();
-                    let buffer = &mut self.send_buffers[b];
-                    messages += buffer.entries.len();
-                    bytes += buffer.payload as u64;
-                    buffer.entries.clear();
-                    buffer.payload = 0;
-                    self.free.push(b);
-                    self.progress_at = Instant::now();
+        'frames: while let Some(oldest) = self.closed.front_mut() {
+            let buffer = &mut self.send_buffers[oldest.buffer];
+            // The frame's request, then its payloads': the plugin completes them in order.
+            while oldest.sent <= buffer.detached.len() {
+                let request = match oldest.sent {
+                    0 => oldest.request.as_mut(),
+                    k => oldest.payloads.get_mut(k - 1),
+                };
+                let Some(request) = request else {
+                    break 'frames;
+                };
+                match self.send.test(request) {
+                    Ok(Some(_)) => oldest.sent += 1,
+                    Ok(None) => break 'frames,
+                    Err(e) => {
+                        let failed = self.plugin_error(Direction::Send, e);
+                        return Err(failed);
+                    }
                 }
-                Ok(None) => break,
-                Err(e) => return Err(self.plugin_error(Direction::Send, e)),
             }
+            let b = oldest.buffer;
+            self.closed.pop_front();
+            let buffer = &mut self.send_buffers[b];
+            messages += buffer.entries.len();
+            bytes += buffer.payload as u64;
+            for detached in buffer.detached.drain(..) {
+                bytes += u64::from(detached.len);
+                self.spent_sends.push(detached.region);
+                // Each detached send is the oldest one blocked (frames retire in order).
+                if let Some(blocked) = self.behind.queue.pop_front() {
+                    let due = self.sends_copied.add(blocked.len as usize);
+                    if due
+                        | self
+                            .sends_copied
+                            .add_many(blocked.copied, blocked.copied_bytes)
+                    {
+                        if let Some(count) = self.sends_copied.publish() {
+                            self.eager.sends_finished(self.index, count);
+                        }
+                    }
+                }
+            }
+            buffer.entries.clear();
+            buffer.payload = 0;
+            self.free.push(b);
+            self.progress_at = Instant::now();
         }
         if messages == 0 {
             return Ok(false);
         }
+        self.publish_sends();
         // Channel `index`'s counters: this engine owns both the channel and its eager channel
         // (one writer).
         if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
@@ -357,7 +537,9 @@ impl EagerChannel {
     /// finishes them, until they are all copied or every buffer is closed.
     fn copy_taken(&mut self) -> Result<bool, LinkFailed> {
         let mut moved = false;
+        let detach_from = self.eager.detach_from;
         while let Some(first) = self.taken.front() {
+            let detach = detaches(detach_from, first);
             let b = match self.open {
                 Some(b) => b,
                 None => match self.free.pop() {
@@ -369,7 +551,51 @@ impl EagerChannel {
                 },
             };
             let buffer = &mut self.send_buffers[b];
-            if !fits(buffer.entries.len(), buffer.payload, first.len) {
+            if detach {
+                // Its entry only; its bytes follow the frame from its own memory.
+                if buffer.detached.len() >= EAGER_MAX_DETACHED
+                    || !fits(buffer.entries.len(), buffer.payload, 0)
+                {
+                    self.close_open()?;
+                    continue;
+                }
+                let send = &self.send;
+                let registered = match self.registered.of(&first.region, |m| send.register(m)) {
+                    Ok(registered) => registered,
+                    Err(e) => {
+                        let (seq, index) = (first.seq, self.index);
+                        self.publish_sends();
+                        self.link().fail(Error::InvalidArgument(format!(
+                            "eager send #{seq}: registering its memory on eager channel \
+                             {index}: {e}"
+                        )));
+                        return Err(LinkFailed);
+                    }
+                };
+                let Some(m) = self.taken.pop_front() else {
+                    break;
+                };
+                buffer.entries.push(EagerEntry {
+                    seq: m.seq,
+                    len: m.len,
+                    detached: true,
+                });
+                self.behind.queue.push_back(Blocked {
+                    len: m.len,
+                    ..Blocked::default()
+                });
+                buffer.detached.push(Detached {
+                    region: m.region,
+                    registered,
+                    offset: m.offset,
+                    len: m.len,
+                });
+                moved = true;
+                continue;
+            }
+            // A frame's inline messages come before its detached ones.
+            if !buffer.detached.is_empty() || !fits(buffer.entries.len(), buffer.payload, first.len)
+            {
                 self.close_open()?;
                 continue;
             }
@@ -381,7 +607,9 @@ impl EagerChannel {
                 .taken
                 .iter()
                 .take_while(|m| {
-                    let take = m.region.same(&first.region) && fits(entries, payload, m.len);
+                    let take = m.region.same(&first.region)
+                        && !detaches(detach_from, m)
+                        && fits(entries, payload, m.len);
                     if take {
                         entries += 1;
                         payload += m.len as usize;
@@ -411,9 +639,14 @@ impl EagerChannel {
                 buffer.entries.push(EagerEntry {
                     seq: m.seq,
                     len: m.len,
+                    detached: false,
                 });
                 buffer.payload += m.len as usize;
-                if self.sends_copied.add(m.len as usize) {
+                if let Some(blocked) = self.behind.queue.back_mut() {
+                    // Finishes with the detached send before it.
+                    blocked.copied += 1;
+                    blocked.copied_bytes += m.len as usize;
+                } else if self.sends_copied.add(m.len as usize) {
                     if let Some(count) = self.sends_copied.publish() {
                         self.eager.sends_finished(self.index, count);
                     }
@@ -460,11 +693,19 @@ impl EagerChannel {
                 .fail(Error::Internal(format!("eager frame busy: {e}")));
             return Err(LinkFailed);
         }
+        // A frame followed by detached messages goes out at least `ANNOUNCING_BYTES` long
+        // (the receiver reads no further than the frame's own end; see the constant).
+        let mut len = head + buffer.payload;
+        if !buffer.detached.is_empty() {
+            len = len.max(ANNOUNCING_BYTES);
+        }
         self.closed.push_back(Closed {
             buffer: b,
             start,
-            len: head + buffer.payload,
+            len,
             request: None,
+            payloads: Vec::with_capacity(buffer.detached.len()),
+            sent: 0,
             posted_at: Instant::now(),
         });
         Ok(())
@@ -480,6 +721,9 @@ impl EagerChannel {
                 .iter()
                 .take_while(|c| c.request.is_some())
                 .count();
+            if posted > 0 && !self.post_payloads(posted - 1, &mut moved)? {
+                break;
+            }
             if posted >= SEND_FRAMES {
                 break;
             }
@@ -507,6 +751,28 @@ impl EagerChannel {
         Ok(moved)
     }
 
+    /// Posts the detached messages of posted frame `k` that are not posted yet, right behind
+    /// it (nothing else is posted on the comm before they all are); returns whether they all
+    /// are now.
+    fn post_payloads(&mut self, k: usize, moved: &mut bool) -> Result<bool, LinkFailed> {
+        let closed = &mut self.closed[k];
+        let detached = &self.send_buffers[closed.buffer].detached;
+        while let Some(d) = detached.get(closed.payloads.len()) {
+            match self.send.isend(&d.registered, d.offset, d.len as usize, 0) {
+                Ok(Some(request)) => {
+                    closed.payloads.push(request);
+                    *moved = true;
+                }
+                Ok(None) => return Ok(false),
+                Err(e) => {
+                    let failed = self.plugin_error(Direction::Send, e);
+                    return Err(failed);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// Tests and posts receive frames only while a receive of this channel waits for its
     /// message. Frames of one channel arrive in sequence order and receives are posted in
     /// sequence order, so a message nobody waits for yet can only sit behind one that is
@@ -515,51 +781,206 @@ impl EagerChannel {
     /// plugin call (a `recv` syscall on the socket plugin) of testing an idle comm.
     fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
         let mut moved = self.land_matched()?;
-        if !self.receive_waits() {
-            return Ok(moved);
-        }
-        while let Some(&i) = self.receiving.front() {
-            if !self.receive_waits() {
+        loop {
+            // Direct receives were taken already: they are tested whether or not a receive
+            // of the inbox waits.
+            if self.directs == 0 && !self.receive_waits() {
                 break;
             }
-            let frame = &mut self.recv_frames[i];
-            let Some(request) = frame.request.as_mut() else {
-                self.receiving.pop_front();
-                continue;
+            let Some(front) = self.receiving.front_mut() else {
+                break;
             };
-            let size = match self.recv.test(request) {
-                Ok(Some(size)) => size,
-                Ok(None) => break,
-                Err(e) => return Err(self.plugin_error(Direction::Recv, e)),
-            };
-            let request = frame.request.take();
-            self.receiving.pop_front();
-            if let Some(request) = request {
-                // The bytes are in our own host buffer: hand the slot back before reading.
-                if let Err(e) = self.recv.consumed(request) {
-                    return Err(self.plugin_error(Direction::Recv, e));
-                }
-            }
-            self.progress_at = Instant::now();
-            moved = true;
-            self.take_delivery(i, size)?;
-        }
-        for i in 0..self.recv_frames.len() {
-            let frame = &mut self.recv_frames[i];
-            if frame.request.is_some() || frame.kept > 0 {
-                continue;
-            }
-            match self.recv.irecv(&frame.region, 0, EAGER_FRAME_BYTES, 0) {
-                Ok(Some(request)) => {
-                    frame.request = Some(request);
-                    self.receiving.push_back(i);
+            match front {
+                Incoming::Buffer { frame: i, payload } => {
+                    let (i, payload) = (*i, *payload);
+                    let frame = &mut self.recv_frames[i];
+                    let Some(request) = frame.request.as_mut() else {
+                        self.receiving.pop_front();
+                        continue;
+                    };
+                    let size = match self.recv.test(request) {
+                        Ok(Some(size)) => size,
+                        Ok(None) => break,
+                        Err(e) => return Err(self.plugin_error(Direction::Recv, e)),
+                    };
+                    let request = frame.request.take();
+                    self.receiving.pop_front();
+                    if let Some(request) = request {
+                        // The bytes are in our own host buffer: hand the slot back before
+                        // reading.
+                        if let Err(e) = self.recv.consumed(request) {
+                            return Err(self.plugin_error(Direction::Recv, e));
+                        }
+                    }
+                    self.progress_at = Instant::now();
                     moved = true;
+                    self.take_delivery(i, size, payload)?;
                 }
-                Ok(None) => break,
-                Err(e) => return Err(self.plugin_error(Direction::Recv, e)),
+                Incoming::Direct(direct) => {
+                    let size = match self.recv.test(&mut direct.request) {
+                        Ok(Some(size)) => size,
+                        Ok(None) => break,
+                        Err(e) => return Err(self.plugin_error(Direction::Recv, e)),
+                    };
+                    let Some(Incoming::Direct(direct)) = self.receiving.pop_front() else {
+                        break;
+                    };
+                    self.directs -= 1;
+                    let Direct {
+                        seq,
+                        posted,
+                        request,
+                        ..
+                    } = *direct;
+                    if let Err(e) = self.recv.consumed(request) {
+                        return Err(self.plugin_error(Direction::Recv, e));
+                    }
+                    self.progress_at = Instant::now();
+                    moved = true;
+                    self.land_direct(seq, posted, size)?;
+                }
             }
         }
+        // A run of direct receives ends here: publish what it finished.
+        self.publish_recvs();
+        self.post_receives(&mut moved)?;
         Ok(moved)
+    }
+
+    /// Finishes a receive whose detached message the plugin wrote into its memory.
+    fn land_direct(&mut self, seq: u64, posted: Posted, size: usize) -> Result<(), LinkFailed> {
+        let len = posted.target().2;
+        if size != len as usize {
+            self.eager.fail_mismatch(self.index, seq, size, len);
+            return Err(LinkFailed);
+        }
+        if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
+            counters.received(u64::from(len));
+        }
+        if self.recvs_landed.add(len as usize) {
+            self.publish_recvs();
+        }
+        self.spent_recvs.push(posted.into_region());
+        Ok(())
+    }
+
+    /// Posts receive requests: first for the detached messages announced and not yet asked
+    /// for (each straight into its receive's memory when that receive has come, else into a
+    /// receive frame), then, while a receive waits, receive frames for what comes next. After
+    /// a frame that announced detached messages, only the one frame known to follow them is
+    /// posted, so that the next frame's detached messages find their requests unposted and
+    /// go straight into their receives too.
+    fn post_receives(&mut self, moved: &mut bool) -> Result<(), LinkFailed> {
+        while let Some(&entry) = self.expected.front() {
+            if self.receiving.len() >= COMM_REQUESTS {
+                return Ok(());
+            }
+            if self.post_direct(entry)? {
+                self.expected.pop_front();
+                *moved = true;
+                continue;
+            }
+            let Some(i) = self.free_frame() else {
+                return Ok(());
+            };
+            if !self.post_frame(i, Some(entry))? {
+                return Ok(());
+            }
+            self.expected.pop_front();
+            *moved = true;
+        }
+        if !self.receive_waits() {
+            return Ok(());
+        }
+        let unknown = |r: &VecDeque<Incoming>| {
+            r.iter()
+                .filter(|item| matches!(item, Incoming::Buffer { payload: None, .. }))
+                .count()
+        };
+        while !self.announced || unknown(&self.receiving) == 0 {
+            let Some(i) = self.free_frame() else {
+                break;
+            };
+            if !self.post_frame(i, None)? {
+                break;
+            }
+            *moved = true;
+        }
+        Ok(())
+    }
+
+    /// A receive frame neither posted nor holding early messages.
+    fn free_frame(&self) -> Option<usize> {
+        self.recv_frames
+            .iter()
+            .position(|f| f.request.is_none() && f.kept == 0)
+    }
+
+    /// Posts receive frame `i` for a frame or for detached message `payload`; returns
+    /// whether the plugin took it.
+    fn post_frame(&mut self, i: usize, payload: Option<EagerEntry>) -> Result<bool, LinkFailed> {
+        let frame = &mut self.recv_frames[i];
+        match self.recv.irecv(&frame.region, 0, EAGER_FRAME_BYTES, 0) {
+            Ok(Some(request)) => {
+                frame.request = Some(request);
+                self.receiving
+                    .push_back(Incoming::Buffer { frame: i, payload });
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(self.plugin_error(Direction::Recv, e)),
+        }
+    }
+
+    /// Posts the request of detached message `entry` straight into its receive's memory, if
+    /// that receive has come and is host memory; returns whether it did.
+    fn post_direct(&mut self, entry: EagerEntry) -> Result<bool, LinkFailed> {
+        let Some(posted) = self.eager.take_posted(self.index, entry.seq) else {
+            return Ok(false);
+        };
+        let (region, offset, len) = posted.target();
+        if region.memory().kind() != tcpx::MemoryKind::Host || region.is_staged() {
+            self.eager.untake_posted(self.index, entry.seq, posted);
+            return Ok(false);
+        }
+        if len != entry.len {
+            self.eager
+                .fail_mismatch(self.index, entry.seq, entry.len as usize, len);
+            return Err(LinkFailed);
+        }
+        let recv = &self.recv;
+        let registered = match self.recv_registered.of(region, |m| recv.register(m)) {
+            Ok(registered) => registered,
+            Err(e) => {
+                self.link().fail(Error::InvalidArgument(format!(
+                    "eager receive #{}: registering its memory on eager channel {}: {e}",
+                    entry.seq, self.index
+                )));
+                return Err(LinkFailed);
+            }
+        };
+        match self.recv.irecv(&registered, offset, len as usize, 0) {
+            Ok(Some(request)) => {
+                self.receiving.push_back(Incoming::Direct(Box::new(Direct {
+                    seq: entry.seq,
+                    posted,
+                    request,
+                    _registered: registered,
+                    posted_at: Instant::now(),
+                })));
+                self.directs += 1;
+                self.recvs_taken += 1;
+                Ok(true)
+            }
+            Ok(None) => {
+                self.eager.untake_posted(self.index, entry.seq, posted);
+                Ok(false)
+            }
+            Err(e) => {
+                self.eager.untake_posted(self.index, entry.seq, posted);
+                Err(self.plugin_error(Direction::Recv, e))
+            }
+        }
     }
 
     /// Copies in the early messages whose receives have come since the last call, finishes
@@ -594,21 +1015,80 @@ impl EagerChannel {
         }
     }
 
-    /// Decodes received frame `i` (`size` bytes) and hands its messages over: the early
-    /// messages whose receives came since the last pass land first (their receives were
-    /// posted first), then the frame's own.
-    fn take_delivery(&mut self, i: usize, size: usize) -> Result<(), LinkFailed> {
+    /// Decodes received frame `i` (`size` bytes; the bytes of detached message `payload`
+    /// when given) and hands its messages over: the early messages whose receives came since
+    /// the last pass land first (their receives were posted first), then the frame's own.
+    /// The detached messages a frame announces are assigned to the requests posted after it,
+    /// in order, and the rest are expected (see `post_receives`).
+    fn take_delivery(
+        &mut self,
+        i: usize,
+        size: usize,
+        payload: Option<EagerEntry>,
+    ) -> Result<(), LinkFailed> {
         let (eager, index) = (&self.eager, self.index);
         let frames = &self.recv_frames;
         let (decoded, landed, matched) = (&mut self.decoded, &mut self.landed, &mut self.matched);
         let tally = &mut self.recvs_landed;
         let spent = &mut self.spent_recvs;
+        let (receiving, expected) = (&mut self.receiving, &mut self.expected);
+        let announced = &mut self.announced;
         self.handed_recvs |= !spent.is_empty();
         let read = frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
-            if let Err(e) = decode(frame, eager.max_message, decoded) {
-                eager.violation(index, e.to_string());
-                return None;
+            if let Some(entry) = payload {
+                // The bytes of a detached message, alone: the whole plugin message, or the
+                // whole posted buffer from a plugin that reports no sizes.
+                let len = entry.len as usize;
+                if frame.len() != len && frame.len() != EAGER_FRAME_BYTES {
+                    eager.violation(
+                        index,
+                        format!(
+                            "detached message #{} of {len} bytes came as {} bytes",
+                            entry.seq,
+                            frame.len()
+                        ),
+                    );
+                    return None;
+                }
+                decoded.clear();
+                decoded.push(EagerMessage { entry, offset: 0 });
+            } else {
+                if let Err(e) = decode(frame, eager.max_message, decoded) {
+                    eager.violation(index, e.to_string());
+                    return None;
+                }
+                // Detached messages (after the inline ones) come in the next requests: those
+                // posted already (receive frames posted before this frame was read: nothing
+                // was known of what they would bring), then ones not posted yet.
+                let inline = decoded
+                    .iter()
+                    .position(|m| m.entry.detached)
+                    .unwrap_or(decoded.len());
+                *announced = inline < decoded.len();
+                let mut detached = decoded[inline..].iter().map(|m| m.entry);
+                for item in receiving.iter_mut() {
+                    let Incoming::Buffer {
+                        payload: slot @ None,
+                        ..
+                    } = item
+                    else {
+                        eager.link.fail(Error::Internal(format!(
+                            "eager channel {index}: a request posted after an unread frame \
+                             already has a message"
+                        )));
+                        return None;
+                    };
+                    match detached.next() {
+                        Some(entry) => *slot = Some(entry),
+                        None => break,
+                    }
+                }
+                expected.extend(detached);
+                decoded.truncate(inline);
+                if decoded.is_empty() {
+                    return Some(Delivered::default());
+                }
             }
             if let Some(counters) = eager.link.counters.get(usize::from(index)) {
                 counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
@@ -661,6 +1141,14 @@ impl EagerChannel {
         self.closed.clear();
         self.open = None;
         self.taken.clear();
+        self.behind.queue.clear();
+        self.registered.entries.clear();
+        self.recv_registered.entries.clear();
+        self.expected.clear();
+        self.directs = 0;
+        for buffer in &mut self.send_buffers {
+            buffer.detached.clear();
+        }
         self.spent_sends.clear();
         self.spent_recvs.clear();
         // Receive frames are always posted: dropping them is this comm's normal end.
@@ -668,6 +1156,7 @@ impl EagerChannel {
         for frame in &mut self.recv_frames {
             frame.request = None;
         }
+        // Direct receives fail with the lanes (`fail_all`); their requests go with the comm.
         self.receiving.clear();
         self.eager.fail_all();
     }
@@ -711,6 +1200,15 @@ fn land_early(
         }
     }
     true
+}
+
+/// Whether `m` leaves detached: host memory of at least `detach_from` bytes (0: never). CUDA
+/// memory is copied through a host bounce (the plugin may not take it from there).
+fn detaches(detach_from: u32, m: &Outgoing) -> bool {
+    detach_from > 0
+        && m.len >= detach_from
+        && m.region.memory().kind() == tcpx::MemoryKind::Host
+        && !m.region.is_staged()
 }
 
 /// Copies `(offset in region, offset in buffer, len)` ranges of `region` into `buffer` (host
