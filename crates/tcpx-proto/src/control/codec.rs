@@ -87,8 +87,10 @@ impl MessageType {
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"TXCP";
 
-/// The protocol version this crate speaks (and the only one it accepts).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// The protocol version this crate speaks (and the only one it accepts). Version 5: eager
+/// frames may carry detached messages ([`crate::eager::DETACHED`]), which a version 4 peer
+/// would refuse mid-stream; the handshake refuses it instead.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;

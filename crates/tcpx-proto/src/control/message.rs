@@ -23,7 +23,8 @@
 //! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32,
 //! gpu_index (u8 0 = none, 1 = present then u32), spread u16, eager_bytes u32 (protocol
 //! version 2 added
-//! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`).
+//! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`; version 5
+//! changed no message here, only eager frames: detached messages).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects
