@@ -781,10 +781,16 @@ impl EagerChannel {
     /// plugin call (a `recv` syscall on the socket plugin) of testing an idle comm.
     fn pump_recv(&mut self) -> Result<bool, LinkFailed> {
         let mut moved = self.land_matched()?;
+        if self.directs == 0 && self.expected.is_empty() && !self.receive_waits() {
+            return Ok(moved);
+        }
+        // Whether a receive of the inbox still waits (frames are read ahead only then).
+        let mut waits = true;
         loop {
             // Direct receives were taken already: they are tested whether or not a receive
             // of the inbox waits.
             if self.directs == 0 && !self.receive_waits() {
+                waits = false;
                 break;
             }
             let Some(front) = self.receiving.front_mut() else {
@@ -843,7 +849,7 @@ impl EagerChannel {
         }
         // A run of direct receives ends here: publish what it finished.
         self.publish_recvs();
-        self.post_receives(&mut moved)?;
+        self.post_receives(waits, &mut moved)?;
         Ok(moved)
     }
 
@@ -866,11 +872,11 @@ impl EagerChannel {
 
     /// Posts receive requests: first for the detached messages announced and not yet asked
     /// for (each straight into its receive's memory when that receive has come, else into a
-    /// receive frame), then, while a receive waits, receive frames for what comes next. After
+    /// receive frame), then, when a receive `waits`, receive frames for what comes next. After
     /// a frame that announced detached messages, only the one frame known to follow them is
     /// posted, so that the next frame's detached messages find their requests unposted and
     /// go straight into their receives too.
-    fn post_receives(&mut self, moved: &mut bool) -> Result<(), LinkFailed> {
+    fn post_receives(&mut self, waits: bool, moved: &mut bool) -> Result<(), LinkFailed> {
         while let Some(&entry) = self.expected.front() {
             if self.receiving.len() >= COMM_REQUESTS {
                 return Ok(());
@@ -889,7 +895,7 @@ impl EagerChannel {
             self.expected.pop_front();
             *moved = true;
         }
-        if !self.receive_waits() {
+        if !waits {
             return Ok(());
         }
         let unknown = |r: &VecDeque<Incoming>| {
