@@ -237,20 +237,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn frame(messages: &[(u64, Vec<u8>)]) -> Vec<u8> {
-        let entries: Vec<_> = messages
-            .iter()
-            .map(|(seq, bytes)| EagerEntry {
-                seq: *seq,
-                len: bytes.len() as u32,
-                detached: false,
-            })
-            .collect();
-        let mut out = vec![0; header_len(entries.len())];
-        write_header(&entries, &mut out);
-        for (_, bytes) in messages {
-            out.extend_from_slice(bytes);
-        }
-        out
+        mixed(messages, &[])
     }
 
     #[test]

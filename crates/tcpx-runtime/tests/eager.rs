@@ -104,33 +104,8 @@ fn detached_messages_interleave_with_copied_ones_and_land_in_order() {
         let stride = 96 << 10;
         let src = source(&a, sizes.len() * stride, u64::from(channels) + 70);
         let dst = b.alloc_host(sizes.len() * stride).unwrap();
-        let mut sends = Vec::new();
-        let mut recvs = Vec::new();
-        for (i, &len) in sizes.iter().enumerate() {
-            if i < sizes.len() / 2 {
-                recvs.push(ba.recv(&dst, i * stride, len).unwrap());
-            }
-            sends.push(ab.send(&src, i * stride, len).unwrap());
-        }
-        // The second half's receives come after their sends (early arrivals); waiting for
-        // those sends first would ask the transport to buffer megabytes nobody receives.
-        for (i, &len) in sizes.iter().enumerate().skip(sizes.len() / 2) {
-            recvs.push(ba.recv(&dst, i * stride, len).unwrap());
-        }
-        for (i, s) in sends.iter().enumerate() {
-            assert_eq!(s.wait(DEADLINE).unwrap(), sizes[i] as u64, "send {i}");
-        }
-        for (i, r) in recvs.iter().enumerate() {
-            assert_eq!(r.wait(DEADLINE).unwrap(), sizes[i] as u64, "receive {i}");
-        }
-        let (sent, got) = (snapshot(&src), snapshot(&dst));
-        for (i, &len) in sizes.iter().enumerate() {
-            let at = i * stride;
-            assert!(
-                got[at..at + len] == sent[at..at + len],
-                "{channels} channels, detached from {detach}: message {i} of {len} bytes"
-            );
-        }
+        let what = format!("{channels} channels, detached from {detach}");
+        exchange_verified((&ab, &ba), (&src, &dst), &sizes, stride, &what);
         assert_eq!(ab.in_flight() + ba.in_flight(), 0);
     }
 }

@@ -42,30 +42,7 @@ fn eager_and_detached_messages_verify_without_plugin_sizes() {
     let stride = 64 << 10;
     let src = source(&a, sizes.len() * stride, 77);
     let dst = b.alloc_host(sizes.len() * stride).unwrap();
-    // The first half's receives before their sends, the second half's after (early).
-    let half = sizes.len() / 2;
-    let mut recvs: Vec<_> = (0..half)
-        .map(|i| ba.recv(&dst, i * stride, sizes[i]).unwrap())
-        .collect();
-    let sends: Vec<_> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &len)| ab.send(&src, i * stride, len).unwrap())
-        .collect();
-    std::thread::sleep(Duration::from_millis(100));
-    recvs.extend((half..sizes.len()).map(|i| ba.recv(&dst, i * stride, sizes[i]).unwrap()));
-    for (i, t) in sends.iter().chain(&recvs).enumerate() {
-        t.wait(Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("transfer {i}: {e}"));
-    }
-    let (sent, got) = (snapshot(&src), snapshot(&dst));
-    for (i, &len) in sizes.iter().enumerate() {
-        let at = i * stride;
-        assert!(
-            got[at..at + len] == sent[at..at + len],
-            "message {i} of {len} bytes"
-        );
-    }
+    exchange_verified((&ab, &ba), (&src, &dst), &sizes, stride, "no sizes");
 }
 
 #[test]

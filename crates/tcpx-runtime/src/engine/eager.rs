@@ -171,14 +171,8 @@ impl Registered {
     }
 }
 
-/// Sends that cannot finish yet: each detached send still on the wire, with the copied sends
-/// after it (up to the next detached one), which finish with it.
-#[derive(Default)]
-struct Behind {
-    queue: VecDeque<Blocked>,
-}
-
-/// A detached send in flight and the copied sends behind it.
+/// A detached send in flight and the copied sends after it (up to the next detached one),
+/// which finish with it.
 #[derive(Clone, Copy, Default)]
 struct Blocked {
     len: u32,
@@ -269,8 +263,9 @@ pub(crate) struct EagerChannel {
     /// lanes, see [`crate::transfer::in_order`]).
     sends_copied: Tally,
     recvs_landed: Tally,
-    /// Sends waiting for a detached one before them to be sent.
-    behind: Behind,
+    /// Sends that cannot finish yet: each detached send still on the wire, with the copied
+    /// sends behind it, oldest first.
+    behind: VecDeque<Blocked>,
     /// Registrations for detached messages sent.
     registered: Registered,
     /// Regions of transfers this engine is done with, to hand back to the application with
@@ -342,7 +337,7 @@ impl EagerChannel {
             recvs_seen: 0,
             sends_copied: Tally::default(),
             recvs_landed: Tally::default(),
-            behind: Behind::default(),
+            behind: VecDeque::new(),
             registered: Registered::default(),
             spent_sends: Vec::new(),
             spent_recvs: Vec::new(),
@@ -501,7 +496,7 @@ impl EagerChannel {
                 bytes += u64::from(detached.len);
                 self.spent_sends.push(detached.region);
                 // Each detached send is the oldest one blocked (frames retire in order).
-                if let Some(blocked) = self.behind.queue.pop_front() {
+                if let Some(blocked) = self.behind.pop_front() {
                     let due = self.sends_copied.add(blocked.len as usize);
                     if due
                         | self
@@ -563,13 +558,11 @@ impl EagerChannel {
                 let registered = match self.registered.of(&first.region, |m| send.register(m)) {
                     Ok(registered) => registered,
                     Err(e) => {
-                        let (seq, index) = (first.seq, self.index);
-                        self.publish_sends();
-                        self.link().fail(Error::InvalidArgument(format!(
-                            "eager send #{seq}: registering its memory on eager channel \
-                             {index}: {e}"
-                        )));
-                        return Err(LinkFailed);
+                        let what = format!(
+                            "eager send #{}: registering its memory on eager channel {}: {e}",
+                            first.seq, self.index
+                        );
+                        return Err(self.fail_sends(what));
                     }
                 };
                 let Some(m) = self.taken.pop_front() else {
@@ -580,7 +573,7 @@ impl EagerChannel {
                     len: m.len,
                     detached: true,
                 });
-                self.behind.queue.push_back(Blocked {
+                self.behind.push_back(Blocked {
                     len: m.len,
                     ..Blocked::default()
                 });
@@ -625,12 +618,8 @@ impl EagerChannel {
             if let Err(e) = copy_in(&first.region, ranges, &buffer.memory) {
                 // The receives these messages match would wait forever: the connection fails
                 // (and with it these sends and the ones after them).
-                let seq = first.seq;
-                self.publish_sends();
-                self.link().fail(Error::InvalidArgument(format!(
-                    "eager sends from #{seq} ({run} messages): {e}"
-                )));
-                return Err(LinkFailed);
+                let what = format!("eager sends from #{} ({run} messages): {e}", first.seq);
+                return Err(self.fail_sends(what));
             }
             for _ in 0..run {
                 let Some(m) = self.taken.pop_front() else {
@@ -642,7 +631,7 @@ impl EagerChannel {
                     detached: false,
                 });
                 buffer.payload += m.len as usize;
-                if let Some(blocked) = self.behind.queue.back_mut() {
+                if let Some(blocked) = self.behind.back_mut() {
                     // Finishes with the detached send before it.
                     blocked.copied += 1;
                     blocked.copied_bytes += m.len as usize;
@@ -657,6 +646,14 @@ impl EagerChannel {
         }
         self.publish_sends();
         Ok(moved)
+    }
+
+    /// Finishes the sends copied so far and fails the connection with `what` (memory the
+    /// channel could not take a send from): the sends after them fail with it.
+    fn fail_sends(&mut self, what: String) -> LinkFailed {
+        self.publish_sends();
+        self.link().fail(Error::InvalidArgument(what));
+        LinkFailed
     }
 
     /// Finishes the sends copied so far.
@@ -1073,7 +1070,7 @@ impl EagerChannel {
                     .unwrap_or(decoded.len());
                 *announced = inline < decoded.len();
                 let mut detached = decoded[inline..].iter().map(|m| m.entry);
-                for item in receiving.iter_mut() {
+                for item in receiving.iter_mut().take(decoded.len() - inline) {
                     let Incoming::Buffer {
                         payload: slot @ None,
                         ..
@@ -1085,10 +1082,7 @@ impl EagerChannel {
                         )));
                         return None;
                     };
-                    match detached.next() {
-                        Some(entry) => *slot = Some(entry),
-                        None => break,
-                    }
+                    *slot = detached.next();
                 }
                 expected.extend(detached);
                 decoded.truncate(inline);
@@ -1147,7 +1141,7 @@ impl EagerChannel {
         self.closed.clear();
         self.open = None;
         self.taken.clear();
-        self.behind.queue.clear();
+        self.behind.clear();
         self.registered.entries.clear();
         self.recv_registered.entries.clear();
         self.expected.clear();

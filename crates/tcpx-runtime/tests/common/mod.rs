@@ -317,3 +317,51 @@ pub fn received_since(
         .collect();
     (got, now)
 }
+
+/// Sends `sizes[i]` bytes from offset `i · stride` of `src` to the same offset of `dst` on
+/// `ab` → `ba`: the first half's receives are posted before every send, the second half's
+/// after them and a pause (their messages arrive first). Every transfer must report its
+/// length and every message land whole (`what` names the run in a failure).
+pub fn exchange_verified(
+    (ab, ba): (&Connection, &Connection),
+    (src, dst): (&Region, &Region),
+    sizes: &[usize],
+    stride: usize,
+    what: &str,
+) {
+    let half = sizes.len() / 2;
+    let mut recvs: Vec<_> = (0..half)
+        .map(|i| ba.recv(dst, i * stride, sizes[i]).unwrap())
+        .collect();
+    let sends: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| ab.send(src, i * stride, len).unwrap())
+        .collect();
+    // Waiting for the second half's sends before posting their receives would ask the
+    // transport to buffer megabytes nobody receives.
+    std::thread::sleep(Duration::from_millis(100));
+    recvs.extend((half..sizes.len()).map(|i| ba.recv(dst, i * stride, sizes[i]).unwrap()));
+    for (i, s) in sends.iter().enumerate() {
+        assert_eq!(
+            s.wait(DEADLINE).unwrap(),
+            sizes[i] as u64,
+            "{what}: send {i}"
+        );
+    }
+    for (i, r) in recvs.iter().enumerate() {
+        assert_eq!(
+            r.wait(DEADLINE).unwrap(),
+            sizes[i] as u64,
+            "{what}: receive {i}"
+        );
+    }
+    let (sent, got) = (snapshot(src), snapshot(dst));
+    for (i, &len) in sizes.iter().enumerate() {
+        let at = i * stride;
+        assert!(
+            got[at..at + len] == sent[at..at + len],
+            "{what}: message {i} of {len} bytes"
+        );
+    }
+}
