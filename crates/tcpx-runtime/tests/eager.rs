@@ -42,35 +42,12 @@ fn small_and_large_messages_interleave_and_land_in_order() {
         let stride = 256 << 10;
         let src = source(&a, sizes.len() * stride, u64::from(channels) + 40);
         let dst = b.alloc_host(sizes.len() * stride).unwrap();
-        let mut sends = Vec::new();
-        let mut recvs = Vec::new();
-        for (i, &len) in sizes.iter().enumerate() {
-            // The first half: receives first; the second: sends first (early arrivals).
-            if i < sizes.len() / 2 {
-                recvs.push(ba.recv(&dst, i * stride, len).unwrap());
-                sends.push(ab.send(&src, i * stride, len).unwrap());
-            } else {
-                sends.push(ab.send(&src, i * stride, len).unwrap());
-            }
-        }
-        for (i, s) in sends.iter().enumerate() {
-            assert_eq!(s.wait(DEADLINE).unwrap(), sizes[i] as u64, "send {i}");
-        }
-        for (i, &len) in sizes.iter().enumerate().skip(sizes.len() / 2) {
-            recvs.push(ba.recv(&dst, i * stride, len).unwrap());
-        }
-        for (i, r) in recvs.iter().enumerate() {
-            assert_eq!(r.wait(DEADLINE).unwrap(), sizes[i] as u64, "receive {i}");
-        }
-        let sent = snapshot(&src);
-        let got = snapshot(&dst);
-        for (i, &len) in sizes.iter().enumerate() {
-            let at = i * stride;
-            assert!(
-                got[at..at + len] == sent[at..at + len],
-                "{channels} channels: message {i} of {len} bytes"
-            );
-        }
+        // The first half's receives come first; the second half's messages arrive before
+        // their receives (early arrivals), which are posted while the sends are in flight:
+        // waiting for those sends first would ask TCP to buffer megabytes of large messages
+        // nobody receives, which passes or not with the kernel's buffer autotuning.
+        let what = format!("{channels} channels");
+        exchange_verified((&ab, &ba), (&src, &dst), &sizes, stride, &what);
         assert_eq!(ab.in_flight(), 0);
         assert_eq!(ba.in_flight(), 0);
     }
