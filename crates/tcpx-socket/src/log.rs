@@ -6,6 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_ulong, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use tcpx_sys::{
     ncclDebugLogger_t, NCCL_LOG_FLAG_NET, NCCL_LOG_INFO, NCCL_LOG_TRACE, NCCL_LOG_WARN,
@@ -47,6 +48,16 @@ pub(crate) fn set_logger(logger: ncclDebugLogger_t) {
     }
 }
 
+/// Whether TRACE lines are wanted: `NCCL_DEBUG=TRACE`, NCCL's own switch for them (read
+/// once). Checked before a TRACE line is formatted: `regMr` traces every registration, and
+/// formatting a line nobody reads cost an allocation per call on the data path.
+pub(crate) fn trace_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        std::env::var("NCCL_DEBUG").is_ok_and(|v| v.trim().eq_ignore_ascii_case("TRACE"))
+    })
+}
+
 /// Emits one line. Without a logger, warnings go to stderr (a plugin used before `init`, or by
 /// a caller that passed NULL, should still explain its errors); other levels are dropped.
 pub(crate) fn log(level: Level, line: u32, msg: &str) {
@@ -84,9 +95,38 @@ macro_rules! log_warn {
 macro_rules! log_info {
     ($($arg:tt)*) => { $crate::log::log($crate::log::Level::Info, line!(), &format!($($arg)*)) };
 }
-/// `log_trace!(fmt, args…)`: a TRACE line through the installed logger.
+/// `log_trace!(fmt, args…)`: a TRACE line through the installed logger, formatted only when
+/// [`trace_enabled`].
 #[allow(unused_macros)]
 macro_rules! log_trace {
-    ($($arg:tt)*) => { $crate::log::log($crate::log::Level::Trace, line!(), &format!($($arg)*)) };
+    ($($arg:tt)*) => {
+        if $crate::log::trace_enabled() {
+            $crate::log::log($crate::log::Level::Trace, line!(), &format!($($arg)*))
+        }
+    };
 }
 pub(crate) use {log_info, log_trace, log_warn};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::fmt;
+
+    struct Counted<'a>(&'a Cell<u32>);
+
+    impl fmt::Display for Counted<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.set(self.0.get() + 1);
+            f.write_str("x")
+        }
+    }
+
+    #[test]
+    fn trace_lines_are_formatted_only_when_nccl_debug_asks_for_them() {
+        let formatted = Cell::new(0);
+        log_trace!("tcpx-socket: {}", Counted(&formatted));
+        let expected = u32::from(trace_enabled());
+        assert_eq!(formatted.get(), expected);
+    }
+}

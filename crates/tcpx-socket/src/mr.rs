@@ -147,8 +147,10 @@ pub(crate) unsafe fn check(
     if size == 0 && mh.is_null() {
         return Ok(NCCL_PTR_HOST);
     }
+    // Formatted only if the handle is refused: this runs for every isend / irecv.
+    let what = format_args!("{call} mhandle");
     // SAFETY: forwarded contract.
-    let mr = unsafe { object::expect::<Mr>(mh.cast(), MR_TAG, &format!("{call} mhandle")) }?;
+    let mr = unsafe { object::expect::<Mr>(mh.cast(), MR_TAG, what) }?;
     // SAFETY: a live registration (tag checked).
     let mr = unsafe { &*mr };
     if mr.comm != comm as usize {

@@ -6,6 +6,8 @@
 //! a registration, a double close while the memory has not been reused), not a validation of
 //! arbitrary pointers, which no C ABI can offer. A freed object's tag is overwritten first.
 
+use std::fmt::Display;
+
 use tcpx_sys::ResultCode;
 
 use crate::log::log_warn;
@@ -26,11 +28,13 @@ pub(crate) const MR_TAG: u64 = u64::from_le_bytes(*b"txMemR\0\0");
 pub(crate) const DEAD_TAG: u64 = u64::from_le_bytes(*b"txDead\0\0");
 
 /// Reads the tag of a caller-supplied object pointer; NULL → InvalidArgument naming `what`.
+/// `what` is formatted only on an error: `isend` / `irecv` check every request's
+/// registration, and a name built per call was an allocation per plugin request.
 ///
 /// # Safety
 /// `ptr` is NULL or points at least 8 readable, 8-aligned bytes (any object this plugin handed
 /// out satisfies that, live or recently freed by the caller's own mistake).
-pub(crate) unsafe fn tag_of(ptr: *const u8, what: &str) -> Result<u64, ResultCode> {
+pub(crate) unsafe fn tag_of(ptr: *const u8, what: impl Display) -> Result<u64, ResultCode> {
     if ptr.is_null() {
         log_warn!("tcpx-socket: {what} is NULL");
         return Err(ResultCode::INVALID_ARGUMENT);
@@ -47,7 +51,11 @@ pub(crate) unsafe fn tag_of(ptr: *const u8, what: &str) -> Result<u64, ResultCod
 ///
 /// # Safety
 /// As [`tag_of`]; objects tagged `want` must be of type `T`.
-pub(crate) unsafe fn expect<T>(ptr: *mut u8, want: u64, what: &str) -> Result<*mut T, ResultCode> {
+pub(crate) unsafe fn expect<T>(
+    ptr: *mut u8,
+    want: u64,
+    what: impl Display + Copy,
+) -> Result<*mut T, ResultCode> {
     // SAFETY: forwarded contract.
     let tag = unsafe { tag_of(ptr, what) }?;
     if tag != want {
@@ -69,5 +77,45 @@ pub(crate) fn describe(tag: u64) -> &'static str {
         MR_TAG => "a memory registration",
         DEAD_TAG => "an object that was already closed or freed",
         _ => "unknown memory",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::fmt;
+
+    /// A name that counts how often it is formatted.
+    #[derive(Clone, Copy)]
+    struct Counted<'a>(&'a Cell<u32>);
+
+    impl Display for Counted<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.set(self.0.get() + 1);
+            f.write_str("counted name")
+        }
+    }
+
+    #[test]
+    fn a_good_object_is_checked_without_formatting_its_name() {
+        let formatted = Cell::new(0);
+        let mut object = [MR_TAG, 0];
+        let ptr = object.as_mut_ptr().cast::<u8>();
+        // SAFETY: `object` is a live, aligned array starting with a tag.
+        let found = unsafe { expect::<[u64; 2]>(ptr, MR_TAG, Counted(&formatted)) };
+        assert!(found.is_ok());
+        assert_eq!(
+            formatted.get(),
+            0,
+            "the name was formatted on the good path"
+        );
+        // SAFETY: as above.
+        let wrong = unsafe { expect::<[u64; 2]>(ptr, SEND_TAG, Counted(&formatted)) };
+        assert_eq!(wrong.err(), Some(ResultCode::INVALID_ARGUMENT));
+        assert!(formatted.get() > 0, "the refusal names the object");
+        // SAFETY: NULL is refused before any read.
+        let null = unsafe { tag_of(std::ptr::null(), "a NULL handle") };
+        assert_eq!(null.err(), Some(ResultCode::INVALID_ARGUMENT));
     }
 }
