@@ -52,6 +52,9 @@ pub mod control;
 mod wakeup;
 // Sans-IO cores: deterministic state machines, no sockets, no clock of their own (they live
 // in tcpx-proto with the formats they decide on; re-exported under their old paths).
+/// The largest eager message of any connection, and how many consecutive messages an eager
+/// channel takes before the next one does (a benchmark warms every channel with them).
+pub use tcpx_proto::eager::{EAGER_MAX_MESSAGE, EAGER_RUN};
 pub use tcpx_proto::{schedule, window};
 
 // Per-channel counters.

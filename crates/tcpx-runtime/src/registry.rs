@@ -52,11 +52,6 @@ impl Region {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// This process's number for the region (unique while it lives).
-    pub(crate) fn id(&self) -> u64 {
-        self.inner.id
-    }
-
     pub(crate) fn new(memory: SharedMemory) -> Self {
         Self::with_cuda(memory, None, false)
     }

@@ -492,6 +492,73 @@ fn regions_of_finished_small_transfers_are_released() {
     }
 }
 
+/// The eager channels' registrations of application regions (detached messages are sent
+/// from, and received straight into, the application's memory) count in
+/// `live_registrations` once per region, not per message, and go once the regions are
+/// dropped and the engines idle.
+#[test]
+fn registrations_of_detached_messages_are_counted_once_per_region_and_released() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(eager_config(2, 64 << 10), eager_config(2, 64 << 10));
+    let (base_a, base_b) = (a.live_registrations(), b.live_registrations());
+    let (regions, len, rounds) = (6usize, 64usize << 10, 30usize);
+    let srcs: Vec<_> = (0..regions).map(|i| source(&a, len, i as u64)).collect();
+    let dsts: Vec<_> = (0..regions).map(|_| b.alloc_host(len).unwrap()).collect();
+    // Engines let their registrations go whenever they sleep (between rounds, on a small
+    // box), so the count is watched while the rounds run.
+    let running = std::sync::atomic::AtomicBool::new(true);
+    let (most_a, most_b) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let (mut most_a, mut most_b) = (0, 0);
+            while running.load(std::sync::atomic::Ordering::Acquire) {
+                most_a = most_a.max(a.live_registrations().saturating_sub(base_a));
+                most_b = most_b.max(b.live_registrations().saturating_sub(base_b));
+                std::thread::yield_now();
+            }
+            (most_a, most_b)
+        });
+        for round in 0..rounds {
+            let recvs: Vec<_> = dsts.iter().map(|d| ba.recv(d, 0, len).unwrap()).collect();
+            let sends: Vec<_> = srcs.iter().map(|s| ab.send(s, 0, len).unwrap()).collect();
+            for t in sends.iter().chain(&recvs) {
+                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64, "round {round}");
+            }
+            for (s, d) in srcs.iter().zip(&dsts) {
+                assert!(
+                    snapshot(s) == snapshot(d),
+                    "round {round}: a message landed wrong"
+                );
+            }
+        }
+        running.store(false, std::sync::atomic::Ordering::Release);
+        watcher.join().unwrap()
+    });
+    // Each region is registered at most once per side and channel, whatever the rounds.
+    assert!(
+        most_a > 0,
+        "the sender's detached registrations are not counted"
+    );
+    assert!(
+        most_a <= 2 * regions,
+        "the sender registered per message: {most_a}"
+    );
+    assert!(
+        most_b <= 2 * regions,
+        "the receiver registered per message: {most_b}"
+    );
+    drop((srcs, dsts));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (a.live_registrations(), b.live_registrations()) != (base_a, base_b) {
+        assert!(
+            Instant::now() < deadline,
+            "registrations still alive: {} and {} (were {base_a} and {base_b})",
+            a.live_registrations(),
+            b.live_registrations()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Streams of detached messages whose count ends a channel's run part-way, each followed by
 /// a small message, with receives posted well ahead (the shape of `tcpx-bench` phases): every
 /// receive finishes with its own bytes.

@@ -209,6 +209,7 @@ impl Connection {
                         index,
                         send,
                         recv,
+                        counter: shared.registrations.clone(),
                     }),
                     reply_tx.clone(),
                 ),

@@ -15,8 +15,8 @@
 //!
 //! Messages of host memory from [`crate::Config::eager_detach`] on are not copied: their
 //! entries close the frame, and their bytes follow it on the comm as requests of their own,
-//! sent from the application's memory (registered on the eager comm once per region, see
-//! [`Registered`]). Their sends finish when those requests complete, and the sends copied
+//! sent from the application's memory (registered on the eager comm once per region, kept
+//! until the region is dropped: see [`registration`]). Their sends finish when those requests complete, and the sends copied
 //! after one wait for it ([`Behind`]): a lane's sends finish in order. The receiver lands
 //! a detached message straight into its receive's memory when it knows, before posting the
 //! request that brings it, which message that is and its receive has come ([`Incoming`]):
@@ -26,7 +26,6 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,7 +39,9 @@ use super::channel::LinkFailed;
 use crate::eager::{Delivered, Eager, Early, Outgoing, Posted};
 use crate::error::{Direction, Error};
 use crate::link::Link;
-use crate::registry::Region;
+use crate::registry::{
+    CountedRegion, Region, Registration, RegistrationCache, RegistrationCounter,
+};
 
 /// Send frames per eager comm in flight at once. Few, so that a busy connection's messages
 /// gather into frames rather than spread one per request.
@@ -66,11 +67,6 @@ pub(crate) const RECV_FRAMES: usize = 4;
 /// 64 KiB. After a message this long it reads only the next header, and the detached bytes go
 /// straight into their receive. The receiver ignores what follows a frame's last message.
 const ANNOUNCING_BYTES: usize = 32 << 10;
-
-/// Most regions whose registration on one eager comm a channel keeps (for detached
-/// messages); past it the channel starts over. They are also let go whenever the engine
-/// sleeps. A registration dropped while a request still uses it lives on with that request.
-const REGISTERED: usize = 4096;
 
 /// Transfers finished per publication of a lane's count while a run of them finishes (the
 /// run's end is always published): the application polls that count, and a store per
@@ -122,6 +118,9 @@ pub(crate) struct NewEagerChannel {
     pub(crate) index: u16,
     pub(crate) send: SendComm,
     pub(crate) recv: RecvComm,
+    /// The endpoint's count of live registrations of application memory, which the
+    /// channel's registrations of detached messages' regions join.
+    pub(crate) counter: RegistrationCounter,
 }
 
 struct SendBuffer {
@@ -138,37 +137,33 @@ struct SendBuffer {
 struct Detached {
     /// The send's region (held until the request completes) and its registration here.
     region: Region,
-    registered: Arc<MemoryRegion>,
+    registered: Arc<Registration>,
     offset: usize,
     len: u32,
 }
 
-/// Registrations of application regions on one of a channel's eager comms, by region. An
-/// application that streams from many buffers (a slot per message in flight) registers each
-/// once, not once per message.
-#[derive(Default)]
-struct Registered {
-    entries: FxHashMap<u64, (Region, Arc<MemoryRegion>)>,
-}
-
-impl Registered {
-    /// The registration of `region`, made with `register` on first use.
-    fn of(
-        &mut self,
-        region: &Region,
-        register: impl FnOnce(&SharedMemory) -> tcpx::Result<MemoryRegion>,
-    ) -> tcpx::Result<Arc<MemoryRegion>> {
-        if let Some((_, registered)) = self.entries.get(&region.id()) {
-            return Ok(registered.clone());
-        }
-        let registered = Arc::new(register(region.memory())?);
-        if self.entries.len() >= REGISTERED {
-            self.entries.clear();
-        }
-        self.entries
-            .insert(region.id(), (region.clone(), registered.clone()));
-        Ok(registered)
+/// The registration of `region` on one of an eager channel's comms (`direction`: its send or
+/// its receive comm; `register` makes one there) for a detached message, made on first use,
+/// cached in `cache` and counted in `counter`, and kept until the region is dropped: the
+/// region points back at the cache weakly, as it does at its links' caches, so the
+/// application's memory is never held by it. An earlier version held the region and let
+/// every registration go whenever the engine slept, so a burst after a pause registered its
+/// regions again (seven registrations inside each timed window of `tcpx-bench` at 64 KiB,
+/// once they were counted).
+fn registration(
+    cache: &Arc<RegistrationCache>,
+    counter: &RegistrationCounter,
+    region: &Region,
+    direction: Direction,
+    register: impl FnOnce(&SharedMemory) -> tcpx::Result<MemoryRegion>,
+) -> tcpx::Result<Arc<Registration>> {
+    if let Some(registered) = cache.get(region, direction) {
+        return Ok(registered);
     }
+    let registration = Registration {
+        by_channel: vec![CountedRegion::new(register(region.memory())?, counter)],
+    };
+    Ok(cache.insert(region, direction, registration))
 }
 
 /// A detached send in flight and the copied sends after it (up to the next detached one),
@@ -213,7 +208,7 @@ struct Direct {
     posted: Posted,
     request: RecvRequest,
     /// The receive's memory registered on the comm (kept while the request is posted).
-    _registered: Arc<MemoryRegion>,
+    _registered: Arc<Registration>,
     posted_at: Instant,
 }
 
@@ -250,8 +245,6 @@ pub(crate) struct EagerChannel {
     /// Detached messages announced by a frame read, whose requests are not posted yet: the
     /// next requests posted bring them, in order.
     expected: VecDeque<EagerEntry>,
-    /// Registrations for detached messages received directly.
-    recv_registered: Registered,
     /// Whether the last frame read announced detached messages (see `post_receives`).
     announced: bool,
     /// Receives of this channel this engine took off the inbox's queue, and the last total
@@ -266,8 +259,11 @@ pub(crate) struct EagerChannel {
     /// Sends that cannot finish yet: each detached send still on the wire, with the copied
     /// sends behind it, oldest first.
     behind: VecDeque<Blocked>,
-    /// Registrations for detached messages sent.
-    registered: Registered,
+    /// Registrations of application regions on this channel's comms, for detached
+    /// messages: `Send` on the send comm, `Recv` on the receive comm (see [`registration`]).
+    registrations: Arc<RegistrationCache>,
+    /// The endpoint's count of live registrations, which these join.
+    counter: RegistrationCounter,
     /// Regions of transfers this engine is done with, to hand back to the application with
     /// the next lock it takes anyway, and whether it handed any back since the channel was
     /// last idle (see [`crate::eager`]'s `HANDED_BACK`).
@@ -291,6 +287,7 @@ impl EagerChannel {
             index,
             send,
             recv,
+            counter,
         } = new;
         let send_buffers = (0..SEND_BUFFERS)
             .map(|_| {
@@ -331,14 +328,14 @@ impl EagerChannel {
             receiving: VecDeque::with_capacity(COMM_REQUESTS),
             directs: 0,
             expected: VecDeque::with_capacity(EAGER_MAX_DETACHED),
-            recv_registered: Registered::default(),
             announced: false,
             recvs_taken: 0,
             recvs_seen: 0,
             sends_copied: Tally::default(),
             recvs_landed: Tally::default(),
             behind: VecDeque::new(),
-            registered: Registered::default(),
+            registrations: Arc::new(RegistrationCache::default()),
+            counter,
             spent_sends: Vec::new(),
             spent_recvs: Vec::new(),
             handed_sends: false,
@@ -425,10 +422,6 @@ impl EagerChannel {
     /// Releases the regions of finished transfers the application has not taken back: the
     /// engine is about to sleep, so nothing streams on this channel.
     pub(crate) fn release_spent(&mut self) {
-        // Registrations hold their regions: an idle channel lets them go (requests in flight
-        // keep theirs).
-        self.registered.entries.clear();
-        self.recv_registered.entries.clear();
         if self.handed_sends || !self.spent_sends.is_empty() {
             self.spent_sends.clear();
             self.eager.release_spent(self.index, Direction::Send);
@@ -554,8 +547,13 @@ impl EagerChannel {
                     self.close_open()?;
                     continue;
                 }
-                let send = &self.send;
-                let registered = match self.registered.of(&first.region, |m| send.register(m)) {
+                let registered = match registration(
+                    &self.registrations,
+                    &self.counter,
+                    &first.region,
+                    Direction::Send,
+                    |m| self.send.register(m),
+                ) {
                     Ok(registered) => registered,
                     Err(e) => {
                         let what = format!(
@@ -755,7 +753,12 @@ impl EagerChannel {
         let closed = &mut self.closed[k];
         let detached = &self.send_buffers[closed.buffer].detached;
         while let Some(d) = detached.get(closed.payloads.len()) {
-            match self.send.isend(&d.registered, d.offset, d.len as usize, 0) {
+            match self.send.isend(
+                &d.registered.by_channel[0].region,
+                d.offset,
+                d.len as usize,
+                0,
+            ) {
                 Ok(Some(request)) => {
                     closed.payloads.push(request);
                     *moved = true;
@@ -951,8 +954,13 @@ impl EagerChannel {
                 .fail_mismatch(self.index, entry.seq, entry.len as usize, len);
             return Err(LinkFailed);
         }
-        let recv = &self.recv;
-        let registered = match self.recv_registered.of(region, |m| recv.register(m)) {
+        let registered = match registration(
+            &self.registrations,
+            &self.counter,
+            region,
+            Direction::Recv,
+            |m| self.recv.register(m),
+        ) {
             Ok(registered) => registered,
             Err(e) => {
                 self.link().fail(Error::InvalidArgument(format!(
@@ -962,7 +970,10 @@ impl EagerChannel {
                 return Err(LinkFailed);
             }
         };
-        match self.recv.irecv(&registered, offset, len as usize, 0) {
+        match self
+            .recv
+            .irecv(&registered.by_channel[0].region, offset, len as usize, 0)
+        {
             Ok(Some(request)) => {
                 self.receiving.push_back(Incoming::Direct(Box::new(Direct {
                     seq: entry.seq,
@@ -1142,8 +1153,7 @@ impl EagerChannel {
         self.open = None;
         self.taken.clear();
         self.behind.clear();
-        self.registered.entries.clear();
-        self.recv_registered.entries.clear();
+        self.registrations.clear();
         self.expected.clear();
         self.directs = 0;
         for buffer in &mut self.send_buffers {

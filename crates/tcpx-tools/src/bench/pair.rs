@@ -85,6 +85,21 @@ impl Sweep {
         messages_for(size, self.iters, self.min_bytes, 8)
     }
 
+    /// Unmeasured messages before the clock at `size`, one call per message: `warmup`, and
+    /// for sizes that may travel eager enough to put a message in every slot and on every
+    /// eager channel, so that their registrations (host messages from
+    /// `Config::eager_detach` on are sent from and received into the slots' own memory,
+    /// registered once per region and channel) are made before the clock. Both roles derive
+    /// it from values they share (not from their own eager settings).
+    pub fn warmup_for(&self, size: usize) -> usize {
+        if size > tcpx_runtime::EAGER_MAX_MESSAGE as usize {
+            return self.warmup;
+        }
+        let every_channel = self.channels.max(1) * tcpx_runtime::EAGER_RUN as usize;
+        let every_slot = self.depth.unwrap_or(0).max(MAX_AUTO_DEPTH);
+        self.warmup.max(every_slot).max(every_channel)
+    }
+
     /// The raw-TCP baseline of one size: the messages the stack's clock covers, over
     /// `channels` streams.
     fn streams(&self, size: usize) -> StreamPlan {
@@ -270,10 +285,13 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
             }
         }
         ctl.send([0, 0, 0])?;
-        let probe = Probe::start(endpoint);
         let plan = Units::new(sweep, size);
+        // The costs counted are those of the timed part, as on the client: from the last
+        // warm-up unit received on.
+        let mut probe = (plan.warmup_units == 0).then(|| Probe::start(endpoint));
         let mut inflight: VecDeque<(Transfer, usize)> = VecDeque::with_capacity(plan.depth);
         let mut posted = 0;
+        let mut received = 0;
         while posted < plan.units || !inflight.is_empty() {
             while posted < plan.units && inflight.len() < plan.depth {
                 let messages = plan.messages_in(posted);
@@ -288,9 +306,15 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
             if got as usize != want {
                 return Err(anyhow!("received {got} bytes where {want} were due").into());
             }
+            received += 1;
+            if received == plan.warmup_units {
+                probe = Some(Probe::start(endpoint));
+            }
         }
         let total = plan.messages;
-        let work = probe.finish(endpoint);
+        let work = probe
+            .unwrap_or_else(|| Probe::start(endpoint))
+            .finish(endpoint);
         ctl.send([1, work.page_faults, work.registrations])?;
         if sweep.verify {
             // After DONE: the client's clock has stopped. Every slot holds the last message
@@ -463,13 +487,14 @@ impl Units {
         let depth = sweep.in_flight_for(size);
         let iters = sweep.iters_for(size);
         if k == 1 {
-            let messages = sweep.warmup + iters;
+            let warmup = sweep.warmup_for(size);
+            let messages = warmup + iters;
             return Self {
                 size,
                 k,
                 messages,
                 units: messages,
-                warmup_units: sweep.warmup,
+                warmup_units: warmup,
                 depth,
             };
         }
