@@ -225,6 +225,11 @@ pub(crate) struct Eager {
     /// Smallest message of host memory this side sends detached (0: none; see
     /// [`crate::Config::eager_detach`]).
     pub(crate) detach_from: u32,
+    /// Whether frames that announce detached messages are padded so that the peer's plugin
+    /// does not read the detached bytes ahead into its own buffer: the built-in plugin's
+    /// read-ahead (see `engine::eager`'s `ANNOUNCING_BYTES`). Other plugins (TCPX) would
+    /// only carry the padding on the wire.
+    pub(crate) pad_announcing: bool,
     /// The connection's two-sided link: its failure, timeout and engines.
     pub(crate) link: Arc<Link>,
     spin: Duration,
@@ -245,6 +250,7 @@ impl Eager {
     pub(crate) fn new(
         max_message: u32,
         detach_from: u32,
+        pad_announcing: bool,
         link: Arc<Link>,
         spin: Duration,
         channels: u16,
@@ -252,6 +258,7 @@ impl Eager {
         Self {
             max_message,
             detach_from,
+            pad_announcing,
             link,
             spin,
             shares: (0..channels.max(1)).map(|_| Share::new()).collect(),

@@ -69,6 +69,6 @@ pub use tcpx_socket::{interfaces, Interface};
 /// (size reporting off, fault injection, devmem emulation) without depending on `tcpx-socket`
 /// themselves.
 pub mod builtin {
-    pub use tcpx_socket::{faults_injected, DEVMEM_ENV, FAULT_ENV, NO_SIZES_ENV};
+    pub use tcpx_socket::{faults_injected, DEVMEM_ENV, FAULT_ENV, NO_SIZES_ENV, PLUGIN_NAME};
 }
 pub use tcpx_sys::{AbiVersion, ResultCode};

@@ -152,6 +152,9 @@ impl Connection {
             Arc::new(Eager::new(
                 established.eager_bytes,
                 config.eager_detach,
+                // The built-in plugin, linked in or loaded as a library, reads ahead; both
+                // ends run the same kind of plugin.
+                shared.backend.name == tcpx::builtin::PLUGIN_NAME,
                 link.clone(),
                 config.wait_spin,
                 channels,

@@ -66,6 +66,8 @@ pub(crate) const RECV_FRAMES: usize = 4;
 /// plugin's own buffer, to be copied out again: a fifth of a receiving engine's time at
 /// 64 KiB. After a message this long it reads only the next header, and the detached bytes go
 /// straight into their receive. The receiver ignores what follows a frame's last message.
+/// Only over the built-in plugin ([`crate::eager::Eager::pad_announcing`]): over another
+/// plugin the padding would be up to a seventh more bytes on the wire for nothing.
 const ANNOUNCING_BYTES: usize = 32 << 10;
 
 /// Transfers finished per publication of a lane's count while a run of them finishes (the
@@ -689,9 +691,10 @@ impl EagerChannel {
             return Err(LinkFailed);
         }
         // A frame followed by detached messages goes out at least `ANNOUNCING_BYTES` long
-        // (the receiver reads no further than the frame's own end; see the constant).
+        // over the built-in plugin (the receiver reads no further than the frame's own end;
+        // see the constant).
         let mut len = head + buffer.payload;
-        if !buffer.detached.is_empty() {
+        if !buffer.detached.is_empty() && self.eager.pad_announcing {
             len = len.max(ANNOUNCING_BYTES);
         }
         self.closed.push_back(Closed {
