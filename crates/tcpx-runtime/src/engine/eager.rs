@@ -16,13 +16,14 @@
 //! Messages of host memory from [`crate::Config::eager_detach`] on are not copied: their
 //! entries close the frame, and their bytes follow it on the comm as requests of their own,
 //! sent from the application's memory (registered on the eager comm once per region, kept
-//! until the region is dropped: see [`registration`]). Their sends finish when those requests complete, and the sends copied
-//! after one wait for it ([`Behind`]): a lane's sends finish in order. The receiver lands
-//! a detached message straight into its receive's memory when it knows, before posting the
-//! request that brings it, which message that is and its receive has come ([`Incoming`]):
-//! after a frame, its detached messages come next, then a frame. Otherwise (the request was
-//! posted before the frame announcing the message was read, or the receive has not come) the
-//! bytes arrive in a receive frame and are copied out as a frame's messages are.
+//! until the region is dropped: see [`registration`]). Their sends finish when those
+//! requests complete, and the sends copied after one wait for it ([`Behind`]): a lane's
+//! sends finish in order. The receiver lands a detached message straight into its receive's
+//! memory when it knows, before posting the request that brings it, which message that is
+//! and its receive has come ([`Incoming`]): after a frame, its detached messages come next,
+//! then a frame. Otherwise (the request was posted before the frame announcing the message
+//! was read, or the receive has not come) the bytes arrive in a receive frame and are copied
+//! out as a frame's messages are.
 
 use std::collections::VecDeque;
 
