@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tcpx_runtime::{Config, Error};
+use tcpx_runtime::{Config, Endpoint, Error};
 
 fn eager_config(channels: u16, eager: u32) -> Config {
     let mut c = config(channels, 64 << 10);
@@ -480,16 +480,7 @@ fn regions_of_finished_small_transfers_are_released() {
     }
     assert_eq!(snapshot(&dst), snapshot(&src), "every small message landed");
     drop((src, dst));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while (a.live_registrations(), b.live_registrations()) != (base_a, base_b) {
-        assert!(
-            Instant::now() < deadline,
-            "registrations still alive: {} and {} (were {base_a} and {base_b})",
-            a.live_registrations(),
-            b.live_registrations()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert_registrations_back((&a, &b), (base_a, base_b));
 }
 
 /// The eager channels' registrations of application regions (detached messages are sent
@@ -547,16 +538,7 @@ fn registrations_of_detached_messages_are_counted_once_per_region_and_released()
         "the receiver registered per message: {most_b}"
     );
     drop((srcs, dsts));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while (a.live_registrations(), b.live_registrations()) != (base_a, base_b) {
-        assert!(
-            Instant::now() < deadline,
-            "registrations still alive: {} and {} (were {base_a} and {base_b})",
-            a.live_registrations(),
-            b.live_registrations()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert_registrations_back((&a, &b), (base_a, base_b));
 }
 
 /// Streams of detached messages whose count ends a channel's run part-way, each followed by
@@ -622,4 +604,16 @@ fn detached_streams_that_end_mid_run_finish_every_receive() {
             );
         }
     }
+}
+
+/// Waits (up to 10 s) until both endpoints hold as many live registrations as `base` again:
+/// what a test's transfers registered was released.
+fn assert_registrations_back((a, b): (&Endpoint, &Endpoint), (base_a, base_b): (usize, usize)) {
+    let back = || (a.live_registrations(), b.live_registrations()) == (base_a, base_b);
+    assert!(
+        eventually(Duration::from_secs(10), back),
+        "registrations still alive: {} and {} (were {base_a} and {base_b})",
+        a.live_registrations(),
+        b.live_registrations()
+    );
 }

@@ -110,17 +110,8 @@ pub(crate) use {log_info, log_trace, log_warn};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object::tests::Counted;
     use std::cell::Cell;
-    use std::fmt;
-
-    struct Counted<'a>(&'a Cell<u32>);
-
-    impl fmt::Display for Counted<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            self.0.set(self.0.get() + 1);
-            f.write_str("x")
-        }
-    }
 
     #[test]
     fn trace_lines_are_formatted_only_when_nccl_debug_asks_for_them() {

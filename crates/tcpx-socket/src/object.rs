@@ -81,14 +81,15 @@ pub(crate) fn describe(tag: u64) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::cell::Cell;
     use std::fmt;
 
-    /// A name that counts how often it is formatted.
+    /// A name that counts how often it is formatted (tests of what is formatted only on
+    /// demand use it).
     #[derive(Clone, Copy)]
-    struct Counted<'a>(&'a Cell<u32>);
+    pub(crate) struct Counted<'a>(pub(crate) &'a Cell<u32>);
 
     impl Display for Counted<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
