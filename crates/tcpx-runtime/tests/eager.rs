@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tcpx_runtime::{Config, Endpoint, Error};
+use tcpx_runtime::{Config, Connection, Endpoint, Error, Region};
 
 fn eager_config(channels: u16, eager: u32) -> Config {
     let mut c = config(channels, 64 << 10);
@@ -94,48 +94,14 @@ fn detached_messages_to_a_late_receiver_all_arrive_in_order() {
     loopback();
     let (a, b, ab, ba) = pair_with(eager_config(4, 64 << 10), eager_config(4, 64 << 10));
     let (count, len, slots) = (3000usize, 64usize << 10, 64usize);
-    let src = a.alloc_host(slots * len).unwrap();
-    src.memory()
-        .with_bytes_mut(|bytes| {
-            for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
-                fill(slot, i as u64);
-            }
-        })
-        .unwrap();
-    let dst = b.alloc_host(slots * len).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut in_flight = std::collections::VecDeque::new();
-            for i in 0..count {
-                if in_flight.len() >= slots {
-                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
-                    t.wait(DEADLINE).unwrap();
-                }
-                in_flight.push_back(ab.send(&src, (i % slots) * len, len).unwrap());
-            }
-            for t in in_flight {
-                t.wait(DEADLINE).unwrap();
-            }
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        for round in 0..count.div_ceil(slots) {
-            let n = slots.min(count - round * slots);
-            let batch: Vec<_> = (0..n)
-                .map(|k| ba.recv(&dst, k * len, len).unwrap())
-                .collect();
-            for t in &batch {
-                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64);
-            }
-            dst.memory()
-                .with_bytes(|bytes| {
-                    for k in 0..n {
-                        let slot = &bytes[k * len..(k + 1) * len];
-                        assert!(check(slot, k as u64).is_ok(), "round {round}, slot {k}");
-                    }
-                })
-                .unwrap();
-        }
-    });
+    let shape = Stream {
+        count,
+        len,
+        slots,
+        depth: slots,
+        receiver_late_by: Duration::from_millis(300),
+    };
+    assert_eq!(stream_through_slots((&a, &b), (&ab, &ba), shape), count);
     assert_eq!(ab.in_flight() + ba.in_flight(), 0);
 }
 
@@ -173,51 +139,15 @@ fn a_deep_stream_of_small_messages_arrives_whole() {
     loopback();
     let (a, b, ab, ba) = pair_with(eager_config(4, 16 << 10), eager_config(4, 16 << 10));
     let (count, len, depth) = (5000usize, 4096usize, 256usize);
-    let slots = 512;
-    let src = a.alloc_host(slots * len).unwrap();
-    src.memory()
-        .with_bytes_mut(|bytes| {
-            for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
-                fill(slot, i as u64);
-            }
-        })
-        .unwrap();
-    let dst = b.alloc_host(slots * len).unwrap();
-    let mut seen = vec![0u32; slots];
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut in_flight = std::collections::VecDeque::new();
-            for i in 0..count {
-                if in_flight.len() >= depth {
-                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
-                    t.wait(DEADLINE).unwrap();
-                }
-                in_flight.push_back(ab.send(&src, (i % slots) * len, len).unwrap());
-            }
-            for t in in_flight {
-                t.wait(DEADLINE).unwrap();
-            }
-        });
-        // One receive per slot at a time, so that a slot is checked before it is reused.
-        for round in 0..count.div_ceil(slots) {
-            let batch: Vec<_> = (round * slots..((round + 1) * slots).min(count))
-                .map(|i| ba.recv(&dst, (i % slots) * len, len).unwrap())
-                .collect();
-            for t in &batch {
-                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64);
-            }
-            dst.memory()
-                .with_bytes(|bytes| {
-                    for k in 0..batch.len() {
-                        let slot = &bytes[k * len..(k + 1) * len];
-                        assert!(check(slot, k as u64).is_ok(), "round {round}, slot {k}");
-                        seen[k] += 1;
-                    }
-                })
-                .unwrap();
-        }
-    });
-    assert_eq!(seen.iter().map(|&n| n as usize).sum::<usize>(), count);
+    let shape = Stream {
+        count,
+        len,
+        slots: 512,
+        depth,
+        receiver_late_by: Duration::ZERO,
+    };
+    let seen = stream_through_slots((&a, &b), (&ab, &ba), shape);
+    assert_eq!(seen, count);
 }
 
 /// Eager frames are agreed: a side that turns them off (0) makes the connection carry every
@@ -495,35 +425,24 @@ fn registrations_of_detached_messages_are_counted_once_per_region_and_released()
     let (regions, len, rounds) = (6usize, 64usize << 10, 30usize);
     let srcs: Vec<_> = (0..regions).map(|i| source(&a, len, i as u64)).collect();
     let dsts: Vec<_> = (0..regions).map(|_| b.alloc_host(len).unwrap()).collect();
-    // Engines let their registrations go whenever they sleep (between rounds, on a small
-    // box), so the count is watched while the rounds run.
-    let running = std::sync::atomic::AtomicBool::new(true);
-    let (most_a, most_b) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| {
-            let (mut most_a, mut most_b) = (0, 0);
-            while running.load(std::sync::atomic::Ordering::Acquire) {
-                most_a = most_a.max(a.live_registrations().saturating_sub(base_a));
-                most_b = most_b.max(b.live_registrations().saturating_sub(base_b));
-                std::thread::yield_now();
-            }
-            (most_a, most_b)
-        });
-        for round in 0..rounds {
-            let recvs: Vec<_> = dsts.iter().map(|d| ba.recv(d, 0, len).unwrap()).collect();
-            let sends: Vec<_> = srcs.iter().map(|s| ab.send(s, 0, len).unwrap()).collect();
-            for t in sends.iter().chain(&recvs) {
-                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64, "round {round}");
-            }
-            for (s, d) in srcs.iter().zip(&dsts) {
-                assert!(
-                    snapshot(s) == snapshot(d),
-                    "round {round}: a message landed wrong"
-                );
-            }
+    // Registrations stay while their regions live: the count after each round is the most
+    // it reached.
+    let (mut most_a, mut most_b) = (0, 0);
+    for round in 0..rounds {
+        let recvs: Vec<_> = dsts.iter().map(|d| ba.recv(d, 0, len).unwrap()).collect();
+        let sends: Vec<_> = srcs.iter().map(|s| ab.send(s, 0, len).unwrap()).collect();
+        for t in sends.iter().chain(&recvs) {
+            assert_eq!(t.wait(DEADLINE).unwrap(), len as u64, "round {round}");
         }
-        running.store(false, std::sync::atomic::Ordering::Release);
-        watcher.join().unwrap()
-    });
+        for (s, d) in srcs.iter().zip(&dsts) {
+            assert!(
+                snapshot(s) == snapshot(d),
+                "round {round}: a message landed wrong"
+            );
+        }
+        most_a = most_a.max(a.live_registrations().saturating_sub(base_a));
+        most_b = most_b.max(b.live_registrations().saturating_sub(base_b));
+    }
     // Each region is registered at most once per side and channel, whatever the rounds.
     assert!(
         most_a > 0,
@@ -557,14 +476,7 @@ fn detached_streams_that_end_mid_run_finish_every_receive() {
     .into_iter()
     .enumerate()
     {
-        let src = a.alloc_host(slots * len).unwrap();
-        src.memory()
-            .with_bytes_mut(|bytes| {
-                for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
-                    fill(slot, i as u64);
-                }
-            })
-            .unwrap();
+        let src = slotted_source(&a, slots, len);
         let dst = b.alloc_host(slots * len).unwrap();
         let note = b.alloc_host(64).unwrap();
         let note_src = a.alloc_host(64).unwrap();
@@ -616,4 +528,85 @@ fn assert_registrations_back((a, b): (&Endpoint, &Endpoint), (base_a, base_b): (
         a.live_registrations(),
         b.live_registrations()
     );
+}
+
+/// A stream of same-size messages through `slots` message slots (see
+/// [`stream_through_slots`]).
+#[derive(Clone, Copy)]
+struct Stream {
+    count: usize,
+    len: usize,
+    slots: usize,
+    /// Sends in flight at most.
+    depth: usize,
+    /// How long the receiver waits before its first receive.
+    receiver_late_by: Duration,
+}
+
+/// Sends `count` messages from a sender thread, message `i` from slot `i % slots` (each slot
+/// holds its own pattern), while the receiver receives them in rounds of one per slot and
+/// checks each slot by content before it is reused. Returns the messages checked.
+fn stream_through_slots(
+    (a, b): (&Endpoint, &Endpoint),
+    (ab, ba): (&Connection, &Connection),
+    shape: Stream,
+) -> usize {
+    let Stream {
+        count,
+        len,
+        slots,
+        depth,
+        receiver_late_by,
+    } = shape;
+    let src = slotted_source(a, slots, len);
+    let dst = b.alloc_host(slots * len).unwrap();
+    let mut checked = 0;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut in_flight = std::collections::VecDeque::new();
+            for i in 0..count {
+                if in_flight.len() >= depth {
+                    let t: tcpx_runtime::Transfer = in_flight.pop_front().unwrap();
+                    t.wait(DEADLINE).unwrap();
+                }
+                in_flight.push_back(ab.send(&src, (i % slots) * len, len).unwrap());
+            }
+            for t in in_flight {
+                t.wait(DEADLINE).unwrap();
+            }
+        });
+        std::thread::sleep(receiver_late_by);
+        for round in 0..count.div_ceil(slots) {
+            let n = slots.min(count - round * slots);
+            let batch: Vec<_> = (0..n)
+                .map(|k| ba.recv(&dst, k * len, len).unwrap())
+                .collect();
+            for t in &batch {
+                assert_eq!(t.wait(DEADLINE).unwrap(), len as u64);
+            }
+            dst.memory()
+                .with_bytes(|bytes| {
+                    for k in 0..n {
+                        let slot = &bytes[k * len..(k + 1) * len];
+                        assert!(check(slot, k as u64).is_ok(), "round {round}, slot {k}");
+                        checked += 1;
+                    }
+                })
+                .unwrap();
+        }
+    });
+    checked
+}
+
+/// `slots` slots of `len` bytes in one region of `ep`, slot `i` filled with pattern `i`.
+fn slotted_source(ep: &Endpoint, slots: usize, len: usize) -> Region {
+    let src = ep.alloc_host(slots * len).unwrap();
+    src.memory()
+        .with_bytes_mut(|bytes| {
+            for (i, slot) in bytes.chunks_exact_mut(len).enumerate() {
+                fill(slot, i as u64);
+            }
+        })
+        .unwrap();
+    src
 }
