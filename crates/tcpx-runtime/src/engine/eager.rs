@@ -134,6 +134,9 @@ struct SendBuffer {
     payload: usize,
     /// The detached messages of the frame, in entry order: sent after it.
     detached: Vec<Detached>,
+    /// Requests of the detached messages posted so far, right after the frame's own, in
+    /// order (kept with the buffer so a frame allocates nothing).
+    payloads: Vec<SendRequest>,
 }
 
 /// A message sent from the application's memory right after its frame.
@@ -185,9 +188,8 @@ struct Closed {
     start: usize,
     len: usize,
     request: Option<SendRequest>,
-    /// Requests of its detached messages, posted right after it, in order.
-    payloads: Vec<SendRequest>,
-    /// Of the frame's request and its payloads', how many completed (in that order).
+    /// Of the frame's request and its buffer's payloads', how many completed (in that
+    /// order).
     sent: usize,
     /// When it was posted: a frame the peer does not take within the link's timeout fails
     /// the connection, as the sends it carries would have.
@@ -201,8 +203,9 @@ enum Incoming {
         frame: usize,
         payload: Option<EagerEntry>,
     },
-    /// A detached message, straight into its receive's memory.
-    Direct(Box<Direct>),
+    /// A detached message, straight into its receive's memory (held inline: the queue's
+    /// room is allocated once, and a message of its own must not allocate).
+    Direct(Direct),
 }
 
 /// A detached message received into its receive's memory.
@@ -302,6 +305,7 @@ impl EagerChannel {
                     entries: Vec::with_capacity(EAGER_MAX_MESSAGES),
                     payload: 0,
                     detached: Vec::with_capacity(EAGER_MAX_DETACHED),
+                    payloads: Vec::with_capacity(EAGER_MAX_DETACHED),
                 })
             })
             .collect::<tcpx::Result<Vec<_>>>()?;
@@ -469,7 +473,7 @@ impl EagerChannel {
             while oldest.sent <= buffer.detached.len() {
                 let request = match oldest.sent {
                     0 => oldest.request.as_mut(),
-                    k => oldest.payloads.get_mut(k - 1),
+                    k => buffer.payloads.get_mut(k - 1),
                 };
                 let Some(request) = request else {
                     break 'frames;
@@ -506,6 +510,7 @@ impl EagerChannel {
                 }
             }
             buffer.entries.clear();
+            buffer.payloads.clear();
             buffer.payload = 0;
             self.free.push(b);
             self.progress_at = Instant::now();
@@ -703,7 +708,6 @@ impl EagerChannel {
             start,
             len,
             request: None,
-            payloads: Vec::with_capacity(buffer.detached.len()),
             sent: 0,
             posted_at: Instant::now(),
         });
@@ -754,9 +758,8 @@ impl EagerChannel {
     /// it (nothing else is posted on the comm before they all are); returns whether they all
     /// are now.
     fn post_payloads(&mut self, k: usize, moved: &mut bool) -> Result<bool, LinkFailed> {
-        let closed = &mut self.closed[k];
-        let detached = &self.send_buffers[closed.buffer].detached;
-        while let Some(d) = detached.get(closed.payloads.len()) {
+        let buffer = &mut self.send_buffers[self.closed[k].buffer];
+        while let Some(d) = buffer.detached.get(buffer.payloads.len()) {
             match self.send.isend(
                 &d.registered.by_channel[0].region,
                 d.offset,
@@ -764,7 +767,7 @@ impl EagerChannel {
                 0,
             ) {
                 Ok(Some(request)) => {
-                    closed.payloads.push(request);
+                    buffer.payloads.push(request);
                     *moved = true;
                 }
                 Ok(None) => return Ok(false),
@@ -841,7 +844,7 @@ impl EagerChannel {
                         posted,
                         request,
                         ..
-                    } = *direct;
+                    } = direct;
                     if let Err(e) = self.recv.consumed(request) {
                         return Err(self.plugin_error(Direction::Recv, e));
                     }
@@ -979,13 +982,13 @@ impl EagerChannel {
             .irecv(&registered.by_channel[0].region, offset, len as usize, 0)
         {
             Ok(Some(request)) => {
-                self.receiving.push_back(Incoming::Direct(Box::new(Direct {
+                self.receiving.push_back(Incoming::Direct(Direct {
                     seq: entry.seq,
                     posted,
                     request,
                     _registered: registered,
                     posted_at: Instant::now(),
-                })));
+                }));
                 self.directs += 1;
                 self.recvs_taken += 1;
                 Ok(true)
@@ -1162,6 +1165,7 @@ impl EagerChannel {
         self.directs = 0;
         for buffer in &mut self.send_buffers {
             buffer.detached.clear();
+            buffer.payloads.clear();
         }
         self.spent_sends.clear();
         self.spent_recvs.clear();
