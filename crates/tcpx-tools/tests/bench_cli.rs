@@ -237,6 +237,7 @@ fn bad_options_exit_2_with_one_line_naming_the_flag() {
         (&["server", "--window", "0", "--timeout", "1"], "--window"),
         (&["server", "--sizes", "0", "--timeout", "1"], "--sizes"),
         (&["server", "--depth", "0", "--timeout", "1"], "--depth"),
+        (&["server", "--rounds", "0", "--timeout", "1"], "--rounds"),
         (&["client", "--peer", "00", "--sizes", "0"], "--sizes"),
         (&["stack", "--sizes", "abc"], "--sizes"),
         (&["stack", "--chunk", "0"], "--chunk"),
@@ -314,6 +315,55 @@ fn small_sizes_move_min_bytes_and_no_baseline_prints_dashes() {
     assert!(rows[0]["baseline_gbps"].is_null(), "{}", rows[0]);
     drop(server);
     let _ = std::fs::remove_file(json);
+}
+
+/// Issue 25: `--rounds N` measures every size N times, each time the stack and then the
+/// baseline, and reports medians with the range of the rounds' ratios — on a shared host one
+/// round can be off by a factor of two. Both processes run every round (the server's
+/// `--verify` checks each), and the row counts the messages of all of them.
+#[test]
+fn rounds_report_medians_and_the_range_of_the_ratios() {
+    let args = [
+        "--sizes",
+        "4KiB,256KiB",
+        "--iters",
+        "10",
+        "--min-bytes",
+        "2MiB",
+        "--rounds",
+        "3",
+        "--verify",
+        "--timeout",
+        "30",
+    ];
+    let (rows, stdout) = server_client_rows(&args, "rounds.json");
+    assert_eq!(rows.len(), 2, "one row per size: {stdout}");
+    assert!(stdout.contains("3 rounds per size"), "{stdout}");
+    for row in &rows {
+        assert_eq!(row["rounds"], 3, "{row}");
+        assert_eq!(row["verified"], true, "{row}");
+        let (lo, hi) = (
+            row["ratio_range"][0].as_f64().unwrap(),
+            row["ratio_range"][1].as_f64().unwrap(),
+        );
+        let ratio = row["ratio"].as_f64().unwrap();
+        assert!(lo <= ratio && ratio <= hi && lo > 0.0, "{row}");
+        // Three rounds of at least 2 MiB each.
+        let bytes = row["bytes"].as_u64().unwrap();
+        assert!(
+            row["messages"].as_u64().unwrap() * bytes >= 3 * (2 << 20),
+            "{row}"
+        );
+        assert_eq!(row["timed_registrations"], 0, "{row}");
+    }
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("256KiB"))
+        .unwrap_or_else(|| panic!("no 256KiB row: {stdout}"));
+    assert!(
+        line.split_whitespace().last().unwrap().contains('–'),
+        "{line}"
+    );
 }
 
 /// Issue 14 item 6: the latency mode measures tcpx and raw TCP one-way latency.

@@ -76,12 +76,15 @@ BENCH OPTIONS (passed to both ends; see `tcpx-bench server --help`)
   --sizes A..B|A,B,..    --iters N   --warmup N   --channels N   --chunk SIZE   --window N
   --depth N   --batch K   --memory host|cuda   --plugin PATH   --baseline raw-tcp|none
   --timeout SECS
+  --rounds N (measure each size N times against the baseline: medians and the ratios' range;
+  3 or 5 on shared or noisy machines)
   --verify (the server checks every byte; exit 4 when one is wrong)
   Anything after `--` is passed to both ends verbatim.
 
 EXAMPLES
   cargo xtask bench                                    # loopback, table with the raw-TCP baseline
   cargo xtask bench --sizes 1MiB..256MiB --iters 100 --verify
+  cargo xtask bench --sizes 4KiB,64KiB,1MiB --rounds 5   # medians of five rounds on a noisy host
   cargo xtask bench --sizes 4KiB,16KiB,64KiB --batch 1024   # small messages in batches (send_batch)
   cargo xtask bench --store etcd --verify             # rendezvous through a local etcd
   cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify   # as root; what CI runs
@@ -107,6 +110,7 @@ const BENCH_VALUE_FLAGS: &[&str] = &[
     "--timeout",
     "--depth",
     "--batch",
+    "--rounds",
 ];
 
 /// Benchmark options without a value.

@@ -76,6 +76,9 @@ pub struct Sweep {
     /// All message slots in one region at consecutive offsets ([`Slots`]), not one region
     /// each.
     pub one_region: bool,
+    /// Times each size is measured, the stack then the baseline each time (at least 1; see
+    /// [`row_of_rounds`]).
+    pub rounds: usize,
 }
 
 impl Sweep {
@@ -275,7 +278,11 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         t.wait(sweep.timeout).map_err(peer_failure)?;
     }
     let mut strangers = Strangers::default();
-    for &size in &sweep.sizes {
+    for size in sweep
+        .sizes
+        .iter()
+        .flat_map(|&s| std::iter::repeat_n(s, sweep.rounds.max(1)))
+    {
         if sweep.verify {
             // A message that never lands must not pass for one that did.
             let poison = vec![0u8; size];
@@ -362,38 +369,84 @@ pub fn drive(
     let baseline_addr = rawtcp::baseline_addr(peer.control_addr);
     let mut rows = Vec::with_capacity(sweep.sizes.len());
     for &size in &sweep.sizes {
-        ctl.recv::<3>("the server's READY")?;
-        let (elapsed, mut latencies, work, timed) =
-            send_size(endpoint, &conn, &slots, &ctl, size, sweep)?;
-        let gbps = stats::gbps(size * timed, elapsed);
-        let baseline_gbps = if sweep.baseline {
-            let t = rawtcp::send(baseline_addr, &sweep.streams(size), token).map_err(|e| {
-                peer_failure(e.context(format!(
-                    "raw-TCP baseline to {baseline_addr}, {size}-byte messages"
-                )))
-            })?;
-            Some(stats::gbps(size * timed, t))
-        } else {
-            None
-        };
-        let mut row = Row::new(
-            size,
-            gbps,
-            baseline_gbps,
-            &mut latencies,
-            sweep.channels,
-            sweep.memory,
-        );
-        row.messages = timed;
-        row.timed_page_faults = Some(work.page_faults);
-        row.timed_registrations = Some(work.registrations);
-        row.verified = sweep.verify;
+        let mut rounds = Vec::with_capacity(sweep.rounds.max(1));
+        for _ in 0..sweep.rounds.max(1) {
+            ctl.recv::<3>("the server's READY")?;
+            let (elapsed, latencies, work, timed) =
+                send_size(endpoint, &conn, &slots, &ctl, size, sweep)?;
+            let baseline_gbps = if sweep.baseline {
+                let t = rawtcp::send(baseline_addr, &sweep.streams(size), token).map_err(|e| {
+                    peer_failure(e.context(format!(
+                        "raw-TCP baseline to {baseline_addr}, {size}-byte messages"
+                    )))
+                })?;
+                Some(stats::gbps(size * timed, t))
+            } else {
+                None
+            };
+            rounds.push(Round {
+                gbps: stats::gbps(size * timed, elapsed),
+                baseline_gbps,
+                latencies,
+                work,
+                timed,
+            });
+        }
+        let row = row_of_rounds(size, rounds, sweep);
         on_row(&row);
         rows.push(row);
     }
     drop(ctl);
     conn.close().map_err(peer_failure)?;
     Ok(rows)
+}
+
+/// One timed measurement of a size: the stack's GB/s, the baseline's right after it, the
+/// sampled latencies, what both sides paid inside the window, the messages timed.
+struct Round {
+    gbps: f64,
+    baseline_gbps: Option<f64>,
+    latencies: Vec<Duration>,
+    work: TimedWork,
+    timed: usize,
+}
+
+/// The row of a size measured in `rounds` (at least one): the median GB/s of the stack and
+/// of the baseline, the median of the rounds' ratios (each round's stack against the
+/// baseline run right after it: the pair a drifting machine treats alike) and their range,
+/// the latencies of every round together, and the messages and one-time costs of every
+/// timed window summed.
+fn row_of_rounds(size: usize, rounds: Vec<Round>, sweep: &Sweep) -> Row {
+    let mut gbps: Vec<f64> = rounds.iter().map(|r| r.gbps).collect();
+    let mut baselines: Vec<f64> = rounds.iter().filter_map(|r| r.baseline_gbps).collect();
+    let mut ratios: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| r.baseline_gbps.filter(|&b| b > 0.0).map(|b| r.gbps / b))
+        .collect();
+    let baseline = (!baselines.is_empty()).then(|| stats::median(&mut baselines));
+    let mut latencies: Vec<Duration> = rounds
+        .iter()
+        .flat_map(|r| r.latencies.iter().copied())
+        .collect();
+    let mut row = Row::new(
+        size,
+        stats::median(&mut gbps),
+        baseline,
+        &mut latencies,
+        sweep.channels,
+        sweep.memory,
+    );
+    if !ratios.is_empty() {
+        row.ratio = Some(stats::median(&mut ratios));
+        // `median` sorted them.
+        row.ratio_range = (rounds.len() > 1).then(|| (ratios[0], ratios[ratios.len() - 1]));
+    }
+    row.rounds = rounds.len();
+    row.messages = rounds.iter().map(|r| r.timed).sum();
+    row.timed_page_faults = Some(rounds.iter().map(|r| r.work.page_faults).sum());
+    row.timed_registrations = Some(rounds.iter().map(|r| r.work.registrations).sum());
+    row.verified = sweep.verify;
+    row
 }
 
 /// Message sizes below which latencies are sampled rather than taken for every message.
@@ -680,5 +733,85 @@ fn verify_slot(region: &Region, at: usize, len: usize) -> Result<(), Failure> {
             code: exit::VERIFY,
             error: anyhow!("verification failed: a {len}-byte message differs at byte {i}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sweep() -> Sweep {
+        Sweep {
+            sizes: vec![4 << 10],
+            iters: 100,
+            min_bytes: 64 << 20,
+            warmup: 5,
+            depth: None,
+            window: 16,
+            channels: 8,
+            chunk: 512 << 10,
+            baseline: true,
+            verify: false,
+            timeout: Duration::from_secs(1),
+            memory: "host",
+            gpu: 0,
+            batch: 1,
+            pack_buffers: 8,
+            eager_bytes: 64 << 10,
+            one_region: false,
+            rounds: 3,
+        }
+    }
+
+    fn round(gbps: f64, baseline: Option<f64>, micros: u64) -> Round {
+        Round {
+            gbps,
+            baseline_gbps: baseline,
+            latencies: vec![Duration::from_micros(micros); 10],
+            work: TimedWork {
+                page_faults: 2,
+                registrations: 1,
+            },
+            timed: 100,
+        }
+    }
+
+    #[test]
+    fn rounds_give_medians_the_paired_ratios_range_and_sums() {
+        // The ratio's median pairs each round's stack with its own baseline: 0.5, 0.25, 1.0.
+        let rows = vec![
+            round(10.0, Some(20.0), 5),
+            round(4.0, Some(16.0), 7),
+            round(8.0, Some(8.0), 9),
+        ];
+        let row = row_of_rounds(4096, rows, &sweep());
+        assert_eq!(row.gbps, 8.0);
+        assert_eq!(row.baseline_gbps, Some(16.0));
+        assert_eq!(row.ratio, Some(0.5));
+        assert_eq!(row.ratio_range, Some((0.25, 1.0)));
+        assert_eq!(row.rounds, 3);
+        assert_eq!(row.messages, 300);
+        assert_eq!(row.timed_page_faults, Some(6));
+        assert_eq!(row.timed_registrations, Some(3));
+        // Latencies of every round together.
+        assert_eq!(row.p50_us, 7.0);
+        assert_eq!(row.p99_us, 9.0);
+    }
+
+    #[test]
+    fn one_round_or_no_baseline_has_no_range() {
+        let row = row_of_rounds(4096, vec![round(3.0, Some(4.0), 1)], &sweep());
+        assert_eq!(row.ratio, Some(0.75));
+        assert_eq!(row.ratio_range, None);
+        let row = row_of_rounds(
+            4096,
+            vec![round(3.0, None, 1), round(5.0, None, 1)],
+            &sweep(),
+        );
+        assert_eq!(
+            (row.baseline_gbps, row.ratio, row.ratio_range),
+            (None, None, None)
+        );
+        assert_eq!(row.gbps, 5.0, "upper median of two");
     }
 }

@@ -32,6 +32,10 @@ pub struct Row {
     pub timed_registrations: Option<u64>,
     /// The received bytes were checked (after the timed window, never inside it).
     pub verified: bool,
+    /// Times the size was measured (server/client `--rounds`); the figures are medians.
+    pub rounds: usize,
+    /// Lowest and highest ratio of the rounds, when there were several.
+    pub ratio_range: Option<(f64, f64)>,
 }
 
 impl Row {
@@ -59,6 +63,8 @@ impl Row {
             timed_page_faults: None,
             timed_registrations: None,
             verified: false,
+            rounds: 1,
+            ratio_range: None,
         }
     }
 }
@@ -77,10 +83,13 @@ pub fn or_dash(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
 }
 
-/// Prints one table row.
+/// Prints one table row (with the ratios' range last when the size ran several rounds).
 pub fn print_row(row: &Row) {
+    let range = row.ratio_range.map_or_else(String::new, |(lo, hi)| {
+        format!(" {:>13}", format!("{lo:.2}–{hi:.2}"))
+    });
     println!(
-        "{:>10} {:>10.2} {:>10.1} {:>10.1} {:>12} {:>7}",
+        "{:>10} {:>10.2} {:>10.1} {:>10.1} {:>12} {:>7}{range}",
         format_size(row.bytes),
         row.gbps,
         row.p50_us,

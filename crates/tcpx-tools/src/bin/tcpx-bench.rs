@@ -185,6 +185,12 @@ struct Common {
     /// in it (UCCL's and NIXL's users). Each side chooses its own layout.
     #[arg(long)]
     one_region: bool,
+    /// Measure every size this many times, each time the stack and then the baseline: rows
+    /// report the medians (GB/s of each, and of the rounds' ratios) and the range of the
+    /// ratios. On shared or noisy machines (cloud VMs, both ends on one host) one round can
+    /// be off by a factor of two; 3 or 5 give a figure to compare.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     #[command(flatten)]
     link: Link,
 }
@@ -724,6 +730,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
         pack_buffers: config.pack_buffers,
         eager_bytes: config.eager_limit(),
         one_region: c.one_region,
+        rounds: check_count("--rounds", c.rounds)?,
     };
     // The sender and receiver each keep up to `depth` messages (at most 1 GiB of them).
     let slots = sweep.slots();
@@ -887,6 +894,13 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
             "not verified"
         }
     );
+    if sweep.rounds > 1 {
+        println!(
+            "# {} rounds per size, each the stack then the baseline: medians of GB/s and of \
+             the rounds' ratios; the last column is the ratios' range",
+            sweep.rounds
+        );
+    }
     let gpu = a.common.link.gpu.as_ref().map(GpuList::json);
     let mut write_err = None;
     let stop = std::sync::atomic::AtomicBool::new(false);
