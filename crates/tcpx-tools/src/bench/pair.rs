@@ -76,8 +76,8 @@ pub struct Sweep {
     /// All message slots in one region at consecutive offsets ([`Slots`]), not one region
     /// each.
     pub one_region: bool,
-    /// Times each size is measured, the stack then the baseline each time (at least 1; see
-    /// [`row_of_rounds`]).
+    /// Times each size is measured, the stack then the baseline each time (at least 1): its
+    /// row gives the medians of the GB/s and of the rounds' ratios, and their range.
     pub rounds: usize,
 }
 
