@@ -364,6 +364,22 @@ fn rounds_report_medians_and_the_range_of_the_ratios() {
         line.split_whitespace().last().unwrap().contains('–'),
         "{line}"
     );
+
+    // A client that runs another plan than the server is refused at once, naming the options,
+    // not failed later on a size it did not expect.
+    let server = Server::start(&["--sizes", "4KiB", "--rounds", "2", "--timeout", "10"]);
+    let out = bench()
+        .args(["client", "--peer", &server.peer])
+        .args(["--sizes", "4KiB", "--timeout", "10"])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--rounds") && err.contains("same options"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 /// Issue 14 item 6: the latency mode measures tcpx and raw TCP one-way latency.

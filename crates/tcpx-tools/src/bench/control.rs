@@ -15,6 +15,15 @@ use super::failure::{peer_failure, Failure};
 /// The most words one message carries.
 pub const MAX_WORDS: usize = 8;
 
+/// A digest (FNV-1a) of the settings both processes of a benchmark must share, written out as
+/// text: the server sends it first and the client refuses to run another plan than its own,
+/// with a message naming the options, instead of failing later on a size it did not expect.
+pub fn fingerprint(settings: &str) -> u64 {
+    settings.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// How often [`Control::recv_watching`] looks for progress.
 pub const WATCH: Duration = Duration::from_millis(200);
 

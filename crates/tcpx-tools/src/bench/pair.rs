@@ -178,6 +178,25 @@ impl Sweep {
         (self.channels.max(1) * self.window.max(1)).div_ceil(chunks)
     }
 
+    /// A digest of the settings both processes must share ([`super::control::fingerprint`]):
+    /// the sizes and how much each moves, batches, rounds, and the baseline's shape. Depth
+    /// and the slots' layout are each side's own.
+    pub fn fingerprint(&self) -> u64 {
+        super::control::fingerprint(&format!(
+            "{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+            self.sizes,
+            self.iters,
+            self.min_bytes,
+            self.warmup,
+            self.batch,
+            self.rounds,
+            self.channels,
+            self.chunk,
+            self.baseline,
+            self.verify
+        ))
+    }
+
     /// The largest depth of any size (how many message buffers to allocate).
     pub fn max_depth(&self) -> usize {
         self.sizes
@@ -266,7 +285,7 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
     let slots = alloc_slots(endpoint, &conn, sweep, None)?;
     let ctl = Control::new(endpoint, &conn, sweep.timeout)?;
     let token = rawtcp::new_token()?;
-    ctl.send([token, 0, 0])?;
+    ctl.send([token, sweep.fingerprint(), 0])?;
     // Warm-up: one full-size message into every slot, before any clock.
     let warm: Vec<Transfer> = (0..slots.len())
         .map(|i| {
@@ -356,7 +375,17 @@ pub fn drive(
     let slots = alloc_slots(endpoint, &conn, sweep, Some(&pattern))?;
     drop(pattern);
     let ctl = Control::new(endpoint, &conn, sweep.timeout)?;
-    let [token, _, _] = ctl.recv("the server's baseline token")?;
+    let [token, fingerprint, _] = ctl.recv("the server's baseline token")?;
+    if fingerprint != sweep.fingerprint() {
+        return Err(Failure {
+            code: exit::USAGE,
+            error: anyhow!(
+                "the server runs other settings (--sizes, --iters, --min-bytes, --warmup, \
+                 --batch, --rounds, --channels, --chunk, --baseline, --verify): give both \
+                 processes the same options"
+            ),
+        });
+    }
     let warm: Vec<Transfer> = (0..slots.len())
         .map(|i| {
             let (region, at) = slots.slot(i);

@@ -279,9 +279,9 @@ impl Plan {
         }
     }
 
-    /// A digest of everything both sides must agree on (FNV-1a of the settings).
+    /// A digest of everything both sides must agree on ([`super::control::fingerprint`]).
     pub fn fingerprint(&self) -> u64 {
-        let text = format!(
+        super::control::fingerprint(&format!(
             "{:?}|{:?}|{}|{}|{}|{}|{}|{}|{}|{}",
             self.shapes,
             self.ops,
@@ -293,10 +293,7 @@ impl Plan {
             self.chunk,
             self.baseline,
             self.verify
-        );
-        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
+        ))
     }
 }
 
