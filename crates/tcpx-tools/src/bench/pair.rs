@@ -93,7 +93,8 @@ impl Sweep {
     /// eager channel, so that their registrations (host messages from
     /// `Config::eager_detach` on are sent from and received into the slots' own memory,
     /// registered once per region and channel) are made before the clock. Both roles derive
-    /// it from values they share (not from their own eager settings).
+    /// it from values they share ([`Sweep::fingerprint`] covers them), not from their own
+    /// eager settings.
     pub fn warmup_for(&self, size: usize) -> usize {
         if size > tcpx_runtime::EAGER_MAX_MESSAGE as usize {
             return self.warmup;
@@ -178,16 +179,23 @@ impl Sweep {
         (self.channels.max(1) * self.window.max(1)).div_ceil(chunks)
     }
 
+    /// Times each size is measured ([`Sweep::rounds`], at least one).
+    fn rounds(&self) -> usize {
+        self.rounds.max(1)
+    }
+
     /// A digest of the settings both processes must share ([`super::control::fingerprint`]):
-    /// the sizes and how much each moves, batches, rounds, and the baseline's shape. Depth
-    /// and the slots' layout are each side's own.
+    /// the sizes and how many messages each moves (a given `--depth` sets the warm-up at eager
+    /// sizes, see [`Sweep::warmup_for`]), batches, rounds, and the baseline's shape. The
+    /// slots' layout is each side's own.
     pub fn fingerprint(&self) -> u64 {
         super::control::fingerprint(&format!(
-            "{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+            "{:?}|{}|{}|{}|{:?}|{}|{}|{}|{}|{}|{}",
             self.sizes,
             self.iters,
             self.min_bytes,
             self.warmup,
+            self.depth,
             self.batch,
             self.rounds,
             self.channels,
@@ -300,7 +308,7 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
     for size in sweep
         .sizes
         .iter()
-        .flat_map(|&s| std::iter::repeat_n(s, sweep.rounds.max(1)))
+        .flat_map(|&s| std::iter::repeat_n(s, sweep.rounds()))
     {
         if sweep.verify {
             // A message that never lands must not pass for one that did.
@@ -381,8 +389,8 @@ pub fn drive(
             code: exit::USAGE,
             error: anyhow!(
                 "the server runs other settings (--sizes, --iters, --min-bytes, --warmup, \
-                 --batch, --rounds, --channels, --chunk, --baseline, --verify): give both \
-                 processes the same options"
+                 --depth, --batch, --rounds, --channels, --chunk, --baseline, --verify): give \
+                 both processes the same options"
             ),
         });
     }
@@ -398,8 +406,8 @@ pub fn drive(
     let baseline_addr = rawtcp::baseline_addr(peer.control_addr);
     let mut rows = Vec::with_capacity(sweep.sizes.len());
     for &size in &sweep.sizes {
-        let mut rounds = Vec::with_capacity(sweep.rounds.max(1));
-        for _ in 0..sweep.rounds.max(1) {
+        let mut rounds = Vec::with_capacity(sweep.rounds());
+        for _ in 0..sweep.rounds() {
             ctl.recv::<3>("the server's READY")?;
             let (elapsed, latencies, work, timed) =
                 send_size(endpoint, &conn, &slots, &ctl, size, sweep)?;
@@ -825,6 +833,32 @@ mod tests {
         // Latencies of every round together.
         assert_eq!(row.p50_us, 7.0);
         assert_eq!(row.p99_us, 9.0);
+    }
+
+    #[test]
+    fn the_fingerprint_covers_what_sets_the_message_counts() {
+        let base = sweep();
+        let same = sweep();
+        assert_eq!(base.fingerprint(), same.fingerprint());
+        // A depth past the automatic one raises the warm-up at eager sizes, so the two
+        // processes would count different messages.
+        let deeper = Sweep {
+            depth: Some(4096),
+            ..sweep()
+        };
+        assert!(deeper.warmup_for(4 << 10) > base.warmup_for(4 << 10));
+        assert_ne!(deeper.fingerprint(), base.fingerprint());
+        let more_rounds = Sweep {
+            rounds: 5,
+            ..sweep()
+        };
+        assert_ne!(more_rounds.fingerprint(), base.fingerprint());
+        // Each side's own slot layout is not part of it.
+        let one_region = Sweep {
+            one_region: true,
+            ..sweep()
+        };
+        assert_eq!(one_region.fingerprint(), base.fingerprint());
     }
 
     #[test]
