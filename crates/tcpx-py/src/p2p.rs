@@ -32,7 +32,7 @@ use crate::{rendezvous, wait};
 /// `Endpoint(local_gpu_idx=None, num_cpus=None)`: `local_gpu_idx` is announced to peers
 /// (`accept` returns it on their side; `get_metadata` carries it). `num_cpus` is accepted for
 /// compatibility and unused: the runtime sizes its progress engines itself (one pinned thread
-/// per NIC with TCPX; per channel, at most half the cores, with the socket plugin). The
+/// per NIC with TCPX; per channel, fitted to the cores, with the socket plugin). The
 /// configuration otherwise comes from the environment exactly as in Rust
 /// (`Config::from_env`: `TCPX_PLUGIN_PATH`, `TCPX_NUM_CHANNELS`, `TCPX_CONTROL_ADDR`,
 /// `TCPX_TIMEOUT_MS`, ...).

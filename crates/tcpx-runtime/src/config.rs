@@ -174,8 +174,13 @@ pub struct Config {
     /// Engine threads per device; `None` chooses: one per device (one per NIC) for plugins
     /// that move the bytes on their own threads (TCPX), and one per channel for the built-in
     /// socket plugin, which copies inside `test` on the engine's own thread, so that one
-    /// engine would cap a device at one core's copy bandwidth (at most half the machine's
-    /// cores, so that two local endpoints do not oversubscribe it).
+    /// engine would cap a device at one core's copy bandwidth — at most the cores this
+    /// process may use, and a divisor of the channels per device (an engine with two
+    /// channels where the others have one sets the pace of every transfer). A connection to a
+    /// peer on the same cores (loopback or this host's address, with this process not
+    /// confined to some of the machine's cores) is driven by half the cores' worth of them,
+    /// so that two local endpoints do not oversubscribe the machine
+    /// ([`Connection::engine_count`](crate::Connection::engine_count)).
     pub engines_per_device: Option<usize>,
     /// Most channels a lone one-sided operation smaller than `channels` chunks is cut over, so
     /// that a 1 MiB write waited for on its own rides eight channels in 128 KiB pieces rather

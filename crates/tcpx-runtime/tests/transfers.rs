@@ -264,19 +264,52 @@ fn bad_ranges_are_refused_before_anything_is_posted() {
     assert_eq!(ab.in_flight(), 0);
 }
 
+/// The largest divisor of `channels` that is at most `limit` (at least 1).
+fn divisor_within(channels: usize, limit: usize) -> usize {
+    (1..=channels)
+        .rev()
+        .find(|&n| channels % n == 0 && n <= limit.max(1))
+        .unwrap_or(1)
+}
+
 /// The automatic engine count of the built-in plugin: one per channel (it copies on the
-/// engine's thread), at most half the cores (two local endpoints share the machine).
+/// engine's thread), at most the cores, a divisor of the channels; a loopback connection (a
+/// peer on the same cores) is driven by half the cores' worth of them — and its transfers
+/// still cross every channel.
 #[test]
-fn automatic_engines_follow_channels_up_to_half_the_cores() {
+fn automatic_engines_follow_channels_and_a_local_peer_gets_half_the_cores() {
     loopback();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for channels in [1u16, 4, 8] {
-        let ep = tcpx_runtime::Endpoint::new(config(channels, 64 * KIB as u32)).unwrap();
-        let want = usize::from(channels).min((cores / 2).max(1));
+    // SAFETY: `sysconf` takes no pointers.
+    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(0);
+    let confined = online > 0 && cores < online;
+    for channels in [1u16, 4, 6, 8] {
+        let cfg = || config(channels, 64 * KIB as u32);
+        let (a, b, ab, ba) = pair_with(cfg(), cfg());
+        let started = divisor_within(usize::from(channels), cores);
         assert_eq!(
-            ep.engines().len(),
-            want,
+            a.engines().len(),
+            started,
             "{channels} channels, {cores} cores"
+        );
+        let driving = if confined {
+            started
+        } else {
+            divisor_within(started, cores / 2)
+        };
+        for conn in [&ab, &ba] {
+            assert_eq!(
+                conn.engine_count(),
+                driving,
+                "{channels} channels, {cores} of {online} cores"
+            );
+        }
+        roundtrip(&a, &b, &ab, &ba, 3 * MIB + 5, u64::from(channels));
+        let received: u64 = ba.stats().iter().map(|s| s.bytes_received).sum();
+        assert_eq!(received, 3 * MIB as u64 + 5);
+        assert!(
+            ba.stats().iter().all(|s| s.bytes_received > 0),
+            "every channel carried its share with {driving} engines"
         );
     }
 }

@@ -86,7 +86,11 @@ impl Connection {
         let config = &shared.config;
         let peer = ctl.peer_addr();
         let channels = config.channels;
-        let used_slots = usize::from(channels).min(shared.engines.len());
+        let driving = match ctl.local_addr() {
+            Ok(local) => shared.engines_for(local, peer),
+            Err(_) => shared.engines.len(),
+        };
+        let used_slots = usize::from(channels).min(driving);
         let engines: Vec<Sender<Command>> = shared.engines[..used_slots]
             .iter()
             .map(|e| e.sender().clone())
@@ -191,7 +195,7 @@ impl Connection {
             // the eager ones.
             let set = index / usize::from(channels);
             let index = (index % usize::from(channels)) as u16;
-            let engine = shared.engines[shared.engine_of(index)].sender();
+            let engine = shared.engines[usize::from(index) % used_slots].sender();
             let command = match (set, &eager) {
                 (0, _) | (1, _) => Command::AddChannel(
                     Box::new(NewChannel {
@@ -426,6 +430,14 @@ impl Connection {
             return Ok(transfer);
         }
         self.submit(Direction::Recv, &[Segment::new(region, offset, len)], false)
+    }
+
+    /// Engine threads driving this connection's channels: one per channel up to the
+    /// endpoint's engines, and half the cores' worth when the automatic engine count applies
+    /// and the peer competes for this process's cores (a local run; see
+    /// [`crate::Config::engines_per_device`]).
+    pub fn engine_count(&self) -> usize {
+        self.carrier.engines().len()
     }
 
     /// Largest message [`Connection::send`] and [`Connection::recv`] carry in eager frames on

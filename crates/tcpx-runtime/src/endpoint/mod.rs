@@ -14,6 +14,7 @@ pub mod connection;
 
 mod admission;
 mod batch;
+mod engine_plan;
 mod local;
 mod local_side;
 mod metrics;
@@ -184,18 +185,25 @@ impl Endpoint {
         // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
         let per_device = config.engines_per_device.unwrap_or_else(|| {
             if backend.copies_on_caller {
-                // One per channel, but never more than half the cores: the two endpoints of a
-                // local run share the machine, and engines beyond the cores only take turns
-                // (on a 2-core box one engine reached 1.2x raw TCP where four reached 0.7x).
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                usize::from(config.channels)
-                    .div_ceil(devices.len())
-                    .min((cores / 2).max(1))
+                // One per channel, fitted to this process's cores; a connection to a peer on
+                // the same cores uses half of them (see `engine_plan`).
+                engine_plan::per_device(
+                    usize::from(config.channels).div_ceil(devices.len()),
+                    engine_plan::usable_cores(),
+                )
             } else {
                 1
             }
         });
         let engine_count = devices.len() * per_device;
+        // A peer on this process's cores (a local run) gets half of them, as many per device.
+        let engines_for_local_peers = if config.engines_per_device.is_none()
+            && backend.copies_on_caller
+        {
+            devices.len() * engine_plan::per_device_shared(per_device, engine_plan::usable_cores())
+        } else {
+            engine_count
+        };
         let info = EndpointInfo {
             ip,
             gpu_pci: config.gpu_pci.clone(),
@@ -254,6 +262,7 @@ impl Endpoint {
             backend,
             devices,
             engines,
+            engines_for_local_peers,
             registrations: RegistrationCounter::default(),
             info,
             one_sided: Arc::new(OneSidedShared::default()),

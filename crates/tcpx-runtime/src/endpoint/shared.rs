@@ -1,6 +1,7 @@
 //! What an endpoint's connections share, below both the handshake (`setup`) and the
 //! [`Connection`](super::Connection) that use it.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tcpx::cuda::CudaDevice;
@@ -26,6 +27,9 @@ pub(crate) struct EndpointShared {
     /// `engines_per_device` engines per device: engine `k` serves `devices[k % devices.len()]`
     /// and owns the channels `c` with `c % engines.len() == k`.
     pub(crate) engines: Vec<EngineHandle>,
+    /// How many of `engines` (the first ones, a multiple of the devices) drive a connection
+    /// to a peer that competes for this process's cores (see `engine_plan`).
+    pub(crate) engines_for_local_peers: usize,
     pub(crate) registrations: RegistrationCounter,
     /// What this endpoint tells peers in `Hello`.
     pub(crate) info: EndpointInfo,
@@ -49,9 +53,16 @@ pub(crate) struct EndpointShared {
 }
 
 impl EndpointShared {
-    /// Index into `engines` of the engine owning channel `channel`.
-    pub(crate) fn engine_of(&self, channel: u16) -> usize {
-        usize::from(channel) % self.engines.len()
+    /// How many of the first engines drive a connection whose control connection runs from
+    /// `local` to `peer`: all of them, or half the cores' worth when the peer competes for
+    /// this process's cores (see `engine_plan`). Channel `c` is driven by engine
+    /// `c % count`, which serves the channel's device (the count is a multiple of the devices).
+    pub(crate) fn engines_for(&self, local: SocketAddr, peer: SocketAddr) -> usize {
+        if super::engine_plan::shares_my_cores(local, peer) {
+            self.engines_for_local_peers.clamp(1, self.engines.len())
+        } else {
+            self.engines.len()
+        }
     }
 
     /// Remembers a new connection's links for metrics.

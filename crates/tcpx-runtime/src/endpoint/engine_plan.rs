@@ -1,0 +1,140 @@
+//! How many engine threads an endpoint starts, and how many of them drive one connection.
+//!
+//! The built-in plugin copies every byte on the engine's own thread, so large transfers move
+//! at one core's copy rate per engine: an endpoint wants one engine per channel. Two limits:
+//!
+//! - *The cores this process may use.* More engines than cores only take turns. Engines are
+//!   also kept to a divisor of the channels per device: a transfer is cut evenly over the
+//!   channels, so an engine that carries two channels where the others carry one sets the
+//!   pace for all of them (8 channels on 7 engines move like 8 on 4).
+//! - *A peer on the same cores.* Two endpoints of one host that both may use every core
+//!   (a local run) would each start one engine per channel on the same cores; a connection
+//!   to such a peer is driven by at most half of them (the rest stay parked). This used to
+//!   cap the endpoint itself at half the cores, which also held a process confined to its own
+//!   cores (taskset, a cpuset, a container's CPU quota) to half of them: with each side of a
+//!   local run held to its own 8 of 16 cores, 4 engines moved 1 MiB messages at 0.5–0.6 × raw
+//!   TCP where 8 moved them at 0.85–1.0 (H100, issue 25, thirteenth session).
+//!
+//! "Same cores" is judged from what a connection knows: the peer's address is loopback or
+//! this host's own address on the control connection, and this process is not confined to a
+//! subset of the machine's cores. Peers in other network namespaces of one host count as
+//! remote.
+
+use std::net::SocketAddr;
+
+/// The largest divisor of `channels` that is at most `limit` (at least 1).
+pub(crate) fn fitting(channels: usize, limit: usize) -> usize {
+    let limit = limit.max(1);
+    (1..=channels.max(1))
+        .rev()
+        .find(|&n| channels.max(1) % n == 0 && n <= limit)
+        .unwrap_or(1)
+}
+
+/// Engines per device an endpoint starts for the built-in plugin: one per channel of the
+/// device (`channels_per_device`), fitted to the cores this process may use.
+pub(crate) fn per_device(channels_per_device: usize, cores: usize) -> usize {
+    fitting(channels_per_device, cores)
+}
+
+/// Engines per device that drive a connection to a peer sharing this process's cores: half
+/// the cores, fitted to the engines started (a divisor of them, so the channels stay even).
+pub(crate) fn per_device_shared(started_per_device: usize, cores: usize) -> usize {
+    fitting(started_per_device, cores / 2)
+}
+
+/// Cores this process may run on (its affinity mask and CPU quota).
+pub(crate) fn usable_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Cores online on this machine (0 when unknown).
+fn online_cores() -> usize {
+    // SAFETY: `sysconf` takes no pointers.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(online).unwrap_or(0)
+}
+
+/// Whether a connection between `local` and `peer` (its control connection's two ends) has
+/// the peer competing for this process's cores (see the module docs), for a process that
+/// may use `usable` of the machine's `online` cores (0: unknown, taken as all).
+pub(crate) fn shares_cores(
+    local: SocketAddr,
+    peer: SocketAddr,
+    usable: usize,
+    online: usize,
+) -> bool {
+    let same_host = peer.ip().is_loopback() || peer.ip() == local.ip();
+    let unconfined = online == 0 || usable >= online;
+    same_host && unconfined
+}
+
+/// [`shares_cores`] for this process on this machine.
+pub(crate) fn shares_my_cores(local: SocketAddr, peer: SocketAddr) -> bool {
+    shares_cores(local, peer, usable_cores(), online_cores())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engines_divide_the_channels_within_the_limit() {
+        assert_eq!(fitting(8, 16), 8);
+        assert_eq!(fitting(8, 8), 8);
+        assert_eq!(fitting(8, 7), 4);
+        assert_eq!(fitting(8, 5), 4);
+        assert_eq!(fitting(8, 2), 2);
+        assert_eq!(fitting(8, 1), 1);
+        assert_eq!(fitting(8, 0), 1);
+        assert_eq!(fitting(6, 4), 3);
+        assert_eq!(fitting(7, 6), 1);
+        assert_eq!(fitting(0, 4), 1);
+        for channels in 1..=64 {
+            for limit in 0..=70 {
+                let n = fitting(channels, limit);
+                assert_eq!(channels % n, 0, "{channels} channels, limit {limit}");
+                assert!(n <= limit.max(1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_peer_on_the_same_cores_gets_half_of_them() {
+        // 16 cores, 8 channels: 8 engines; a local peer: 8 drive it (half of 16).
+        assert_eq!(per_device(8, 16), 8);
+        assert_eq!(per_device_shared(8, 16), 8);
+        // 8 cores of one's own: 8 engines; sharing them with a local peer: 4.
+        assert_eq!(per_device(8, 8), 8);
+        assert_eq!(per_device_shared(8, 8), 4);
+        // 2 cores: 2 engines, 1 for a local peer (as the 2-core measurements chose).
+        assert_eq!(per_device(8, 2), 2);
+        assert_eq!(per_device_shared(2, 2), 1);
+    }
+
+    #[test]
+    fn a_local_peer_shares_the_cores_of_an_unconfined_process_only() {
+        let lo: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let lo2: SocketAddr = "127.0.0.1:41000".parse().unwrap();
+        let other: SocketAddr = "10.1.2.3:7000".parse().unwrap();
+        let me: SocketAddr = "10.9.9.9:5000".parse().unwrap();
+        let me2: SocketAddr = "10.9.9.9:7000".parse().unwrap();
+        // Every core usable: loopback and this host's own address are the same cores.
+        assert!(shares_cores(lo2, lo, 16, 16));
+        assert!(shares_cores(me, me2, 16, 16));
+        assert!(
+            shares_cores(lo2, lo, 16, 0),
+            "unknown core count: assume all"
+        );
+        // Another host never does.
+        assert!(!shares_cores(me, other, 16, 16));
+        // A process held to 8 of 16 cores keeps them: the peer runs elsewhere.
+        assert!(!shares_cores(lo2, lo, 8, 16));
+        // This machine's own answer follows the same rule.
+        let online = online_cores();
+        assert_eq!(
+            shares_my_cores(lo2, lo),
+            online == 0 || usable_cores() >= online
+        );
+    }
+}
