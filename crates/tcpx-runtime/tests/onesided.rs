@@ -1252,3 +1252,52 @@ fn spread_writes_and_reads_land_exactly() {
         assert!(snapshot(&back) == expected[..total], "read {round}");
     }
 }
+
+/// Spread transfers are cut alike on both sides even when only one side halves its engines
+/// for a peer on the same cores (an automatic engine count on one side, an explicit one on
+/// the other): the width comes from what both announced, not from the engines each drives.
+#[test]
+fn spread_is_agreed_when_only_one_side_halves_its_engines() {
+    loopback();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Twice as many channels as cores: the automatic side starts one engine per core and
+    // drives a loopback connection with half of them.
+    let channels = u16::try_from((2 * cores).clamp(2, 32)).unwrap();
+    let engines = usize::from(channels) / 2;
+    let auto = config(channels, 512 << 10);
+    let mut explicit = config(channels, 512 << 10);
+    explicit.engines_per_device = Some(engines);
+    let (a, b, ab, ba) = pair_with(auto, explicit);
+    assert_eq!(a.engines().len(), engines);
+    assert_eq!(
+        ba.engine_count(),
+        engines,
+        "an explicit count drives every engine"
+    );
+    assert!(ab.engine_count() <= engines);
+    for (from, to, conn, seed) in [(&a, &b, &ab, 1u64), (&b, &a, &ba, 2)] {
+        for len in [MIB, 300 << 10, 3 * MIB + 7] {
+            let src = source(from, len, seed * 10 + len as u64);
+            let target = to.alloc_host(len).unwrap();
+            let d = to.advertise(&target).unwrap();
+            let tx = conn
+                .write(
+                    &[Segment::new(&src, 0, len)],
+                    &[RemoteSegment::new(d, 0, len as u64)],
+                    None,
+                )
+                .unwrap();
+            assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "write of {len}");
+            assert!(snapshot(&target) == snapshot(&src), "write of {len}");
+            let back = from.alloc_host(len).unwrap();
+            let rx = conn
+                .read(
+                    &[Segment::new(&back, 0, len)],
+                    &[RemoteSegment::new(d, 0, len as u64)],
+                )
+                .unwrap();
+            assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64, "read of {len}");
+            assert!(snapshot(&back) == snapshot(&src), "read of {len}");
+        }
+    }
+}

@@ -101,12 +101,11 @@ impl Connection {
                 .map(|e| Box::new(e.waker()) as Box<dyn Wake>)
                 .collect()
         };
-        // Spread a lone small transfer over as many channels as both sides drive at once.
-        let spread = u16::try_from(used_slots)
-            .unwrap_or(u16::MAX)
-            .min(config.spread.unwrap_or(u16::MAX))
-            .min(established.peer_info.spread)
-            .max(1);
+        // Spread a lone small transfer over as many channels as both sides' engines drive.
+        // From what both sides announced (their engines, `Config::spread` and channels), not
+        // from `used_slots`: both must cut a spread transfer alike, and only one of them may
+        // see the other as sharing its cores (see `engine_plan`).
+        let spread = shared.info.spread.min(established.peer_info.spread).max(1);
         let link = Arc::new(Link::new(
             peer,
             channels,

@@ -181,8 +181,9 @@ impl Endpoint {
             },
         )?;
 
-        // Engine k serves device k mod D; with E engines per device, channel c lands on
-        // engine c mod (D·E), whose device is devices[c mod D], as the handshake assumes.
+        // Engine k serves device k mod D; a connection driven by n engines (a multiple of D:
+        // all D·E, or fewer for a peer on the same cores) puts channel c on engine c mod n,
+        // whose device is devices[c mod D], as the handshake assumes.
         let per_device = config.engines_per_device.unwrap_or_else(|| {
             if backend.copies_on_caller {
                 // One per channel, fitted to this process's cores; a connection to a peer on

@@ -24,8 +24,9 @@ pub(crate) struct EndpointShared {
     pub(crate) backend: BackendInfo,
     /// Plugin devices in use; channel `c` lives on `devices[c % devices.len()]`.
     pub(crate) devices: Vec<usize>,
-    /// `engines_per_device` engines per device: engine `k` serves `devices[k % devices.len()]`
-    /// and owns the channels `c` with `c % engines.len() == k`.
+    /// `engines_per_device` engines per device: engine `k` serves `devices[k % devices.len()]`;
+    /// on a connection driven by the first `n` of them ([`Self::engines_for`]), it owns the
+    /// channels `c` with `c % n == k`.
     pub(crate) engines: Vec<EngineHandle>,
     /// How many of `engines` (the first ones, a multiple of the devices) drive a connection
     /// to a peer that competes for this process's cores (see `engine_plan`).
