@@ -178,7 +178,8 @@ pub struct Config {
     /// process may use, and a divisor of the channels per device (an engine with two
     /// channels where the others have one sets the pace of every transfer). A connection to a
     /// peer on the same cores (loopback or this host's address, with this process not
-    /// confined to some of the machine's cores) is driven by half the cores' worth of them,
+    /// confined to some of the machine's cores or holding more than one endpoint) is driven
+    /// by half the cores' worth of them,
     /// so that two local endpoints do not oversubscribe the machine
     /// ([`Connection::engine_count`](crate::Connection::engine_count)).
     pub engines_per_device: Option<usize>,

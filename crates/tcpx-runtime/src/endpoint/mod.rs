@@ -264,6 +264,7 @@ impl Endpoint {
             devices,
             engines,
             engines_for_local_peers,
+            _live: engine_plan::LiveEndpoint::new(),
             registrations: RegistrationCounter::default(),
             info,
             one_sided: Arc::new(OneSidedShared::default()),

@@ -31,6 +31,9 @@ pub(crate) struct EndpointShared {
     /// How many of `engines` (the first ones, a multiple of the devices) drive a connection
     /// to a peer that competes for this process's cores (see `engine_plan`).
     pub(crate) engines_for_local_peers: usize,
+    /// Counts this endpoint among the process's live ones while it exists (see
+    /// `engine_plan::shares_cores`).
+    pub(crate) _live: super::engine_plan::LiveEndpoint,
     pub(crate) registrations: RegistrationCounter,
     /// What this endpoint tells peers in `Hello`.
     pub(crate) info: EndpointInfo,
