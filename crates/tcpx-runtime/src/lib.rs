@@ -91,7 +91,7 @@ pub mod rendezvous;
 
 pub use config::{Backend, Backoff, Config, ConfigBuilder};
 pub use endpoint::backend::{BackendInfo, BackendOrigin};
-pub use endpoint::{Connection, Endpoint, Segment};
+pub use endpoint::{Connection, Endpoint, EnginePlan, Segment};
 pub use error::{Direction, Error, LocalErrorKind, Result};
 pub use ipc::{IpcDescriptor, LocalAddr, LocalConnection, LocalInfo, LocalRoute};
 pub use metrics::{ChannelMetrics, ConnectionMetrics, Metrics};

@@ -53,6 +53,51 @@ fn this_machine_gets_a_sensible_answer() {
     assert!(stdout.contains("tcpx-socket"), "{stdout}");
 }
 
+/// The engine line: one engine per channel up to the cores (a divisor of the channels), the
+/// count set by `TCPX_ENGINES_PER_NIC` when given.
+#[test]
+fn the_engine_plan_is_shown_automatic_and_explicit() {
+    let run = |extra: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tcpx-info"));
+        cmd.env("TCPX_SOCKET_IFNAME", "lo")
+            .env("TCPX_NUM_CHANNELS", "2");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let auto = run(&[]);
+    let line = auto
+        .lines()
+        .find(|l| l.starts_with("engines:"))
+        .expect(&auto);
+    // 2 channels on one device (lo): 2 engines with 2 cores or more, else 1.
+    let want = if cores >= 2 { 2 } else { 1 };
+    assert!(
+        line.starts_with(&format!(
+            "engines:  {want} per device for 2 channels (automatic"
+        )),
+        "{line}"
+    );
+    let explicit = run(&[("TCPX_ENGINES_PER_NIC", "3")]);
+    let line = explicit
+        .lines()
+        .find(|l| l.starts_with("engines:"))
+        .expect(&explicit);
+    assert!(
+        line.starts_with("engines:  3 per device for 2 channels (TCPX_ENGINES_PER_NIC")
+            && line.ends_with("uses 3 per device"),
+        "{line}"
+    );
+}
+
 #[test]
 fn a_missing_topology_file_is_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tcpx-info"))

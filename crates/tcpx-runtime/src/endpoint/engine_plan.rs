@@ -58,6 +58,47 @@ fn online_cores() -> usize {
     usize::try_from(online).unwrap_or(0)
 }
 
+/// The engine threads an endpoint starts, and how many of them drive a connection to a peer
+/// that competes for this process's cores (see the module docs). `tcpx-info` prints it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EnginePlan {
+    /// Engine threads per plugin device the endpoint starts.
+    pub per_device: usize,
+    /// Of those, how many per device drive a connection to a peer on the same cores.
+    pub per_device_for_local_peers: usize,
+    /// Cores this process may use (its affinity mask and CPU quota).
+    pub usable_cores: usize,
+    /// Cores online on the machine (0 when unknown).
+    pub online_cores: usize,
+    /// Whether `per_device` is the automatic choice (not `Config::engines_per_device`).
+    pub automatic: bool,
+}
+
+impl EnginePlan {
+    /// The plan of an endpoint made with `config` over a plugin with `devices` devices that
+    /// copies on the caller's thread (`copies_on_caller`: the built-in socket plugin) or not
+    /// (TCPX moves the bytes on threads of its own: one engine per device).
+    pub fn new(config: &crate::Config, copies_on_caller: bool, devices: usize) -> Self {
+        let usable = usable_cores();
+        let devices = devices.max(1);
+        let (per_device, shared) = match config.engines_per_device {
+            Some(n) => (n, n),
+            None if copies_on_caller => {
+                let n = per_device(usize::from(config.channels).div_ceil(devices), usable);
+                (n, per_device_shared(n, usable))
+            }
+            None => (1, 1),
+        };
+        Self {
+            per_device,
+            per_device_for_local_peers: shared,
+            usable_cores: usable,
+            online_cores: online_cores(),
+            automatic: config.engines_per_device.is_none(),
+        }
+    }
+}
+
 /// Whether a connection between `local` and `peer` (its control connection's two ends) has
 /// the peer competing for this process's cores (see the module docs), for a process that
 /// may use `usable` of the machine's `online` cores (0: unknown, taken as all) and holds
@@ -129,6 +170,35 @@ mod tests {
                 assert!(n <= limit.max(1));
             }
         }
+    }
+
+    #[test]
+    fn the_plan_follows_the_plugin_and_an_explicit_count() {
+        let mut config = crate::Config {
+            channels: 8,
+            ..crate::Config::default()
+        };
+        // TCPX moves the bytes itself: one engine per device.
+        let tcpx = EnginePlan::new(&config, false, 4);
+        assert_eq!((tcpx.per_device, tcpx.per_device_for_local_peers), (1, 1));
+        // The built-in plugin: one per channel of the device, fitted to the cores.
+        let cores = usable_cores();
+        let auto = EnginePlan::new(&config, true, 2);
+        assert!(auto.automatic);
+        assert_eq!(auto.per_device, fitting(4, cores));
+        assert_eq!(
+            auto.per_device_for_local_peers,
+            fitting(auto.per_device, cores / 2)
+        );
+        assert_eq!(auto.usable_cores, cores);
+        // An explicit count drives every connection with all of them.
+        config.engines_per_device = Some(3);
+        let explicit = EnginePlan::new(&config, true, 2);
+        assert!(!explicit.automatic);
+        assert_eq!(
+            (explicit.per_device, explicit.per_device_for_local_peers),
+            (3, 3)
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@
 pub mod backend;
 pub mod connection;
 
+pub use engine_plan::EnginePlan;
+
 mod admission;
 mod batch;
 mod engine_plan;
@@ -184,27 +186,10 @@ impl Endpoint {
         // Engine k serves device k mod D; a connection driven by n engines (a multiple of D:
         // all D·E, or fewer for a peer on the same cores) puts channel c on engine c mod n,
         // whose device is devices[c mod D], as the handshake assumes.
-        let per_device = config.engines_per_device.unwrap_or_else(|| {
-            if backend.copies_on_caller {
-                // One per channel, fitted to this process's cores; a connection to a peer on
-                // the same cores uses half of them (see `engine_plan`).
-                engine_plan::per_device(
-                    usize::from(config.channels).div_ceil(devices.len()),
-                    engine_plan::usable_cores(),
-                )
-            } else {
-                1
-            }
-        });
-        let engine_count = devices.len() * per_device;
-        // A peer on this process's cores (a local run) gets half of them, as many per device.
-        let engines_for_local_peers = if config.engines_per_device.is_none()
-            && backend.copies_on_caller
-        {
-            devices.len() * engine_plan::per_device_shared(per_device, engine_plan::usable_cores())
-        } else {
-            engine_count
-        };
+        let plan = EnginePlan::new(&config, backend.copies_on_caller, devices.len());
+        let engine_count = devices.len() * plan.per_device;
+        // A peer on this process's cores (a local run) gets fewer, as many per device.
+        let engines_for_local_peers = devices.len() * plan.per_device_for_local_peers;
         let info = EndpointInfo {
             ip,
             gpu_pci: config.gpu_pci.clone(),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use tcpx_runtime::endpoint::backend;
-use tcpx_runtime::Backend;
+use tcpx_runtime::{Backend, Config, EnginePlan};
 use tcpx_tools::cores::format_ranges;
 use tcpx_topo::{NicCandidate, Plan, PlanRequest, Topology};
 
@@ -126,6 +126,14 @@ fn run(cli: Cli) -> Result<()> {
                 d.index, p.name, p.speed_mbps, memory, kind
             );
         }
+        let config = Config::from_env().context("reading the TCPX_* configuration")?;
+        println!(
+            "\n{}",
+            engines_line(
+                &EnginePlan::new(&config, backend.copies_on_caller, devices.len()),
+                config.channels
+            )
+        );
     } else {
         println!("topology: {}", topology.origin());
     }
@@ -175,6 +183,29 @@ fn run(cli: Cli) -> Result<()> {
         println!("note: {note}");
     }
     Ok(())
+}
+
+/// One line on the engine threads an endpoint of this process would start: how many, why, and
+/// how many drive a connection to a peer on the same cores (a local run).
+fn engines_line(plan: &EnginePlan, channels: u16) -> String {
+    let cores = if plan.online_cores == 0 || plan.usable_cores >= plan.online_cores {
+        format!("{} cores", plan.usable_cores)
+    } else {
+        format!(
+            "{} of the machine's {} cores (this process is confined)",
+            plan.usable_cores, plan.online_cores
+        )
+    };
+    let why = if plan.automatic {
+        "automatic"
+    } else {
+        "TCPX_ENGINES_PER_NIC"
+    };
+    format!(
+        "engines:  {} per device for {channels} channels ({why}; {cores}); a connection to a \
+         peer on the same cores uses {} per device",
+        plan.per_device, plan.per_device_for_local_peers
+    )
 }
 
 /// `--watch ADDR`: scrape every `--interval` seconds, print each poll, stop after `--count`.
