@@ -188,22 +188,29 @@ fn run(cli: Cli) -> Result<()> {
 /// One line on the engine threads an endpoint of this process would start: how many, why, and
 /// how many drive a connection to a peer on the same cores (a local run).
 fn engines_line(plan: &EnginePlan, channels: u16) -> String {
-    let cores = if plan.online_cores == 0 || plan.usable_cores >= plan.online_cores {
-        format!("{} cores", plan.usable_cores)
-    } else {
+    let confined = plan.online_cores != 0 && plan.usable_cores < plan.online_cores;
+    let cores = if confined {
         format!(
-            "{} of the machine's {} cores (this process is confined)",
+            "{} of the machine's {} cores: confined",
             plan.usable_cores, plan.online_cores
         )
+    } else {
+        format!("{} cores", plan.usable_cores)
     };
     let why = if plan.automatic {
         "automatic"
     } else {
         "TCPX_ENGINES_PER_NIC"
     };
+    // A confined process counts a local peer as on its cores only when it runs two endpoints.
+    let local = if confined {
+        "a connection between two endpoints of this process"
+    } else {
+        "a connection to a peer on the same cores"
+    };
     format!(
-        "engines:  {} per device for {channels} channels ({why}; {cores}); a connection to a \
-         peer on the same cores uses {} per device",
+        "engines:  {} per device for {channels} channels ({why}; {cores}); {local} uses {} \
+         per device",
         plan.per_device, plan.per_device_for_local_peers
     )
 }
