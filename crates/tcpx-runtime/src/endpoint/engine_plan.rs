@@ -34,12 +34,6 @@ pub(crate) fn fitting(channels: usize, limit: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Engines per device an endpoint starts for the built-in plugin: one per channel of the
-/// device (`channels_per_device`), fitted to the cores this process may use.
-pub(crate) fn per_device(channels_per_device: usize, cores: usize) -> usize {
-    fitting(channels_per_device, cores)
-}
-
 /// Engines per device that drive a connection to a peer sharing this process's cores: half
 /// the cores, fitted to the engines started (a divisor of them, so the channels stay even).
 pub(crate) fn per_device_shared(started_per_device: usize, cores: usize) -> usize {
@@ -49,6 +43,12 @@ pub(crate) fn per_device_shared(started_per_device: usize, cores: usize) -> usiz
 /// Cores this process may run on (its affinity mask and CPU quota).
 pub(crate) fn usable_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Whether a process that may use `usable` of the machine's `online` cores (0: unknown, taken
+/// as all) is held to fewer than all of them.
+fn confined(usable: usize, online: usize) -> bool {
+    online != 0 && usable < online
 }
 
 /// Cores online on this machine (0 when unknown).
@@ -84,7 +84,8 @@ impl EnginePlan {
         let (per_device, shared) = match config.engines_per_device {
             Some(n) => (n, n),
             None if copies_on_caller => {
-                let n = per_device(usize::from(config.channels).div_ceil(devices), usable);
+                // One per channel of the device, fitted to the cores this process may use.
+                let n = fitting(usize::from(config.channels).div_ceil(devices), usable);
                 (n, per_device_shared(n, usable))
             }
             None => (1, 1),
@@ -96,6 +97,24 @@ impl EnginePlan {
             online_cores: online_cores(),
             automatic: config.engines_per_device.is_none(),
         }
+    }
+
+    /// Whether this process is held to fewer than all of the machine's cores.
+    pub fn confined(&self) -> bool {
+        confined(self.usable_cores, self.online_cores)
+    }
+
+    /// Whether a connection between `local` and `peer` (its control connection's two ends)
+    /// has the peer competing for this process's cores ([`shares_cores`] with this plan's
+    /// cores and the endpoints alive in this process).
+    pub(crate) fn shares_cores_with(&self, local: SocketAddr, peer: SocketAddr) -> bool {
+        shares_cores(
+            local,
+            peer,
+            self.usable_cores,
+            self.online_cores,
+            LIVE_ENDPOINTS.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -112,19 +131,7 @@ pub(crate) fn shares_cores(
     endpoints: usize,
 ) -> bool {
     let same_host = peer.ip().is_loopback() || peer.ip() == local.ip();
-    let unconfined = online == 0 || usable >= online;
-    same_host && (unconfined || endpoints > 1)
-}
-
-/// [`shares_cores`] for this process on this machine.
-pub(crate) fn shares_my_cores(local: SocketAddr, peer: SocketAddr) -> bool {
-    shares_cores(
-        local,
-        peer,
-        usable_cores(),
-        online_cores(),
-        LIVE_ENDPOINTS.load(Ordering::Relaxed),
-    )
+    same_host && (!confined(usable, online) || endpoints > 1)
 }
 
 /// Endpoints alive in this process.
@@ -204,13 +211,13 @@ mod tests {
     #[test]
     fn a_peer_on_the_same_cores_gets_half_of_them() {
         // 16 cores, 8 channels: 8 engines; a local peer: 8 drive it (half of 16).
-        assert_eq!(per_device(8, 16), 8);
+        assert_eq!(fitting(8, 16), 8);
         assert_eq!(per_device_shared(8, 16), 8);
         // 8 cores of one's own: 8 engines; sharing them with a local peer: 4.
-        assert_eq!(per_device(8, 8), 8);
+        assert_eq!(fitting(8, 8), 8);
         assert_eq!(per_device_shared(8, 8), 4);
         // 2 cores: 2 engines, 1 for a local peer (as the 2-core measurements chose).
-        assert_eq!(per_device(8, 2), 2);
+        assert_eq!(fitting(8, 2), 2);
         assert_eq!(per_device_shared(2, 2), 1);
     }
 
@@ -238,11 +245,12 @@ mod tests {
         // This machine's own answer follows the same rule (other tests may hold endpoints
         // meanwhile, which can only make it share).
         let live = LiveEndpoint::new();
-        let online = online_cores();
-        if online == 0 || usable_cores() >= online {
-            assert!(shares_my_cores(lo2, lo));
+        let plan = EnginePlan::new(&crate::Config::default(), true, 1);
+        assert_eq!(plan.confined(), confined(usable_cores(), online_cores()));
+        if !plan.confined() {
+            assert!(plan.shares_cores_with(lo2, lo));
         }
-        assert!(!shares_my_cores(me, other));
+        assert!(!plan.shares_cores_with(me, other));
         drop(live);
     }
 }

@@ -188,8 +188,6 @@ impl Endpoint {
         // whose device is devices[c mod D], as the handshake assumes.
         let plan = EnginePlan::new(&config, backend.copies_on_caller, devices.len());
         let engine_count = devices.len() * plan.per_device;
-        // A peer on this process's cores (a local run) gets fewer, as many per device.
-        let engines_for_local_peers = devices.len() * plan.per_device_for_local_peers;
         let info = EndpointInfo {
             ip,
             gpu_pci: config.gpu_pci.clone(),
@@ -248,7 +246,7 @@ impl Endpoint {
             backend,
             devices,
             engines,
-            engines_for_local_peers,
+            engine_plan: plan,
             _live: engine_plan::LiveEndpoint::new(),
             registrations: RegistrationCounter::default(),
             info,

@@ -28,9 +28,9 @@ pub(crate) struct EndpointShared {
     /// on a connection driven by the first `n` of them ([`Self::engines_for`]), it owns the
     /// channels `c` with `c % n == k`.
     pub(crate) engines: Vec<EngineHandle>,
-    /// How many of `engines` (the first ones, a multiple of the devices) drive a connection
-    /// to a peer that competes for this process's cores (see `engine_plan`).
-    pub(crate) engines_for_local_peers: usize,
+    /// How many engines per device it started, and how many drive a connection to a peer
+    /// that competes for this process's cores (the first ones, as many per device).
+    pub(crate) engine_plan: super::engine_plan::EnginePlan,
     /// Counts this endpoint among the process's live ones while it exists (see
     /// `engine_plan::shares_cores`).
     pub(crate) _live: super::engine_plan::LiveEndpoint,
@@ -62,8 +62,9 @@ impl EndpointShared {
     /// this process's cores (see `engine_plan`). Channel `c` is driven by engine
     /// `c % count`, which serves the channel's device (the count is a multiple of the devices).
     pub(crate) fn engines_for(&self, local: SocketAddr, peer: SocketAddr) -> usize {
-        if super::engine_plan::shares_my_cores(local, peer) {
-            self.engines_for_local_peers.clamp(1, self.engines.len())
+        if self.engine_plan.shares_cores_with(local, peer) {
+            (self.devices.len() * self.engine_plan.per_device_for_local_peers)
+                .clamp(1, self.engines.len())
         } else {
             self.engines.len()
         }

@@ -188,7 +188,7 @@ fn run(cli: Cli) -> Result<()> {
 /// One line on the engine threads an endpoint of this process would start: how many, why, and
 /// how many drive a connection to a peer on the same cores (a local run).
 fn engines_line(plan: &EnginePlan, channels: u16) -> String {
-    let confined = plan.online_cores != 0 && plan.usable_cores < plan.online_cores;
+    let confined = plan.confined();
     let cores = if confined {
         format!(
             "{} of the machine's {} cores: confined",
