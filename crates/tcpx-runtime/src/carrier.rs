@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use crate::engine::job::{Job, Piece};
+use crate::engine::job::{HostParts, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::engine::Command;
 use crate::error::{Direction, Error, Result};
@@ -222,6 +222,17 @@ impl Carrier {
     /// transfers: every job (two-sided transfers, one-sided initiators and targets) is made
     /// here and handed to the engines by [`submit_job`](Self::submit_job).
     pub(crate) fn new_job(&self, spec: JobSpec) -> Arc<Job> {
+        self.make_job(spec, None)
+    }
+
+    /// [`Self::new_job`] for a batch of scattered host memory whose one piece is a pack
+    /// buffer: the engines copy each chunk's share of `parts` into it (send) or out of it
+    /// (receive) (see [`crate::engine::job::HostParts`]).
+    pub(crate) fn new_packed_host_job(&self, spec: JobSpec, parts: HostParts) -> Arc<Job> {
+        self.make_job(spec, Some(parts))
+    }
+
+    fn make_job(&self, spec: JobSpec, host_parts: Option<HostParts>) -> Arc<Job> {
         let staged = spec.staging.is_some();
         let mut job = Job::new(
             spec.direction,
@@ -237,6 +248,7 @@ impl Carrier {
         if let Some(completion) = spec.completion {
             job.completion = completion;
         }
+        job.host_parts = host_parts.map(Box::new);
         self.link.in_flight.fetch_add(1, Ordering::AcqRel);
         let job = Arc::new(job);
         if let Some(schedule) = spec.schedule {

@@ -363,6 +363,63 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Copies between `buffer`, back to back from `at`, and many `(memory, offset, len)`
+    /// ranges of other host memories: into `buffer` when `into_buffer` (a gather), out of it
+    /// otherwise (a scatter). `buffer` is marked in flight once for the whole call and each
+    /// other memory once per run of consecutive ranges in it: engines packing a chunk of
+    /// hundreds of 4 KiB blocks, one region each, into one shared pack buffer would
+    /// otherwise write that buffer's state atomic twice per block, from every engine at
+    /// once. Stops at the first range outside its memory, after copying the ones before it;
+    /// returns the bytes copied.
+    pub fn copy_packed<'m>(
+        buffer: &SharedMemory,
+        at: usize,
+        ranges: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
+        into_buffer: bool,
+    ) -> Result<usize> {
+        const API: &str = "SharedMemory::copy_packed";
+        let not_host = |memory: &SharedMemory| {
+            Error::invalid(
+                API,
+                format!("{:?} memory is not CPU-accessible", memory.kind()),
+            )
+        };
+        if buffer.kind() != MemoryKind::Host {
+            return Err(not_host(buffer));
+        }
+        let _buffer_op = buffer.borrow_operation(API)?;
+        // The memory of the current run and its operation token.
+        let mut run: Option<(&SharedMemory, Operation<'_>)> = None;
+        let mut pos = at;
+        for (memory, offset, len) in ranges {
+            if !run.as_ref().is_some_and(|(m, _)| m.same_as(memory)) {
+                if memory.kind() != MemoryKind::Host {
+                    return Err(not_host(memory));
+                }
+                run = Some((memory, memory.borrow_operation(API)?));
+            }
+            memory.check_range(API, offset, len)?;
+            buffer.check_range(API, pos, len)?;
+            let (src, dst) = if into_buffer {
+                (
+                    memory.as_ptr().wrapping_add(offset),
+                    buffer.as_ptr().wrapping_add(pos),
+                )
+            } else {
+                (
+                    buffer.as_ptr().wrapping_add(pos),
+                    memory.as_ptr().wrapping_add(offset),
+                )
+            };
+            // SAFETY: both ranges were checked to lie inside host memory that outlives the
+            // operation tokens held (which exclude CPU_ACCESS, so no Rust slice of either
+            // exists); `copy` (memmove) is correct even when a range overlaps the buffer.
+            unsafe { std::ptr::copy(src, dst, len) };
+            pos += len;
+        }
+        Ok(pos - at)
+    }
+
     /// [`SharedMemory::write_at`] of many `(offset, bytes)` pieces, marked in flight once for
     /// all of them: engines scattering many small messages into one application region
     /// would otherwise write its state atomic twice per message, from several cores. Stops

@@ -10,22 +10,25 @@
 //! ([`packed_schedule`]) without exchanging segment lists, and a chunk carries as many
 //! messages as fit in it.
 //!
-//! Each side copies only where its own list is scattered, as one-sided packing does (see
-//! [`crate::onesided`]): host memory through a pooled pack buffer (the sender gathers on the
-//! submitting thread; the receiver scatters when its transfer is waited on or polled, the
-//! work of a driven [`Transfer`]); staged CUDA memory through the lanes' ring slots, chunk
-//! by chunk; a list that is one run is sent from or received into in place. CUDA memory a
-//! plugin takes directly has no pack buffer, so a scattered list of it is refused.
+//! Each side copies only where its own list is scattered: host memory through a pooled pack
+//! buffer, chunk by chunk, by the engine of each chunk's channel — gathered just before the
+//! chunk is posted, scattered once its receive is done (see
+//! [`crate::engine::job::HostParts`]); staged CUDA memory through the lanes' ring slots,
+//! chunk by chunk; a list that is one run is sent from or received into in place. CUDA
+//! memory a plugin takes directly has no pack buffer, so a scattered list of it is refused.
+//!
+//! The packed stream is the same whoever copies it, so either side may pack or not
+//! whatever the other does.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::carrier::{Carrier, JobSpec};
-use crate::engine::job::{staging_of, Job};
+use crate::engine::job::{staging_of, HostParts};
 use crate::error::{Direction, Error, Result};
-use crate::onesided::pack::{gather, packed_schedule, scatter, PackLease, PackPool, Part};
+use crate::onesided::pack::{packed_schedule, PackPool, Part};
 use crate::onesided::PACK_BYTES;
 use crate::registry::Segment;
-use crate::transfer::{Completion, Drive, Transfer};
+use crate::transfer::Transfer;
 
 /// What a batch needs from its connection.
 pub(crate) struct BatchContext<'a> {
@@ -73,20 +76,27 @@ pub(crate) fn submit(
                 .into(),
         ));
     }
-    // The copy runs before the sequence number is taken (other submitters are not held up
-    // by it); a receive takes its buffer now and scatters once the data is in. A batch has
-    // no unpacked fallback (both sides cut the packed stream), so a sender, like a
-    // receiver, takes a one-off buffer when the pool is exhausted.
+    // A batch has no unpacked fallback (both sides cut the packed stream), so a sender, like
+    // a receiver, takes a one-off buffer when the pool is exhausted.
     let lease = if staged || in_place {
         None
     } else {
         Some(cx.pool.for_receiver()?)
     };
-    if direction == Direction::Send {
-        if let Some(lease) = &lease {
-            gather(lease, &parts)?;
-        }
-    }
+    // The engines copy the blocks of a packed batch chunk by chunk; the plugin never sees
+    // them, so they are not registered.
+    let host_parts = match &lease {
+        Some(_) => Some(HostParts::new(
+            parts
+                .iter()
+                .map(|p| {
+                    cx.carrier
+                        .region_piece(&p.region, p.offset as usize, p.len, direction, true)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        )),
+        None => None,
+    };
     let pieces = match &lease {
         Some(lease) => vec![cx
             .carrier
@@ -112,7 +122,7 @@ pub(crate) fn submit(
     let seq = *next;
     let schedule = packed_schedule(total, cx.chunk_bytes, &cx.carrier.link, seq, false)
         .map_err(|e| Error::InvalidArgument(format!("batch #{seq}: {e}")))?;
-    let job = cx.carrier.new_job(JobSpec {
+    let spec = JobSpec {
         direction,
         seq,
         pieces,
@@ -122,29 +132,28 @@ pub(crate) fn submit(
         // A staged list stays scattered under the packed schedule: the lanes gather (or
         // scatter) the pieces each chunk covers through their ring slots.
         packed: staged,
-    });
+    };
+    let job = match host_parts {
+        Some(parts) => cx.carrier.new_packed_host_job(spec, parts),
+        None => cx.carrier.new_job(spec),
+    };
     *next += 1;
     cx.carrier.submit_job(&job);
     drop(next);
-    let transfer = match (direction, lease) {
-        (Direction::Send, Some(lease)) => {
-            cx.pool.count_sent();
-            cx.pool.hold(job.clone(), lease);
-            Transfer::new(job.completion.clone(), direction, total, cx.spin)
+    if let Some(lease) = lease {
+        match direction {
+            Direction::Send => cx.pool.count_sent(),
+            Direction::Recv => cx.pool.count_received(),
         }
-        (Direction::Recv, Some(lease)) => {
-            let outer = Arc::new(Completion::default());
-            let driver = Arc::new(Scatter {
-                job,
-                state: Mutex::new(Some((lease, parts))),
-                outer: outer.clone(),
-                total,
-            });
-            Transfer::driven(outer, driver, direction, total, cx.spin)
-        }
-        (_, None) => Transfer::new(job.completion.clone(), direction, total, cx.spin),
-    };
-    Ok(transfer)
+        // Back to the pool once the job finished (its last chunk copied out, on a receive).
+        cx.pool.hold(job.clone(), lease);
+    }
+    Ok(Transfer::new(
+        job.completion.clone(),
+        direction,
+        total,
+        cx.spin,
+    ))
 }
 
 /// The batch's total, once every segment lies inside its region and the total fits one pack
@@ -174,49 +183,4 @@ fn one_run(parts: &[Part]) -> bool {
     parts.windows(2).all(|w| {
         w[0].region.memory().same_as(w[1].region.memory()) && w[0].offset + w[0].len == w[1].offset
     })
-}
-
-/// A host-memory batch received into a pack buffer: scatters it into the caller's list once
-/// the receive finished, then finishes the caller's transfer.
-struct Scatter {
-    job: Arc<Job>,
-    /// Taken by the one drive that scatters (or fails).
-    state: Mutex<Option<(PackLease, Vec<Part>)>>,
-    outer: Arc<Completion>,
-    total: u64,
-}
-
-impl std::fmt::Debug for Scatter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scatter")
-            .field("total", &self.total)
-            .finish()
-    }
-}
-
-impl Drive for Scatter {
-    fn drive(&self) {
-        let Some(outcome) = self.job.completion.get() else {
-            return;
-        };
-        let Some((lease, parts)) = self.state.lock().unwrap_or_else(|p| p.into_inner()).take()
-        else {
-            return;
-        };
-        let result = match outcome {
-            Ok(n) if *n == self.total => scatter(&lease, &parts).map(|()| self.total),
-            Ok(n) => Err(Error::InvalidArgument(format!(
-                "batch received {n} bytes where its list holds {}: the peer's batch has another total",
-                self.total
-            ))),
-            Err(e) => {
-                // The link failed: a request may still sit on the buffer.
-                lease.poison();
-                self.outer.finish(Err(e.clone()));
-                return;
-            }
-        };
-        drop(lease);
-        self.outer.finish(result);
-    }
 }

@@ -419,6 +419,11 @@ impl<C: Comm> Lane<C> {
     // Always inline: once per receive, in the test loop.
     #[inline(always)]
     fn consume(&mut self, size: usize, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+        if let Some(job) = self.core.oldest_job() {
+            if job.host_parts.is_some() {
+                self.scatter_head(cx)?;
+            }
+        }
         let comm = &mut self.comm;
         // Counted before the core reports the chunk, so a finished transfer's bytes are in
         // the counters.
@@ -432,6 +437,29 @@ impl<C: Comm> Lane<C> {
             Err(ConsumeFailed::Plugin(e)) => Err(cx.fail_plugin(C::DIRECTION, e)),
             Err(ConsumeFailed::Fault(what)) => Err(cx.fail_internal(C::DIRECTION, what)),
         }
+    }
+
+    /// Copies the done receive at the head, a chunk of a packed host batch (the lane's oldest
+    /// transfer), out of the pack buffer into the batch's blocks: before the chunk counts as
+    /// completed, so a finished batch has every byte in place.
+    #[cold]
+    fn scatter_head(&self, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+        let direction = C::DIRECTION;
+        let (Some(job), Some(index)) = (self.core.oldest_job(), self.core.head_index()) else {
+            return Err(cx.fail_internal(direction, "a packed receive has no head"));
+        };
+        let Some(parts) = job.host_parts.as_deref() else {
+            return Ok(());
+        };
+        let Some(chunk) = job.schedule().and_then(|s| s.chunk(index)) else {
+            return Err(cx.fail_internal(direction, "a packed receive's chunk is not scheduled"));
+        };
+        let Some((region, offset)) = locate(job, cx.index, &chunk) else {
+            return Err(cx.fail_internal(direction, "registration missing for a chunk"));
+        };
+        parts
+            .copy_chunk(&chunk, region.memory(), offset, false)
+            .map_err(|what| cx.fail_internal(direction, what))
     }
 
     /// Tests the head; returns the action that follows at once, if any.
@@ -571,6 +599,13 @@ impl<C: Comm> Lane<C> {
                 let Some((region, offset)) = locate(job, cx.index, chunk) else {
                     return Err(cx.fail_internal(direction, "registration missing for a chunk"));
                 };
+                // A packed host batch: this chunk's blocks go into the pack buffer now, while
+                // the `send` below is about to read them.
+                if let (Direction::Send, Some(parts)) = (direction, job.host_parts.as_deref()) {
+                    if let Err(what) = parts.copy_chunk(chunk, region.memory(), offset, true) {
+                        return Err(cx.fail_internal(direction, what));
+                    }
+                }
                 let posted = self.comm.post(region, offset, len);
                 return self.posted(posted, cx);
             }

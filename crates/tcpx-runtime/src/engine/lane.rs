@@ -342,7 +342,14 @@ impl<R, J: LaneWork> LaneCore<R, J> {
         &self.chunk
     }
 
-    /// The oldest transfer the lane holds (for the timeout check).
+    /// Schedule index of the chunk of the receive at the window's head, once done (the
+    /// lane's oldest transfer's).
+    pub(crate) fn head_index(&self) -> Option<u64> {
+        self.window.consumable().map(|head| head.data.index)
+    }
+
+    /// The oldest transfer the lane holds (the timeout check; the transfer of the window's
+    /// head).
     pub(crate) fn oldest_job(&self) -> Option<&J> {
         self.track.jobs.front().map(|j| &j.job)
     }
