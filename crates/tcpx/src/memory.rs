@@ -646,6 +646,54 @@ mod tests {
     }
 
     #[test]
+    fn packed_copies_gather_and_scatter_runs_and_stop_at_a_bad_range() {
+        let a = SharedMemory::host(64).unwrap();
+        let b = SharedMemory::host(64).unwrap();
+        a.with_bytes_mut(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
+            .unwrap();
+        b.with_bytes_mut(|m| {
+            m.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = 100 + i as u8)
+        })
+        .unwrap();
+        let pack = SharedMemory::host(32).unwrap();
+        // Two runs on `a`, one on `b`, back to back from offset 4 of the pack buffer.
+        let n = SharedMemory::copy_packed(&pack, 4, [(&a, 40, 3), (&a, 1, 2), (&b, 0, 2)], true)
+            .unwrap();
+        assert_eq!(n, 7);
+        pack.with_bytes(|m| assert_eq!(&m[4..11], &[40, 41, 42, 1, 2, 100, 101]))
+            .unwrap();
+        // Out again, into other places.
+        let c = SharedMemory::host(16).unwrap();
+        let n = SharedMemory::copy_packed(&pack, 4, [(&c, 10, 4), (&c, 0, 3)], false).unwrap();
+        assert_eq!(n, 7);
+        c.with_bytes(|m| {
+            assert_eq!(&m[10..14], &[40, 41, 42, 1]);
+            assert_eq!(&m[..3], &[2, 100, 101]);
+        })
+        .unwrap();
+        // A range past its memory (or past the buffer) stops the copy there.
+        assert!(SharedMemory::copy_packed(&pack, 4, [(&c, 0, 2), (&c, 15, 2)], false).is_err());
+        assert!(SharedMemory::copy_packed(&pack, 30, [(&a, 0, 4)], true).is_err());
+        c.with_bytes(|m| {
+            assert_eq!(
+                &m[..3],
+                &[40, 41, 101],
+                "the range before the bad one copied"
+            )
+        })
+        .unwrap();
+        for m in [&a, &b, &c, &pack] {
+            assert_eq!(m.in_flight(), 0, "every operation ended");
+        }
+        // Refused while the CPU holds a slice of any memory involved.
+        let held =
+            c.with_bytes(|_| SharedMemory::copy_packed(&pack, 0, [(&c, 0, 1)], true).is_err());
+        assert!(held.unwrap());
+    }
+
+    #[test]
     fn copies_run_beside_operations_but_not_beside_cpu_slices() {
         let a = SharedMemory::host(64).unwrap();
         let b = SharedMemory::host(64).unwrap();

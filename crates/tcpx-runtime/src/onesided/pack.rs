@@ -1,17 +1,18 @@
 //! Packing small scattered blocks: a one-sided batch of many small host-memory blocks travels
 //! as one contiguous transfer through pack buffers, instead of one plugin request per block.
 //!
-//! - The data sender decides ([`worth_packing`], [`crate::Config::pack_below`]) and gathers
-//!   the blocks into a pack buffer (memcpy); the flag travels in its marker (`WriteRequest`
+//! - The data sender decides ([`worth_packing`], [`crate::Config::pack_below`]) and its
+//!   engines gather the blocks into a pack buffer, chunk by chunk, as they send; the flag travels in its marker (`WriteRequest`
 //!   for writes; for reads the initiator *offers* in `ReadRequest` and the target decides in
 //!   `ReadData`), so both sides derive the same contiguous schedule ([`packed_schedule`]).
 //! - Each side copies only if its own list is scattered: a side whose list is one run
 //!   already sends from / receives into it in place (the wire only needs both sides to cut
 //!   the total alike), so a contiguous staging buffer against scattered KV blocks costs one
 //!   copy, not two. Which side copies is local; only the flag travels.
-//! - The data receiver receives into a pack buffer and scatters into the blocks after the
-//!   receive job completed, on the acknowledger — before the write is acknowledged or its
-//!   notification delivered. A refused write's data lands in the pack buffer and is simply
+//! - The data receiver receives into a pack buffer, and its engines scatter each chunk into
+//!   the blocks once it is in, before the chunk counts as done: the receive job completes
+//!   with every byte in place, before the write is acknowledged or its notification
+//!   delivered. A refused write's data lands in the pack buffer and is simply
 //!   not scattered (the contiguous schedule is the same either way: the lanes stay in step).
 //! - Pack buffers ([`PACK_BYTES`] each) come from a per-connection pool, allocated on first
 //!   use up to [`crate::Config::pack_buffers`] and registered once per direction on the RMA
@@ -403,51 +404,6 @@ pub(crate) struct Part {
     pub(crate) len: u64,
 }
 
-/// Copies `parts`, in order, into the pack buffer from offset 0 (the data sender).
-pub(crate) fn gather(pack: &PackLease, parts: &[Part]) -> Result<()> {
-    copy_parts(pack, parts, true)
-        .map_err(|e| Error::Internal(format!("packing one-sided blocks: {e}")))
-}
-
-/// Copies the pack buffer, from offset 0, into `parts` in order (the data receiver).
-pub(crate) fn scatter(pack: &PackLease, parts: &[Part]) -> Result<()> {
-    copy_parts(pack, parts, false)
-        .map_err(|e| Error::Internal(format!("unpacking one-sided blocks: {e}")))
-}
-
-/// The copies of [`gather`] (`into_pack`) or [`scatter`]: consecutive parts of one region go
-/// in one [`SharedMemory::copy_ranges`] call (one pair of state updates per run of parts,
-/// not per block).
-fn copy_parts(pack: &PackLease, parts: &[Part], into_pack: bool) -> tcpx::Result<()> {
-    let buffer = pack.region().memory();
-    let mut at = 0usize;
-    let mut rest = parts;
-    while let Some(first) = rest.first() {
-        let same = rest
-            .iter()
-            .take_while(|p| p.region.memory().same_as(first.region.memory()))
-            .count();
-        let (group, tail) = rest.split_at(same);
-        let start = at;
-        // Parts were validated against their regions and total at most PACK_BYTES: every
-        // offset and length fits a usize.
-        let ranges = group.iter().scan(start, |pos, p| {
-            let here = *pos;
-            *pos += p.len as usize;
-            Some((p.offset as usize, here, p.len as usize))
-        });
-        let memory = first.region.memory();
-        if into_pack {
-            SharedMemory::copy_ranges(memory, buffer, ranges)?;
-        } else {
-            SharedMemory::copy_ranges(buffer, memory, ranges.map(|(o, h, l)| (h, o, l)))?;
-        }
-        at += group.iter().map(|p| p.len as usize).sum::<usize>();
-        rest = tail;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,26 +467,5 @@ mod tests {
         drop(fresh);
         let s = pool.stats();
         assert_eq!((s.fallbacks, s.overflows, s.buffers), (1, 1, 2));
-    }
-
-    #[test]
-    fn gather_then_scatter_round_trips() {
-        let src = Region::new(SharedMemory::host(64).unwrap());
-        src.memory()
-            .with_bytes_mut(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
-            .unwrap();
-        let dst = Region::new(SharedMemory::host(64).unwrap());
-        let pool = PackPool::new(1);
-        let pack = pool.for_sender().unwrap().unwrap();
-        let part = |region: &Region, offset, len| Part {
-            region: region.clone(),
-            offset,
-            len,
-        };
-        gather(&pack, &[part(&src, 40, 3), part(&src, 1, 5)]).unwrap();
-        scatter(&pack, &[part(&dst, 0, 4), part(&dst, 60, 4)]).unwrap();
-        let got = dst.memory().with_bytes(|b| b.to_vec()).unwrap();
-        assert_eq!(&got[..4], &[40, 41, 42, 1]);
-        assert_eq!(&got[60..], &[2, 3, 4, 5]);
     }
 }

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
-use super::pack::{gather, packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part};
+use super::pack::{packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part};
 use super::OneSidedShared;
 use crate::carrier::{Carrier, JobSpec};
 use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::{ControlTx, Message};
-use crate::engine::job::{staging_of, Job, Piece};
+use crate::engine::job::{staging_of, HostParts, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
@@ -352,6 +352,28 @@ impl Rma {
         Ok((pieces, schedule))
     }
 
+    /// Creates the job of a packed operation whose one piece is a pack buffer of host memory
+    /// (from [`Self::packed_job_parts`]): the engines copy each chunk's share of `parts`
+    /// into the buffer before they send it, or out of it once it is received (see
+    /// [`crate::engine::job::HostParts`]), so the job finishes with every byte in place.
+    pub(crate) fn packed_host_job(
+        &self,
+        spec: JobSpec,
+        parts: &[Part],
+        direction: Direction,
+    ) -> Result<Arc<Job>> {
+        let pieces = parts
+            .iter()
+            .map(|p| {
+                self.carrier
+                    .region_piece(&p.region, p.offset as usize, p.len, direction, true)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self
+            .carrier
+            .new_packed_host_job(spec, HostParts::new(pieces)))
+    }
+
     /// Whether an operation over `plan` and `remote` is cut finer over the connection's spread
     /// width (the initiator decides; the request tells the target). Only a lone operation: a
     /// transfer waited for on its own rides every channel at once, while operations already
@@ -391,11 +413,10 @@ impl Rma {
             check_notification(n)?;
         }
         let plan = self.plan(local, remote, Direction::Send)?;
-        // Packing: host memory is gathered here, on the submitting thread (the copies cost
-        // the caller, not the watcher or the engines), before anything is queued. A local
-        // list that is one run already is sent from in place; a scattered one needs a pooled
-        // buffer, or the batch goes unpacked. A staged list is gathered by the lanes, chunk
-        // by chunk, into their ring slots.
+        // Packing: a scattered host list is gathered into a pooled buffer by the engines,
+        // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
+        // goes unpacked); a local list that is one run already is sent from in place. A
+        // staged list is gathered by the lanes, chunk by chunk, into their ring slots.
         let side = self.pack_side(remote, &plan);
         let mut packed = side.is_some();
         let staged = side == Some(PackSide::Staged);
@@ -406,9 +427,6 @@ impl Rma {
         } else {
             None
         };
-        if let Some(lease) = &pack {
-            gather(lease, &local_parts(local))?;
-        }
         let spread = self.spreads(&plan, remote);
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
@@ -435,7 +453,7 @@ impl Rma {
                 self.schedule(&request.local_lens, &plan.remote_lens, op_id, spread)?,
             )
         };
-        let job = self.carrier.new_job(JobSpec {
+        let spec = JobSpec {
             direction: Direction::Send,
             seq: op_id,
             pieces,
@@ -443,7 +461,11 @@ impl Rma {
             schedule: Some(schedule),
             completion: None,
             packed,
-        });
+        };
+        let job = match &pack {
+            Some(_) => self.packed_host_job(spec, &local_parts(local), Direction::Send)?,
+            None => self.carrier.new_job(spec),
+        };
         if packed {
             self.pack.count_sent();
         }

@@ -4,7 +4,7 @@
 //! Everything here runs on the connection's control loop (`endpoint::watch`), one message
 //! at a time, in stream order: that order *is* the posting order of the RMA receive lanes.
 //! The loop never waits on data. What must wait for a job — a served write's `WriteAck`
-//! and notification, a packed read's scatter, an initiated write answered before its sends
+//! and notification, an initiated write answered before its sends
 //! were done — is queued as a [`TargetItem`], and the [`Acknowledger`] hands the items over
 //! in stream order once their jobs finish: it answers `WriteAck` and then delivers the
 //! notification (after the answer was written, so that a target torn down at the
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::coalesce::coalesce;
-use super::pack::{gather, scatter, worth_packing, PackLease, Part, PACK_BYTES};
-use super::state::{access_error, OpCut, PendingKind, PendingOp, ReadPack, Rma};
+use super::pack::{worth_packing, PackLease, Part, PACK_BYTES};
+use super::state::{access_error, OpCut, PendingKind, PendingOp, Rma};
 use crate::carrier::JobSpec;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
 use crate::control::Message;
@@ -29,7 +29,7 @@ use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::registry::Region;
 use crate::schedule::Schedule;
-use crate::transfer::{Completion, Transfer};
+use crate::transfer::Transfer;
 use crate::wakeup::Wakeup;
 
 /// Most chunks a refused write may carry into the discard region (one piece each); a peer
@@ -57,8 +57,8 @@ pub(crate) enum TargetItem {
         op_id: u64,
         refusal: Option<Refusal>,
         notification: Option<Vec<u8>>,
-        /// A packed write: the pack buffer it lands in, and where to scatter it (empty
-        /// when refused: the bytes stay in the buffer).
+        /// A packed write: the pack buffer it lands in, and the parts the engines scatter it
+        /// into (empty when refused: the bytes stay in the buffer).
         pack: Option<(PackLease, Vec<Part>)>,
     },
     /// A standalone notification.
@@ -73,17 +73,9 @@ pub(crate) enum TargetItem {
         refusal: Option<Refusal>,
         /// The read travels packed (`ReadData` says so).
         packed: bool,
-        /// A packed read's pack buffer (none when sent in place), gathered from these parts
-        /// here (after every earlier write was scattered) before the job is queued.
+        /// A packed read's pack buffer (none when sent in place), back to the pool once the
+        /// job is done; the engines gather these parts into it as they send.
         pack: Option<(PackLease, Vec<Part>)>,
-    },
-    /// Initiator side: a packed read's receive job (into a pack buffer); scatter it into the
-    /// local list once done, then complete the application's transfer.
-    ScatterRead {
-        job: Arc<Job>,
-        pack: ReadPack,
-        completion: Arc<Completion>,
-        len: u64,
     },
     /// Initiator side: a write the target answered while this side's send job was still
     /// finishing; complete it once the job is done (the watcher never waits on data).
@@ -106,7 +98,7 @@ impl Rma {
                 Ok(())
             }
             Message::WriteAck { op_id, refusal } => self.on_write_ack(op_id, refusal, items),
-            Message::ReadData { op_id, packed } => self.on_read_data(op_id, packed, items),
+            Message::ReadData { op_id, packed } => self.on_read_data(op_id, packed),
             Message::ReadRefused { op_id, refusal } => {
                 let op = self.answered(op_id, "ReadRefused")?;
                 op.completion.finish(Err(access_error(&self.link, refusal)));
@@ -297,9 +289,9 @@ impl Rma {
     }
 
     /// Target: a packed write. Into staged (or CUDA) memory, its chunks are scattered out of
-    /// the lanes' ring slots as they land; into host memory, it is received whole into a pack
-    /// buffer (an accepted list of one run: in place) and the acknowledger scatters it,
-    /// unless refused, before acknowledging. A refused write's data still lands (the wire
+    /// the lanes' ring slots as they land; into host memory, it is received into a pack buffer
+    /// (an accepted list of one run: in place) and the engines scatter each chunk as it lands,
+    /// unless refused, so the job finishes before the acknowledgement. A refused write's data still lands (the wire
     /// carries the same contiguous schedule either way): in a pack buffer, or, past one, in
     /// the discard region chunk by chunk.
     fn on_packed_write(
@@ -373,7 +365,7 @@ impl Rma {
                 (pieces, None, schedule, pack)
             }
         };
-        let job = self.carrier.new_job(JobSpec {
+        let spec = JobSpec {
             direction: Direction::Recv,
             seq: op_id,
             pieces,
@@ -381,7 +373,14 @@ impl Rma {
             schedule: Some(schedule),
             completion: None,
             packed: true,
-        });
+        };
+        // An accepted scattered list: the engines scatter each chunk out of the pack buffer
+        // as it lands, so the job finishes with every byte in place. A refused write's data
+        // stays in the buffer.
+        let job = match (&pack, &refusal) {
+            (Some((_, parts)), None) => self.packed_host_job(spec, parts, Direction::Recv)?,
+            _ => self.carrier.new_job(spec),
+        };
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
         self.carrier.submit_job(&job);
@@ -559,7 +558,7 @@ impl Rma {
             false,
             OpCut { op_id, spread },
         )?;
-        let job = self.carrier.new_job(JobSpec {
+        let spec = JobSpec {
             direction: Direction::Send,
             seq: op_id,
             pieces,
@@ -567,7 +566,13 @@ impl Rma {
             schedule: Some(schedule),
             completion: None,
             packed: true,
-        });
+        };
+        // The engines gather the blocks chunk by chunk as they send, after the job is queued
+        // (behind every earlier write of the peer, landed in full: see `handle`).
+        let job = match &pack {
+            Some((_, parts)) => self.packed_host_job(spec, parts, Direction::Send)?,
+            None => self.carrier.new_job(spec),
+        };
         Ok(Some(TargetItem::ServeRead {
             job: Some(job),
             op_id,
@@ -586,8 +591,8 @@ impl Rma {
     }
 
     /// Initiator: the target accepted a read and queued its data; queue the receive (into
-    /// the pack buffer offered, if the target packed: the acknowledger scatters it).
-    fn on_read_data(&self, op_id: u64, packed: bool, items: &mut Items) -> Result<()> {
+    /// the pack buffer offered, if the target packed: the engines scatter it chunk by chunk).
+    fn on_read_data(&self, op_id: u64, packed: bool) -> Result<()> {
         let op = self.answered(op_id, "ReadData")?;
         match op.kind {
             PendingKind::Read { offered: false, .. } if packed => Err(self.violation(format!(
@@ -639,24 +644,26 @@ impl Rma {
                     false,
                     OpCut { op_id, spread },
                 )?;
-                let job = self.carrier.new_job(JobSpec {
-                    direction: Direction::Recv,
-                    seq: op_id,
-                    pieces,
-                    staging: None,
-                    schedule: Some(schedule),
-                    completion: None,
-                    packed: true,
-                });
+                // The engines scatter each chunk out of the pack buffer as it lands: the job
+                // (the application's transfer) finishes with every byte in place.
+                let job = self.packed_host_job(
+                    JobSpec {
+                        direction: Direction::Recv,
+                        seq: op_id,
+                        pieces,
+                        staging: None,
+                        schedule: Some(schedule),
+                        completion: Some(op.completion),
+                        packed: true,
+                    },
+                    &pack.parts,
+                    Direction::Recv,
+                )?;
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
                 self.carrier.submit_job(&job);
-                items.push_back(TargetItem::ScatterRead {
-                    job,
-                    pack,
-                    completion: op.completion,
-                    len: op.len,
-                });
+                // Back to the pool once the job finished (never while a request is on it).
+                self.pack.hold(job, pack.lease);
                 Ok(())
             }
             PendingKind::Read {
@@ -762,16 +769,6 @@ fn fail_item(link: &crate::link::Link, item: TargetItem) {
                 lease.poison();
             }
         }
-        TargetItem::ScatterRead {
-            job,
-            pack,
-            completion,
-            ..
-        } => {
-            job.fail_with_link();
-            pack.lease.poison();
-            completion.finish(Err(link.failure_or_closed()));
-        }
         TargetItem::Complete { job, op, .. } => {
             job.fail_with_link();
             op.completion.finish(Err(link.failure_or_closed()));
@@ -788,9 +785,7 @@ impl TargetItem {
     /// The job this item waits for before it can be handled, if any.
     fn awaits(&self) -> Option<&Arc<Job>> {
         match self {
-            Self::Write { job, .. }
-            | Self::ScatterRead { job, .. }
-            | Self::Complete { job, .. } => Some(job),
+            Self::Write { job, .. } | Self::Complete { job, .. } => Some(job),
             Self::Notify(_) | Self::ServeRead { .. } => None,
         }
     }
@@ -956,7 +951,7 @@ fn wait_job(rma: &Rma, job: &Job, direction: Direction) -> Result<u64> {
 }
 
 /// Handles one item (see the module docs: the hand-off between a served write's last chunk
-/// and its notification and `WriteAck`, and between a packed read's data and its scatter).
+/// and its notification and `WriteAck`).
 /// Blocks only for a job that has not finished, which the running loop never hands it.
 fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
     match item {
@@ -969,18 +964,8 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             packed,
             pack,
         } => {
-            // Packed: gathered here, after every earlier write of the peer landed and was
-            // scattered, and before the job is queued.
-            if let (Some((lease, parts)), Some(job)) = (&pack, &job) {
-                if let Err(e) = gather(lease, parts) {
-                    rma.link.fail(e);
-                    job.fail_with_link();
-                    if let Some((lease, _)) = pack {
-                        lease.poison();
-                    }
-                    return;
-                }
-            }
+            // Packed: the engines gather the blocks once the job is queued here, after every
+            // earlier write of the peer landed in full.
             match (&job, refusal) {
                 (Some(job), _) => {
                     // Counted before `ReadData` leaves: the initiator may complete the read
@@ -1006,20 +991,6 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
                 }
             }
         }
-        TargetItem::ScatterRead {
-            job,
-            pack,
-            completion,
-            len,
-        } => {
-            let landed = wait_job(rma, &job, Direction::Recv);
-            let outcome = landed.and_then(|_| scatter(&pack.lease, &pack.parts).map(|_| len));
-            if outcome.is_err() && !job.is_finished() {
-                // The job may still post into the buffer: never reuse it.
-                pack.lease.poison();
-            }
-            completion.finish(outcome);
-        }
         TargetItem::Complete { job, op, refusal } => {
             complete_write(&rma.link, &job, op, refusal, rma.config.wait_spin)
         }
@@ -1035,15 +1006,9 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             // after its ring → memory copy was seen done (`consume_recv` in
             // `engine/channel.rs` returns before a slot whose copy is still running), so the
             // notification never precedes the bytes it announces.
+            // A packed write's bytes are in the application's memory once its job finished:
+            // the engines scatter each chunk as it lands (a refused one's never are).
             let landed = wait_job(rma, &job, Direction::Recv);
-            // A packed write's bytes reach the application's memory here, before the
-            // notification and the acknowledgement (a refused one's never do).
-            let landed = match (&pack, landed) {
-                (Some((lease, parts)), Ok(n)) if refusal.is_none() => {
-                    scatter(lease, parts).map(|_| n)
-                }
-                (_, landed) => landed,
-            };
             if let Some((lease, _)) = pack {
                 if !job.is_finished() {
                     lease.poison();
