@@ -53,6 +53,7 @@ mod handle;
 mod logging;
 mod memory;
 mod net;
+mod packed;
 
 pub use comm::{ListenComm, MemoryRegion, PendingAccept, PendingConnect, RecvComm, SendComm};
 pub use comm::{RecvRequest, SendRequest};
@@ -61,6 +62,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use handle::ConnectHandle;
 pub use memory::{ForeignMemory, HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
 pub use net::{Net, TCPX_INSTALL_PATHS};
+pub use packed::PackedRanges;
 /// The network interfaces that are up, one usable address each — the built-in plugin's own
 /// list, so that tools and the runtime name and address interfaces exactly as it does.
 pub use tcpx_socket::{interfaces, Interface};

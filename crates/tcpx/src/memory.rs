@@ -363,63 +363,6 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Copies between `buffer`, back to back from `at`, and many `(memory, offset, len)`
-    /// ranges of other host memories: into `buffer` when `into_buffer` (a gather), out of it
-    /// otherwise (a scatter). `buffer` is marked in flight once for the whole call and each
-    /// other memory once per run of consecutive ranges in it: engines packing a chunk of
-    /// hundreds of 4 KiB blocks, one region each, into one shared pack buffer would
-    /// otherwise write that buffer's state atomic twice per block, from every engine at
-    /// once. Stops at the first range outside its memory, after copying the ones before it;
-    /// returns the bytes copied.
-    pub fn copy_packed<'m>(
-        buffer: &SharedMemory,
-        at: usize,
-        ranges: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
-        into_buffer: bool,
-    ) -> Result<usize> {
-        const API: &str = "SharedMemory::copy_packed";
-        let not_host = |memory: &SharedMemory| {
-            Error::invalid(
-                API,
-                format!("{:?} memory is not CPU-accessible", memory.kind()),
-            )
-        };
-        if buffer.kind() != MemoryKind::Host {
-            return Err(not_host(buffer));
-        }
-        let _buffer_op = buffer.borrow_operation(API)?;
-        // The memory of the current run and its operation token.
-        let mut run: Option<(&SharedMemory, Operation<'_>)> = None;
-        let mut pos = at;
-        for (memory, offset, len) in ranges {
-            if !run.as_ref().is_some_and(|(m, _)| m.same_as(memory)) {
-                if memory.kind() != MemoryKind::Host {
-                    return Err(not_host(memory));
-                }
-                run = Some((memory, memory.borrow_operation(API)?));
-            }
-            memory.check_range(API, offset, len)?;
-            buffer.check_range(API, pos, len)?;
-            let (src, dst) = if into_buffer {
-                (
-                    memory.as_ptr().wrapping_add(offset),
-                    buffer.as_ptr().wrapping_add(pos),
-                )
-            } else {
-                (
-                    buffer.as_ptr().wrapping_add(pos),
-                    memory.as_ptr().wrapping_add(offset),
-                )
-            };
-            // SAFETY: both ranges were checked to lie inside host memory that outlives the
-            // operation tokens held (which exclude CPU_ACCESS, so no Rust slice of either
-            // exists); `copy` (memmove) is correct even when a range overlaps the buffer.
-            unsafe { std::ptr::copy(src, dst, len) };
-            pos += len;
-        }
-        Ok(pos - at)
-    }
-
     /// [`SharedMemory::write_at`] of many `(offset, bytes)` pieces, marked in flight once for
     /// all of them: engines scattering many small messages into one application region
     /// would otherwise write its state atomic twice per message, from several cores. Stops
@@ -509,7 +452,7 @@ impl SharedMemory {
     /// message with it, and several threads copy out of one application buffer at once, so a
     /// reference-count increment and decrement per copy would bounce one more cache line
     /// between their cores.
-    fn borrow_operation(&self, api: &'static str) -> Result<Operation<'_>> {
+    pub(crate) fn borrow_operation(&self, api: &'static str) -> Result<Operation<'_>> {
         self.count_operation(api)?;
         Ok(Operation {
             state: &self.shared.state,
@@ -551,7 +494,7 @@ impl Drop for CpuGuard<'_> {
 }
 
 /// A copy in progress on a memory (see [`SharedMemory::borrow_operation`]).
-struct Operation<'a> {
+pub(crate) struct Operation<'a> {
     state: &'a AtomicIsize,
 }
 
@@ -643,54 +586,6 @@ mod tests {
         assert!(m.check_range("t", 0, 100).is_ok());
         assert!(m.check_range("t", 1, 100).is_err());
         assert!(m.check_range("t", usize::MAX, 2).is_err());
-    }
-
-    #[test]
-    fn packed_copies_gather_and_scatter_runs_and_stop_at_a_bad_range() {
-        let a = SharedMemory::host(64).unwrap();
-        let b = SharedMemory::host(64).unwrap();
-        a.with_bytes_mut(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
-            .unwrap();
-        b.with_bytes_mut(|m| {
-            m.iter_mut()
-                .enumerate()
-                .for_each(|(i, x)| *x = 100 + i as u8)
-        })
-        .unwrap();
-        let pack = SharedMemory::host(32).unwrap();
-        // Two runs on `a`, one on `b`, back to back from offset 4 of the pack buffer.
-        let n = SharedMemory::copy_packed(&pack, 4, [(&a, 40, 3), (&a, 1, 2), (&b, 0, 2)], true)
-            .unwrap();
-        assert_eq!(n, 7);
-        pack.with_bytes(|m| assert_eq!(&m[4..11], &[40, 41, 42, 1, 2, 100, 101]))
-            .unwrap();
-        // Out again, into other places.
-        let c = SharedMemory::host(16).unwrap();
-        let n = SharedMemory::copy_packed(&pack, 4, [(&c, 10, 4), (&c, 0, 3)], false).unwrap();
-        assert_eq!(n, 7);
-        c.with_bytes(|m| {
-            assert_eq!(&m[10..14], &[40, 41, 42, 1]);
-            assert_eq!(&m[..3], &[2, 100, 101]);
-        })
-        .unwrap();
-        // A range past its memory (or past the buffer) stops the copy there.
-        assert!(SharedMemory::copy_packed(&pack, 4, [(&c, 0, 2), (&c, 15, 2)], false).is_err());
-        assert!(SharedMemory::copy_packed(&pack, 30, [(&a, 0, 4)], true).is_err());
-        c.with_bytes(|m| {
-            assert_eq!(
-                &m[..3],
-                &[40, 41, 101],
-                "the range before the bad one copied"
-            )
-        })
-        .unwrap();
-        for m in [&a, &b, &c, &pack] {
-            assert_eq!(m.in_flight(), 0, "every operation ended");
-        }
-        // Refused while the CPU holds a slice of any memory involved.
-        let held =
-            c.with_bytes(|_| SharedMemory::copy_packed(&pack, 0, [(&c, 0, 1)], true).is_err());
-        assert!(held.unwrap());
     }
 
     #[test]

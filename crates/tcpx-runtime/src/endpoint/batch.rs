@@ -23,9 +23,9 @@
 use std::sync::Mutex;
 
 use crate::carrier::{Carrier, JobSpec};
-use crate::engine::job::{staging_of, HostParts};
+use crate::engine::job::staging_of;
 use crate::error::{Direction, Error, Result};
-use crate::onesided::pack::{packed_schedule, PackPool, Part};
+use crate::onesided::pack::{host_parts, packed_schedule, PackPool, Part};
 use crate::onesided::PACK_BYTES;
 use crate::registry::Segment;
 use crate::transfer::Transfer;
@@ -86,15 +86,7 @@ pub(crate) fn submit(
     // The engines copy the blocks of a packed batch chunk by chunk; the plugin never sees
     // them, so they are not registered.
     let host_parts = match &lease {
-        Some(_) => Some(HostParts::new(
-            parts
-                .iter()
-                .map(|p| {
-                    cx.carrier
-                        .region_piece(&p.region, p.offset as usize, p.len, direction, true)
-                })
-                .collect::<Result<Vec<_>>>()?,
-        )),
+        Some(_) => Some(host_parts(&parts)?),
         None => None,
     };
     let pieces = match &lease {

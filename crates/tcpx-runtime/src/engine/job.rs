@@ -109,9 +109,11 @@ impl PackedPieces {
     }
 }
 
-/// The application's blocks of a batch of scattered host memory that travels through a pack
-/// buffer ([`Job::host_parts`]): the engines copy each chunk's share of them into the pack
-/// buffer just before they post it (send) or out of it once its receive is done (receive).
+/// The application's blocks of a scattered host-memory list (a two-sided batch, a one-sided
+/// write or read) that travels through a pack buffer ([`Job::host_parts`]): the engines copy
+/// each chunk's share of them into the pack buffer just before they post it (send) or out of
+/// it once its receive is done (receive), through [`tcpx::PackedRanges`], which touches
+/// neither the blocks' handles nor their reference counts.
 ///
 /// Why in the engines: copied by the submitting thread, a 4 MiB batch of 4 KiB blocks was
 /// gathered (and, on the other side, scattered) by one core through memory that had left
@@ -121,22 +123,20 @@ impl PackedPieces {
 /// that reads or wrote the same bytes while they are still in its cache.
 #[derive(Debug)]
 pub(crate) struct HostParts {
-    /// The blocks, in stream order (unregistered: the plugin only sees the pack buffer).
-    pieces: Vec<Piece>,
-    packed: PackedPieces,
+    /// The blocks, in stream order (the plugin never sees them, only the pack buffer).
+    ranges: tcpx::PackedRanges,
 }
 
 impl HostParts {
-    /// The blocks of a batch, in stream order.
-    pub(crate) fn new(pieces: Vec<Piece>) -> Self {
-        let packed = PackedPieces::of(&pieces);
-        Self { pieces, packed }
+    /// The blocks of a list, in stream order.
+    pub(crate) fn new(ranges: tcpx::PackedRanges) -> Self {
+        Self { ranges }
     }
 
     /// Copies `chunk`'s share of the blocks into the pack buffer `pack` at `pack_offset`
     /// (`into_pack`, before a send is posted) or from it into the blocks (once a receive is
-    /// done). Fails (naming what) if the blocks do not cover the chunk: the chunk lies
-    /// outside the batch, a bug.
+    /// done). Fails (naming what) if the blocks do not cover the chunk — a bug — or a block's
+    /// memory is held by a CPU slice.
     pub(crate) fn copy_chunk(
         &self,
         chunk: &Chunk,
@@ -144,14 +144,17 @@ impl HostParts {
         pack_offset: usize,
         into_pack: bool,
     ) -> std::result::Result<(), &'static str> {
-        let spans = self
-            .packed
-            .spans(&self.pieces, chunk.offset, u64::from(chunk.len))
-            .map(|s| (s.memory, s.offset, s.len));
-        match tcpx::SharedMemory::copy_packed(pack, pack_offset, spans, into_pack) {
-            Ok(n) if n == chunk.len as usize => Ok(()),
-            Ok(_) => Err("a packed chunk lies outside its batch"),
-            Err(_) => Err("a packed chunk's copy was refused (memory out of range or busy)"),
+        let len = chunk.len as usize;
+        match self
+            .ranges
+            .copy(pack, pack_offset, chunk.offset, len, into_pack)
+        {
+            Ok(n) if n == len => Ok(()),
+            Ok(_) => Err("a packed chunk lies outside its list"),
+            Err(_) => Err(
+                "a packed chunk's copy was refused (outside its list or pack buffer, or the \
+                 application holds a slice of a block's memory)",
+            ),
         }
     }
 }

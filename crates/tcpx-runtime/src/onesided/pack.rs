@@ -31,7 +31,7 @@ use tcpx::SharedMemory;
 
 use crate::link::Link;
 
-use crate::engine::job::Job;
+use crate::engine::job::{HostParts, Job};
 use crate::error::{Error, Result};
 use crate::registry::Region;
 use crate::schedule::Schedule;
@@ -402,6 +402,18 @@ pub(crate) struct Part {
     pub(crate) region: Region,
     pub(crate) offset: u64,
     pub(crate) len: u64,
+}
+
+/// The engines' copy list of a packed host list (see [`HostParts`]): `parts` were checked
+/// against their regions at submission, so a refusal here is a bug.
+pub(crate) fn host_parts(parts: &[Part]) -> Result<HostParts> {
+    tcpx::PackedRanges::new(
+        parts
+            .iter()
+            .map(|p| (p.region.memory(), p.offset as usize, p.len as usize)),
+    )
+    .map(HostParts::new)
+    .map_err(|e| Error::Internal(format!("packing a list of {} blocks: {e}", parts.len())))
 }
 
 #[cfg(test)]

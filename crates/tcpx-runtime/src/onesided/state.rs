@@ -8,14 +8,16 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
-use super::pack::{packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part};
+use super::pack::{
+    host_parts, packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part,
+};
 use super::OneSidedShared;
 use crate::carrier::{Carrier, JobSpec};
 use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::{ControlTx, Message};
-use crate::engine::job::{staging_of, HostParts, Job, Piece};
+use crate::engine::job::{staging_of, Job, Piece};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
@@ -356,22 +358,8 @@ impl Rma {
     /// (from [`Self::packed_job_parts`]): the engines copy each chunk's share of `parts`
     /// into the buffer before they send it, or out of it once it is received (see
     /// [`crate::engine::job::HostParts`]), so the job finishes with every byte in place.
-    pub(crate) fn packed_host_job(
-        &self,
-        spec: JobSpec,
-        parts: &[Part],
-        direction: Direction,
-    ) -> Result<Arc<Job>> {
-        let pieces = parts
-            .iter()
-            .map(|p| {
-                self.carrier
-                    .region_piece(&p.region, p.offset as usize, p.len, direction, true)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(self
-            .carrier
-            .new_packed_host_job(spec, HostParts::new(pieces)))
+    pub(crate) fn packed_host_job(&self, spec: JobSpec, parts: &[Part]) -> Result<Arc<Job>> {
+        Ok(self.carrier.new_packed_host_job(spec, host_parts(parts)?))
     }
 
     /// Whether an operation over `plan` and `remote` is cut finer over the connection's spread
@@ -463,7 +451,7 @@ impl Rma {
             packed,
         };
         let job = match &pack {
-            Some(_) => self.packed_host_job(spec, &local_parts(local), Direction::Send)?,
+            Some(_) => self.packed_host_job(spec, &local_parts(local))?,
             None => self.carrier.new_job(spec),
         };
         if packed {

@@ -378,7 +378,7 @@ impl Rma {
         // as it lands, so the job finishes with every byte in place. A refused write's data
         // stays in the buffer.
         let job = match (&pack, &refusal) {
-            (Some((_, parts)), None) => self.packed_host_job(spec, parts, Direction::Recv)?,
+            (Some((_, parts)), None) => self.packed_host_job(spec, parts)?,
             _ => self.carrier.new_job(spec),
         };
         // Counted first: the transfer may complete before this thread runs on.
@@ -570,7 +570,7 @@ impl Rma {
         // The engines gather the blocks chunk by chunk as they send, after the job is queued
         // (behind every earlier write of the peer, landed in full: see `handle`).
         let job = match &pack {
-            Some((_, parts)) => self.packed_host_job(spec, parts, Direction::Send)?,
+            Some((_, parts)) => self.packed_host_job(spec, parts)?,
             None => self.carrier.new_job(spec),
         };
         Ok(Some(TargetItem::ServeRead {
@@ -657,7 +657,6 @@ impl Rma {
                         packed: true,
                     },
                     &pack.parts,
-                    Direction::Recv,
                 )?;
                 // Counted first: the transfer may complete before this thread runs on.
                 self.pack.count_received();
