@@ -312,3 +312,55 @@ fn packed_batches_deliver_any_cut_on_either_side() {
         );
     }
 }
+
+/// Packed batches whose peer goes away fail, on both sides, well within the timeout — none
+/// hangs — and leave the application's blocks free: the engines copy them only while a
+/// chunk is being posted or retired, so nothing holds them once the transfers failed.
+#[test]
+fn packed_batches_fail_when_the_peer_goes_away_and_leave_the_blocks_free() {
+    use std::time::{Duration, Instant};
+    loopback();
+    let timeout = Duration::from_secs(10);
+    let quick = || {
+        let mut c = config(4, 64 << 10);
+        c.timeout = timeout;
+        c
+    };
+    let (count, len) = (1024, 4096);
+
+    // A receive batch pending when the sender's connection is dropped.
+    let (_a, b, ab, ba) = pair_with(quick(), quick());
+    let dst = b.alloc_host(count * 8192).unwrap();
+    let rx = ba.recv_batch(&slots(&dst, count, len, 8192)).unwrap();
+    let dropped_at = Instant::now();
+    drop(ab);
+    let got = rx.wait(DEADLINE);
+    assert!(got.is_err(), "a batch from a vanished sender: {got:?}");
+    assert!(dropped_at.elapsed() < timeout, "{:?}", dropped_at.elapsed());
+    dst.memory()
+        .with_bytes_mut(|_| ())
+        .expect("the receive blocks are free once the batch failed");
+
+    // Send batches pending (more than the sockets hold) when the receiver goes away.
+    let (a, _b, ab, ba) = pair_with(quick(), quick());
+    let src = source(&a, count * 8192, 3);
+    let sends: Vec<_> = (0..24)
+        .map(|_| ab.send_batch(&slots(&src, count, len, 8192)).unwrap())
+        .collect();
+    let dropped_at = Instant::now();
+    drop(ba);
+    let outcomes: Vec<_> = sends.iter().map(|t| t.wait(DEADLINE)).collect();
+    assert!(dropped_at.elapsed() < timeout, "{:?}", dropped_at.elapsed());
+    assert!(
+        outcomes.last().is_some_and(|o| o.is_err()),
+        "96 MiB of batches cannot all fit the sockets of a receiver that left: {:?}",
+        outcomes.last()
+    );
+    drop(sends);
+    // The failed jobs let go of the blocks once the engines abandoned them.
+    let free_by = Instant::now() + Duration::from_secs(5);
+    while src.memory().with_bytes_mut(|_| ()).is_err() {
+        assert!(Instant::now() < free_by, "the send blocks stayed in use");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
