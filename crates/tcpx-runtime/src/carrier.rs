@@ -112,6 +112,37 @@ impl Carrier {
         })
     }
 
+    /// [`Self::region_piece`] for a list of `(region, offset, len)`: a piece in the same region
+    /// as the one before it shares that piece's registration, memory and GPU instead of
+    /// looking them up again. A scattered list of 1024 KV blocks in one region otherwise
+    /// took the registration cache's lock and hashed its key 1024 times: 140 µs of the
+    /// submitting thread for one 4 MiB one-sided write of 4 KiB blocks (issue 25).
+    pub(crate) fn region_pieces<'r>(
+        &self,
+        runs: impl IntoIterator<Item = (&'r Region, usize, u64)>,
+        direction: Direction,
+        staged: bool,
+    ) -> Result<Vec<Piece>> {
+        let runs = runs.into_iter();
+        let mut pieces: Vec<Piece> = Vec::with_capacity(runs.size_hint().0);
+        let mut last_region = None;
+        for (region, offset, len) in runs {
+            let piece = match pieces.last() {
+                Some(prev) if last_region == Some(region.inner.id) => Piece {
+                    registration: prev.registration.clone(),
+                    memory: prev.memory.clone(),
+                    offset,
+                    len,
+                    cuda: prev.cuda.clone(),
+                },
+                _ => self.region_piece(region, offset, len, direction, staged)?,
+            };
+            last_region = Some(region.inner.id);
+            pieces.push(piece);
+        }
+        Ok(pieces)
+    }
+
     /// The registration of `region` on the link's comms in `direction`, made on first use
     /// (by the engines, which drive the comms) and cached on the link.
     pub(crate) fn register_region(

@@ -593,18 +593,11 @@ impl Connection {
             s.check_inside(format_args!("segment {i}"))?;
         }
         let staging = staging_of(segments.iter().map(|s| s.region), direction)?;
-        let pieces = segments
-            .iter()
-            .map(|s| {
-                self.carrier.region_piece(
-                    s.region,
-                    s.offset,
-                    s.len as u64,
-                    direction,
-                    staging.is_some(),
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let pieces = self.carrier.region_pieces(
+            segments.iter().map(|s| (s.region, s.offset, s.len as u64)),
+            direction,
+            staging.is_some(),
+        )?;
 
         let order = match direction {
             Direction::Send => &self.send_order,

@@ -69,12 +69,20 @@ impl AdvertBook {
     pub(crate) fn validate(&self, entries: &[RemoteEntry]) -> Result<Vec<Region>, Refusal> {
         let adverts = self.lock();
         let mut regions = Vec::with_capacity(entries.len());
+        // The advert of the entry before: a list of many blocks in one region looks it up
+        // once, not once per block.
+        let mut last: Option<(u64, Option<&Advert>)> = None;
         for (index, entry) in entries.iter().enumerate() {
             let refuse = |reason| Refusal {
                 index: u32::try_from(index).unwrap_or(u32::MAX),
                 reason,
             };
-            let checked = match adverts.get(&entry.region_id) {
+            let advert = match last {
+                Some((id, advert)) if id == entry.region_id => advert,
+                _ => adverts.get(&entry.region_id),
+            };
+            last = Some((entry.region_id, advert));
+            let checked = match advert {
                 None => Err(RefusalReason::UnknownRegion),
                 Some(a) if a.key != entry.key => Err(RefusalReason::WrongKey),
                 Some(Advert { region: None, .. }) => Err(RefusalReason::Revoked),

@@ -231,17 +231,14 @@ impl Rma {
                 .iter()
                 .map(|s| (s.region.inner.id, s.offset as u64, s.len as u64)),
         );
-        let mut pieces = Vec::with_capacity(local_runs.len());
-        for Run { first, offset, len } in &local_runs {
-            pieces.push(self.carrier.region_piece(
-                local[*first].region,
-                // Within the region, so it fits a usize.
-                *offset as usize,
-                *len,
-                direction,
-                staging.is_some(),
-            )?);
-        }
+        let pieces = self.carrier.region_pieces(
+            local_runs.iter().map(|&Run { first, offset, len }| {
+                // Within the region, so the offset fits a usize.
+                (local[first].region, offset as usize, len)
+            }),
+            direction,
+            staging.is_some(),
+        )?;
         let entries: Vec<RemoteEntry> = remote
             .iter()
             .map(|r| RemoteEntry {

@@ -160,20 +160,19 @@ impl Rma {
         staging: Option<Staging>,
     ) -> Result<(Vec<Piece>, Option<Staging>)> {
         let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
-        let mut pieces = Vec::with_capacity(runs.len());
-        for run in runs {
-            let region = regions
-                .get(run.first)
-                .ok_or_else(|| Error::Internal("validated region missing".into()))?;
-            pieces.push(self.carrier.region_piece(
-                region,
+        let runs = runs
+            .iter()
+            .map(|run| {
+                let region = regions
+                    .get(run.first)
+                    .ok_or_else(|| Error::Internal("validated region missing".into()))?;
                 // Validated: offset + len lies within the region, a usize.
-                run.offset as usize,
-                run.len,
-                direction,
-                staging.is_some(),
-            )?);
-        }
+                Ok((region, run.offset as usize, run.len))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let pieces = self
+            .carrier
+            .region_pieces(runs, direction, staging.is_some())?;
         Ok((pieces, staging))
     }
 
