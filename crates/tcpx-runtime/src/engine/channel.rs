@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tcpx::{MemoryRegion, RecvComm, RecvRequest, SendComm, SendRequest, SharedMemory};
 
-use crate::engine::job::Job;
+use crate::engine::job::{HostParts, Job};
 use crate::engine::lane::{Action, ConsumeFailed, Event, LaneCore, Place, TestFailed};
 use crate::engine::stage::{LaneStage, Staging};
 use crate::engine::unpack::LaneUnpack;
@@ -420,8 +420,8 @@ impl<C: Comm> Lane<C> {
     #[inline(always)]
     fn consume(&mut self, size: usize, cx: &Cx<'_>) -> Result<(), LinkFailed> {
         if let Some(job) = self.core.oldest_job() {
-            if job.host_parts.is_some() {
-                self.scatter_head(cx)?;
+            if let Some(parts) = job.host_parts.as_deref() {
+                Self::scatter_head(job, parts, self.core.head_index(), cx)?;
             }
         }
         let comm = &mut self.comm;
@@ -443,13 +443,15 @@ impl<C: Comm> Lane<C> {
     /// transfer), out of the pack buffer into the batch's blocks: before the chunk counts as
     /// completed, so a finished batch has every byte in place.
     #[cold]
-    fn scatter_head(&self, cx: &Cx<'_>) -> Result<(), LinkFailed> {
+    fn scatter_head(
+        job: &Job,
+        parts: &HostParts,
+        head_index: Option<u64>,
+        cx: &Cx<'_>,
+    ) -> Result<(), LinkFailed> {
         let direction = C::DIRECTION;
-        let (Some(job), Some(index)) = (self.core.oldest_job(), self.core.head_index()) else {
+        let Some(index) = head_index else {
             return Err(cx.fail_internal(direction, "a packed receive has no head"));
-        };
-        let Some(parts) = job.host_parts.as_deref() else {
-            return Ok(());
         };
         let Some(chunk) = job.schedule().and_then(|s| s.chunk(index)) else {
             return Err(cx.fail_internal(direction, "a packed receive's chunk is not scheduled"));

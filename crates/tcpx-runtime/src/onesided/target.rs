@@ -57,9 +57,9 @@ pub(crate) enum TargetItem {
         op_id: u64,
         refusal: Option<Refusal>,
         notification: Option<Vec<u8>>,
-        /// A packed write: the pack buffer it lands in, and the parts the engines scatter it
-        /// into (empty when refused: the bytes stay in the buffer).
-        pack: Option<(PackLease, Vec<Part>)>,
+        /// A packed write's pack buffer (the engines scatter it into the application's
+        /// blocks; a refused write's bytes stay in it), back to the pool once handled.
+        pack: Option<PackLease>,
     },
     /// A standalone notification.
     Notify(Vec<u8>),
@@ -73,9 +73,9 @@ pub(crate) enum TargetItem {
         refusal: Option<Refusal>,
         /// The read travels packed (`ReadData` says so).
         packed: bool,
-        /// A packed read's pack buffer (none when sent in place), back to the pool once the
-        /// job is done; the engines gather these parts into it as they send.
-        pack: Option<(PackLease, Vec<Part>)>,
+        /// A packed read's pack buffer (none when sent in place; the engines gather the
+        /// blocks into it as they send), back to the pool once the job is done.
+        pack: Option<PackLease>,
     },
     /// Initiator side: a write the target answered while this side's send job was still
     /// finishing; complete it once the job is done (the watcher never waits on data).
@@ -380,6 +380,7 @@ impl Rma {
             (Some((_, parts)), None) => self.packed_host_job(spec, parts)?,
             _ => self.carrier.new_job(spec),
         };
+        let pack = pack.map(|(lease, _)| lease);
         // Counted first: the transfer may complete before this thread runs on.
         self.pack.count_received();
         self.carrier.submit_job(&job);
@@ -572,6 +573,7 @@ impl Rma {
             Some((_, parts)) => self.packed_host_job(spec, parts)?,
             None => self.carrier.new_job(spec),
         };
+        let pack = pack.map(|(lease, _)| lease);
         Ok(Some(TargetItem::ServeRead {
             job: Some(job),
             op_id,
@@ -754,7 +756,7 @@ fn fail_item(link: &crate::link::Link, item: TargetItem) {
     match item {
         TargetItem::Write { job, pack, .. } => {
             job.fail_with_link();
-            if let Some((lease, _)) = pack {
+            if let Some(lease) = pack {
                 lease.poison();
             }
         }
@@ -763,7 +765,7 @@ fn fail_item(link: &crate::link::Link, item: TargetItem) {
             if let Some(job) = job {
                 job.fail_with_link();
             }
-            if let Some((lease, _)) = pack {
+            if let Some(lease) = pack {
                 lease.poison();
             }
         }
@@ -983,7 +985,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
                 if rma.link.is_failed() {
                     job.fail_with_link();
                 }
-                if let Some((lease, _)) = pack {
+                if let Some(lease) = pack {
                     // Back to the pool once the sends are done.
                     rma.pack.hold(job, lease);
                 }
@@ -1007,7 +1009,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             // A packed write's bytes are in the application's memory once its job finished:
             // the engines scatter each chunk as it lands (a refused one's never are).
             let landed = wait_job(rma, &job, Direction::Recv);
-            if let Some((lease, _)) = pack {
+            if let Some(lease) = pack {
                 if !job.is_finished() {
                     lease.poison();
                 }
