@@ -107,6 +107,9 @@ struct RxCursor {
     wide: bool,
     /// The peer closed this socket at a frame boundary.
     eof: bool,
+    /// The last `recv` found the socket empty: ask [`sock::readable`] (which takes no socket
+    /// lock) before the next one.
+    starved: bool,
 }
 
 impl RxCursor {
@@ -119,6 +122,7 @@ impl RxCursor {
             hi: 0,
             wide: true,
             eof: false,
+            starved: false,
         }
     }
 
@@ -522,6 +526,13 @@ impl RecvComm {
     /// posted part and at most a partial header). In a payload: straight into the destination,
     /// then into the buffer. Between parts: into the buffer.
     fn fill(&mut self, j: usize) -> Result<Filled, Failure> {
+        // An engine tests its requests in a tight loop; after a `recv` that found nothing, a
+        // lockless readiness check keeps the empty reads from holding the socket lock while
+        // the peer's segments arrive (see `sock::readable`). Measured on loopback: large
+        // messages about 5 % faster, one stream up to a fifth.
+        if self.rx[j].starved && !sock::readable(&self.socks[j]) {
+            return Ok(Filled::Drained);
+        }
         let (io, want) = {
             let cur = &mut self.rx[j];
             if cur.lo > 0 {
@@ -560,7 +571,9 @@ impl RecvComm {
                 }
             }
         };
-        let n = match io.map_err(|e| self.io(j, e))? {
+        let io = io.map_err(|e| self.io(j, e))?;
+        self.rx[j].starved = matches!(io, Io::WouldBlock);
+        let n = match io {
             Io::WouldBlock => return Ok(Filled::Drained),
             Io::Moved(n) => n,
             Io::Eof => return self.on_eof(j).map(|()| Filled::Drained),

@@ -177,6 +177,26 @@ pub(crate) fn recv_vectored(s: &TcpStream, bufs: &mut [IoSliceMut<'_>]) -> io::R
     }
 }
 
+/// Whether a receive on `s` would find something now: data, the peer's close or an error.
+///
+/// `poll(2)` answers from the socket's queue state without taking the socket lock, which a
+/// non-blocking `recv` on an empty socket does take. While the receiver holds that lock, the
+/// sender's segments (delivered by the sender's own softirq over loopback, or by the NIC's)
+/// cannot be queued directly and wait in the socket's backlog until the lock is released, in
+/// the receiver's context. A receiver that polls an empty socket with `recv` in a tight loop
+/// thus keeps deferring the very segments it waits for. If `poll` itself fails the answer is
+/// "ready", so the `recv` that follows reports what is wrong.
+pub(crate) fn readable(s: &TcpStream) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout (never blocks).
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc != 0
+}
+
 /// A random u64 from the kernel; falls back to a clock-and-counter mix if getrandom is
 /// unavailable (old kernels, seccomp), which is still unique enough for ids and nonces.
 pub(crate) fn random_u64() -> u64 {
@@ -204,5 +224,44 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) fn shutdown_all(socks: &[TcpStream]) {
     for s in socks {
         let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    fn wait_until(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    #[test]
+    fn readable_follows_data_close_and_drain() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (rx, _) = listener.accept().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        assert!(!readable(&rx), "an empty socket is not readable");
+
+        tx.write_all(b"abc").unwrap();
+        assert!(wait_until(|| readable(&rx)), "data makes it readable");
+        let mut buf = [0u8; 8];
+        let mut bufs = [IoSliceMut::new(&mut buf)];
+        assert!(matches!(recv_vectored(&rx, &mut bufs), Ok(Io::Moved(3))));
+        assert!(!readable(&rx), "drained again");
+
+        drop(tx);
+        assert!(wait_until(|| readable(&rx)), "the peer's close is readable");
+        let mut bufs = [IoSliceMut::new(&mut buf)];
+        assert!(matches!(recv_vectored(&rx, &mut bufs), Ok(Io::Eof)));
     }
 }
