@@ -339,9 +339,12 @@ impl<C: Comm> Lane<C> {
         Ok(1)
     }
 
-    /// Runs the core's post actions until it has nothing to post, testing after each post.
+    /// Runs the core's post actions until it has nothing to post, testing after each post
+    /// (after the last one, for small sends: see [`LaneCore::defers_test`]).
     fn pump(&mut self, cx: &Cx<'_>) -> Result<bool, LinkFailed> {
         let mut moved = false;
+        // Small sends posted and not tested yet: the test pass runs once the posting stops.
+        let mut untested = false;
         while let Some(action) = self.core.poll_post() {
             // The hot action is run here, the rest through `execute`.
             let done = match action {
@@ -356,17 +359,24 @@ impl<C: Comm> Lane<C> {
                     // runs only if a request is left.
                     if let Some(action) = next {
                         self.run_test(action, cx)?;
+                    } else if self.core.defers_test() {
+                        untested = true;
+                        continue;
                     }
+                    untested = false;
                     if self.core.has_requests() {
                         self.test_requests(cx)?;
                     }
                 }
                 Done::Busy => {
                     cx.counters.busy();
-                    return Ok(moved);
+                    break;
                 }
                 Done::Retired | Done::Other => {}
             }
+        }
+        if untested && self.core.has_requests() {
+            self.test_requests(cx)?;
         }
         Ok(moved)
     }

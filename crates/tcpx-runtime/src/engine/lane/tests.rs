@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use proptest::prelude::*;
 
-use super::{Action, Event, LaneCore, LaneWork, Place, Route, TestFailed};
+use super::{Action, Event, LaneCore, LaneWork, Place, Route, TestFailed, BATCH_SENDS_BELOW};
 use crate::error::Direction;
 use crate::schedule::{Chunk, Schedule};
 use crate::window::TestOutcome;
@@ -839,16 +839,12 @@ fn a_failed_test_fails_every_transfer_once() {
         core.push(job.clone());
     }
     assert!(matches!(core.poll_post(), Some(Action::Post { .. })));
-    // Alone in the window: tested at once (still in flight).
-    assert!(matches!(core.posted(0), Ok(Some(Action::Test))));
-    assert!(core
-        .test_head(|_| TestOutcome::<&str>::Pending)
-        .unwrap()
-        .is_none());
-    assert!(core.poll_test().is_none());
+    // A small send alone in the window waits for the posts behind it.
+    assert!(matches!(core.posted(0), Ok(None)));
+    assert!(core.defers_test());
     assert!(matches!(core.poll_post(), Some(Action::Post { .. })));
-    // Behind the head: the test pass tests the head.
     assert!(matches!(core.posted(1), Ok(None)));
+    // The test pass after the posts tests the head.
     assert!(matches!(core.poll_test(), Some(Action::Test)));
     assert!(matches!(
         core.test_head(|_| TestOutcome::Failed("broken")),
@@ -976,4 +972,43 @@ proptest! {
         let channel = channel_pick % channels;
         run(direction, &specs, window, channel, channels, chunk_bytes, unpack_present, odds, seed);
     }
+}
+
+#[test]
+fn small_sends_are_tested_after_the_posts_behind_them_large_ones_at_once() {
+    let job = |id, len: u64, chunk: u32| {
+        Rc::new(ModelJob {
+            id,
+            route: Route::Direct,
+            schedule: OnceCell::from(Schedule::contiguous(len, chunk, 1).unwrap()),
+            expected: Cell::new(len.div_ceil(u64::from(chunk))),
+            completed: Cell::new(0),
+            finished: Cell::new(0),
+            failed: Cell::new(0),
+        })
+    };
+    let small = BATCH_SENDS_BELOW - 1;
+    let mut core = Core::new(Direction::Send, 0, 1, 4).unwrap();
+    core.push(job(0, 3 * u64::from(small), small));
+    for request in 0..3 {
+        assert!(matches!(core.poll_post(), Some(Action::Post { .. })));
+        assert!(matches!(core.posted(request), Ok(None)), "post {request}");
+        assert!(core.defers_test());
+    }
+    assert!(core.poll_post().is_none(), "nothing left to post");
+    assert!(matches!(core.poll_test(), Some(Action::Test)));
+
+    let large = BATCH_SENDS_BELOW;
+    let mut core = Core::new(Direction::Send, 0, 1, 4).unwrap();
+    core.push(job(1, 2 * u64::from(large), large));
+    assert!(matches!(core.poll_post(), Some(Action::Post { .. })));
+    assert!(!core.defers_test());
+    assert!(matches!(core.posted(0), Ok(Some(Action::Test))));
+
+    // Receives are never deferred: a receive alone in the window is tested at once.
+    let mut core = Core::new(Direction::Recv, 0, 1, 4).unwrap();
+    core.push(job(2, 2 * u64::from(small), small));
+    assert!(matches!(core.poll_post(), Some(Action::Post { .. })));
+    assert!(!core.defers_test());
+    assert!(matches!(core.posted(0), Ok(Some(Action::Test))));
 }
