@@ -16,6 +16,11 @@
 //! posted yet stay in the buffer (and the socket is not read further) until their `irecv`
 //! comes.
 //!
+//! **An empty socket is asked before it is read again.** After a `recv` that found nothing, the
+//! next attempt on that socket first asks `poll(2)`, which takes no socket lock: a tight loop
+//! of empty `recv`s held the lock the peer's arriving segments need, pushing them into the
+//! socket's backlog (see `sock::readable`).
+//!
 //! Request lifetime: posted → done (reported by `test`) → released. When the accept caller asked
 //! for a device handle (TCPX-style callers preset an UNPACK handle), a slot is released only by
 //! `irecvConsumed`, in FIFO order, like TCPX. Otherwise (real NCCL passes no handle for HOST
