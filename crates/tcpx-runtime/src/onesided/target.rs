@@ -159,20 +159,20 @@ impl Rma {
         direction: Direction,
         staging: Option<Staging>,
     ) -> Result<(Vec<Piece>, Option<Staging>)> {
+        // Validation yields one region per entry, and a run's `first` is an entry's index:
+        // checked once here, so the runs index the regions without a check each.
+        if regions.len() != entries.len() {
+            return Err(Error::Internal("validated region missing".into()));
+        }
         let runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len)));
-        let runs = runs
-            .iter()
-            .map(|run| {
-                let region = regions
-                    .get(run.first)
-                    .ok_or_else(|| Error::Internal("validated region missing".into()))?;
+        let pieces = self.carrier.region_pieces(
+            runs.iter().map(|run| {
                 // Validated: offset + len lies within the region, a usize.
-                Ok((region, run.offset as usize, run.len))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let pieces = self
-            .carrier
-            .region_pieces(runs, direction, staging.is_some())?;
+                (&regions[run.first], run.offset as usize, run.len)
+            }),
+            direction,
+            staging.is_some(),
+        )?;
         Ok((pieces, staging))
     }
 
