@@ -54,7 +54,22 @@ pub(crate) struct Config {
     /// Devmem emulation (`TCPX_SOCKET_DEVMEM=1`): the GPU whose bounce buffers receive CUDA
     /// payloads. `None`: host memory only (the default).
     pub devmem: Option<Gpu>,
+    /// Bytes a receive socket waits to have queued before it is read again while a large
+    /// payload is owed ([`READ_BATCH_ENV`]; 0: read whatever arrived).
+    pub read_batch: usize,
 }
+
+/// Environment variable setting how many bytes of a large payload a receive socket found empty
+/// waits for before it is read again (`SO_RCVLOWAT`; bytes, `0` turns it off). Default
+/// [`DEFAULT_READ_BATCH`].
+pub const READ_BATCH_ENV: &str = "TCPX_SOCKET_READ_BATCH";
+/// Default [`READ_BATCH_ENV`]: 256 KiB. Measured on loopback, two processes, 8 channels,
+/// against reading whatever arrived: on a 16-core H100 host, 1–256 MiB messages moved about
+/// 10 % more bytes per second in each of three alternating runs (median ratio to raw TCP
+/// 0.96–1.04 against 0.86–0.91); on a 32-core host, six rounds, 16 MiB 28.9 against 24.5 GB/s,
+/// 64 MiB 24.5 against 21.8, 256 MiB 23.0 against 21.0. Messages whose parts are smaller
+/// than the batch never wait for one.
+pub const DEFAULT_READ_BATCH: usize = 256 << 10;
 
 /// Environment variable switching devmem emulation on (`1`, `true`, `yes`, `on`).
 pub const DEVMEM_ENV: &str = "TCPX_SOCKET_DEVMEM";
@@ -173,6 +188,7 @@ fn discover() -> Result<Config, String> {
         devices,
         nsocks,
         devmem,
+        read_batch: read_batch_from_env(),
     })
 }
 
@@ -227,6 +243,21 @@ fn nsocks_from_env() -> usize {
         }
     });
     clamp_nsocks(n)
+}
+
+/// [`READ_BATCH_ENV`] in bytes, else [`DEFAULT_READ_BATCH`]; a value that is not a
+/// non-negative integer is ignored with a warning.
+fn read_batch_from_env() -> usize {
+    let Some(v) = env_nonempty(READ_BATCH_ENV) else {
+        return DEFAULT_READ_BATCH;
+    };
+    v.trim().parse::<usize>().unwrap_or_else(|_| {
+        log_warn!(
+            "tcpx-socket: ignoring {READ_BATCH_ENV}={v:?}: not a byte count; using \
+             {DEFAULT_READ_BATCH}"
+        );
+        DEFAULT_READ_BATCH
+    })
 }
 
 /// Clamps a requested socket count to what a comm supports.

@@ -5,6 +5,26 @@ use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+/// Sets `SO_RCVLOWAT`: `poll` reports the socket readable only once `bytes` are queued (or
+/// the peer closed it).
+pub(crate) fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a valid descriptor and a live c_int of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Binds a non-blocking listener on `addr` with an ephemeral port.
 pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     let l = TcpListener::bind(addr)?;
@@ -263,5 +283,43 @@ mod tests {
         assert!(wait_until(|| readable(&rx)), "the peer's close is readable");
         let mut bufs = [IoSliceMut::new(&mut buf)];
         assert!(matches!(recv_vectored(&rx, &mut bufs), Ok(Io::Eof)));
+    }
+
+    /// What the receive side's read batching relies on: with a low watermark, the readiness
+    /// check waits for that many bytes, yet still reports the peer's close; back at 1, any
+    /// byte will do.
+    #[test]
+    fn readable_waits_for_the_low_watermark_but_not_past_a_close() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (rx, _) = listener.accept().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        set_rcvlowat(&rx, 64 << 10).unwrap();
+
+        tx.write_all(&[7u8; 1000]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!readable(&rx), "1000 bytes queued, 64 KiB wanted");
+        tx.write_all(&vec![7u8; 64 << 10]).unwrap();
+        assert!(wait_until(|| readable(&rx)), "a whole batch is queued");
+
+        let mut buf = vec![0u8; 128 << 10];
+        let mut bufs = [IoSliceMut::new(&mut buf)];
+        assert!(matches!(recv_vectored(&rx, &mut bufs), Ok(Io::Moved(n)) if n > 0));
+        while let Ok(Io::Moved(_)) = recv_vectored(&rx, &mut [IoSliceMut::new(&mut buf)]) {}
+        tx.write_all(&[7u8; 10]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!readable(&rx), "10 bytes queued, 64 KiB wanted");
+        set_rcvlowat(&rx, 1).unwrap();
+        assert!(readable(&rx), "back at 1 byte");
+
+        set_rcvlowat(&rx, 64 << 10).unwrap();
+        let mut bufs = [IoSliceMut::new(&mut buf)];
+        assert!(matches!(recv_vectored(&rx, &mut bufs), Ok(Io::Moved(10))));
+        tx.write_all(&[7u8; 10]).unwrap();
+        drop(tx);
+        assert!(
+            wait_until(|| readable(&rx)),
+            "the peer's close is readable below the watermark"
+        );
     }
 }

@@ -3,7 +3,8 @@
 //! and `recv` stops at arbitrary points, inside headers too), driven by a random interleaving
 //! of posts, tests and consumptions, against a model: message k lands whole in receive k, the
 //! reported sizes are the sent ones, nothing past a message is written, and the 16-request
-//! limits answer busy exactly when the model says so.
+//! limits answer busy exactly when the model says so. Large payloads are read in batches of
+//! 0 (off) to 256 KiB (`SO_RCVLOWAT`), so no batch may wait for bytes that never come.
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -267,8 +268,11 @@ proptest! {
         sizes in proptest::collection::vec(size(), 1..48),
         slack in proptest::collection::vec(0usize..3, 1..4),
         ops in proptest::collection::vec(op(), 0..400),
+        read_batch in prop_oneof![Just(0usize), Just(1000), Just(64 << 10), Just(256 << 10)],
     ) {
-        Run::new(nsocks, tiny, consume, sizes, &slack).run(&ops)?;
+        let mut run = Run::new(nsocks, tiny, consume, sizes, &slack);
+        run.recv.set_read_batch(read_batch);
+        run.run(&ops)?;
     }
 }
 

@@ -332,13 +332,14 @@ unsafe extern "C" fn accept(
                 ""
             }
         );
-        let comm = recv::RecvComm::new(
+        let mut comm = recv::RecvComm::new(
             ready.socks,
             consume_required,
             devmem_queue,
             owned_handle,
             name,
         );
+        comm.set_read_batch(device::config().map_or(0, |c| c.read_batch));
         *rc = Box::into_raw(comm).cast();
         Ok(())
     })
