@@ -21,14 +21,16 @@
 //! of empty `recv`s held the lock the peer's arriving segments need, pushing them into the
 //! socket's backlog (see `sock::readable`).
 //!
-//! **Large payloads are read in batches.** While at least [`RecvComm::set_read_batch`] bytes
-//! (256 KiB by default) of the part being read are still to come, the socket's `SO_RCVLOWAT`
-//! is that many bytes, so the check above reports it ready only once a batch is queued: the
-//! engine reads 256 KiB per `recv` instead of the 64–80 KiB that had arrived since its last
-//! look, and each read that frees receive-window space (and makes the kernel send a window
-//! update) frees a lot of it. It is 1 again for the rest of the part and between parts, so no
-//! read ever waits for bytes that are not coming; the kernel also reports a socket ready when
-//! its receive window is nearly closed or its peer closed it.
+//! **Large payloads are read in batches.** In a payload part of at least
+//! [`RecvComm::set_read_batch`] bytes (256 KiB by default), the socket's `SO_RCVLOWAT` is set,
+//! before each readiness check, to a batch or to the rest of the part if less is to come, so
+//! the check reports the socket ready only once that much is queued: the engine reads 256 KiB
+//! per `recv` instead of the 64–80 KiB that had arrived since its last look, the end of a
+//! part in one read, and each read that frees receive-window space (and makes the kernel send
+//! a window update) frees a lot of it. Between parts and in smaller ones it is 1. No check
+//! waits for bytes that are not coming: the rest of a part whose header arrived is on its
+//! way, and the kernel also reports a socket ready when its receive window is nearly closed or
+//! its peer closed it.
 //!
 //! Request lifetime: posted → done (reported by `test`) → released. When the accept caller asked
 //! for a device handle (TCPX-style callers preset an UNPACK handle), a slot is released only by
@@ -253,16 +255,28 @@ impl RecvComm {
         self.read_batch = bytes;
     }
 
-    /// Sets socket `j`'s low watermark for what it is about to read: a batch while at least
-    /// that much of a payload part is still to come, else 1. A socket that refuses the option
+    /// Sets socket `j`'s low watermark before its readiness check: in a payload part of at
+    /// least a batch, a batch or the rest of the part if less is to come; else 1. Only the
+    /// check reads it (a non-blocking `recv` returns what is queued whatever the watermark),
+    /// so it is set only there: a few system calls per part. A socket that refuses the option
     /// ends batching on this comm (reads work either way).
     fn pace_reads(&mut self, j: usize) {
         let cur = &self.rx[j];
         let wanted = match cur.state {
-            RxState::Payload { off, end, .. }
-                if self.read_batch > 1 && end - off >= self.read_batch =>
-            {
-                self.read_batch
+            RxState::Payload {
+                seq,
+                part,
+                off,
+                end,
+            } if self.read_batch > 1 => {
+                let start = self.slots[(seq % RING) as usize]
+                    .total
+                    .map_or(0, |t| self.stripe.range(t, usize::from(part)).0);
+                if end - start >= self.read_batch {
+                    (end - off).min(self.read_batch)
+                } else {
+                    1
+                }
             }
             _ => 1,
         };
@@ -588,9 +602,12 @@ impl RecvComm {
         // lockless readiness check keeps the empty reads from holding the socket lock while
         // the peer's segments arrive (see `sock::readable`). Measured on loopback: large
         // messages about 5 % faster, one stream up to a fifth.
-        self.pace_reads(j);
-        if self.rx[j].starved && !sock::readable(&self.socks[j]) {
-            return Ok(Filled::Drained);
+        // Large payloads wait for a batch there (see the module docs).
+        if self.rx[j].starved {
+            self.pace_reads(j);
+            if !sock::readable(&self.socks[j]) {
+                return Ok(Filled::Drained);
+            }
         }
         let (io, want) = {
             let cur = &mut self.rx[j];
