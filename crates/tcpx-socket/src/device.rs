@@ -54,13 +54,15 @@ pub(crate) struct Config {
     /// Devmem emulation (`TCPX_SOCKET_DEVMEM=1`): the GPU whose bounce buffers receive CUDA
     /// payloads. `None`: host memory only (the default).
     pub devmem: Option<Gpu>,
-    /// Bytes a receive socket waits to have queued before it is read again while a large
-    /// payload is owed ([`READ_BATCH_ENV`]; 0: read whatever arrived).
+    /// Bytes (or the rest of a part, if less) a receive socket found empty waits to have
+    /// queued before it is read again, in parts of at least that size ([`READ_BATCH_ENV`]; 0:
+    /// read whatever arrived).
     pub read_batch: usize,
 }
 
-/// Environment variable setting how many bytes of a large payload a receive socket found empty
-/// waits for before it is read again (`SO_RCVLOWAT`; bytes, `0` turns it off). Default
+/// Environment variable setting how many bytes of a large payload part (or the rest of it, if
+/// less) a receive socket found empty waits for before it is read again (`SO_RCVLOWAT`; bytes,
+/// `0` turns it off; parts smaller than this are read as they arrive). Default
 /// [`DEFAULT_READ_BATCH`].
 pub const READ_BATCH_ENV: &str = "TCPX_SOCKET_READ_BATCH";
 /// Default [`READ_BATCH_ENV`]: 256 KiB. Measured on loopback, two processes, 8 channels,

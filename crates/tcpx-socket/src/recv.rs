@@ -195,8 +195,8 @@ pub(crate) struct RecvComm {
     failed: Option<ResultCode>,
     name: String,
     fault: Gate,
-    /// Payload bytes a socket waits for, once found empty, while at least that many of the
-    /// part it reads are still to come (see the module docs); 0 or 1: no batching.
+    /// In payload parts of at least this many bytes, a socket found empty waits for this
+    /// many, or the rest of the part, to be queued (see the module docs); 0 or 1: no batching.
     read_batch: usize,
 }
 
