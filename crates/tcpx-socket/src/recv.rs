@@ -128,6 +128,9 @@ struct RxCursor {
     starved: bool,
     /// The socket's `SO_RCVLOWAT` as last set (1: the kernel's default).
     lowat: usize,
+    /// What [`RecvComm::pace_reads`] last wanted before capping it to the receive buffer: the
+    /// buffer is looked at again only when this changes.
+    paced_for: usize,
 }
 
 impl RxCursor {
@@ -142,6 +145,7 @@ impl RxCursor {
             eof: false,
             starved: false,
             lowat: 1,
+            paced_for: 1,
         }
     }
 
@@ -256,10 +260,18 @@ impl RecvComm {
     }
 
     /// Sets socket `j`'s low watermark before its readiness check: in a payload part of at
-    /// least a batch, a batch or the rest of the part if less is to come; else 1. Only the
-    /// check reads it (a non-blocking `recv` returns what is queued whatever the watermark),
-    /// so it is set only there: a few system calls per part. A socket that refuses the option
-    /// ends batching on this comm (reads work either way).
+    /// least a batch, a batch or the rest of the part if less is to come, and at most a
+    /// quarter of the socket's receive buffer; else 1. Only the check reads it (a
+    /// non-blocking `recv` returns what is queued whatever the watermark), so it is set only
+    /// there: a few system calls per part. A socket that refuses the option ends batching on
+    /// this comm (reads work either way).
+    ///
+    /// Why the cap: a watermark the buffer cannot comfortably hold makes the kernel grow the
+    /// buffer and clamp the advertised window to the watermark itself. The sender then stops
+    /// with a full window exactly when the receiver's batch is complete, and the two take
+    /// turns instead of overlapping (seen on a 2-core host: 1 MiB messages a third slower).
+    /// Under a quarter of the buffer leaves the window alone; autotuning grows the buffer,
+    /// and the batch with it, as the stream speeds up.
     fn pace_reads(&mut self, j: usize) {
         let cur = &self.rx[j];
         let wanted = match cur.state {
@@ -280,11 +292,23 @@ impl RecvComm {
             }
             _ => 1,
         };
-        if wanted == cur.lowat {
+        if wanted == cur.paced_for {
             return;
         }
-        match sock::set_rcvlowat(&self.socks[j], wanted) {
-            Ok(()) => self.rx[j].lowat = wanted,
+        let lowat = if wanted > 1 {
+            match sock::rcvbuf(&self.socks[j]) {
+                Ok(buf) => wanted.min(buf / 4).max(1),
+                Err(_) => 1,
+            }
+        } else {
+            1
+        };
+        self.rx[j].paced_for = wanted;
+        if lowat == self.rx[j].lowat {
+            return;
+        }
+        match sock::set_rcvlowat(&self.socks[j], lowat) {
+            Ok(()) => self.rx[j].lowat = lowat,
             Err(e) => {
                 log_warn!(
                     "tcpx-socket: {}: SO_RCVLOWAT on socket {j}: {e}; large payloads are read \

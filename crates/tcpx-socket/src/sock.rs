@@ -25,6 +25,27 @@ pub(crate) fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// The socket's receive buffer size (`SO_RCVBUF`, as the kernel accounts it: about twice the
+/// window it can advertise). Reading it takes no socket lock.
+pub(crate) fn rcvbuf(s: &TcpStream) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid descriptor, a live c_int and its length, both written by the kernel.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(v).unwrap_or(0))
+}
+
 /// Binds a non-blocking listener on `addr` with an ephemeral port.
 pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     let l = TcpListener::bind(addr)?;
