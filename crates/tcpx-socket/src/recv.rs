@@ -22,8 +22,9 @@
 //! socket's backlog (see `sock::readable`).
 //!
 //! **Large payloads are read in batches.** In a payload part of at least
-//! [`RecvComm::set_read_batch`] bytes (256 KiB by default), the socket's `SO_RCVLOWAT` is set,
-//! before each readiness check, to a batch or to the rest of the part if less is to come, so
+//! [`RecvComm::set_read_batch`] bytes (256 KiB by default where the process has 4 cores or
+//! more, else off), the socket's `SO_RCVLOWAT` is set, before each readiness check, to a batch
+//! or to the rest of the part if less is to come (at most a quarter of the receive buffer), so
 //! the check reports the socket ready only once that much is queued: the engine reads 256 KiB
 //! per `recv` instead of the 64–80 KiB that had arrived since its last look, the end of a
 //! part in one read, and each read that frees receive-window space (and makes the kernel send
