@@ -5,17 +5,20 @@ use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// Sets `SO_RCVLOWAT`: `poll` reports the socket readable only once `bytes` are queued (or
-/// the peer closed it).
-pub(crate) fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
-    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+/// Sets an integer socket option (`setsockopt` with a `c_int` value).
+pub(crate) fn set_int_option(
+    fd: &impl AsRawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: a valid descriptor and a live c_int of the size passed.
     let rc = unsafe {
         libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            std::ptr::from_ref(&v).cast(),
+            fd.as_raw_fd(),
+            level,
+            option,
+            std::ptr::from_ref(&value).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -23,6 +26,13 @@ pub(crate) fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Sets `SO_RCVLOWAT`: `poll` reports the socket readable only once `bytes` are queued (or
+/// the peer closed it).
+pub(crate) fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    set_int_option(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, v)
 }
 
 /// The socket's receive buffer size (`SO_RCVBUF`, as the kernel accounts it: about twice the

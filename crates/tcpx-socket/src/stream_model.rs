@@ -21,17 +21,8 @@ const RING: u64 = MAX_REQUESTS as u64;
 const POISON: u8 = 0xa5;
 
 fn set_buf(fd: &impl AsRawFd, opt: libc::c_int, bytes: libc::c_int) {
-    // SAFETY: a live socket and a c_int option value of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&bytes as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
+    let set = crate::sock::set_int_option(fd, libc::SOL_SOCKET, opt, bytes);
+    assert!(set.is_ok(), "setsockopt: {set:?}");
 }
 
 /// `n` connected loopback pairs (sender side, receiver side), non-blocking like the plugin's.
