@@ -36,9 +36,10 @@
 //!   memory only, netDeviceType HOST, exactly as before.
 //!
 //! * `TCPX_SOCKET_READ_BATCH=BYTES` (default 262144 with 4 cores or more, else 0; `0` off): in
-//!   payload parts of at least that size, a receive socket found empty is read again only once
-//!   that many bytes, or the rest of the part, are queued (`SO_RCVLOWAT`), so large messages
-//!   arrive in a few large reads. Details: [`READ_BATCH_ENV`].
+//!   payload parts of at least that size with another receive posted behind them (a stream),
+//!   a receive socket found empty is read again only once that many bytes, or the rest of the
+//!   part, are queued (`SO_RCVLOWAT`), so streams of large messages arrive in a few large
+//!   reads; a lone transfer is read as it lands. Details: [`READ_BATCH_ENV`].
 //! * `TCPX_SOCKET_NO_SIZES=1` (default off): `test` never writes `*sizes`, like some deployed
 //!   v6 plugins (nccl-fastsocket), so the layers above are tested against NCCL's size contract.
 //! * `TCPX_SOCKET_FAULT=key:value[,...]` (default off): fault injection for tests — fail a comm

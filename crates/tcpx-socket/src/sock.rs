@@ -38,14 +38,23 @@ pub(crate) fn set_rcvlowat(s: &TcpStream, bytes: usize) -> io::Result<()> {
 /// The socket's receive buffer size (`SO_RCVBUF`, as the kernel accounts it: about twice the
 /// window it can advertise). Reading it takes no socket lock.
 pub(crate) fn rcvbuf(s: &TcpStream) -> io::Result<usize> {
+    int_option(s, libc::SOL_SOCKET, libc::SO_RCVBUF).map(|v| usize::try_from(v).unwrap_or(0))
+}
+
+/// Reads an integer socket option (`getsockopt`).
+pub(crate) fn int_option(
+    fd: &impl AsRawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: a valid descriptor, a live c_int and its length, both written by the kernel.
     let rc = unsafe {
         libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
+            fd.as_raw_fd(),
+            level,
+            option,
             std::ptr::from_mut(&mut v).cast(),
             &mut len,
         )
@@ -53,7 +62,7 @@ pub(crate) fn rcvbuf(s: &TcpStream) -> io::Result<usize> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(usize::try_from(v).unwrap_or(0))
+    Ok(v)
 }
 
 /// Binds a non-blocking listener on `addr` with an ephemeral port.

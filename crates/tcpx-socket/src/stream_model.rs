@@ -76,6 +76,8 @@ enum Op {
 struct Run {
     send: Box<SendComm>,
     recv: Box<RecvComm>,
+    /// The receive comm's first socket, shared: its options can be read.
+    rx_probe: TcpStream,
     consume: bool,
     sizes: Vec<usize>,
     src: Vec<Vec<u8>>,
@@ -100,9 +102,11 @@ impl Run {
             .enumerate()
             .map(|(k, &s)| vec![POISON; s + slack[k % slack.len()]])
             .collect();
+        let rx_probe = rx[0].try_clone().expect("dup the receive socket");
         Self {
             send: SendComm::new(tx, "model send".into()),
             recv: RecvComm::new(rx, consume, None, None, "model recv".into()),
+            rx_probe,
             consume,
             sizes,
             src,
@@ -313,4 +317,50 @@ fn late_receives_find_read_ahead_data() {
         run.step(Op::PostSend).unwrap();
         run.step(Op::TestSend).unwrap();
     }
+}
+
+/// A lone large receive is read as its bytes land (the watermark stays 1); once another
+/// receive is posted behind it, the stream is read in batches (the watermark rises). Socket
+/// buffers of 2 KiB keep both 1 MiB messages in flight for many steps.
+#[test]
+fn a_lone_receive_reads_as_bytes_land_and_a_stream_in_batches() {
+    let lowat = |run: &Run| {
+        crate::sock::int_option(&run.rx_probe, libc::SOL_SOCKET, libc::SO_RCVLOWAT).unwrap()
+    };
+    let mut run = Run::new(1, true, false, vec![1 << 20, 1 << 20], &[0]);
+    run.recv.set_read_batch(256 << 10);
+    run.step(Op::PostSend).unwrap();
+    run.step(Op::PostRecv).unwrap();
+    // Several tests per send step: once the sender's queued bytes are in, a test finds the
+    // socket empty, so the next one asks the readiness check, before which the watermark is
+    // set.
+    for _ in 0..100 {
+        run.step(Op::TestSend).unwrap();
+        for _ in 0..4 {
+            run.step(Op::TestRecv).unwrap();
+        }
+        assert_eq!(lowat(&run), 1, "a lone receive waited for a batch");
+    }
+    assert_eq!(
+        run.recv_done, 0,
+        "the first message must still be in flight"
+    );
+    run.step(Op::PostSend).unwrap();
+    run.step(Op::PostRecv).unwrap();
+    let mut batched = 1;
+    let start = Instant::now();
+    while run.recv_done < 2 {
+        assert!(start.elapsed() < Duration::from_secs(30), "stalled");
+        run.step(Op::TestSend).unwrap();
+        for _ in 0..4 {
+            run.step(Op::TestRecv).unwrap();
+        }
+        if run.recv_done == 0 {
+            batched = batched.max(lowat(&run));
+        }
+    }
+    assert!(
+        batched > 1,
+        "a receive with another behind it never batched"
+    );
 }
