@@ -100,7 +100,8 @@ def run_backend(backend, args, plugin_dir, params):
                 rows.append({"backend": backend, "kind": kind, "op": op, "workload": label,
                              "blocks": n, "block_bytes": bs, "iters": it, **r})
                 print(f"  {backend:5} {op:5} {label:>14}: {r['gbps']:7.3f} GB/s, first "
-                      f"{r['first_ms']:8.2f} ms, p50 {r['p50_ms']:8.3f} ms ({it} transfers"
+                      f"{r['first_ms']:8.2f} ms, p50 {r['p50_ms']:8.3f} ms, p99 {r['p99_ms']:8.3f} ms, "
+                      f"max {r['max_ms']:8.3f} ms ({it} transfers"
                       f"{', each notified' if notif else ''})", flush=True)
             # The last WRITE left the initiator's pattern on the target: check it.
             if "WRITE" in args.ops:

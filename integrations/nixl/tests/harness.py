@@ -426,7 +426,8 @@ class Agent:
         nixlbench and vLLM's connector do), after `warmup` untimed ones; each carries
         notification `notif` when given. Returns {"gbps": GB/s (10^9 bytes/s) of the timed
         ones, "first_ms": the very first transfer (the list's and the regions' first use on
-        this connection), "p50_ms": the median timed transfer, "posted": transfers made}."""
+        this connection), "p50_ms": the median timed transfer, "p99_ms" / "max_ms": its
+        tail, "posted": transfers made}."""
         local = self.agent.prep_xfer_dlist("", self.descs(key, block_list, serialized=False), self.mem)
         rd = self.agent.deserialize_descs(remote_descs)
         remote_h = self.agent.prep_xfer_dlist(remote, rd, self.mem)
@@ -456,7 +457,9 @@ class Agent:
         self.agent.release_dlist_handle(remote_h)
         times.sort()
         return {"gbps": total * iters / dt / 1e9, "first_ms": first * 1e3,
-                "p50_ms": times[len(times) // 2] * 1e3, "posted": max(warmup, 1) + iters}
+                "p50_ms": times[len(times) // 2] * 1e3,
+                "p99_ms": times[min(len(times) - 1, len(times) * 99 // 100)] * 1e3,
+                "max_ms": times[-1] * 1e3, "posted": max(warmup, 1) + iters}
 
     def count_notifs(self, sender, msg, count, timeout):
         """Takes notifications `msg` from `sender` until `count` arrived (or the timeout);
