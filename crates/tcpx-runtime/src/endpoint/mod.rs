@@ -16,6 +16,7 @@ pub use engine_plan::EnginePlan;
 
 mod admission;
 mod batch;
+mod descriptors;
 mod engine_plan;
 mod local;
 mod local_side;
@@ -172,6 +173,10 @@ impl Endpoint {
         let local = listener
             .local_addr()
             .map_err(|e| Error::Internal(format!("control listener address: {e}")))?;
+        // Before this endpoint's threads exist: see `descriptors` (first connections of a
+        // process paid 30–60 ms of descriptor-table growth).
+        let table = descriptors::reserve(&listener, descriptors::RESERVED_DESCRIPTORS);
+        tracing::debug!(target: "tcpx_runtime", descriptors = ?table, "descriptor table reserved");
         let ip = advertised_ip(config.control_addr.ip(), &names[0])?;
         let secret = crate::control::random_secret();
         let admission = Admission::start(
