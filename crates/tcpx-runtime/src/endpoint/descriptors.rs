@@ -38,8 +38,10 @@ pub(crate) fn reserve(fd: &impl AsRawFd, wanted: u32) -> Option<u32> {
     if copy < 0 {
         return None;
     }
-    // SAFETY: `copy` was just returned by fcntl and is owned here alone; closing it leaves the
-    // table at its grown size (tables never shrink).
+    // SAFETY: `copy` was just returned by fcntl and nothing else knows its number; closing it
+    // leaves the table at its grown size (tables never shrink). Only a thread that `dup2`s onto
+    // this very number in these microseconds could lose a descriptor to this close; nothing in
+    // the stack does, and applications `dup2` onto 0–2.
     unsafe { libc::close(copy) };
     u32::try_from(copy).ok().map(|c| c + 1)
 }
@@ -59,9 +61,8 @@ fn soft_open_files_limit() -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// After a reservation the kernel hands out descriptors up to the reserved size without
-    /// growing the table, which shows as the copy landing exactly at the top; and the copy is
-    /// closed again.
+    /// A reservation covers at least what was asked, and its copy is closed again: the top
+    /// descriptor number is free right after.
     #[test]
     fn the_table_is_grown_and_the_copy_closed() {
         let f = std::fs::File::open("/dev/null").unwrap();
