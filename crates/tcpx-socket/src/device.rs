@@ -64,8 +64,8 @@ pub(crate) struct Config {
 /// less) a receive socket found empty waits for before it is read again (`SO_RCVLOWAT`; bytes,
 /// `0` turns it off; parts smaller than this, and the parts of a message with no receive
 /// posted behind it — a lone transfer, whose reader should copy in step with the sender —
-/// are read as they arrive). Default
-/// [`DEFAULT_READ_BATCH`] where the process may use 4 cores or more, else 0.
+/// are read as they arrive). Default [`DEFAULT_READ_BATCH`] where the process may use 4 cores
+/// or more, else 0.
 pub const READ_BATCH_ENV: &str = "TCPX_SOCKET_READ_BATCH";
 /// Default [`READ_BATCH_ENV`]: 256 KiB. Measured on loopback, two processes, 8 channels,
 /// against reading whatever arrived: on a 16-core H100 host, 1–256 MiB messages moved about
