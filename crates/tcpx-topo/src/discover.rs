@@ -28,7 +28,8 @@ pub(crate) fn live() -> Result<Topology, TopoError> {
     let origin = "live".to_owned();
     guarded(&origin, || {
         let topo = keep_io(HwlocTopology::builder())
-            .map_err(|detail| hwloc_err("hwloc_topology_set_io_types_filter", detail))?
+            .map_err(|detail| hwloc_err("hwloc_topology_set_io_types_filter", detail))
+            .and_then(without_gpu_runtimes)?
             .build()
             .map_err(|e| hwloc_err("hwloc_topology_load", e.to_string()))?;
         Ok(extract(&topo, origin.clone()))
@@ -121,6 +122,32 @@ fn keep_io(builder: TopologyBuilder) -> Result<TopologyBuilder, String> {
     builder
         .with_io_type_filter(TypeFilter::KeepAll)
         .map_err(|e| format!("cannot keep I/O objects: {e}"))
+}
+
+/// hwloc components that discover accelerators by starting their vendors' runtimes: CUDA,
+/// NVML, OpenCL, ROCm SMI, oneAPI Level Zero, and the X display ("gl").
+///
+/// The plan finds GPUs by their PCI vendor and class and NICs by their network devices, so
+/// these components add nothing to it, and each costs its runtime's start: with hwloc's CUDA
+/// and NVML plugins installed, loading the topology created a CUDA context, 230 ms of the
+/// first endpoint a process made on an H100 machine (issue 25).
+const GPU_RUNTIME_COMPONENTS: [&str; 6] = ["cuda", "nvml", "opencl", "rsmi", "levelzero", "gl"];
+
+/// Leaves out those of [`GPU_RUNTIME_COMPONENTS`] that this hwloc has (built in or as
+/// plugins).
+///
+/// hwloc refuses the name of a component it does not have (`EINVAL`), and hwlocality's call
+/// consumes the builder even when refused, so each name is first tried on a throwaway
+/// builder; meanwhile the real one keeps hwloc's plugins loaded, so the probes load nothing.
+fn without_gpu_runtimes(builder: TopologyBuilder) -> Result<TopologyBuilder, TopoError> {
+    GPU_RUNTIME_COMPONENTS
+        .iter()
+        .filter(|name| HwlocTopology::builder().without_component(name).is_ok())
+        .try_fold(builder, |builder, name| {
+            builder
+                .without_component(name)
+                .map_err(|e| hwloc_err("hwloc_topology_set_components", format!("{name}: {e}")))
+        })
 }
 
 fn hwloc_err(step: &str, detail: String) -> TopoError {
@@ -370,7 +397,9 @@ fn extract(topo: &HwlocTopology, origin: String) -> Topology {
 /// does not depend on hwloc code.
 impl Topology {
     /// Discovers the machine this process runs on, keeping I/O objects (PCI devices,
-    /// bridges, network interfaces), which hwloc drops by default.
+    /// bridges, network interfaces), which hwloc drops by default, and leaving out hwloc's
+    /// components that start GPU runtimes to list accelerators (CUDA, NVML, OpenCL, …): GPUs
+    /// are found by their PCI ids, and those runtimes took 230 ms to start.
     pub fn from_live() -> Result<Self, TopoError> {
         live()
     }
@@ -397,6 +426,19 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_runtime_components_are_left_out_whether_or_not_hwloc_has_them() {
+        // The names this hwloc refuses (not built in, no plugin) are skipped, the others
+        // taken: either way the builder comes back and still loads this machine.
+        let builder = without_gpu_runtimes(HwlocTopology::builder()).expect("a builder");
+        let topo = builder.build().expect("hwloc loads this machine");
+        assert!(topo.objects_with_type(ObjectType::PU).count() > 0);
+        // A name hwloc cannot have is refused, which is what the probe relies on.
+        assert!(HwlocTopology::builder()
+            .without_component("tcpx-no-such-component")
+            .is_err());
+    }
 
     #[test]
     fn precheck_rejects_objects_without_complete_sets() {
