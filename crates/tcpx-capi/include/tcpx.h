@@ -43,9 +43,10 @@
  * `tcpx_endpoint_unpublish`, `tcpx_endpoint_connect_by_name`. 3: the NIXL plugin's byte
  * formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
  * `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.
- * 5: `tcpx_local_connection_prepare_ipc`.)
+ * 5: `tcpx_local_connection_prepare_ipc`. 6: `tcpx_endpoint_options.eager_bytes`, appended;
+ * the options of minor 0–5 hosts are still taken.)
  */
-#define TCPX_ABI_VERSION_MINOR 5
+#define TCPX_ABI_VERSION_MINOR 6
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -419,6 +420,16 @@ typedef struct tcpx_endpoint_options {
      * (the default), 1 yes, -1 unset (`TCPX_REQUIRE_SECRET`).
      */
     int32_t require_secret;
+    /**
+     * Largest two-sided message carried in eager frames, many per plugin request (at most
+     * 65536 bytes; a connection uses the smaller of both sides' values). 0: off — every
+     * message is a plugin request of its own, and the connection makes no eager comms, nor
+     * their frame buffers (about 2 MiB per channel and side), which suits hosts that only
+     * move data one-sided. -1: unset (`TCPX_EAGER_BYTES`, else the default). Appended in ABI
+     * minor 6: a host built against an older header passes the smaller `struct_size`, and
+     * this field reads as unset.
+     */
+    int64_t eager_bytes;
 } tcpx_endpoint_options;
 
 /**

@@ -52,6 +52,26 @@ pub extern "C" fn tcpx_init(abi_version: u32) -> tcpx_status {
     })
 }
 
+/// Options with every field unset (what `tcpx_endpoint_options_init` writes).
+const UNSET_OPTIONS: tcpx_endpoint_options = tcpx_endpoint_options {
+    struct_size: std::mem::size_of::<tcpx_endpoint_options>() as u32,
+    channels: 0,
+    chunk_bytes: 0,
+    window: 0,
+    timeout_ms: 0,
+    backend: std::ptr::null(),
+    control_addr: std::ptr::null(),
+    gpu_pci: std::ptr::null(),
+    gpu_index: -1,
+    pin_engines: -1,
+    require_secret: -1,
+    eager_bytes: -1,
+};
+
+/// `sizeof(tcpx_endpoint_options)` in hosts built against ABI minor 5 or older: the struct
+/// ended with `require_secret` (padded to 8 bytes), where `eager_bytes` now starts.
+const OPTIONS_BYTES_MINOR_5: usize = std::mem::offset_of!(tcpx_endpoint_options, eager_bytes);
+
 /// Fills `options` with "unset" in every field (so the environment or the defaults apply) and
 /// its `struct_size`. Call it before setting fields. Thread safety: any thread.
 ///
@@ -63,19 +83,7 @@ pub unsafe extern "C" fn tcpx_endpoint_options_init(
 ) -> tcpx_status {
     guard("tcpx_endpoint_options_init", || {
         non_null(options, "options")?;
-        let unset = tcpx_endpoint_options {
-            struct_size: std::mem::size_of::<tcpx_endpoint_options>() as u32,
-            channels: 0,
-            chunk_bytes: 0,
-            window: 0,
-            timeout_ms: 0,
-            backend: std::ptr::null(),
-            control_addr: std::ptr::null(),
-            gpu_pci: std::ptr::null(),
-            gpu_index: -1,
-            pin_engines: -1,
-            require_secret: -1,
-        };
+        let unset = UNSET_OPTIONS;
         // SAFETY: non-null (checked); writable (the caller's promise).
         unsafe { write_out(options, unset) };
         Ok(TCPX_OK)
@@ -94,17 +102,30 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
     }
     // SAFETY: non-null; the first field is read alone so that a wrong size is caught before
     // the whole struct is read.
-    let size = unsafe { std::ptr::addr_of!((*options).struct_size).read() };
-    if size as usize != std::mem::size_of::<tcpx_endpoint_options>() {
+    let size = unsafe { std::ptr::addr_of!((*options).struct_size).read() } as usize;
+    if size != std::mem::size_of::<tcpx_endpoint_options>() && size != OPTIONS_BYTES_MINOR_5 {
         return Err(CapiError::invalid(format!(
-            "options->struct_size is {size}, this library's tcpx_endpoint_options has {} bytes: \
-             fill the struct with tcpx_endpoint_options_init() (and build against this \
-             library's header)",
+            "options->struct_size is {size}, this library's tcpx_endpoint_options has {} bytes \
+             (or {OPTIONS_BYTES_MINOR_5} from a host built against ABI minor 5 or older): fill \
+             the struct with tcpx_endpoint_options_init() (and build against this library's \
+             header)",
             std::mem::size_of::<tcpx_endpoint_options>()
         )));
     }
-    // SAFETY: non-null and of our size (checked); initialized by the caller.
-    let o = unsafe { options.read() };
+    // What the host did not pass (an older header's struct ends before the appended fields)
+    // reads as unset.
+    let mut o = UNSET_OPTIONS;
+    // SAFETY: `options` is non-null and the host's struct holds `size` initialized bytes
+    // (checked against the two layouts this library knows); `o` is a local of at least that
+    // size; the two do not overlap. Every field is plain data whose every bit pattern is
+    // valid (integers and raw pointers), so overwriting a prefix leaves `o` valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            options.cast::<u8>(),
+            std::ptr::addr_of_mut!(o).cast::<u8>(),
+            size,
+        )
+    };
     if o.channels != 0 {
         config.channels = u16::try_from(o.channels).map_err(|_| {
             CapiError::new(
@@ -175,6 +196,20 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
             return Err(CapiError::new(
                 TCPX_ERR_CONFIG,
                 format!("options->require_secret {v}: expected -1 (unset), 0 or 1"),
+            ))
+        }
+    }
+    match o.eager_bytes {
+        -1 => {}
+        bytes @ 0..=0xFFFF_FFFF => config.eager_bytes = Some(bytes as u32),
+        v => {
+            return Err(CapiError::new(
+                TCPX_ERR_CONFIG,
+                format!(
+                    "options->eager_bytes {v}: expected -1 (unset), 0 (off) or a size of at \
+                     most {}",
+                    tcpx_runtime::EAGER_MAX_MESSAGE
+                ),
             ))
         }
     }
@@ -398,4 +433,46 @@ pub unsafe extern "C" fn tcpx_endpoint_accept(
         unsafe { write_out(connection, handle) };
         Ok(TCPX_OK)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_of_older_hosts_are_taken_and_their_missing_fields_read_as_unset() {
+        // The layout of ABI minor 5 ended with `require_secret` padded to 8 bytes.
+        assert_eq!(OPTIONS_BYTES_MINOR_5, 64);
+        assert_eq!(std::mem::size_of::<tcpx_endpoint_options>(), 72);
+        let mut older = UNSET_OPTIONS;
+        older.struct_size = OPTIONS_BYTES_MINOR_5 as u32;
+        older.channels = 3;
+        // Beyond the older host's struct: must not be read.
+        older.eager_bytes = 1 << 40;
+        // SAFETY: a live, initialized options struct without strings.
+        let config = unsafe { config_from(&older) }.expect("an older host's options");
+        assert_eq!(config.channels, 3);
+        assert_eq!(config.eager_bytes, Config::from_env().unwrap().eager_bytes);
+
+        let mut current = UNSET_OPTIONS;
+        current.eager_bytes = 0;
+        // SAFETY: as above.
+        let config = unsafe { config_from(&current) }.expect("eager off");
+        assert_eq!((config.eager_bytes, config.eager_limit()), (Some(0), 0));
+        current.eager_bytes = 4096;
+        // SAFETY: as above.
+        let config = unsafe { config_from(&current) }.expect("4 KiB");
+        assert_eq!(config.eager_limit(), 4096);
+        for bad in [-2, 1 << 20, 1 << 40] {
+            current.eager_bytes = bad;
+            // SAFETY: as above.
+            let e = unsafe { config_from(&current) }.expect_err("out of range");
+            assert_eq!(e.status, TCPX_ERR_CONFIG, "{bad}: {}", e.message);
+        }
+        current.eager_bytes = -1;
+        current.struct_size = 68;
+        // SAFETY: as above.
+        let e = unsafe { config_from(&current) }.expect_err("an unknown size");
+        assert!(e.message.contains("struct_size"), "{}", e.message);
+    }
 }

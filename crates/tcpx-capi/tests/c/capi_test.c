@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,6 +241,21 @@ static void scenario_arguments(link_t unused) {
     o.pin_engines = 7;
     EXPECT(tcpx_endpoint_create(&o, &ep), TCPX_ERR_CONFIG, "pin_engines");
     o.pin_engines = -1;
+    o.eager_bytes = 1 << 20;
+    EXPECT(tcpx_endpoint_create(&o, &ep), TCPX_ERR_CONFIG, "eager_bytes");
+    ASSERT(strstr(tcpx_last_error(), "eager") != NULL, "%s", tcpx_last_error());
+    o.eager_bytes = -7;
+    EXPECT(tcpx_endpoint_create(&o, &ep), TCPX_ERR_CONFIG, "eager_bytes");
+    /* Eager frames off; then a host built against ABI minor 5, whose struct ended before
+     * eager_bytes: taken, the missing field unset. */
+    o.eager_bytes = 0;
+    CHECK(tcpx_endpoint_create(&o, &ep));
+    CHECK(tcpx_endpoint_destroy(ep));
+    o.eager_bytes = -1;
+    o.struct_size = (uint32_t)offsetof(tcpx_endpoint_options, eager_bytes);
+    CHECK(tcpx_endpoint_create(&o, &ep));
+    CHECK(tcpx_endpoint_destroy(ep));
+    o.struct_size = (uint32_t)sizeof o;
     o.backend = "/nonexistent/libnccl-net-missing.so";
     EXPECT(tcpx_endpoint_create(&o, &ep), TCPX_ERR_BACKEND, "tcpx_endpoint_create");
 
