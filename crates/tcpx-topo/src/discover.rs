@@ -128,9 +128,10 @@ fn keep_io(builder: TopologyBuilder) -> Result<TopologyBuilder, String> {
 /// NVML, OpenCL, ROCm SMI, oneAPI Level Zero, and the X display ("gl").
 ///
 /// The plan finds GPUs by their PCI vendor and class and NICs by their network devices, so
-/// these components add nothing to it, and each costs its runtime's start: with hwloc's CUDA
-/// and NVML plugins installed, loading the topology created a CUDA context, 230 ms of the
-/// first endpoint a process made on an H100 machine (issue 25).
+/// these components add nothing to it, and each costs its runtime's start: on the H100
+/// machines, where hwloc's OpenCL and GL plugins are installed, loading the topology started
+/// NVIDIA's OpenCL runtime, which created a CUDA context — 230 ms of the first endpoint a
+/// process made (issue 25).
 const GPU_RUNTIME_COMPONENTS: [&str; 6] = ["cuda", "nvml", "opencl", "rsmi", "levelzero", "gl"];
 
 /// Leaves out those of [`GPU_RUNTIME_COMPONENTS`] that this hwloc has (built in or as
