@@ -199,9 +199,11 @@ unsafe fn config_from(options: *const tcpx_endpoint_options) -> CapiResult<Confi
             ))
         }
     }
+    const EAGER_MAX: i64 = tcpx_runtime::EAGER_MAX_MESSAGE as i64;
     match o.eager_bytes {
         -1 => {}
-        bytes @ 0..=0xFFFF_FFFF => config.eager_bytes = Some(bytes as u32),
+        // In range, so it fits a u32.
+        bytes @ 0..=EAGER_MAX => config.eager_bytes = Some(bytes as u32),
         v => {
             return Err(CapiError::new(
                 TCPX_ERR_CONFIG,

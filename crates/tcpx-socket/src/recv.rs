@@ -284,8 +284,8 @@ impl RecvComm {
     /// Sets socket `j`'s low watermark before its readiness check: what [`watermark`] wants
     /// for the part being read, at most a quarter of the socket's receive buffer. Only the
     /// check reads it (a non-blocking `recv` returns what is queued whatever the watermark),
-    /// so it is set only there: a few system calls per part. A socket that refuses the option ends batching on
-    /// this comm (reads work either way).
+    /// so it is set only there: a few system calls per part. A socket that refuses the option
+    /// ends batching on this comm (reads work either way).
     ///
     /// Why the cap: a watermark the buffer cannot comfortably hold makes the kernel grow the
     /// buffer and clamp the advertised window to the watermark itself. The sender then stops
