@@ -76,7 +76,8 @@ def run_backend(backend, args, plugin_dir, params):
             os.environ["NIXL_PLUGIN_DIR"] = saved
     rows = []
     try:
-        work = [("large", w) for w in LARGE] + [("kv", w) for w in KV]
+        work = [("large", w) for w in LARGE if "large" in args.workloads] + \
+            [("kv", w) for w in KV if "kv" in args.workloads]
         for i, (kind, (label, n, bs)) in enumerate(work):
             if kind == "large":
                 local, remote = blocks(n, bs), blocks(n, bs)
@@ -193,6 +194,8 @@ def report(rows, bench, args, backends):
                   + f" {fmt(x, '10.3f')} {fmt(tb.get('baseline_gbps'))}"
                   + f" {fmt(t / u if t and u else None, '8.2f')}x"
                   + f" {fmt(t / x if t and x else None, '9.2f')}x")
+    if "kv" not in args.workloads:
+        return
     print(f"\nKV lists, {args.memory} memory, blocks scattered on both sides, a notification with "
           "every transfer: GB/s, first transfer ms, median transfer ms")
     print(f"{'workload':>14} {'op':5} " + " ".join(f"{b + ' GB/s':>10} {'first':>8} {'p50':>7}"
@@ -215,6 +218,8 @@ def main():
     ap.add_argument("--ops", default="WRITE,READ")
     ap.add_argument("--iters", type=int, default=20, help="transfers at 16 MiB per transfer (scaled)")
     ap.add_argument("--backends", default="UCX,TCPX")
+    ap.add_argument("--workloads", default="large,kv",
+                    help="which rows: large (one block per transfer), kv (block lists), or both")
     ap.add_argument("--channels", default="4", help="TCPX channels, also tcpx-bench's")
     ap.add_argument("--memory", default="host", choices=["host", "cuda"])
     ap.add_argument("--tcpx-bench", help="tcpx-bench binary: adds its server/client figures")
@@ -223,6 +228,9 @@ def main():
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     args.ops = args.ops.split(",")
+    args.workloads = args.workloads.split(",")
+    if not args.workloads or any(w not in ("large", "kv") for w in args.workloads):
+        sys.exit("--workloads takes large, kv or large,kv")
     backends = args.backends.split(",")
     plugin_dir = os.environ.get("NIXL_PLUGIN_DIR", "")
     if "TCPX" in backends and not os.path.exists(os.path.join(plugin_dir, "libplugin_TCPX.so")):
