@@ -376,7 +376,8 @@ typedef struct tcpx_endpoint_options {
      */
     uint32_t struct_size;
     /**
-     * Channels (comm pairs) per connection; both peers must agree. 0: unset.
+     * Channels (comm pairs) offered per connection; a connection uses the smaller of both
+     * peers' counts. 0: unset.
      */
     uint32_t channels;
     /**

@@ -208,7 +208,8 @@ pub struct tcpx_local_connection {
 pub struct tcpx_endpoint_options {
     /// `sizeof(tcpx_endpoint_options)` as the host saw it; set by `tcpx_endpoint_options_init`.
     pub struct_size: u32,
-    /// Channels (comm pairs) per connection; both peers must agree. 0: unset.
+    /// Channels (comm pairs) offered per connection; a connection uses the smaller of both
+    /// peers' counts. 0: unset.
     pub channels: u32,
     /// Chunk size in bytes (one plugin request carries at most this); both peers must agree.
     /// 0: unset.

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `TCPX_PLUGIN_PATH` / `UCCL_TCPX_PLUGIN_PATH` | plugin `.so` to load | search, then built-in |
 //! | `TCPX_BACKEND` | `auto`, `builtin`, or a path | `auto` |
-//! | `TCPX_NUM_CHANNELS` / `UCCL_TCPX_NUM_CHANNELS` | channels per connection | 4 |
+//! | `TCPX_NUM_CHANNELS` / `UCCL_TCPX_NUM_CHANNELS` | channels per connection (a connection uses the smaller of both peers' counts) | 4 |
 //! | `TCPX_CHUNK_BYTES` / `UCCL_TCPX_CHUNK_BYTES` | chunk size (`524288`, `512K`, `1M`) | 512 KiB |
 //! | `TCPX_WINDOW` | requests in flight per comm (1..=16) | 16 |
 //! | `TCPX_TIMEOUT_MS` | set-up and per-transfer timeout | 30000 |
@@ -139,7 +139,8 @@ pub const MAX_PACK_BUFFERS: usize = 64;
 pub struct Config {
     /// Which plugin to load.
     pub backend: Backend,
-    /// Channels (comm pairs) per connection; both peers must agree.
+    /// Channels (comm pairs) this endpoint offers per connection; a connection uses the
+    /// smaller of both peers' counts.
     pub channels: u16,
     /// Chunk size: one plugin request carries at most this many bytes; both peers must agree.
     pub chunk_bytes: u32,

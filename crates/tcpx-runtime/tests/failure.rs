@@ -146,30 +146,24 @@ fn unmatched_transfers_time_out_naming_channel_and_peer() {
 #[test]
 fn incompatible_peers_are_refused_naming_both_values() {
     loopback();
+    // Channel counts may differ (the connection takes the smaller: `channel_agreement.rs`);
+    // chunk sizes may not, and both sides say why.
     let a = Endpoint::new(config(2, 512 * KIB as u32)).unwrap();
-    let b = Endpoint::new(config(4, 512 * KIB as u32)).unwrap();
-    let meta = a.metadata().clone();
-    let (ra, rb) = std::thread::scope(|s| {
-        let accepted = s.spawn(|| a.accept_timeout(DEADLINE));
-        let rb = b.connect(&meta);
-        (accepted.join().unwrap(), rb)
-    });
-    for (side, result) in [("acceptor", ra.map(|_| ())), ("connector", rb.map(|_| ()))] {
-        let err = result.unwrap_err();
-        let text = err.to_string();
-        assert!(matches!(err, Error::Incompatible { .. }), "{side}: {text}");
-        assert!(text.contains('2') && text.contains('4'), "{side}: {text}");
-    }
     let c = Endpoint::new(config(2, 256 * KIB as u32)).unwrap();
     let meta = a.metadata().clone();
-    let err = std::thread::scope(|s| {
+    let (ra, rc) = std::thread::scope(|s| {
         let accepted = s.spawn(|| a.accept_timeout(DEADLINE));
         let rc = c.connect(&meta);
-        let _ = accepted.join().unwrap();
-        rc.unwrap_err()
+        (accepted.join().unwrap(), rc)
     });
-    let text = err.to_string();
-    assert!(text.contains("524288") && text.contains("262144"), "{text}");
+    for (side, result) in [("acceptor", ra.map(|_| ())), ("connector", rc.map(|_| ()))] {
+        let err = result.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("524288") && text.contains("262144"),
+            "{side}: {text}"
+        );
+    }
 }
 
 #[test]

@@ -14,7 +14,6 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tcpx_runtime::{RemoteSegment, Segment};
 
 const MIB: usize = 1 << 20;
 
@@ -61,26 +60,7 @@ fn two_sided_and_one_sided_traffic_verifies_without_plugin_sizes() {
     let d = b.advertise(&target).unwrap();
     for round in 0..8u64 {
         let len = 1 + rng.below(8 * MIB as u64) as usize;
-        let seed = 100 + round;
-        let src = source(&a, len, seed);
-        let w = ab
-            .write(
-                &[Segment::new(&src, 0, len)],
-                &[RemoteSegment::new(d, 0, len as u64)],
-                None,
-            )
-            .unwrap();
-        assert_eq!(w.wait(DEADLINE).unwrap(), len as u64);
-        verify_region(&target, len, seed, "one-sided write");
-        let back = a.alloc_host(len).unwrap();
-        let r = ab
-            .read(
-                &[Segment::new(&back, 0, len)],
-                &[RemoteSegment::new(d, 0, len as u64)],
-            )
-            .unwrap();
-        assert_eq!(r.wait(DEADLINE).unwrap(), len as u64);
-        verify_region(&back, len, seed, "one-sided read");
+        write_and_read_back((&a, &ab), (&target, d), len, 100 + round, "one-sided");
     }
     assert!(ab.error().is_none() && ba.error().is_none());
 }

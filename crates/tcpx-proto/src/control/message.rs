@@ -55,7 +55,7 @@ pub struct ErrorCode(pub u32);
 impl ErrorCode {
     /// The peer sent something that breaks the protocol.
     pub const PROTOCOL: Self = Self(1);
-    /// The two endpoints cannot work together (versions, channel counts, chunk sizes…).
+    /// The two endpoints cannot work together (versions, chunk sizes, plugins…).
     pub const INCOMPATIBLE: Self = Self(2);
     /// The plugin failed on this side (listen, connect, accept).
     pub const PLUGIN: Self = Self(3);

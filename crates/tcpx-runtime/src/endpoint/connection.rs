@@ -85,7 +85,8 @@ impl Connection {
     ) -> Result<Self> {
         let config = &shared.config;
         let peer = ctl.peer_addr();
-        let channels = config.channels;
+        // The count both sides agreed on in the handshake (the smaller of their own).
+        let channels = established.channels;
         let driving = match ctl.local_addr() {
             Ok(local) => shared.engines_for(local, peer),
             Err(_) => shared.engines.len(),
@@ -105,7 +106,12 @@ impl Connection {
         // From what both sides announced (their engines, `Config::spread` and channels), not
         // from `used_slots`: both must cut a spread transfer alike, and only one of them may
         // see the other as sharing its cores (see `engine_plan`).
-        let spread = shared.info.spread.min(established.peer_info.spread).max(1);
+        let spread = shared
+            .info
+            .spread
+            .min(established.peer_info.spread)
+            .min(channels)
+            .max(1);
         let link = Arc::new(Link::new(
             peer,
             channels,

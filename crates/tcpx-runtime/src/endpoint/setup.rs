@@ -3,8 +3,10 @@
 //! 1. `Hello` both ways, the connecting side's first (presenting the secret from the
 //!    accepting side's metadata, if it has it): the accepting side answers only a `Hello`
 //!    that carries its secret when [`Config::require_secret`](crate::Config) is on, so a
-//!    stranger learns nothing. Channel count, chunk size, plugin and protocol version must
-//!    agree, or the set-up fails with `INCOMPATIBLE` naming both values;
+//!    stranger learns nothing. Chunk size, plugin and protocol version must agree, or the
+//!    set-up fails with `INCOMPATIBLE` naming both values. The channel count need not: the
+//!    connection uses the smaller of the two (N below), as both sides compute from the
+//!    two `Hello`s — a decode server started with 4 channels takes a prefill peer's 8;
 //! 2. each side listens once per channel (channel `c` on device `c mod devices`) — 2N
 //!    channels: N two-sided ones, then N for one-sided traffic (see [`crate::onesided`] for
 //!    why they are separate), then, when both sides offer eager frames (`eager_bytes` in
@@ -32,6 +34,8 @@ use crate::metrics::EndpointCounters;
 /// `2N..3N` eager (when `eager_bytes` > 0).
 pub(crate) struct Established {
     pub(crate) peer_info: EndpointInfo,
+    /// Channels each way: the smaller of both sides' counts ([`agreed_channels`]).
+    pub(crate) channels: u16,
     /// Largest message both sides send in eager frames; 0: no eager comms.
     pub(crate) eager_bytes: u32,
     pub(crate) sends: Vec<SendComm>,
@@ -132,7 +136,10 @@ fn handshake(
     check_compatible(&shared.info, protocol_version, &peer_info)
         .map_err(|what| Error::Incompatible { peer, what })?;
 
-    let channels = shared.config.channels;
+    let channels = agreed_channels(shared.config.channels, peer_info.channels);
+    if channels < shared.config.channels {
+        tracing::info!(target: "tcpx_runtime", %peer, own = shared.config.channels, peer_channels = peer_info.channels, "the peer offers fewer channels: the connection uses its count");
+    }
     let eager_bytes = agreed_eager_bytes(shared.info.eager_bytes, peer_info.eager_bytes);
     // N two-sided channels, then N one-sided (RMA) ones, then N eager ones when both sides
     // offer eager frames; channel k · N + c uses c's device.
@@ -224,6 +231,7 @@ fn handshake(
     ctl.recv_expecting(MessageType::Ready, left())?;
     Ok(Established {
         peer_info,
+        channels,
         eager_bytes,
         sends: sends.into_iter().flatten().collect(),
         recvs: recvs.into_iter().flatten().collect(),
@@ -253,6 +261,13 @@ pub(crate) fn check_secret(
     }
 }
 
+/// The channels a connection uses: the smaller of both sides' counts. Both sides compute it
+/// from the two `Hello`s, so both open as many comms and cut every schedule alike.
+/// ([`check_compatible`] refused a peer announcing none.)
+pub(crate) fn agreed_channels(local: u16, peer: u16) -> u16 {
+    local.min(peer)
+}
+
 /// The eager size a connection uses: the smaller of both sides' offers, 0 if either is 0.
 pub(crate) fn agreed_eager_bytes(local: u32, peer: u32) -> u32 {
     local.min(peer)
@@ -269,10 +284,10 @@ fn check_compatible(
             "protocol version: this side {PROTOCOL_VERSION}, peer {peer_version}"
         ));
     }
-    if local.channels != peer.channels {
+    if peer.channels == 0 {
         return Err(format!(
-            "channel count: this side {}, peer {}",
-            local.channels, peer.channels
+            "channel count: the peer announced none (this side {})",
+            local.channels
         ));
     }
     if local.chunk_bytes != peer.chunk_bytes {
@@ -310,6 +325,14 @@ mod tests {
     }
 
     #[test]
+    fn both_sides_agree_on_the_smaller_channel_count() {
+        for (a, b) in [(1, 1), (2, 8), (8, 2), (7, 3), (u16::MAX, 4)] {
+            assert_eq!(agreed_channels(a, b), agreed_channels(b, a));
+            assert_eq!(agreed_channels(a, b), a.min(b));
+        }
+    }
+
+    #[test]
     fn secrets_are_checked_only_when_required() {
         let own = crate::control::random_secret();
         let other = crate::control::random_secret();
@@ -325,8 +348,10 @@ mod tests {
     #[test]
     fn differences_name_both_values() {
         assert!(check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 1024)).is_ok());
-        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(2, 1024)).unwrap_err();
-        assert!(e.contains("this side 4") && e.contains("peer 2"), "{e}");
+        // Channel counts may differ (the connection takes the smaller), but not be zero.
+        assert!(check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(2, 1024)).is_ok());
+        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(0, 1024)).unwrap_err();
+        assert!(e.contains("none") && e.contains("this side 4"), "{e}");
         let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 4096)).unwrap_err();
         assert!(e.contains("1024") && e.contains("4096"), "{e}");
         let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION + 1, &info(4, 1024)).unwrap_err();

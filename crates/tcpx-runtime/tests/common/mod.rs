@@ -365,3 +365,38 @@ pub fn exchange_verified(
         );
     }
 }
+
+/// Writes `len` bytes of `fill(seed)` from a fresh region of `a` into the start of `target`
+/// (advertised as `d`) over `ab`, checks them there, reads them back into another fresh
+/// region and checks that too (`what` names the run in a failure).
+pub fn write_and_read_back(
+    (a, ab): (&Endpoint, &Connection),
+    (target, d): (&Region, tcpx_runtime::Descriptor),
+    len: usize,
+    seed: u64,
+    what: &str,
+) {
+    let src = source(a, len, seed);
+    let w = ab
+        .write(
+            &[tcpx_runtime::Segment::new(&src, 0, len)],
+            &[tcpx_runtime::RemoteSegment::new(d, 0, len as u64)],
+            None,
+        )
+        .expect("post write");
+    assert_eq!(
+        w.wait(DEADLINE).expect("write"),
+        len as u64,
+        "{what}: write"
+    );
+    assert_pattern(target, 0, len, seed, &format!("{what}: written"));
+    let back = a.alloc_host(len).expect("alloc");
+    let r = ab
+        .read(
+            &[tcpx_runtime::Segment::new(&back, 0, len)],
+            &[tcpx_runtime::RemoteSegment::new(d, 0, len as u64)],
+        )
+        .expect("post read");
+    assert_eq!(r.wait(DEADLINE).expect("read"), len as u64, "{what}: read");
+    assert_pattern(&back, 0, len, seed, &format!("{what}: read back"));
+}
