@@ -11,11 +11,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 
 use crate::engine::job::{HostParts, Job, Piece};
 use crate::engine::stage::Staging;
-use crate::engine::Command;
+use crate::engine::{Command, RegisterReply};
 use crate::error::{Direction, Error, Result};
 use crate::link::{Link, Signal};
 use crate::registry::{CountedRegion, Region, Registration, RegistrationCounter};
@@ -159,16 +159,54 @@ impl Carrier {
                     .into(),
             ));
         }
-        let link = &self.link;
-        if let Some(registration) = link.registrations.get(region, direction) {
+        if let Some(registration) = self.link.registrations.get(region, direction) {
             return Ok(registration);
         }
+        let replies = self.begin_registration(region, direction)?;
+        self.finish_registration(region, direction, &replies)
+    }
 
+    /// Registers `regions` in both directions on the link's comms now, every engine's work for
+    /// all of them asked for before any answer is awaited, so that the first one-sided
+    /// operation naming them does not wait for it (issue 25: no first-transfer tax). Staged
+    /// regions never register, and cached ones are skipped. Every registration is waited
+    /// for; the first failure is returned (what did register stays cached).
+    pub(crate) fn preregister(&self, regions: &[Region]) -> Result<()> {
+        let mut pending = Vec::new();
+        let mut failure = None;
+        for region in regions.iter().filter(|r| !r.is_staged()) {
+            for direction in [Direction::Send, Direction::Recv] {
+                if self.link.registrations.get(region, direction).is_some() {
+                    continue;
+                }
+                match self.begin_registration(region, direction) {
+                    Ok(replies) => pending.push((region, direction, replies)),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        for (region, direction, replies) in pending {
+            if let Err(e) = self.finish_registration(region, direction, &replies) {
+                failure.get_or_insert(e);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Asks every engine to register `region` on its channels of the link; the answers
+    /// come on the returned channel (one per engine).
+    fn begin_registration(
+        &self,
+        region: &Region,
+        direction: Direction,
+    ) -> Result<Receiver<RegisterReply>> {
         let (tx, rx) = crossbeam_channel::bounded(self.engines.len());
         for engine in &self.engines {
             engine
                 .send(Command::Register {
-                    link: link.id,
+                    link: self.link.id,
                     direction,
                     memory: region.memory().clone(),
                     counter: self.counter.clone(),
@@ -176,12 +214,23 @@ impl Carrier {
                 })
                 .map_err(|_| Error::Internal("an engine thread has stopped".into()))?;
         }
-        drop(tx);
+        Ok(rx)
+    }
+
+    /// Collects the engines' answers to [`Self::begin_registration`] (up to the link's
+    /// timeout) and caches the registration on the link.
+    fn finish_registration(
+        &self,
+        region: &Region,
+        direction: Direction,
+        replies: &Receiver<RegisterReply>,
+    ) -> Result<Arc<Registration>> {
+        let link = &self.link;
         let mut by_channel: Vec<Option<CountedRegion>> = (0..link.channels).map(|_| None).collect();
         let deadline = Instant::now() + link.timeout;
         for _ in &self.engines {
             let left = deadline.saturating_duration_since(Instant::now());
-            let reply = rx.recv_timeout(left).map_err(|_| {
+            let reply = replies.recv_timeout(left).map_err(|_| {
                 Error::Internal("an engine did not answer a registration in time".into())
             })?;
             for (channel, result) in reply {

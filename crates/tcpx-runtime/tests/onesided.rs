@@ -924,9 +924,10 @@ fn exhausted_pool_round(sender_buffers: usize) {
     assert_eq!(ba.pack_stats().packed_received, s.packed_sent);
 }
 
-/// `Connection::warm_up` registers a region on the one-sided comms (both directions) ahead of
-/// the first operation: that operation then adds no registration, and closing the connection
-/// still releases everything.
+/// A region is registered on the one-sided comms (both directions) ahead of the first
+/// operation: advertised ones by the endpoint itself (at connect, or at advertise for
+/// connections already up), others by `Connection::warm_up`. The first operations then add
+/// no registration, and closing the connection still releases everything.
 #[test]
 fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     loopback();
@@ -937,11 +938,15 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     let d = b.advertise(&dst).unwrap();
     let src = source(&a, 1 << 20, 5);
     let (ab, ba) = connect(&a, &b);
-    assert_eq!((a.live_registrations(), b.live_registrations()), (0, 0));
+    // One registration per one-sided comm: a send and a receive comm per channel. The
+    // advertised region is registered at connect; nothing of `a` is advertised.
+    let per_side = 2 * usize::from(channels);
+    assert_eq!(
+        (a.live_registrations(), b.live_registrations()),
+        (0, per_side)
+    );
     ab.warm_up(&src).unwrap();
     ba.warm_up(&dst).unwrap();
-    // One registration per one-sided comm: a send and a receive comm per channel.
-    let per_side = 2 * usize::from(channels);
     assert_eq!(a.live_registrations(), per_side);
     assert_eq!(b.live_registrations(), per_side);
     // Twice is the same as once (the registrations are cached on the connection).
@@ -970,6 +975,14 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     // The operations added nothing: both regions were registered ahead.
     assert_eq!(a.live_registrations(), 2 * per_side);
     assert_eq!(b.live_registrations(), per_side);
+    // A region advertised on a live connection is registered on it at once, and released
+    // with the region once it is revoked and dropped.
+    let more = b.alloc_host(64 << 10).unwrap();
+    let dm = b.advertise(&more).unwrap();
+    assert_eq!(b.live_registrations(), 2 * per_side);
+    assert!(b.revoke(&dm));
+    drop(more);
+    assert!(eventually(DEADLINE, || b.live_registrations() == per_side));
     ab.close().unwrap();
     drop(ba);
     assert_eq!(a.live_registrations(), 0);

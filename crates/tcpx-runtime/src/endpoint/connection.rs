@@ -149,7 +149,7 @@ impl Connection {
         let writer = Arc::new(ControlTx::new(writer, wakeup.clone()));
         let stop = Arc::new(AtomicBool::new(false));
         let rma = Arc::new(Rma::new(
-            rma_carrier,
+            rma_carrier.clone(),
             link.clone(),
             shared.one_sided.clone(),
             config.clone(),
@@ -249,6 +249,9 @@ impl Connection {
                 tracing::warn!(target: "tcpx_runtime", %peer, error = %e, "staging rings not made at connect; lanes make them at their first staged transfer");
             }
         }
+        // Advertised regions are registered on the new one-sided link now (and regions
+        // advertised later as they come), not by the first operation that names them.
+        shared.one_sided.adopt(&rma_carrier);
         conn.watcher = Some(watch::spawn(
             carrier,
             reader,

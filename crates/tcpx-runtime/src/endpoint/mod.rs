@@ -478,7 +478,9 @@ impl Endpoint {
     /// region ([`Region::is_staged`]) is advertised as CUDA memory and served through the
     /// engines' pinned rings; one request's list must not mix it with other memory.
     pub fn advertise(&self, region: &Region) -> Result<Descriptor> {
-        self.shared.one_sided.adverts.advertise(region)
+        let descriptor = self.shared.one_sided.adverts.advertise(region)?;
+        self.shared.one_sided.registered_everywhere(region);
+        Ok(descriptor)
     }
 
     /// Revokes `descriptor`: every later request naming it is refused (operations already

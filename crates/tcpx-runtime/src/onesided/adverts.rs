@@ -53,6 +53,14 @@ impl AdvertBook {
 
     /// Revokes `descriptor`; returns whether it was advertised and not yet revoked. Requests
     /// already accepted run to completion.
+    /// The regions advertised and not revoked.
+    pub(crate) fn live_regions(&self) -> Vec<Region> {
+        self.lock()
+            .values()
+            .filter_map(|a| a.region.clone())
+            .collect()
+    }
+
     pub(crate) fn revoke(&self, descriptor: &Descriptor) -> bool {
         let mut adverts = self.lock();
         match adverts.get_mut(&descriptor.region_id()) {
