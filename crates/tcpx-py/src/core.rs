@@ -235,6 +235,19 @@ impl Core {
 
     fn add_conn(&self, conn: Connection) -> Outcome<u64> {
         let st = self.st()?;
+        // What `reg` registered so far is registered on the new connection's one-sided comms
+        // now, not by its first `write` / `read` (`reg` does the same for connections that
+        // come before it).
+        let regions: Vec<Region> = {
+            let regs = st.regs.read().unwrap_or_else(|p| p.into_inner());
+            regs.live
+                .values()
+                .map(|(mr, _)| mr.region.clone())
+                .collect()
+        };
+        for region in &regions {
+            warm_up(&conn, region);
+        }
         let id = st.next_conn.fetch_add(1, Ordering::Relaxed);
         st.conns
             .write()
@@ -491,7 +504,21 @@ impl Core {
             advert: Mutex::new(None),
         });
         regs.live.insert((mr.base, serial), (mr.clone(), 1));
-        Ok(regs.add_handle(mr, ptr, size))
+        let id = regs.add_handle(mr.clone(), ptr, size);
+        drop(regs);
+        // UCCL's `reg` is where registration is paid: register on every connection's
+        // one-sided comms now rather than at each connection's first transfer naming it.
+        let conns: Vec<Arc<Connection>> = st
+            .conns
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for conn in &conns {
+            warm_up(conn, &mr.region);
+        }
+        Ok(id)
     }
 
     /// Drops `mr_id`. When it was the last one on its registration, the registration goes
@@ -878,4 +905,11 @@ impl Drop for Core {
         // the owner's drop).
         unsafe { ManuallyDrop::drop(&mut self.state) };
     }
+}
+
+/// Registers `region` on `conn`'s one-sided comms ahead of its first transfer there. A failure
+/// is dropped on purpose: that transfer registers the region again and raises its own error,
+/// naming the transfer.
+fn warm_up(conn: &Connection, region: &Region) {
+    let _ = conn.warm_up(region);
 }

@@ -28,7 +28,8 @@ fn addr(a: SocketAddr) -> (String, u16) {
 /// The snapshot as a dict:
 ///
 /// - endpoint-wide: `backend`, `connections_opened`, `setup_failures`, `refused_peers`,
-///   `access_refusals`, `timeouts`, `peers_lost`, `failures`;
+///   `access_refusals`, `timeouts`, `peers_lost`, `failures`, `registrations` (plugin
+///   registrations of application memory alive on the connections, a gauge);
 /// - `connections`: a list of dicts with `id` (the runtime's), `conn_id` (this layer's, or
 ///   `None` when it cannot be told apart by peer address), `peer` (ip, port), `in_flight`,
 ///   `failed`, `total` (counters summed over its channels) and `channels` (each with
@@ -51,6 +52,7 @@ pub fn to_dict<'py>(
     d.set_item("timeouts", m.timeouts)?;
     d.set_item("peers_lost", m.peers_lost)?;
     d.set_item("failures", m.failures)?;
+    d.set_item("registrations", m.registrations)?;
     let mut conns = Vec::with_capacity(m.connections.len());
     let mut total = ChannelStats::default();
     for c in &m.connections {

@@ -352,7 +352,9 @@ impl P2pEndpoint {
 
     /// Registers `size` bytes at `ptr` (host or CUDA memory; the driver says which) ->
     /// `(ok, mr_id)`. TCPX equivalent of an RDMA MR: nothing is pinned here; the plugin
-    /// registers the range per connection at first use. A range inside memory this endpoint
+    /// registers the range per connection, on its one-sided comms — on every connection up
+    /// now, and on each later one as it is set up — so that the first `write` / `read` on a
+    /// connection registers nothing. A range inside memory this endpoint
     /// registered already shares that registration (a new `mr_id`, the same keys), like
     /// UCCL's MR cache. `floatType` (a `FloatType`; UCCL compresses floats with it) is
     /// accepted and ignored: bytes travel as they are. The memory must stay allocated until

@@ -264,3 +264,46 @@ def test_blocking_recv_releases_the_gil(pair):
     assert waited >= 0.4 and (buf == 5).all()
     # A thread that only runs with the GIL counted all along the blocked recv.
     assert ticks[0] > 10000, ticks[0]
+
+
+def test_registration_is_paid_at_reg_and_connect_not_at_the_first_write(pair):
+    """UCCL's `reg` is where registration is paid: a buffer registered while a connection is
+    up is registered on its one-sided comms at once, and one registered before a connection
+    on that connection as it is set up; the first write then registers nothing. The server's
+    advertised target likewise (the runtime registers advertised regions on every
+    connection). `metrics()["registrations"]` counts them (one per comm and direction)."""
+    client, server, cid, scid = pair
+    before = client.metrics()["registrations"]
+    src = np.full(1 << 16, 7, np.uint8)
+    ok, smr = client.reg(src.ctypes.data, src.nbytes)
+    assert ok
+    per_conn = client.metrics()["registrations"] - before
+    assert per_conn > 0, "reg registered nothing on the live connection"
+    target = np.zeros(1 << 16, np.uint8)
+    ok, tmr = server.reg(target.ctypes.data, target.nbytes)
+    ok, blob = server.advertise(tmr, target.ctypes.data, target.nbytes)
+    assert ok
+    server_before = server.metrics()["registrations"]
+    assert client.write(cid, smr, src.ctypes.data, src.nbytes, blob)
+    assert (target == 7).all()
+    assert client.metrics()["registrations"] == before + per_conn, "the first write registered"
+    assert server.metrics()["registrations"] == server_before, "the target registered at the write"
+
+    # A second connection: what the client registered already is registered on it as it comes.
+    got = {}
+    t = threading.Thread(target=lambda: got.update(a=server.accept()))
+    t.start()
+    ok, cid2 = client.connect(server.get_metadata())
+    t.join(20)
+    assert ok and got["a"][0]
+    assert client.metrics()["registrations"] == before + 2 * per_conn
+    src[:] = 8
+    assert client.write(cid2, smr, src.ctypes.data, src.nbytes, blob)
+    assert (target == 8).all()
+    assert client.metrics()["registrations"] == before + 2 * per_conn
+    # Deregistering releases them all (transfers are done).
+    assert client.dereg(smr)
+    deadline = time.monotonic() + 10
+    while client.metrics()["registrations"] != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.metrics()["registrations"] == before

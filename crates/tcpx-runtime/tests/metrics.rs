@@ -122,6 +122,12 @@ fn a_scrape_shows_the_bytes_moved_per_connection_and_per_nic() {
             .collect::<Vec<_>>()
     );
 
+    // Live plugin registrations: a gauge, the same in the snapshot and the exporter's text.
+    let live = server.live_registrations();
+    assert!(live > 0, "the server received into a registered region");
+    assert_eq!(server.metrics().registrations, live as u64);
+    assert_eq!(sum(&scraped, "tcpx_registrations", &[]), live as f64);
+
     // The exporter ends with its endpoint: nothing listens there afterwards.
     drop((cc, sc, client));
     drop(server);

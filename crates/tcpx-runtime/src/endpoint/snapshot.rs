@@ -76,6 +76,7 @@ pub(super) fn snapshot(shared: &EndpointShared, rejections: &Rejections) -> Metr
         timeouts: get(&c.timeouts),
         peers_lost: get(&c.peers_lost),
         failures: get(&c.failures),
+        registrations: shared.registrations.get() as u64,
         connections,
     }
 }

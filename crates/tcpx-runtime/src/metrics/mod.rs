@@ -91,6 +91,9 @@ pub struct Metrics {
     pub peers_lost: u64,
     /// Connections failed for any other reason (plugin, staging, protocol).
     pub failures: u64,
+    /// Plugin registrations of application memory alive on the connections (one per region,
+    /// direction and comm; see [`crate::Endpoint::live_registrations`]): a gauge.
+    pub registrations: u64,
     /// The live connections.
     pub connections: Vec<ConnectionMetrics>,
 }

@@ -83,6 +83,12 @@ impl Collector for Snapshot {
         for f in [
             scalar("connections_open", "Live connections.", false, live),
             scalar(
+                "registrations",
+                "Plugin registrations of application memory alive on the connections.",
+                false,
+                m.registrations,
+            ),
+            scalar(
                 "connections_opened",
                 "Connections set up since the endpoint started.",
                 true,
