@@ -753,16 +753,20 @@ fn kv_mode_moves_scattered_blocks_between_two_processes_verified() {
     ];
     let server = Server::start_role(&["kv", "server"], &args);
     let json = tmp("kv.json");
+    // The client pauses before each measured transfer (the server is not told: only the
+    // initiator acts on it).
     let out = bench()
         .args(["kv", "client", "--peer", &server.peer, "--json"])
         .arg(&json)
         .args(args)
+        .args(["--gap-us", "300"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let (code, err) = server.wait();
     assert_eq!(code, Some(0), "server: {err}");
     let stdout = text(&out.stdout);
+    assert!(stdout.contains("300 µs after the previous one"), "{stdout}");
     for label in [
         "write contiguous",
         "read",
@@ -855,6 +859,12 @@ fn kv_bad_options_and_mismatched_processes_are_refused() {
         (&["kv", "server", "--gpu", "0,1", "--timeout", "1"], "--gpu"),
         (&["kv", "client", "--peer", "00", "--iters", "0"], "--iters"),
         (&["kv", "client", "--peer", "zz"], "--peer"),
+        (
+            &[
+                "kv", "client", "--peer", "00", "--gap-us", "100", "--depth", "2",
+            ],
+            "--gap-us",
+        ),
     ];
     for (args, flag) in cases {
         let out = run(args);

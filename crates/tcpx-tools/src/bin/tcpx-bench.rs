@@ -314,6 +314,12 @@ struct KvCommon {
     /// request's blocks).
     #[arg(long, default_value_t = 1)]
     depth: usize,
+    /// Pause before each measured transfer, in microseconds (with --depth 1): the engines and
+    /// control loops go idle in between, as between a serving stack's requests, and the
+    /// figures show what a transfer after idle costs (GB/s then count the transfers' own
+    /// time, not the pauses). Only the client's value matters. 0: back to back.
+    #[arg(long, default_value_t = 0)]
+    gap_us: u64,
     #[command(flatten)]
     link: Link,
 }
@@ -984,6 +990,14 @@ fn kv_plan(k: &KvCommon, bind: SocketAddr) -> Result<(Config, kv::Plan), Failure
         min_bytes: check_size("--min-bytes", &k.min_bytes, 0)?,
         warmup: k.warmup,
         depth: check_count("--depth", k.depth)?,
+        gap: if k.gap_us > 0 && k.depth != 1 {
+            return Err(bad(format!(
+                "--gap-us {}: pauses between transfers need --depth 1",
+                k.gap_us
+            )));
+        } else {
+            Duration::from_micros(k.gap_us)
+        },
         channels: link.channels,
         chunk: link.chunk,
         baseline: link.baseline,

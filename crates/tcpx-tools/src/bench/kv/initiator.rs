@@ -307,6 +307,10 @@ impl Initiator<'_> {
         let mut clock = Instant::now();
         while done < rest {
             while posted < rest && in_flight.len() < plan.depth {
+                if !plan.gap.is_zero() && posted >= plan.warmup {
+                    // A measured transfer after a pause (depth 1: nothing is in flight).
+                    std::thread::sleep(plan.gap);
+                }
                 posted += 1;
                 in_flight.push_back(start(posted)?);
             }
@@ -318,7 +322,12 @@ impl Initiator<'_> {
                 latencies.push(took);
             }
         }
-        let elapsed = clock.elapsed();
+        // With pauses, the transfers' own time: the clock also ran through the pauses.
+        let elapsed = if plan.gap.is_zero() {
+            clock.elapsed()
+        } else {
+            latencies.iter().sum()
+        };
         Ok(Measured {
             phase,
             gbps: stats::gbps(self.shape.bytes() * transfers, elapsed),

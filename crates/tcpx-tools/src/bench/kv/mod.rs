@@ -219,6 +219,9 @@ pub struct Plan {
     pub warmup: usize,
     /// Transfers in flight at once.
     pub depth: usize,
+    /// Pause before each measured transfer (with `depth` 1; zero: none). Only the initiator
+    /// acts on it, so it is not part of the [`Plan::fingerprint`].
+    pub gap: Duration,
     /// Channels (and raw-TCP streams).
     pub channels: usize,
     /// Chunk size: how the raw-TCP baseline cuts a transfer, as the stack does.
@@ -397,6 +400,7 @@ mod tests {
             min_bytes: 0,
             warmup: 1,
             depth: 1,
+            gap: Duration::ZERO,
             channels: 2,
             chunk: 1 << 19,
             baseline: true,
@@ -417,5 +421,11 @@ mod tests {
             ..plan.clone()
         };
         assert_ne!(plan.fingerprint(), other.fingerprint());
+        // Only the initiator pauses: the server need not be given the same gap.
+        let paused = Plan {
+            gap: Duration::from_millis(5),
+            ..plan.clone()
+        };
+        assert_eq!(plan.fingerprint(), paused.fingerprint());
     }
 }

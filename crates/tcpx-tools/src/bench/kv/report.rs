@@ -216,7 +216,7 @@ pub fn preamble(plan: &Plan, path: &str) -> String {
          by one-sided {}; contiguous: the same bytes as one block; send/recv: two-sided, each \
          acknowledged; raw TCP: {} streams, the same bytes back to back\n\
          # a fresh connection per shape; `first` rows: a phase's first transfer alone (not in \
-         the steady figures), its time under p50; {}",
+         the steady figures), its time under p50; {}{}",
         plan.depth,
         ops.join(" and "),
         plan.channels,
@@ -224,6 +224,15 @@ pub fn preamble(plan: &Plan, path: &str) -> String {
             "every byte checked after each phase's timed part (not in the figures)"
         } else {
             "not verified"
+        },
+        if plan.gap.is_zero() {
+            String::new()
+        } else {
+            format!(
+                "\n# each measured transfer starts {} µs after the previous one finished (--gap-us): \
+                 GB/s over the transfers' own time",
+                plan.gap.as_micros()
+            )
         }
     )
 }
@@ -241,6 +250,7 @@ mod tests {
             min_bytes: 0,
             warmup: 0,
             depth: 1,
+            gap: Duration::ZERO,
             channels: 2,
             chunk: 1 << 19,
             baseline: true,
