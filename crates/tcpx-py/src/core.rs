@@ -245,9 +245,9 @@ impl Core {
                 .map(|(mr, _)| mr.region.clone())
                 .collect()
         };
-        for region in &regions {
-            warm_up(&conn, region);
-        }
+        // Dropped on purpose on failure: the first transfer registers again and raises its
+        // own error, naming the transfer.
+        let _ = conn.warm_up_all(&regions);
         let id = st.next_conn.fetch_add(1, Ordering::Relaxed);
         st.conns
             .write()

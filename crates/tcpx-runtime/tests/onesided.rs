@@ -989,6 +989,37 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     assert!(eventually(DEADLINE, || b.live_registrations() == 0));
 }
 
+/// `Connection::warm_up_all` registers many regions in one go, skipping what is cached, and
+/// the writes from them then register nothing.
+#[test]
+fn warming_up_many_regions_at_once() {
+    loopback();
+    let channels = 2;
+    let (a, b, ab, _ba) = pair(channels, 64 << 10);
+    let per_region = 2 * usize::from(channels);
+    let sources: Vec<_> = (0..16).map(|i| source(&a, 64 << 10, 50 + i)).collect();
+    ab.warm_up(&sources[0]).unwrap();
+    assert_eq!(a.live_registrations(), per_region);
+    ab.warm_up_all(&sources).unwrap();
+    assert_eq!(a.live_registrations(), sources.len() * per_region);
+    let dst = b.alloc_host(64 << 10).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    for (i, src) in sources.iter().enumerate() {
+        let w = ab
+            .write(
+                &[Segment::new(src, 0, 64 << 10)],
+                &[RemoteSegment::new(d, 0, 64 << 10)],
+                None,
+            )
+            .unwrap();
+        assert_eq!(w.wait(DEADLINE).unwrap(), 64 << 10);
+        assert_pattern(&dst, 0, 64 << 10, 50 + i as u64, &format!("write {i}"));
+    }
+    assert_eq!(a.live_registrations(), sources.len() * per_region);
+    drop(sources);
+    assert!(eventually(DEADLINE, || a.live_registrations() == 0));
+}
+
 /// A target that closes as soon as it sees a write's notification (a NIXL agent torn down
 /// once its peer said "done") must not take the initiator's acknowledgement with it: the
 /// write landed, so the initiator's transfer completes instead of failing with `PeerClosed`.

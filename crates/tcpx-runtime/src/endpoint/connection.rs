@@ -564,6 +564,24 @@ impl Connection {
         Ok(())
     }
 
+    /// [`Self::warm_up`] for many regions at once: every engine is asked for all of their
+    /// registrations before any answer is awaited (a connection set up after a thousand
+    /// registrations does not pay a thousand round trips to its engines). Returns the first
+    /// failure; what registered stays.
+    pub fn warm_up_all(&self, regions: &[Region]) -> Result<()> {
+        let mut failure = None;
+        // Staged regions are never registered: their lanes' rings are what they need.
+        if let Some(staging) = regions.iter().find_map(crate::engine::job::staging_for) {
+            if let Err(e) = self.prepare_staging(&staging) {
+                failure.get_or_insert(e);
+            }
+        }
+        if let Err(e) = self.rma.carrier.preregister(regions) {
+            failure.get_or_insert(e);
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
     /// Waits (up to the configured timeout) for pending transfers to finish, then closes.
     /// Returns an error if some were still pending (they then fail with [`Error::Closed`]).
     pub fn close(self) -> Result<()> {
