@@ -477,9 +477,13 @@ impl Endpoint {
     /// a region again gives it a fresh key and retires the old descriptor. A staged CUDA
     /// region ([`Region::is_staged`]) is advertised as CUDA memory and served through the
     /// engines' pinned rings; one request's list must not mix it with other memory.
+    ///
+    /// The region is registered on every live connection's one-sided comms here (and on
+    /// later connections as they are set up), so that a peer's first operation on it does
+    /// not wait for that.
     pub fn advertise(&self, region: &Region) -> Result<Descriptor> {
         let descriptor = self.shared.one_sided.adverts.advertise(region)?;
-        self.shared.one_sided.registered_everywhere(region);
+        self.shared.one_sided.register_everywhere(region);
         Ok(descriptor)
     }
 

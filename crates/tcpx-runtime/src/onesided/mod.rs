@@ -107,18 +107,19 @@
 //! a plugin error or an unanswered operation past the configured timeout fails the
 //! connection, and with it every pending operation on both sides.
 
-pub mod descriptor;
-/// The payloads of the one-sided control messages; they live in [`crate::control::rma`], with
-/// the messages that carry them.
-pub use crate::control::rma as wire;
-
-pub(crate) mod adverts;
 use std::sync::{Arc, Mutex, Weak};
 
 use tcpx_proto::coalesce;
 
 use crate::carrier::Carrier;
 use crate::registry::Region;
+
+pub mod descriptor;
+/// The payloads of the one-sided control messages; they live in [`crate::control::rma`], with
+/// the messages that carry them.
+pub use crate::control::rma as wire;
+
+pub(crate) mod adverts;
 pub(crate) mod inbox;
 pub(crate) mod pack;
 pub(crate) mod state;
@@ -163,7 +164,7 @@ impl OneSidedShared {
 
     /// Registers a newly advertised `region` on every connection's one-sided carrier, both
     /// ways (see [`Self::adopt`]).
-    pub(crate) fn registered_everywhere(&self, region: &Region) {
+    pub(crate) fn register_everywhere(&self, region: &Region) {
         let carriers: Vec<Arc<Carrier>> = self
             .carriers
             .lock()
