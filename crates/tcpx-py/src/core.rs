@@ -516,7 +516,9 @@ impl Core {
             .cloned()
             .collect();
         for conn in &conns {
-            warm_up(conn, &mr.region);
+            // Dropped on purpose on failure: the first transfer registers again and raises
+            // its own error, naming the transfer.
+            let _ = conn.warm_up_all(std::slice::from_ref(&mr.region));
         }
         Ok(id)
     }
@@ -905,11 +907,4 @@ impl Drop for Core {
         // the owner's drop).
         unsafe { ManuallyDrop::drop(&mut self.state) };
     }
-}
-
-/// Registers `region` on `conn`'s one-sided comms ahead of its first transfer there. A failure
-/// is dropped on purpose: that transfer registers the region again and raises its own error,
-/// naming the transfer.
-fn warm_up(conn: &Connection, region: &Region) {
-    let _ = conn.warm_up(region);
 }

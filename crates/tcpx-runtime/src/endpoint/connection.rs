@@ -555,13 +555,7 @@ impl Connection {
     /// [`Self::register`] (the two-sided comms) does not touch. A staged CUDA region is never
     /// registered with the plugin: for it this does what [`Self::register`] does.
     pub fn warm_up(&self, region: &Region) -> Result<()> {
-        if region.is_staged() {
-            return self.register(region);
-        }
-        let rma = &self.rma.carrier;
-        rma.register_region(region, Direction::Send)?;
-        rma.register_region(region, Direction::Recv)?;
-        Ok(())
+        self.warm_up_all(std::slice::from_ref(region))
     }
 
     /// [`Self::warm_up`] for many regions at once: every engine is asked for all of their

@@ -51,8 +51,6 @@ impl AdvertBook {
         Ok(Descriptor::new(id, region.len() as u64, kind, key))
     }
 
-    /// Revokes `descriptor`; returns whether it was advertised and not yet revoked. Requests
-    /// already accepted run to completion.
     /// The regions advertised and not revoked.
     pub(crate) fn live_regions(&self) -> Vec<Region> {
         self.lock()
@@ -61,6 +59,8 @@ impl AdvertBook {
             .collect()
     }
 
+    /// Revokes `descriptor`; returns whether it was advertised and not yet revoked. Requests
+    /// already accepted run to completion.
     pub(crate) fn revoke(&self, descriptor: &Descriptor) -> bool {
         let mut adverts = self.lock();
         match adverts.get_mut(&descriptor.region_id()) {
