@@ -383,12 +383,7 @@ impl Carrier {
     /// Fails the link, and returns `false`, when the peer runs too far ahead of this side's
     /// transfers.
     #[must_use]
-    pub(crate) fn on_peer_segments(
-        &self,
-        transfer_id: u64,
-        lens: Vec<u64>,
-        chunk_bytes: u32,
-    ) -> bool {
+    pub(crate) fn on_peer_segments(&self, transfer_id: u64, lens: Vec<u64>) -> bool {
         let key = local_key_of_peer_segments(transfer_id);
         let waiting = {
             let mut book = self.segments();
@@ -411,7 +406,7 @@ impl Carrier {
             }
         };
         if let Some(job) = waiting {
-            apply_segments(&job, &lens, chunk_bytes);
+            apply_segments(&job, &lens);
         }
         true
     }
@@ -429,11 +424,11 @@ impl Carrier {
 
 /// Builds a vectored job's schedule from both segment lists and publishes it; a mismatch
 /// fails the connection (both applications disagree on what this transfer is).
-pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64], chunk_bytes: u32) {
+pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64]) {
     let link = &job.link;
     // Two-sided transfers never spread: the receiver posts without knowing how busy the
     // sender is, and staged memory pays per chunk (see `Link::schedule`).
-    match link.schedule(&job.local_lens(), remote, chunk_bytes, false) {
+    match link.schedule(&job.local_lens(), remote, false) {
         Ok(schedule) => {
             job.set_schedule(schedule.rotated(job.seq));
             link.wake_engines(Signal::Wake);

@@ -9,7 +9,7 @@
 //! | `TCPX_PLUGIN_PATH` / `UCCL_TCPX_PLUGIN_PATH` | plugin `.so` to load | search, then built-in |
 //! | `TCPX_BACKEND` | `auto`, `builtin`, or a path | `auto` |
 //! | `TCPX_NUM_CHANNELS` / `UCCL_TCPX_NUM_CHANNELS` | channels per connection (a connection uses the smaller of both peers' counts) | 4 |
-//! | `TCPX_CHUNK_BYTES` / `UCCL_TCPX_CHUNK_BYTES` | chunk size (`524288`, `512K`, `1M`) | 512 KiB |
+//! | `TCPX_CHUNK_BYTES` / `UCCL_TCPX_CHUNK_BYTES` | chunk size (`524288`, `512K`, `1M`; a connection uses the smaller of both peers' sizes) | 512 KiB |
 //! | `TCPX_WINDOW` | requests in flight per comm (1..=16) | 16 |
 //! | `TCPX_TIMEOUT_MS` | set-up and per-transfer timeout | 30000 |
 //! | `TCPX_CONTROL_ADDR` | control listener (`ip:port`) | `0.0.0.0:0` |
@@ -142,7 +142,8 @@ pub struct Config {
     /// Channels (comm pairs) this endpoint offers per connection; a connection uses the
     /// smaller of both peers' counts.
     pub channels: u16,
-    /// Chunk size: one plugin request carries at most this many bytes; both peers must agree.
+    /// Chunk size: one plugin request carries at most this many bytes; a connection uses the
+    /// smaller of both peers' sizes.
     pub chunk_bytes: u32,
     /// Requests in flight per comm (TCPX allows 16).
     pub window: usize,

@@ -59,6 +59,9 @@ pub(crate) struct Link {
     /// The peer's control address: how errors name the peer.
     pub(crate) peer: SocketAddr,
     pub(crate) channels: u16,
+    /// The largest chunk of this link's schedules (plugin requests carry at most this):
+    /// the smaller of both sides' chunk sizes, as both compute from the two `Hello`s.
+    pub(crate) chunk_bytes: u32,
     /// How many channels a lone small transfer is spread over (agreed with the peer; see
     /// [`Schedule::spread_over`]).
     spread: u16,
@@ -103,6 +106,7 @@ impl Link {
     pub(crate) fn new(
         peer: SocketAddr,
         channels: u16,
+        chunk_bytes: u32,
         spread: u16,
         timeout: Duration,
         engines: Vec<Box<dyn Wake>>,
@@ -112,6 +116,7 @@ impl Link {
             id: NEXT_LINK_ID.fetch_add(1, Ordering::Relaxed),
             peer,
             channels,
+            chunk_bytes,
             spread,
             timeout,
             failed: AtomicBool::new(false),
@@ -130,7 +135,7 @@ impl Link {
     }
 
     /// The schedule of a transfer on this link: `local_lens` against the peer's
-    /// `remote_lens`, cut into `chunk_bytes` chunks over the link's channels and, with
+    /// `remote_lens`, cut into the link's chunks over its channels and, with
     /// `spread`, cut finer over the width agreed with the peer. Every schedule of the link is
     /// built here, so that both sides cut alike (both must pass the same `spread`: a one-sided
     /// request carries it); callers rotate it by the number both sides know.
@@ -138,11 +143,10 @@ impl Link {
         &self,
         local_lens: &[u64],
         remote_lens: &[u64],
-        chunk_bytes: u32,
         spread: bool,
     ) -> Result<Schedule, ScheduleError> {
         let width = if spread { self.spread } else { 1 };
-        Schedule::vectored(local_lens, remote_lens, chunk_bytes, self.channels)
+        Schedule::vectored(local_lens, remote_lens, self.chunk_bytes, self.channels)
             .map(|s| s.spread_over(width))
     }
 

@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use tcpx_runtime::control::{ControlConn, EndpointInfo, Message};
 use tcpx_runtime::{Backend, Config, Endpoint, Error};
 
 const KIB: usize = 1 << 10;
@@ -146,23 +147,49 @@ fn unmatched_transfers_time_out_naming_channel_and_peer() {
 #[test]
 fn incompatible_peers_are_refused_naming_both_values() {
     loopback();
-    // Channel counts may differ (the connection takes the smaller: `channel_agreement.rs`);
-    // chunk sizes may not, and both sides say why.
+    // Channel counts and chunk sizes may differ (the connection takes the smaller of each:
+    // `agreement.rs`); a foreign plugin or a chunk size of 0 may not, and the refusal names
+    // what differs on both sides: in the acceptor's error and in the `Error` the peer gets.
     let a = Endpoint::new(config(2, 512 * KIB as u32)).unwrap();
-    let c = Endpoint::new(config(2, 256 * KIB as u32)).unwrap();
     let meta = a.metadata().clone();
-    let (ra, rc) = std::thread::scope(|s| {
-        let accepted = s.spawn(|| a.accept_timeout(DEADLINE));
-        let rc = c.connect(&meta);
-        (accepted.join().unwrap(), rc)
-    });
-    for (side, result) in [("acceptor", ra.map(|_| ())), ("connector", rc.map(|_| ()))] {
-        let err = result.unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.contains("524288") && text.contains("262144"),
-            "{side}: {text}"
-        );
+    let own_plugin = a.backend().name.clone();
+    let hello = |plugin_name: &str, chunk_bytes: u32| EndpointInfo {
+        ip: meta.control_addr.ip(),
+        gpu_pci: None,
+        channels: 2,
+        plugin_name: plugin_name.into(),
+        abi_version: 8,
+        chunk_bytes,
+        gpu_index: None,
+        spread: 1,
+        eager_bytes: 0,
+    };
+    for (info, wanted) in [
+        (
+            hello("GPUDirectTCPX_v7", 512 * KIB as u32),
+            ["plugin", "GPUDirectTCPX_v7"],
+        ),
+        (hello(&own_plugin, 0), ["chunk size", "this side 524288"]),
+    ] {
+        let (accepted, answer) = std::thread::scope(|s| {
+            let accepted = s.spawn(|| a.accept_timeout(DEADLINE));
+            let mut peer = ControlConn::connect(meta.control_addr, DEADLINE).unwrap();
+            peer.send(&Message::hello_presenting(info, Some(meta.secret)))
+                .unwrap();
+            // The acceptor answers with its own `Hello`, then with why it stops.
+            let own = peer.recv(DEADLINE);
+            assert!(matches!(own, Ok(Message::Hello { .. })), "{own:?}");
+            (accepted.join().unwrap(), peer.recv(DEADLINE))
+        });
+        let local = accepted.map(|_| ()).unwrap_err().to_string();
+        let Ok(Message::Error { message, .. }) = answer else {
+            panic!("the peer was answered {answer:?}, not an error");
+        };
+        for text in [&local, &message] {
+            for w in wanted {
+                assert!(text.contains(w), "{w:?} missing from: {text}");
+            }
+        }
     }
 }
 

@@ -39,8 +39,6 @@ pub(crate) struct BatchContext<'a> {
     pub(crate) order: &'a Mutex<u64>,
     /// The connection's pack buffers for batches.
     pub(crate) pool: &'a PackPool,
-    /// Chunk size of the schedule.
-    pub(crate) chunk_bytes: u32,
     /// How long a wait on the transfer spins before sleeping.
     pub(crate) spin: std::time::Duration,
 }
@@ -112,7 +110,7 @@ pub(crate) fn submit(
     };
     let mut next = cx.order.lock().unwrap_or_else(|p| p.into_inner());
     let seq = *next;
-    let schedule = packed_schedule(total, cx.chunk_bytes, &cx.carrier.link, seq, false)
+    let schedule = packed_schedule(total, &cx.carrier.link, seq, false)
         .map_err(|e| Error::InvalidArgument(format!("batch #{seq}: {e}")))?;
     let spec = JobSpec {
         direction,

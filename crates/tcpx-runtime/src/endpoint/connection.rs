@@ -115,6 +115,7 @@ impl Connection {
         let link = Arc::new(Link::new(
             peer,
             channels,
+            established.chunk_bytes,
             spread,
             config.timeout,
             wakers(),
@@ -123,6 +124,7 @@ impl Connection {
         let rma_link = Arc::new(Link::new(
             peer,
             channels,
+            established.chunk_bytes,
             spread,
             config.timeout,
             wakers(),
@@ -252,14 +254,7 @@ impl Connection {
         // Advertised regions are registered on the new one-sided link now (and regions
         // advertised later as they come), not by the first operation that names them.
         shared.one_sided.adopt(&rma_carrier);
-        conn.watcher = Some(watch::spawn(
-            carrier,
-            reader,
-            stop,
-            config.chunk_bytes,
-            rma,
-            wakeup,
-        )?);
+        conn.watcher = Some(watch::spawn(carrier, reader, stop, rma, wakeup)?);
         Ok(conn)
     }
 
@@ -529,7 +524,6 @@ impl Connection {
                 Direction::Recv => &self.recv_order,
             },
             pool: &self.batch_pack,
-            chunk_bytes: self.shared.config.chunk_bytes,
             spin: self.shared.config.wait_spin,
         }
     }
@@ -645,12 +639,7 @@ impl Connection {
         if vectored {
             self.pair_segments(&job);
         } else {
-            match self.link.schedule(
-                &[job.len],
-                &[job.len],
-                self.shared.config.chunk_bytes,
-                false,
-            ) {
+            match self.link.schedule(&[job.len], &[job.len], false) {
                 // Rotating by the sequence number spreads a stream of small transfers over
                 // every channel; the peer rotates its matching transfer the same way.
                 Ok(schedule) => job.set_schedule(schedule.rotated(seq)),
@@ -666,7 +655,7 @@ impl Connection {
     /// first, or when the watcher receives it).
     fn pair_segments(&self, job: &Arc<Job>) {
         if let Some(remote) = self.carrier.await_peer_segments(job) {
-            crate::carrier::apply_segments(job, &remote, self.shared.config.chunk_bytes);
+            crate::carrier::apply_segments(job, &remote);
         }
         let message = Message::Segments {
             transfer_id: segments_id(job.direction, job.seq),
@@ -681,7 +670,7 @@ impl Connection {
 
     /// Makes the staging rings of both halves (two-sided and one-sided lanes) for `staging`.
     fn prepare_staging(&self, staging: &Staging) -> Result<()> {
-        let slot_bytes = self.shared.config.chunk_bytes as usize;
+        let slot_bytes = self.link.chunk_bytes as usize;
         let made = self.carrier.prepare_staging(staging, slot_bytes)?
             + self.rma.carrier.prepare_staging(staging, slot_bytes)?;
         if made > 0 {

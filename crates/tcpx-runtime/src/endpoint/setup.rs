@@ -3,10 +3,11 @@
 //! 1. `Hello` both ways, the connecting side's first (presenting the secret from the
 //!    accepting side's metadata, if it has it): the accepting side answers only a `Hello`
 //!    that carries its secret when [`Config::require_secret`](crate::Config) is on, so a
-//!    stranger learns nothing. Chunk size, plugin and protocol version must agree, or the
-//!    set-up fails with `INCOMPATIBLE` naming both values. The channel count need not: the
-//!    connection uses the smaller of the two (N below), as both sides compute from the
-//!    two `Hello`s — a decode server started with 4 channels takes a prefill peer's 8;
+//!    stranger learns nothing. Plugin and protocol version must agree, or the set-up fails
+//!    with `INCOMPATIBLE` naming both values. Channel count and chunk size need not: the
+//!    connection uses the smaller of each (N channels below), as both sides compute from
+//!    the two `Hello`s — a decode server started with 4 channels and 256 KiB chunks takes a
+//!    prefill peer's 8 channels of 512 KiB;
 //! 2. each side listens once per channel (channel `c` on device `c mod devices`) — 2N
 //!    channels: N two-sided ones, then N for one-sided traffic (see [`crate::onesided`] for
 //!    why they are separate), then, when both sides offer eager frames (`eager_bytes` in
@@ -36,6 +37,9 @@ pub(crate) struct Established {
     pub(crate) peer_info: EndpointInfo,
     /// Channels each way: the smaller of both sides' counts ([`agreed_channels`]).
     pub(crate) channels: u16,
+    /// Largest plugin request of the connection's schedules: the smaller of both sides'
+    /// chunk sizes ([`agreed_chunk_bytes`]).
+    pub(crate) chunk_bytes: u32,
     /// Largest message both sides send in eager frames; 0: no eager comms.
     pub(crate) eager_bytes: u32,
     pub(crate) sends: Vec<SendComm>,
@@ -140,6 +144,10 @@ fn handshake(
     if channels < shared.config.channels {
         tracing::info!(target: "tcpx_runtime", %peer, own = shared.config.channels, peer_channels = peer_info.channels, "the peer offers fewer channels: the connection uses its count");
     }
+    let chunk_bytes = agreed_chunk_bytes(shared.config.chunk_bytes, peer_info.chunk_bytes);
+    if chunk_bytes < shared.config.chunk_bytes {
+        tracing::info!(target: "tcpx_runtime", %peer, own = shared.config.chunk_bytes, peer_chunk_bytes = peer_info.chunk_bytes, "the peer cuts smaller chunks: the connection uses its size");
+    }
     let eager_bytes = agreed_eager_bytes(shared.info.eager_bytes, peer_info.eager_bytes);
     // N two-sided channels, then N one-sided (RMA) ones, then N eager ones when both sides
     // offer eager frames; channel k · N + c uses c's device.
@@ -232,6 +240,7 @@ fn handshake(
     Ok(Established {
         peer_info,
         channels,
+        chunk_bytes,
         eager_bytes,
         sends: sends.into_iter().flatten().collect(),
         recvs: recvs.into_iter().flatten().collect(),
@@ -268,6 +277,14 @@ pub(crate) fn agreed_channels(local: u16, peer: u16) -> u16 {
     local.min(peer)
 }
 
+/// The chunk size a connection's schedules use: the smaller of both sides' sizes. Both sides
+/// cut every transfer alike from it (a receive is posted for each chunk the peer sends), and
+/// every buffer sized by this side's own chunk (staging slots, the discard region) holds it.
+/// ([`check_compatible`] refused a peer announcing 0.)
+pub(crate) fn agreed_chunk_bytes(local: u32, peer: u32) -> u32 {
+    local.min(peer)
+}
+
 /// The eager size a connection uses: the smaller of both sides' offers, 0 if either is 0.
 pub(crate) fn agreed_eager_bytes(local: u32, peer: u32) -> u32 {
     local.min(peer)
@@ -290,10 +307,10 @@ fn check_compatible(
             local.channels
         ));
     }
-    if local.chunk_bytes != peer.chunk_bytes {
+    if peer.chunk_bytes == 0 {
         return Err(format!(
-            "chunk size: this side {} bytes, peer {} bytes",
-            local.chunk_bytes, peer.chunk_bytes
+            "chunk size: the peer announced 0 bytes (this side {})",
+            local.chunk_bytes
         ));
     }
     if local.plugin_name != peer.plugin_name {
@@ -333,6 +350,20 @@ mod tests {
     }
 
     #[test]
+    fn both_sides_agree_on_the_smaller_chunk_size() {
+        for (a, b) in [
+            (1, 1),
+            (4096, 1 << 20),
+            (1 << 20, 4096),
+            (7, 3),
+            (u32::MAX, 512),
+        ] {
+            assert_eq!(agreed_chunk_bytes(a, b), agreed_chunk_bytes(b, a));
+            assert_eq!(agreed_chunk_bytes(a, b), a.min(b));
+        }
+    }
+
+    #[test]
     fn secrets_are_checked_only_when_required() {
         let own = crate::control::random_secret();
         let other = crate::control::random_secret();
@@ -352,8 +383,10 @@ mod tests {
         assert!(check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(2, 1024)).is_ok());
         let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(0, 1024)).unwrap_err();
         assert!(e.contains("none") && e.contains("this side 4"), "{e}");
-        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 4096)).unwrap_err();
-        assert!(e.contains("1024") && e.contains("4096"), "{e}");
+        // Chunk sizes too (the connection takes the smaller), but not 0.
+        assert!(check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 4096)).is_ok());
+        let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION, &info(4, 0)).unwrap_err();
+        assert!(e.contains("chunk") && e.contains("this side 1024"), "{e}");
         let e = check_compatible(&info(4, 1024), PROTOCOL_VERSION + 1, &info(4, 1024)).unwrap_err();
         assert!(e.contains("protocol"), "{e}");
     }

@@ -54,7 +54,6 @@ pub(crate) fn spawn(
     carrier: Arc<Carrier>,
     reader: ControlConn,
     stop: Arc<AtomicBool>,
-    chunk_bytes: u32,
     rma: Arc<Rma>,
     wakeup: Arc<Wakeup>,
 ) -> Result<JoinHandle<()>> {
@@ -62,15 +61,7 @@ pub(crate) fn spawn(
         .name(format!("tcpx-ctl-{}", carrier.link.id))
         .spawn(move || {
             let mut acks = Acknowledger::default();
-            run(
-                &carrier,
-                reader,
-                &stop,
-                chunk_bytes,
-                &rma,
-                &wakeup,
-                &mut acks,
-            );
+            run(&carrier, reader, &stop, &rma, &wakeup, &mut acks);
             // Nobody flushes for a thread that queues a frame from now on: it writes its own
             // (or learns that the stream is gone). What was queued before leaves now.
             wakeup.going_to_sleep();
@@ -97,7 +88,6 @@ fn run(
     carrier: &Carrier,
     mut reader: ControlConn,
     stop: &AtomicBool,
-    chunk_bytes: u32,
     rma: &Rma,
     wakeup: &Arc<Wakeup>,
     acks: &mut Acknowledger,
@@ -137,7 +127,7 @@ fn run(
             match reader.next_buffered() {
                 Some(Ok(message)) => {
                     frames += 1;
-                    if let Next::Exit = on_message(carrier, rma, chunk_bytes, message, acks) {
+                    if let Next::Exit = on_message(carrier, rma, message, acks) {
                         return;
                     }
                     continue;
@@ -219,13 +209,7 @@ fn run(
 }
 
 /// Handles one frame from the peer.
-fn on_message(
-    carrier: &Carrier,
-    rma: &Rma,
-    chunk_bytes: u32,
-    message: Message,
-    acks: &mut Acknowledger,
-) -> Next {
+fn on_message(carrier: &Carrier, rma: &Rma, message: Message, acks: &mut Acknowledger) -> Next {
     let link = &carrier.link;
     let peer = link.peer;
     match message {
@@ -241,7 +225,7 @@ fn on_message(
             }
         }
         Message::Segments { transfer_id, lens } => {
-            if !carrier.on_peer_segments(transfer_id, lens, chunk_bytes) {
+            if !carrier.on_peer_segments(transfer_id, lens) {
                 return Next::Exit;
             }
         }

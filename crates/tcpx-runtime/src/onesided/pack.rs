@@ -81,12 +81,11 @@ impl PackSide {
 /// segment each), rotated by the operation id like every one-sided schedule.
 pub(crate) fn packed_schedule(
     total: u64,
-    chunk_bytes: u32,
     link: &Link,
     op_id: u64,
     spread: bool,
 ) -> std::result::Result<Schedule, crate::schedule::ScheduleError> {
-    link.schedule(&[total], &[total], chunk_bytes, spread)
+    link.schedule(&[total], &[total], spread)
         .map(|s| s.rotated(op_id))
 }
 

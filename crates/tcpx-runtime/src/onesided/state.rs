@@ -267,7 +267,7 @@ impl Rma {
         spread: bool,
     ) -> Result<Schedule> {
         self.link
-            .schedule(local_lens, remote_lens, self.config.chunk_bytes, spread)
+            .schedule(local_lens, remote_lens, spread)
             .map(|s| s.rotated(op_id))
             .map_err(|e| Error::InvalidArgument(e.to_string()))
     }
@@ -329,7 +329,7 @@ impl Rma {
         cut: OpCut,
     ) -> Result<(Vec<Piece>, Schedule)> {
         let OpCut { op_id, spread } = cut;
-        let schedule = packed_schedule(len, self.config.chunk_bytes, &self.link, op_id, spread)
+        let schedule = packed_schedule(len, &self.link, op_id, spread)
             .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
         let pieces = match lease {
             // Staged: the lanes gather each chunk's pieces into their ring slots (or scatter
@@ -631,7 +631,7 @@ impl Rma {
         if let Some((region, registration)) = scratch.as_ref() {
             return Ok((region.memory().clone(), registration.clone()));
         }
-        let memory = tcpx::SharedMemory::host(self.config.chunk_bytes as usize)
+        let memory = tcpx::SharedMemory::host(self.link.chunk_bytes as usize)
             .map_err(|e| Error::Internal(format!("cannot allocate the discard region: {e}")))?;
         let region = Region::new(memory.clone());
         let registration = self.carrier.register_region(&region, Direction::Recv)?;

@@ -126,7 +126,7 @@ impl Rma {
     ) -> Result<Schedule> {
         let own = super::state::remote_lens(entries);
         self.link
-            .schedule(&own, peer_lens, self.config.chunk_bytes, spread)
+            .schedule(&own, peer_lens, spread)
             .map(|s| s.rotated(op_id))
             .map_err(|e| self.violation(format!("one-sided request #{op_id}: {e}")))
     }
@@ -322,9 +322,8 @@ impl Rma {
                 (PackedInto::Host(Vec::new()), Some(refusal))
             }
         };
-        let schedule =
-            super::pack::packed_schedule(total, self.config.chunk_bytes, &self.link, op_id, spread)
-                .map_err(|e| self.violation(format!("packed request #{op_id}: {e}")))?;
+        let schedule = super::pack::packed_schedule(total, &self.link, op_id, spread)
+            .map_err(|e| self.violation(format!("packed request #{op_id}: {e}")))?;
         let (pieces, staging, schedule, pack) = match (into, &refusal) {
             (PackedInto::Staged(regions, staging), _) => {
                 let (pieces, staging) =
