@@ -376,10 +376,15 @@ impl P2pEndpoint {
     }
 
     /// Registers several buffers -> `(ok, [mr_id, ...])` (all or none).
-    fn regv(&self, py: Python<'_>, ptrs: Vec<u64>, sizes: Vec<u64>) -> (bool, Vec<u64>) {
+    fn regv(&self, py: Python<'_>, ptrs: Vec<u64>, sizes: Vec<u64>) -> PyResult<(bool, Vec<u64>)> {
         if ptrs.len() != sizes.len() {
-            errors::remember(Failure::bad("ptrs and sizes must match"));
-            return (false, Vec::new());
+            // UCCL raises here (a caller's bug), rather than reporting `ok = False`.
+            return Err(Failure::bad(format!(
+                "regv: ptrs and sizes must match ({} pointers, {} sizes)",
+                ptrs.len(),
+                sizes.len()
+            ))
+            .into_py(py));
         }
         let core = self.core.clone();
         let r = py.detach(|| {
@@ -399,13 +404,13 @@ impl P2pEndpoint {
             }
             Ok(ids)
         });
-        match r {
+        Ok(match r {
             Ok(ids) => (true, ids),
             Err(f) => {
                 errors::remember(f);
                 (false, Vec::new())
             }
-        }
+        })
     }
 
     /// Deregisters -> ok (revokes its advertisement; transfers in flight finish).
@@ -644,6 +649,14 @@ impl P2pEndpoint {
             Some(v) => Some(v.extract()?),
             None => num_iovs,
         };
+        // UCCL answers a failed `advertisev` with `num_iovs` zeroed blobs, so that a script
+        // indexing the list fails on the peer's side (refused), not with an IndexError here.
+        // Never more than the lists hold: a wild `num_iovs` must not allocate.
+        let expected = match (&mr_id_v, num_iovs) {
+            (Some(m), Some(n)) => n.min(m.len()),
+            (Some(m), None) => m.len(),
+            (None, _) => 0,
+        };
         let r = (|| {
             if let Some(c) = conn {
                 self.core.conn(c)?;
@@ -663,7 +676,8 @@ impl P2pEndpoint {
             Ok(blobs) => (true, blobs.iter().map(|b| PyBytes::new(py, b)).collect()),
             Err(f) => {
                 errors::remember(f);
-                (false, Vec::new())
+                let zeroed = PyBytes::new(py, &[0u8; blob::ADVERT_BYTES]);
+                (false, vec![zeroed; expected])
             }
         })
     }
@@ -1110,7 +1124,11 @@ impl P2pEndpoint {
             Ok(b) => (true, PyBytes::new(py, &b)),
             Err(f) => {
                 errors::remember(f);
-                (false, PyBytes::new(py, b""))
+                // Zeroed, as UCCL's: no owner issues an all-zero descriptor.
+                (
+                    false,
+                    PyBytes::new(py, &[0u8; tcpx_runtime::IpcDescriptor::BYTES]),
+                )
             }
         }
     }
@@ -1132,6 +1150,7 @@ impl P2pEndpoint {
             )));
             return (false, Vec::new());
         }
+        let ranges = ptr_v.len();
         let core = self.core.clone();
         let r = py.detach(move || {
             ptr_v
@@ -1149,7 +1168,9 @@ impl P2pEndpoint {
             Ok(v) => (true, v.iter().map(|b| PyBytes::new(py, b)).collect()),
             Err(f) => {
                 errors::remember(f);
-                (false, Vec::new())
+                // One zeroed descriptor per range, as UCCL.
+                let zeroed = PyBytes::new(py, &[0u8; tcpx_runtime::IpcDescriptor::BYTES]);
+                (false, vec![zeroed; ranges])
             }
         }
     }

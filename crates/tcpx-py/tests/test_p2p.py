@@ -178,6 +178,14 @@ def test_bad_input_gives_ok_false(pair):
         assert p2p.last_error() is not None, name
     with pytest.raises(ValueError):
         p2p.Endpoint.parse_metadata(b"123")
+    # Where UCCL raises, or hands back zeroed blobs on failure, so do we.
+    with pytest.raises(RuntimeError, match="ptrs and sizes must match"):
+        client.regv([p, p + 16], [16])
+    ok, blobs = client.advertisev([mr, mr], [p, p + 4000], [16, 200], 2)
+    assert not ok and blobs == [bytes(64)] * 2, blobs
+    assert "not inside" in p2p.last_error()[1], p2p.last_error()
+    ok, blobs = client.advertisev([mr], [p], [16], 10**12)
+    assert not ok and blobs == [bytes(64)], "a wild num_iovs allocates nothing"
 
 
 def test_blob_checks_and_forged_key_refused_by_peer(pair):

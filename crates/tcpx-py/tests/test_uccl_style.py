@@ -518,7 +518,9 @@ def test_ipc_family_connects_and_refuses_without_a_gpu(monkeypatch):
     buf = np.zeros(4096, np.uint8)
     # Host memory has no CUDA IPC handle.
     ok, info = a.advertise_ipc(cid_a, buf.ctypes.data, 4096)
-    assert not ok and info == b"" and "CUDA" in p2p.last_error()[1]
+    assert not ok and info == bytes(128) and "CUDA" in p2p.last_error()[1]
+    ok, infos = a.advertisev_ipc(cid_a, [buf.ctypes.data] * 2, [64, 64])
+    assert not ok and infos == [bytes(128)] * 2 and "range 0" in p2p.last_error()[1]
     # Not an info blob.
     assert b.write_ipc(cid_b, buf.ctypes.data, 64, b"x") is False
     assert p2p.last_error()[0] == "BadArgument" and "advertise_ipc blob" in p2p.last_error()[1]

@@ -22,12 +22,16 @@ there):
 * kept from older UCCL: the two-sided calls (``send`` / ``recv`` / ``sendv`` / ``recvv`` and
   ``_async``), ``get_endpoint_metadata``, and the notification calls of UCCL's engine API
   (``send_notif``, ``get_notifs``);
-* same-host CUDA IPC (``connect_local``, ``accept_local``, ``advertise_ipc``, ``*_ipc``):
-  UCCL's signatures, reporting ``ok = False`` ("not yet wired") for now.
+* same-host CUDA IPC (``connect_local``, ``accept_local``, ``advertise_ipc`` /
+  ``advertisev_ipc``, ``write_ipc`` / ``read_ipc`` / ``writev_ipc`` / ``readv_ipc`` and their
+  ``_async`` forms): UCCL's signatures; the GPUs' own copy engines move the bytes (a list in
+  one kernel launch), no socket carries them.
 
-Failures give ``ok = False`` and :func:`last_error` says why; the calls where UCCL raises
-(``transfer`` with bad arguments, ``deserialize_descs`` of garbage, ``register_memory`` of
-something that is not memory) raise :class:`tcpx.BadArgument`, which is also a
+Failures give ``ok = False`` and :func:`last_error` says why; where UCCL still hands back
+blobs on failure (``advertisev``, ``advertise_ipc``, ``advertisev_ipc``) they are zeroed, one
+per range, as UCCL's. The calls where UCCL raises (``transfer`` with bad arguments,
+``deserialize_descs`` of garbage, ``register_memory`` of something that is not memory,
+``regv`` with lists of different lengths) raise :class:`tcpx.BadArgument`, which is also a
 ``RuntimeError`` as UCCL's. Ctrl-C raises ``KeyboardInterrupt``. An endpoint is usable in
 the process that created it: after ``fork()`` the child's calls on an inherited endpoint
 fail (``Closed``), while endpoints the child creates work.
