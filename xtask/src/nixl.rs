@@ -3,7 +3,10 @@
 //! - Builds `libtcpx.so` (release, `tcpx-capi`) and `libplugin_TCPX.so` from
 //!   `integrations/nixl/src` with the system C++ compiler (`$CXX`, else `c++`), C++17, hidden
 //!   visibility and a version script, into `target/nixl/plugins/` next to a copy of
-//!   `libtcpx.so` (the plugin's RUNPATH is `$ORIGIN`). Point NIXL at that directory with
+//!   `libtcpx.so` (the plugin's RPATH is `$ORIGIN`: an RPATH, not a RUNPATH, so that the copy
+//!   beside it wins over any `libtcpx.so` on `LD_LIBRARY_PATH` — `cargo run` puts
+//!   `target/debug` there, and a stale one made NIXL report the backend as unsupported, the
+//!   plugin failing to load on a missing symbol). Point NIXL at that directory with
 //!   `NIXL_PLUGIN_DIR`. Fails if the plugin exports anything but NIXL's two entry points.
 //! - `--test` creates `target/nixl/venv` (PyPI `nixl-cu12==1.5.1` without its optional torch
 //!   dependency, and numpy) once, then runs `integrations/nixl/tests/test_agents.py`: two NIXL
@@ -216,7 +219,11 @@ fn build(root: &Path) -> Result<PathBuf> {
                 "-Wl,--version-script={}",
                 src.join("exports.map").display()
             ))
-            .args(["-Wl,-z,defs", "-Wl,-rpath,$ORIGIN"])
+            .args([
+                "-Wl,-z,defs",
+                "-Wl,--disable-new-dtags",
+                "-Wl,-rpath,$ORIGIN",
+            ])
             .arg(format!("-L{}", out.display()))
             .args(["-ltcpx", "-pthread"]),
     )?;

@@ -44,9 +44,9 @@
  * formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
  * `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.
  * 5: `tcpx_local_connection_prepare_ipc`. 6: `tcpx_endpoint_options.eager_bytes`, appended;
- * the options of minor 0–5 hosts are still taken.)
+ * the options of minor 0–5 hosts are still taken. 7: `tcpx_endpoint_stop_accepting`.)
  */
-#define TCPX_ABI_VERSION_MINOR 6
+#define TCPX_ABI_VERSION_MINOR 7
 
 /**
  * `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
@@ -855,11 +855,21 @@ tcpx_status tcpx_endpoint_create(const struct tcpx_endpoint_options *options,
  * revoked, and their handles become stale. Transfer handles stay valid (they report the
  * failure) until released. Never blocks longer than the connections' timeout (each engine
  * is given that long to let go). An accept blocked in another thread on this endpoint
- * returns at its own timeout.
+ * (network or same-host) returns `TCPX_ERR_CLOSED` at once, as after
+ * `tcpx_endpoint_stop_accepting`.
  * Thread safety: any thread; calls on the endpoint's objects racing with it fail with
  * `TCPX_ERR_STALE_HANDLE` or `TCPX_ERR_CLOSED`, never touch freed memory.
  */
 tcpx_status tcpx_endpoint_destroy(struct tcpx_endpoint endpoint);
+
+/**
+ * Ends every accept on `endpoint`, network and same-host: accepts blocked in other threads
+ * return `TCPX_ERR_CLOSED` at once, and so does every later one. For teardown: a host whose
+ * threads accept in a loop with a short timeout joins them without waiting for the running
+ * one to time out. Connections already made and connects are not affected. Idempotent.
+ * Thread safety: any thread.
+ */
+tcpx_status tcpx_endpoint_stop_accepting(struct tcpx_endpoint endpoint);
 
 /**
  * Fills `*info` with the endpoint's control address, plugin, channels, chunk size, timeout and

@@ -260,13 +260,16 @@ pub unsafe extern "C" fn tcpx_endpoint_create(
 /// revoked, and their handles become stale. Transfer handles stay valid (they report the
 /// failure) until released. Never blocks longer than the connections' timeout (each engine
 /// is given that long to let go). An accept blocked in another thread on this endpoint
-/// returns at its own timeout.
+/// (network or same-host) returns `TCPX_ERR_CLOSED` at once, as after
+/// `tcpx_endpoint_stop_accepting`.
 /// Thread safety: any thread; calls on the endpoint's objects racing with it fail with
 /// `TCPX_ERR_STALE_HANDLE` or `TCPX_ERR_CLOSED`, never touch freed memory.
 #[no_mangle]
 pub extern "C" fn tcpx_endpoint_destroy(endpoint: tcpx_endpoint) -> tcpx_status {
     guard("tcpx_endpoint_destroy", || {
         let obj = ENDPOINTS.remove(endpoint.id)?;
+        // Accepts blocked in other threads hold the endpoint: let them go first.
+        obj.endpoint.stop_accepting();
         for conn in CONNECTIONS.remove_where(|c| c.endpoint == endpoint.id) {
             conn.shut_down();
         }
@@ -279,6 +282,19 @@ pub extern "C" fn tcpx_endpoint_destroy(endpoint: tcpx_endpoint) -> tcpx_status 
         }
         drop(regions);
         drop(obj);
+        Ok(TCPX_OK)
+    })
+}
+
+/// Ends every accept on `endpoint`, network and same-host: accepts blocked in other threads
+/// return `TCPX_ERR_CLOSED` at once, and so does every later one. For teardown: a host whose
+/// threads accept in a loop with a short timeout joins them without waiting for the running
+/// one to time out. Connections already made and connects are not affected. Idempotent.
+/// Thread safety: any thread.
+#[no_mangle]
+pub extern "C" fn tcpx_endpoint_stop_accepting(endpoint: tcpx_endpoint) -> tcpx_status {
+    guard("tcpx_endpoint_stop_accepting", || {
+        objects::endpoint(endpoint)?.endpoint.stop_accepting();
         Ok(TCPX_OK)
     })
 }

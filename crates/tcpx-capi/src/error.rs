@@ -71,7 +71,7 @@ pub(crate) fn status_of(e: &Error) -> tcpx_status {
         Error::WaitTimedOut(_) => TCPX_PENDING,
         Error::PeerClosed { .. } => TCPX_ERR_PEER_CLOSED,
         Error::Mismatch { .. } => TCPX_ERR_PROTOCOL,
-        Error::Closed { .. } => TCPX_ERR_CLOSED,
+        Error::Closed { .. } | Error::AcceptStopped { .. } => TCPX_ERR_CLOSED,
         Error::Access { .. } => TCPX_ERR_ACCESS,
         Error::Rendezvous {
             timed_out: true, ..

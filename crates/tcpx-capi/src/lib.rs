@@ -65,8 +65,8 @@ pub const TCPX_ABI_VERSION_MAJOR: u32 = 1;
 /// formats, `tcpx_nixl_*`. 4: batches of small messages, `tcpx_connection_send_batch`,
 /// `tcpx_connection_recv_batch`, `tcpx_connection_reserve_batches`, `TCPX_BATCH_MAX_BYTES`.
 /// 5: `tcpx_local_connection_prepare_ipc`. 6: `tcpx_endpoint_options.eager_bytes`, appended;
-/// the options of minor 0–5 hosts are still taken.)
-pub const TCPX_ABI_VERSION_MINOR: u32 = 6;
+/// the options of minor 0–5 hosts are still taken. 7: `tcpx_endpoint_stop_accepting`.)
+pub const TCPX_ABI_VERSION_MINOR: u32 = 7;
 /// `(TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR`: what `tcpx_abi_version()`
 /// returns and what `tcpx_init()` takes.
 pub const TCPX_ABI_VERSION: u32 = (TCPX_ABI_VERSION_MAJOR << 16) | TCPX_ABI_VERSION_MINOR;

@@ -79,7 +79,7 @@ impl From<tcpx_runtime::Error> for Failure {
             },
             E::InvalidArgument(_) | E::Config(_) => Kind::BadArgument,
             E::Unsupported(_) => Kind::Unsupported,
-            E::Closed { .. } => Kind::Closed,
+            E::Closed { .. } | E::AcceptStopped { .. } => Kind::Closed,
             _ => Kind::Other,
         };
         Self::new(kind, e.to_string())

@@ -133,6 +133,13 @@ pub enum Error {
         /// The peer's control address.
         peer: SocketAddr,
     },
+    /// The endpoint stopped accepting ([`crate::Endpoint::stop_accepting`]) before a peer
+    /// arrived.
+    #[error("endpoint {local} stopped accepting")]
+    AcceptStopped {
+        /// The endpoint's control address.
+        local: SocketAddr,
+    },
     /// The peer refused a one-sided operation: an entry of its remote list names an unknown
     /// or revoked region, carries the wrong key, or lies outside the region. Nothing was
     /// written or read.

@@ -1,4 +1,4 @@
-//! Strangers on the control port: garbage, all `0xff`, a slow drip, an instant close, `TXCP`
+//! Strangers on the control port, and an endpoint that stops accepting: garbage, all `0xff`, a slow drip, an instant close, `TXCP`
 //! plus junk, an oversized or wrong first message, silent sockets held open, and tcpx peers
 //! without the endpoint's secret. None of them ends or delays `accept`: each is turned away
 //! on its own deadline while the real peer that connects after them gets through and moves
@@ -374,4 +374,47 @@ fn peers_that_arrive_before_accept_wait_for_it_and_those_that_gave_up_are_skippe
 fn refused_for_secret(err: &Error, why: &str) -> bool {
     let text = err.to_string();
     text.contains("secret") && text.contains(why) && text.contains("refused")
+}
+
+/// `stop_accepting` ends accepts blocked in other threads (network and same-host, each
+/// waiting a minute) at once, and every later one; connections already made keep working,
+/// and the endpoint still connects out.
+#[test]
+fn stopping_ends_blocked_accepts_at_once_and_spares_live_connections() {
+    let _serial = serial();
+    loopback();
+    let (a, b, ab, ba) = pair(2, 64 * KIB as u32);
+    let wait = Duration::from_secs(60);
+    let (network, local) = std::thread::scope(|s| {
+        let network = s.spawn(|| {
+            let start = Instant::now();
+            (a.accept_timeout(wait).map(|_| ()), start.elapsed())
+        });
+        let local = s.spawn(|| {
+            let start = Instant::now();
+            (a.accept_local_timeout(wait).map(|_| ()), start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        a.stop_accepting();
+        (network.join().unwrap(), local.join().unwrap())
+    });
+    for (what, (result, took)) in [("network", network), ("same-host", local)] {
+        let e = result.unwrap_err();
+        assert!(e.to_string().contains("stopped accepting"), "{what}: {e}");
+        assert!(
+            took < Duration::from_secs(20),
+            "{what} accept took {took:?}"
+        );
+    }
+    assert!(matches!(
+        a.accept_timeout(wait).map(|_| ()),
+        Err(Error::AcceptStopped { .. })
+    ));
+    a.stop_accepting();
+    // The live connection still moves bytes, and the endpoint still dials.
+    let (src, dst) = (source(&a, 300 * KIB, 5), b.alloc_host(300 * KIB).unwrap());
+    send_verified(&ab, &ba, &src, &dst, 300 * KIB, 5);
+    let (on_b, on_a) = connect(&b, &a);
+    let (src, dst) = (source(&a, 100 * KIB, 6), b.alloc_host(100 * KIB).unwrap());
+    send_verified(&on_a, &on_b, &src, &dst, 100 * KIB, 6);
 }

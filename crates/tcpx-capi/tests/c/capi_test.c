@@ -450,6 +450,66 @@ static void scenario_arguments(link_t unused) {
     }
 }
 
+/* ---------------------------------------------------------------- scenario: stop accepting */
+
+struct blocked_accept {
+    tcpx_endpoint ep;
+    int local; /* same-host accept, else network */
+    tcpx_status status;
+    double took;
+};
+
+static void *blocked_accept_run(void *arg) {
+    struct blocked_accept *b = arg;
+    double t0 = now_s();
+    if (b->local) {
+        tcpx_local_connection c;
+        b->status = tcpx_endpoint_accept_local(b->ep, wait_ms(), &c, NULL);
+    } else {
+        tcpx_connection c;
+        b->status = tcpx_endpoint_accept(b->ep, wait_ms(), &c, NULL);
+    }
+    b->took = now_s() - t0;
+    return NULL;
+}
+
+/* Accepts blocked in other threads (network and same-host, each waiting 30 s) end at once with
+ * TCPX_ERR_CLOSED when the endpoint stops accepting, or when it is destroyed. */
+static void scenario_stop_accepting(link_t unused) {
+    (void)unused;
+    for (int by_destroy = 0; by_destroy < 2; by_destroy++) {
+        tcpx_endpoint ep = make_endpoint(wait_ms(), -1);
+        struct blocked_accept b[2] = {{ep, 0, TCPX_OK, 0}, {ep, 1, TCPX_OK, 0}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+            ASSERT(pthread_create(&th[i], NULL, blocked_accept_run, &b[i]) == 0, "pthread_create");
+        usleep(200 * 1000); /* both are waiting by now (or start stopped: the same result) */
+        if (by_destroy) CHECK(tcpx_endpoint_destroy(ep));
+        else CHECK(tcpx_endpoint_stop_accepting(ep));
+        for (int i = 0; i < 2; i++) {
+            pthread_join(th[i], NULL);
+            ASSERT(b[i].status == TCPX_ERR_CLOSED, "%s accept after %s: %s",
+                   b[i].local ? "same-host" : "network", by_destroy ? "destroy" : "stop",
+                   tcpx_status_str(b[i].status));
+            ASSERT(b[i].took < 10.0, "a stopped accept took %.1f s", b[i].took);
+        }
+        if (!by_destroy) {
+            /* Later accepts fail at once too; stopping again is harmless. */
+            tcpx_connection c;
+            double t0 = now_s();
+            EXPECT(tcpx_endpoint_accept(ep, wait_ms(), &c, NULL), TCPX_ERR_CLOSED,
+                   "tcpx_endpoint_accept");
+            ASSERT(strstr(tcpx_last_error(), "stopped accepting") != NULL, "error: %s",
+                   tcpx_last_error());
+            ASSERT(now_s() - t0 < 10.0, "a stopped accept took %.1f s", now_s() - t0);
+            CHECK(tcpx_endpoint_stop_accepting(ep));
+            CHECK(tcpx_endpoint_destroy(ep));
+            EXPECT(tcpx_endpoint_stop_accepting(ep), TCPX_ERR_STALE_HANDLE,
+                   "tcpx_endpoint_stop_accepting");
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- scenario: secret */
 
 /* Set by the connecting side once its refused connect returned. */
@@ -1675,6 +1735,8 @@ int main(int argc, char **argv) {
         else if (r_ == 0) failed++;               \
     } while (0)
     RUN("arguments, handles and errors", "args", scenario_arguments, NULL, NULL, 0);
+    RUN("stop accepting: blocked accepts end at once (stop, destroy)", "stop", scenario_stop_accepting,
+        NULL, NULL, 0);
     RUN("connect by address refused by an endpoint that requires its secret", "secret",
         scenario_secret, NULL, NULL, 0);
     RUN("two-sided: contiguous, vectored, threaded, pending", "server", two_sided_server, "client",

@@ -142,14 +142,15 @@ impl Endpoint {
 
     /// [`accept_local`](Self::accept_local), waiting at most `wait` for a peer to arrive.
     /// Connections of other users, and sockets that do not say a valid hello in time, are
-    /// turned away (logged) while this keeps waiting.
+    /// turned away (logged) while this keeps waiting. After
+    /// [`stop_accepting`](Self::stop_accepting) it fails at once (`Closed`).
     pub fn accept_local_timeout(&self, wait: Duration) -> Result<LocalConnection> {
         let (hello, default_gpu) = self.local_hello();
         self.local.listeners.accept(
             &self.local.shared,
             &self.local.links,
-            &hello,
-            default_gpu,
+            (&hello, default_gpu),
+            self.accept_stop.fd(),
             wait,
         )
     }

@@ -14,6 +14,7 @@ pub mod connection;
 
 pub use engine_plan::EnginePlan;
 
+mod accept_stop;
 mod admission;
 mod batch;
 mod descriptors;
@@ -86,6 +87,8 @@ pub struct Endpoint {
     /// Turns strangers away and queues real peers for `accept`; stops (and closes what it
     /// holds) when dropped.
     admission: Admission,
+    /// Ends every accept at once ([`Endpoint::stop_accepting`]).
+    accept_stop: accept_stop::AcceptStop,
     /// The Prometheus exporter ([`Config::metrics_addr`]); stops when dropped.
     exporter: Option<Exporter>,
     /// Same-host peers: the rendezvous (closed when dropped) and what local connections share.
@@ -270,10 +273,13 @@ impl Endpoint {
             )?),
             None => None,
         };
+        let accept_stop = accept_stop::AcceptStop::new()
+            .map_err(|e| Error::Internal(format!("the accept stop's socket pair: {e}")))?;
         Ok(Self {
             shared,
             metadata,
             admission,
+            accept_stop,
             exporter,
             local: local_side,
         })
@@ -332,12 +338,26 @@ impl Endpoint {
     /// [`Endpoint::accept`], waiting at most `wait` for a peer to arrive (set-up then has
     /// the configured timeout). On timeout the error counts the connections turned away since
     /// the last timed-out accept said so (during this wait, or while none was waiting) and
-    /// names the last one.
+    /// names the last one. After [`stop_accepting`](Self::stop_accepting) it fails at once
+    /// with [`Error::AcceptStopped`].
     pub fn accept_timeout(&self, wait: Duration) -> Result<Connection> {
         let admission = &self.admission;
         let deadline = Instant::now() + wait;
+        let stopped = || Error::AcceptStopped {
+            local: self.metadata.control_addr,
+        };
         loop {
-            let candidate = match admission.ready.recv_deadline(deadline) {
+            if self.accept_stop.is_stopped() {
+                return Err(stopped());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ready = crossbeam_channel::select! {
+                recv(admission.ready) -> c => c.map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
+                // Nothing is ever sent on it: ready means stopped (its sender dropped).
+                recv(self.accept_stop.signal()) -> _ => return Err(stopped()),
+                default(left) => Err(crossbeam_channel::RecvTimeoutError::Timeout),
+            };
+            let candidate = match ready {
                 Ok(c) => c,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     let rejected = admission.rejections.take_unreported();
@@ -369,6 +389,16 @@ impl Endpoint {
                 },
             );
         }
+    }
+
+    /// Ends every accept of this endpoint, network and same-host: those waiting in other
+    /// threads return [`Error::AcceptStopped`] (`Closed` for same-host ones) at once, and so
+    /// does every later call. For teardown: an application whose threads accept in a loop
+    /// stops them without waiting for their timeouts. Connections already made, connects,
+    /// and peers dialing this endpoint are not affected (peers wait in the admission queue
+    /// until the endpoint is dropped). Idempotent.
+    pub fn stop_accepting(&self) {
+        self.accept_stop.stop();
     }
 
     /// Connects to the endpoint `peer` describes, presenting its secret (so this works with

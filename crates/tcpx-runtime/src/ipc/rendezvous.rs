@@ -6,6 +6,7 @@
 //! this protocol's version with our boot id. Anything else — another user, garbage, silence
 //! past the hello deadline — is turned away (logged) while `accept` keeps waiting.
 
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use super::identity::gpu_socket_name;
 use super::link::LocalLink;
 use super::links::Links;
 use super::shared::IpcShared;
-use super::socket;
+use super::socket::{self, Accepted};
 use super::wire::{read_msg, Hello, Msg, LOCAL_PROTOCOL_VERSION};
 use crate::error::{Error, LocalErrorKind, Result};
 
@@ -73,13 +74,15 @@ impl Listeners {
         alias.as_ref().map(|(bus, _)| bus.clone())
     }
 
-    /// Waits up to `wait` for a peer and sets the connection up.
+    /// Waits up to `wait` for a peer and sets the connection up; ends at once, with
+    /// [`LocalErrorKind::Closed`], when `stop` is or becomes readable (the endpoint stopped
+    /// accepting).
     pub(crate) fn accept(
         &self,
         shared: &Arc<IpcShared>,
         links: &Links,
-        me: &Hello,
-        default_gpu: Option<usize>,
+        (me, default_gpu): (&Hello, Option<usize>),
+        stop: BorrowedFd<'_>,
         wait: Duration,
     ) -> Result<LocalConnection> {
         let primary = self.primary.as_ref().map_err(|why| Error::Local {
@@ -106,12 +109,19 @@ impl Listeners {
                 }
                 // Short rounds, so a name claimed meanwhile is served too.
                 let round = deadline.min(Instant::now() + Duration::from_millis(100));
-                socket::accept_any(&listeners, round)
+                socket::accept_any(&listeners, stop, round)
             };
             let stream = match accepted {
-                Ok(Some(s)) => s,
-                Ok(None) if Instant::now() < deadline => continue,
-                Ok(None) => {
+                Ok(Accepted::Stream(s)) => s,
+                Ok(Accepted::Stopped) => {
+                    return Err(Error::Local {
+                        peer: "-".into(),
+                        kind: LocalErrorKind::Closed,
+                        what: format!("@{} stopped accepting", shared.name),
+                    })
+                }
+                Ok(Accepted::TimedOut) if Instant::now() < deadline => continue,
+                Ok(Accepted::TimedOut) => {
                     return Err(Error::Local {
                         peer: "-".into(),
                         kind: LocalErrorKind::Timeout,

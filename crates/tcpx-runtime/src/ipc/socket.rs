@@ -7,7 +7,7 @@
 //! trust a byte: a process of another user that squats a name, or dials one, is refused.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
@@ -21,18 +21,35 @@ pub(crate) fn bind(name: &str) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Accepts one connection on any of `listeners` before `deadline`; `Ok(None)` when the
-/// deadline passed. The stream is returned in blocking mode.
+/// What [`accept_any`] came back with.
+#[derive(Debug)]
+pub(crate) enum Accepted {
+    /// A connection, in blocking mode.
+    Stream(UnixStream),
+    /// The deadline passed with nobody there.
+    TimedOut,
+    /// `stop` turned readable: the endpoint stopped accepting.
+    Stopped,
+}
+
+/// Accepts one connection on any of `listeners` before `deadline`, unless `stop` (a
+/// descriptor that turns readable for good when accepting ends) is or becomes readable
+/// first: a stopped accept takes nothing, even a connection already pending.
 pub(crate) fn accept_any(
     listeners: &[&UnixListener],
+    stop: BorrowedFd<'_>,
     deadline: Instant,
-) -> io::Result<Option<UnixStream>> {
+) -> io::Result<Accepted> {
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if poll_readable(listeners, stop, left)? {
+            return Ok(Accepted::Stopped);
+        }
         for l in listeners {
             match l.accept() {
                 Ok((stream, _)) => {
                     stream.set_nonblocking(false)?;
-                    return Ok(Some(stream));
+                    return Ok(Accepted::Stream(stream));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -41,20 +58,23 @@ pub(crate) fn accept_any(
                 Err(e) => return Err(e),
             }
         }
-        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Ok(None);
+            return Ok(Accepted::TimedOut);
         }
-        poll_readable(listeners, left)?;
     }
 }
 
-/// Waits until one of `listeners` has a connection pending or `wait` passed.
-fn poll_readable(listeners: &[&UnixListener], wait: Duration) -> io::Result<()> {
-    let mut fds: Vec<libc::pollfd> = listeners
-        .iter()
-        .map(|l| libc::pollfd {
-            fd: l.as_raw_fd(),
+/// Waits until one of `listeners` has a connection pending, `stop` is readable or `wait`
+/// passed; returns whether `stop` is readable.
+fn poll_readable(
+    listeners: &[&UnixListener],
+    stop: BorrowedFd<'_>,
+    wait: Duration,
+) -> io::Result<bool> {
+    let mut fds: Vec<libc::pollfd> = std::iter::once(stop.as_raw_fd())
+        .chain(listeners.iter().map(|l| l.as_raw_fd()))
+        .map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         })
@@ -62,15 +82,17 @@ fn poll_readable(listeners: &[&UnixListener], wait: Duration) -> io::Result<()> 
     // Rounded up: a sub-millisecond remainder must still wait, not spin.
     let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: `fds` is a live array of `fds.len()` pollfd structs that poll may write the
-    // `revents` of; the descriptors stay open (borrowed from `listeners`) during the call.
+    // `revents` of; the descriptors stay open (borrowed from `listeners` and `stop`) during
+    // the call.
     let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+        return Ok(false);
     }
-    Ok(())
+    Ok(fds[0].revents != 0)
 }
 
 /// Connects to the abstract name `name`, retrying while nobody listens there yet (the peer
@@ -139,27 +161,39 @@ pub(crate) fn uid() -> u32 {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::os::fd::AsFd;
 
     #[test]
     fn bind_connect_accept_and_credentials() {
         let name = format!("tcpx-ipc-test/{}/{:?}", std::process::id(), Instant::now());
         let l = bind(&name).unwrap();
-        // Nothing pending: a short accept returns None at its deadline.
-        assert!(
-            accept_any(&[&l], Instant::now() + Duration::from_millis(20))
-                .unwrap()
-                .is_none()
-        );
+        let (poke, stop) = UnixStream::pair().unwrap();
+        let accept = |wait: Duration| accept_any(&[&l], stop.as_fd(), Instant::now() + wait);
+        // Nothing pending: a short accept times out at its deadline.
+        assert!(matches!(
+            accept(Duration::from_millis(20)).unwrap(),
+            Accepted::TimedOut
+        ));
         let mut c = connect(&name, Instant::now() + Duration::from_secs(5)).unwrap();
-        let mut s = accept_any(&[&l], Instant::now() + Duration::from_secs(5))
-            .unwrap()
-            .unwrap();
+        let Accepted::Stream(mut s) = accept(Duration::from_secs(5)).unwrap() else {
+            panic!("the pending connection was not accepted");
+        };
         assert_eq!(peer_cred(&s).unwrap(), (std::process::id(), uid()));
         assert_eq!(peer_cred(&c).unwrap(), (std::process::id(), uid()));
         c.write_all(b"hi").unwrap();
         let mut buf = [0u8; 2];
         s.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"hi");
+        // Once `stop` is readable, accepts end at once and take nothing, even a connection
+        // already pending.
+        let _pending = connect(&name, Instant::now() + Duration::from_secs(5)).unwrap();
+        drop(poke);
+        let start = Instant::now();
+        assert!(matches!(
+            accept(Duration::from_secs(30)).unwrap(),
+            Accepted::Stopped
+        ));
+        assert!(start.elapsed() < Duration::from_secs(10));
         // The name is taken while the listener lives, free again after.
         assert!(bind(&name).is_err());
         drop(l);
