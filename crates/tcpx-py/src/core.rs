@@ -22,7 +22,8 @@ use crate::descs::{RemoteKey, RemoteRange};
 use crate::errors::{Failure, Kind, Outcome};
 use crate::fork::Origin;
 
-/// How long the passive-accept thread waits for a peer before looking at its stop flag.
+/// How long the passive-accept thread waits for a peer before looking at its stop flag (a
+/// closing endpoint does not wait for it: it stops the accept, see [`Core::close`]).
 const ACCEPT_SLICE: Duration = Duration::from_millis(20);
 
 /// One registration of the runtime: a region and its address range. Several `mr_id`s may
@@ -838,7 +839,12 @@ impl Core {
         let passive = st.passive.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(p) = passive {
             p.stop.store(true, Ordering::Relaxed);
-            // It notices within one accept slice; a panic in it has nothing left to report.
+            // Ends the accept it waits in at once (else it would notice at the slice's end;
+            // scripts that make and close endpoints in a loop paid that each time).
+            if let Ok(endpoint) = self.endpoint() {
+                endpoint.stop_accepting();
+            }
+            // A panic in it has nothing left to report.
             let _ = p.thread.join();
         }
         self.close_locals();
