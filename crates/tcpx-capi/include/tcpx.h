@@ -381,7 +381,8 @@ typedef struct tcpx_endpoint_options {
      */
     uint32_t channels;
     /**
-     * Chunk size in bytes (one plugin request carries at most this); both peers must agree.
+     * Chunk size in bytes (one plugin request carries at most this); a connection uses the
+     * smaller of both peers' sizes.
      * 0: unset.
      */
     uint32_t chunk_bytes;

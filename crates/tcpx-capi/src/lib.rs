@@ -211,7 +211,8 @@ pub struct tcpx_endpoint_options {
     /// Channels (comm pairs) offered per connection; a connection uses the smaller of both
     /// peers' counts. 0: unset.
     pub channels: u32,
-    /// Chunk size in bytes (one plugin request carries at most this); both peers must agree.
+    /// Chunk size in bytes (one plugin request carries at most this); a connection uses the
+    /// smaller of both peers' sizes.
     /// 0: unset.
     pub chunk_bytes: u32,
     /// Requests in flight per comm (1..=16). 0: unset.

@@ -149,8 +149,8 @@ Status toNixl(tcpx_status s) {
 
 Params Engine::options() {
     return {
-        {"channels", ""},      // channels per connection (TCPX_NUM_CHANNELS); peers must agree
-        {"chunk_bytes", ""},   // chunk size in bytes (TCPX_CHUNK_BYTES); peers must agree
+        {"channels", ""},      // channels per connection (TCPX_NUM_CHANNELS); peers use the smaller
+        {"chunk_bytes", ""},   // chunk size in bytes (TCPX_CHUNK_BYTES); peers use the smaller
         {"window", ""},        // requests in flight per comm, 1..16
         {"timeout_ms", ""},    // connection set-up and per-transfer timeout (TCPX_TIMEOUT_MS)
         {"plugin", ""},        // "auto", "builtin" or an ncclNet plugin path (TCPX_PLUGIN_PATH)
