@@ -2,7 +2,7 @@
 //! endpoint creation, the connection's set-up, its first one-sided write, then closing the
 //! connection and dropping the endpoints (as an agent's destructor does), for three pairs in
 //! turn in one process (the first pair is the process's first connection). Loopback, host
-//! memory.
+//! memory. Also the process's resident memory the connection added (both ends are in it).
 //!
 //!     cargo run --release -p tcpx-runtime --example first_connection -- [CHANNELS] [BYTES]
 
@@ -27,6 +27,18 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The process's resident memory in MiB (`VmRSS`), 0 where /proc does not say.
+fn resident_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Loopback only (see the README's network rule), unless the caller chose an interface.
     if std::env::var_os("TCPX_SOCKET_IFNAME").is_none() {
@@ -44,6 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let dst = b.alloc_host(bytes)?;
         let target = b.advertise(&dst)?;
         let meta = b.metadata().clone();
+        let before = resident_mib();
         let t = Instant::now();
         let (ab, ba) = std::thread::scope(|s| {
             let accepted = s.spawn(|| b.accept_timeout(TIMEOUT));
@@ -52,6 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         let ab = ab?;
         let connect = t.elapsed();
+        let added = resident_mib() - before;
         let t = Instant::now();
         ab.write(
             &[Segment::new(&src, 0, bytes)],
@@ -71,8 +85,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         drop(b);
         let teardown = t.elapsed();
         println!(
-            "pair {pair}: endpoints {:.1} ms, connection {:.2} ms, first write of {bytes} B {:.3} ms, \
-             connections closed {:.2} ms, endpoints dropped {:.2} ms",
+            "pair {pair}: endpoints {:.1} ms, connection {:.2} ms (+{added:.1} MiB resident), \
+             first write of {bytes} B {:.3} ms, connections closed {:.2} ms, endpoints dropped \
+             {:.2} ms",
             ms(endpoints),
             ms(connect),
             ms(write),

@@ -297,7 +297,9 @@ impl EagerChannel {
         } = new;
         let send_buffers = (0..SEND_BUFFERS)
             .map(|_| {
-                let memory = SharedMemory::host(FRAME_HEAD + EAGER_FRAME_BYTES)?;
+                // Lazy: a connection that sends few small messages touches a few pages of
+                // its frames, not all of them (see `HostBuffer::lazy`).
+                let memory = SharedMemory::host_lazy(FRAME_HEAD + EAGER_FRAME_BYTES)?;
                 let region = send.register(&memory)?;
                 Ok(SendBuffer {
                     memory,
@@ -311,7 +313,7 @@ impl EagerChannel {
             .collect::<tcpx::Result<Vec<_>>>()?;
         let recv_frames = (0..RECV_FRAMES)
             .map(|_| {
-                let memory = SharedMemory::host(EAGER_FRAME_BYTES)?;
+                let memory = SharedMemory::host_lazy(EAGER_FRAME_BYTES)?;
                 let region = recv.register(&memory)?;
                 Ok(RecvFrame {
                     memory,
