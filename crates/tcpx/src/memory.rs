@@ -45,19 +45,10 @@ pub unsafe trait Memory: Send + Sync + 'static {
     }
 }
 
-/// [`HostBuffer::lazy`] buffers from this size on are mapped straight from the kernel
-/// (`mmap`), whose pages are zero and take memory only once touched; smaller ones come from
-/// the allocator (a system call and a mapping each would cost more than they save).
-pub const MAP_THRESHOLD: usize = 64 << 10;
-
-/// A zeroed, 4 KiB-aligned host allocation: resident at once ([`HostBuffer::new`]: the
-/// allocator, every page cleared), or page by page as it is first touched
-/// ([`HostBuffer::lazy`]).
+/// A zeroed, 4 KiB-aligned host allocation.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    /// Mapped with `mmap` (freed with `munmap`), else from the global allocator.
-    mapped: bool,
 }
 
 // SAFETY: HostBuffer uniquely owns its allocation; it is plain bytes.
@@ -66,71 +57,25 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`], every page resident: what an
-    /// application moves from or into should not pay its page faults during its first
-    /// transfer.
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`].
     pub fn new(len: usize) -> Result<Self> {
-        Self::allocate(len, false)
-    }
-
-    /// [`HostBuffer::new`], but from [`MAP_THRESHOLD`] bytes on mapped from the kernel: zero
-    /// pages that take memory only once touched. For buffers of which only a part may ever be
-    /// used: a connection's eager frames (about 2 MiB per channel and side) cost a connection
-    /// that moves only large transfers 35 MiB of resident memory per pair and milliseconds of
-    /// clearing at set-up when allocated with `new`.
-    pub fn lazy(len: usize) -> Result<Self> {
-        Self::allocate(len, true)
-    }
-
-    fn allocate(len: usize, lazy: bool) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid(
                 "HostBuffer::new",
                 "a buffer must hold at least one byte",
             ));
         }
-        let out_of_memory = |why: String| {
-            Error::new(
-                "HostBuffer::new",
-                ErrorKind::InvalidArgument(format!("out of memory allocating {len} bytes{why}")),
-                "",
-            )
-        };
-        if lazy && len >= MAP_THRESHOLD {
-            // SAFETY: a fresh private anonymous mapping: no address hint, no descriptor; the
-            // result is checked against MAP_FAILED below.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if ptr == libc::MAP_FAILED {
-                let e = std::io::Error::last_os_error();
-                return Err(out_of_memory(format!(" (mmap: {e})")));
-            }
-            let ptr = NonNull::new(ptr.cast::<u8>())
-                .ok_or_else(|| out_of_memory(" (mmap returned null)".into()))?;
-            // Page-aligned, so BUFFER_ALIGN-aligned.
-            return Ok(Self {
-                ptr,
-                len,
-                mapped: true,
-            });
-        }
         let layout = Self::layout(len)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| out_of_memory(String::new()))?;
-        Ok(Self {
-            ptr,
-            len,
-            mapped: false,
-        })
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::new(
+                "HostBuffer::new",
+                ErrorKind::InvalidArgument(format!("out of memory allocating {len} bytes")),
+                "",
+            )
+        })?;
+        Ok(Self { ptr, len })
     }
 
     fn layout(len: usize) -> Result<Layout> {
@@ -158,11 +103,6 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if self.mapped {
-            // SAFETY: mapped in `new` with exactly this address and length, unmapped once.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-            return;
-        }
         if let Ok(layout) = Self::layout(self.len) {
             // SAFETY: allocated in `new` with this very layout.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
@@ -304,12 +244,6 @@ impl SharedMemory {
     /// Allocates a shared [`HostBuffer`] of `len` bytes.
     pub fn host(len: usize) -> Result<Self> {
         Ok(Self::new(HostBuffer::new(len)?))
-    }
-
-    /// Zeroed host memory whose pages take memory only once touched
-    /// ([`HostBuffer::lazy`]).
-    pub fn host_lazy(len: usize) -> Result<Self> {
-        Ok(Self::new(HostBuffer::lazy(len)?))
     }
 
     /// Start address.
@@ -592,50 +526,6 @@ mod tests {
         assert!(b.as_slice().iter().all(|&x| x == 0));
         assert!(HostBuffer::new(0).is_err());
         assert!(HostBuffer::new(usize::MAX).is_err());
-        assert!(HostBuffer::new(usize::MAX / 2).is_err());
-    }
-
-    /// Pages of `b` resident in memory (`mincore`).
-    fn resident_pages(b: &HostBuffer) -> usize {
-        let page = 4096;
-        let mut vec = vec![0u8; b.len().div_ceil(page)];
-        // SAFETY: `b` is a live page-aligned mapping of `b.len()` bytes and `vec` holds one
-        // byte per page of it, as mincore writes.
-        let rc = unsafe { libc::mincore(b.as_ptr().cast(), b.len(), vec.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
-        vec.iter().filter(|&&v| v & 1 != 0).count()
-    }
-
-    #[test]
-    fn large_host_buffers_take_memory_only_once_touched() {
-        let len = 64 << 20;
-        let mut b = HostBuffer::lazy(len).unwrap();
-        assert!(b.mapped && len >= MAP_THRESHOLD);
-        assert_eq!(b.as_ptr() as usize % BUFFER_ALIGN, 0);
-        assert_eq!(
-            resident_pages(&b),
-            0,
-            "nothing resident before the first touch"
-        );
-        b.as_mut_slice()[len / 2] = 7;
-        let resident = resident_pages(&b);
-        assert!(
-            resident >= 1 && resident < len / 4096,
-            "{resident} pages after one write"
-        );
-        let bytes = b.as_slice();
-        assert_eq!(bytes[len / 2], 7);
-        assert!(bytes
-            .iter()
-            .enumerate()
-            .all(|(i, &x)| x == 0 || i == len / 2));
-        // Just under the threshold: from the allocator, zeroed all the same; `new` is resident
-        // at once whatever its size.
-        let small = HostBuffer::lazy(MAP_THRESHOLD - 1).unwrap();
-        assert!(!small.mapped && small.as_slice().iter().all(|&x| x == 0));
-        let eager = HostBuffer::new(4 << 20).unwrap();
-        assert!(!eager.mapped && resident_pages(&eager) == (4 << 20) / 4096);
-        assert!(HostBuffer::lazy(usize::MAX / 2).is_err());
     }
 
     #[test]

@@ -295,11 +295,15 @@ impl EagerChannel {
             recv,
             counter,
         } = new;
+        // Resident from the start (about 2 MiB per channel and side), on purpose: mapped lazily
+        // (zero pages faulted in on first touch) a connection's set-up took 2-3 ms instead of
+        // 4-7 and 33 MiB less memory per pair, but its first small messages paid the faults
+        // (a first 16 KiB send/recv 77-118 us against 28-36); populated with
+        // MADV_POPULATE_WRITE at set-up it took 12-43 ms, where the allocator reuses freed heap
+        // (H100, twentieth session of issue 25, `examples/first_connection`).
         let send_buffers = (0..SEND_BUFFERS)
             .map(|_| {
-                // Lazy: a connection that sends few small messages touches a few pages of
-                // its frames, not all of them (see `HostBuffer::lazy`).
-                let memory = SharedMemory::host_lazy(FRAME_HEAD + EAGER_FRAME_BYTES)?;
+                let memory = SharedMemory::host(FRAME_HEAD + EAGER_FRAME_BYTES)?;
                 let region = send.register(&memory)?;
                 Ok(SendBuffer {
                     memory,
@@ -313,7 +317,7 @@ impl EagerChannel {
             .collect::<tcpx::Result<Vec<_>>>()?;
         let recv_frames = (0..RECV_FRAMES)
             .map(|_| {
-                let memory = SharedMemory::host_lazy(EAGER_FRAME_BYTES)?;
+                let memory = SharedMemory::host(EAGER_FRAME_BYTES)?;
                 let region = recv.register(&memory)?;
                 Ok(RecvFrame {
                     memory,

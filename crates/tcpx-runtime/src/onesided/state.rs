@@ -631,8 +631,7 @@ impl Rma {
         if let Some((region, registration)) = scratch.as_ref() {
             return Ok((region.memory().clone(), registration.clone()));
         }
-        // Lazy: refused writes are rare and most land in a few pages of it.
-        let memory = tcpx::SharedMemory::host_lazy(self.link.chunk_bytes as usize)
+        let memory = tcpx::SharedMemory::host(self.link.chunk_bytes as usize)
             .map_err(|e| Error::Internal(format!("cannot allocate the discard region: {e}")))?;
         let region = Region::new(memory.clone());
         let registration = self.carrier.register_region(&region, Direction::Recv)?;
