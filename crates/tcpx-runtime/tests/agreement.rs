@@ -131,6 +131,18 @@ fn peers_with_different_chunk_sizes_use_the_smaller() {
             config(channels.1, theirs as u32),
         );
         let what = format!("{mine} against {theirs} byte chunks");
+        for (side, conn) in [("acceptor", &ab), ("connector", &ba)] {
+            assert_eq!(
+                conn.chunk_bytes() as usize,
+                mine.min(theirs),
+                "{side}: {what}"
+            );
+            assert_eq!(
+                conn.channels(),
+                channels.0.min(channels.1),
+                "{side}: {what}"
+            );
+        }
 
         // Two-sided, both ways: contiguous messages of many (agreed) chunks, so that a side
         // cutting by its own size would post receives the peer never sends.

@@ -286,6 +286,12 @@ impl Connection {
         self.link.channels
     }
 
+    /// The largest chunk of this connection's transfers (one plugin request carries at most
+    /// this): the smaller of both sides' configured sizes.
+    pub fn chunk_bytes(&self) -> u32 {
+        self.link.chunk_bytes
+    }
+
     /// Counters per channel.
     pub fn stats(&self) -> Vec<ChannelStats> {
         self.link.counters.iter().map(|c| c.snapshot()).collect()
