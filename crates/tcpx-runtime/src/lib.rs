@@ -59,6 +59,8 @@ pub use tcpx_proto::{schedule, window};
 
 // Per-channel counters.
 mod stats;
+// Members held weakly (an endpoint's live connections).
+mod weak_list;
 // Errors (they carry control-plane errors).
 pub mod error;
 // Configuration: builder, environment.

@@ -182,6 +182,9 @@ impl Endpoint {
         tracing::debug!(target: "tcpx_runtime", descriptors = ?table, "descriptor table reserved");
         let ip = advertised_ip(config.control_addr.ip(), &names[0])?;
         let secret = crate::control::random_secret();
+        // Before the admission thread starts: a failure here leaves nothing to stop.
+        let accept_stop = accept_stop::AcceptStop::new()
+            .map_err(|e| Error::Internal(format!("the accept stop's socket pair: {e}")))?;
         let admission = Admission::start(
             listener,
             Policy {
@@ -273,8 +276,6 @@ impl Endpoint {
             )?),
             None => None,
         };
-        let accept_stop = accept_stop::AcceptStop::new()
-            .map_err(|e| Error::Internal(format!("the accept stop's socket pair: {e}")))?;
         Ok(Self {
             shared,
             metadata,

@@ -1,31 +1,25 @@
 //! [`Links`]: the live same-host connections of one endpoint, so that a revocation reaches
 //! every peer that may have mapped the revoked range.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::link::{LocalLink, Reply};
 use super::shared::IpcShared;
 use super::wire::Msg;
 use crate::error::{LocalErrorKind, Result};
+use crate::weak_list::WeakList;
 
 /// An endpoint's local connections, held weakly (a dropped connection leaves by itself).
 #[derive(Default)]
 pub(crate) struct Links {
-    links: Mutex<Vec<Weak<LocalLink>>>,
+    links: WeakList<LocalLink>,
 }
 
 impl Links {
     /// Remembers a new connection (revocations reach it).
     pub(crate) fn add_link(&self, link: &Arc<LocalLink>) {
-        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.retain(|w| w.strong_count() > 0);
-        links.push(Arc::downgrade(link));
-    }
-
-    fn live_links(&self) -> Vec<Arc<LocalLink>> {
-        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        links.iter().filter_map(Weak::upgrade).collect()
+        self.links.add(link);
     }
 
     /// Revokes `key` and waits until every connected peer dropped it (and closed its mapping
@@ -38,7 +32,8 @@ impl Links {
         }
         // All asks first, then all answers: one timeout for the lot, not one per peer.
         let asked: Vec<_> = self
-            .live_links()
+            .links
+            .live()
             .into_iter()
             .filter_map(|link| {
                 let waiter = link.ask(|req| Msg::Revoke { req, key }).ok()?;

@@ -107,12 +107,13 @@
 //! a plugin error or an unanswered operation past the configured timeout fails the
 //! connection, and with it every pending operation on both sides.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use tcpx_proto::coalesce;
 
 use crate::carrier::Carrier;
 use crate::registry::Region;
+use crate::weak_list::WeakList;
 
 pub mod descriptor;
 /// The payloads of the one-sided control messages; they live in [`crate::control::rma`], with
@@ -138,9 +139,8 @@ pub(crate) struct OneSidedShared {
     pub(crate) adverts: adverts::AdvertBook,
     /// Delivered notifications, waiting for [`crate::Endpoint::notifications`].
     pub(crate) inbox: inbox::Inbox,
-    /// The one-sided carriers of the endpoint's connections (dead ones pruned as new ones
-    /// come).
-    carriers: Mutex<Vec<Weak<Carrier>>>,
+    /// The one-sided carriers of the endpoint's connections.
+    carriers: WeakList<Carrier>,
 }
 
 impl OneSidedShared {
@@ -151,11 +151,7 @@ impl OneSidedShared {
     /// its region (H100, two processes). Failures are logged: the operation that needs the
     /// registration tries again and reports its own error.
     pub(crate) fn adopt(&self, carrier: &Arc<Carrier>) {
-        {
-            let mut carriers = self.carriers.lock().unwrap_or_else(|p| p.into_inner());
-            carriers.retain(|c| c.strong_count() > 0);
-            carriers.push(Arc::downgrade(carrier));
-        }
+        self.carriers.add(carrier);
         let regions = self.adverts.live_regions();
         if let Err(e) = carrier.preregister(&regions) {
             tracing::debug!(target: "tcpx_runtime", peer = %carrier.link.peer, error = %e, "advertised regions not registered at connect; the first operation naming them registers them");
@@ -165,14 +161,7 @@ impl OneSidedShared {
     /// Registers a newly advertised `region` on every connection's one-sided carrier, both
     /// ways (see [`Self::adopt`]).
     pub(crate) fn register_everywhere(&self, region: &Region) {
-        let carriers: Vec<Arc<Carrier>> = self
-            .carriers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for carrier in carriers {
+        for carrier in self.carriers.live() {
             if let Err(e) = carrier.preregister(std::slice::from_ref(region)) {
                 tracing::debug!(target: "tcpx_runtime", peer = %carrier.link.peer, error = %e, "advertised region not registered on this connection; the first operation naming it registers it");
             }
