@@ -328,6 +328,55 @@ fn staging_rings_exist_after_connect_when_cuda_memory_is_registered() {
     assert!(ab.error().is_none() && ba.error().is_none() && cd.error().is_none());
 }
 
+/// Rings are reserved when CUDA memory is registered, at the endpoint's own chunk size; a
+/// connection to a peer with a smaller chunk agrees on the smaller one and its lanes take
+/// those larger rings, filling each slot only up to the agreed chunk. Bytes moved both ways,
+/// two-sided and one-sided, through slots larger than the chunks, land whole.
+#[test]
+fn rings_reserved_for_a_larger_chunk_carry_a_connection_that_agreed_a_smaller_one() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    const CHANNELS: u16 = 2;
+    let all = 2 * 2 * u64::from(CHANNELS);
+    let a = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint a");
+    let b = Endpoint::new(config(CHANNELS, 96 << 10)).expect("endpoint b");
+    let len = (3 << 20) + 4099;
+    let on_a = region(&a, Some(&ga), len, None);
+    let on_b = region(&b, Some(&gb), len, None);
+    let (ab, ba) = connect(&a, &b);
+    assert_eq!((ab.chunk_bytes(), ba.chunk_bytes()), (96 << 10, 96 << 10));
+    assert_eq!(
+        (rings(&ab), rings(&ba)),
+        (all, all),
+        "rings made at connect"
+    );
+    for (i, n) in [4096usize, (96 << 10) + 1, len].into_iter().enumerate() {
+        let seed = 2600 + i as u64;
+        write_pattern(&on_a, n, seed);
+        send_verified(&ab, &ba, &on_a, &on_b, n, seed);
+        write_pattern(&on_b, n, seed + 50);
+        send_verified(&ba, &ab, &on_b, &on_a, n, seed + 50);
+    }
+    // One-sided, through the other half's rings; the notification comes once every byte
+    // landed.
+    let advert = b.advertise(&on_b).expect("advertise");
+    write_pattern(&on_a, len, 2700);
+    let write = ab
+        .write(
+            &[Segment::new(&on_a, 0, len)],
+            &[RemoteSegment::new(advert, 0, len as u64)],
+            Some(b"smaller chunk"),
+        )
+        .expect("write");
+    assert_eq!(write.wait(DEADLINE).expect("write done"), len as u64);
+    assert!(common::eventually(DEADLINE, || !b
+        .notifications()
+        .is_empty()));
+    verify_region(&on_b, len, 2700, "one-sided write through larger slots");
+    assert_eq!((rings(&ab), rings(&ba)), (all, all), "transfers made none");
+    assert!(ab.error().is_none() && ba.error().is_none());
+}
+
 /// Issue 25: a vLLM-like list of scattered 16 KiB GPU blocks written with a notification and
 /// read back, packed through the ring slots (one gather launch per chunk on the sending side,
 /// one scatter on the receiving side), every byte checked; printed next to one contiguous

@@ -64,12 +64,15 @@ impl RingPool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An idle ring of `slots` × `slot_bytes` (rounded up to 4 KiB) on `device`, if any.
+    /// An idle ring on `device` for a lane that wants `slots` × `slot_bytes`, if any (see
+    /// [`pick`]).
     fn take(&self, device: &CudaDevice, slots: usize, slot_bytes: usize) -> Option<StagingRing> {
         let mut idle = self.idle();
-        let at = idle
-            .iter()
-            .position(|r| fits(r, device, slots, slot_bytes))?;
+        let at = pick(
+            idle.iter().map(|r| RingShape::of(r, device)),
+            slots,
+            slot_bytes,
+        )?;
         Some(idle.swap_remove(at))
     }
 
@@ -136,11 +139,49 @@ impl RingPool {
     }
 }
 
-/// Whether `ring` has the shape a lane asks for.
+/// Whether `ring` has exactly the shape [`RingPool::reserve`] makes.
 fn fits(ring: &StagingRing, device: &CudaDevice, slots: usize, slot_bytes: usize) -> bool {
-    ring.device().map(CudaDevice::ordinal) == Some(device.ordinal())
-        && ring.slots() == slots
-        && ring.slot_bytes() == slot_bytes.div_ceil(tcpx::BUFFER_ALIGN) * tcpx::BUFFER_ALIGN
+    let shape = RingShape::of(ring, device);
+    shape.same_device && shape.slots == slots && shape.slot_bytes == aligned(slot_bytes)
+}
+
+/// `slot_bytes` rounded up as [`StagingRing`] rounds its slots.
+fn aligned(slot_bytes: usize) -> usize {
+    slot_bytes.div_ceil(tcpx::BUFFER_ALIGN) * tcpx::BUFFER_ALIGN
+}
+
+/// What [`pick`] needs to know of an idle ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RingShape {
+    same_device: bool,
+    slots: usize,
+    slot_bytes: usize,
+}
+
+impl RingShape {
+    fn of(ring: &StagingRing, device: &CudaDevice) -> Self {
+        Self {
+            same_device: ring.device().map(CudaDevice::ordinal) == Some(device.ordinal()),
+            slots: ring.slots(),
+            slot_bytes: ring.slot_bytes(),
+        }
+    }
+}
+
+/// Which of the idle rings `shapes` a lane wanting `slots` × `slot_bytes` takes: one of
+/// exactly that shape, else the one of that many slots whose slots are the smallest that
+/// hold `slot_bytes`. A lane fills a slot only up to its chunk, so larger slots serve; and
+/// rings are reserved when CUDA memory is registered, at the endpoint's own chunk size, while
+/// a connection to a peer with a smaller chunk agrees on the smaller one (see
+/// `Link::chunk_bytes`): without this, its lanes pinned rings of their own and left the
+/// reserved ones idle.
+fn pick(shapes: impl Iterator<Item = RingShape>, slots: usize, slot_bytes: usize) -> Option<usize> {
+    let want = aligned(slot_bytes);
+    shapes
+        .enumerate()
+        .filter(|(_, s)| s.same_device && s.slots == slots && s.slot_bytes >= want)
+        .min_by_key(|(_, s)| s.slot_bytes)
+        .map(|(at, _)| at)
 }
 
 fn ring_bytes(ring: &StagingRing) -> usize {
@@ -280,8 +321,62 @@ impl LaneStage {
 
 #[cfg(test)]
 mod tests {
-    use super::SlotFifo;
+    use super::{aligned, pick, RingShape, SlotFifo};
     use proptest::prelude::*;
+
+    fn shape(same_device: bool, slots: usize, slot_bytes: usize) -> RingShape {
+        RingShape {
+            same_device,
+            slots,
+            slot_bytes,
+        }
+    }
+
+    #[test]
+    fn a_lane_takes_the_exact_ring_else_the_smallest_larger_one_of_its_device() {
+        let idle = [
+            shape(true, 32, 1 << 20),
+            shape(false, 32, 256 << 10),
+            shape(true, 16, 256 << 10),
+            shape(true, 32, 512 << 10),
+        ];
+        // Exact shape.
+        assert_eq!(pick(idle.into_iter(), 32, 512 << 10), Some(3));
+        // A smaller agreed chunk: the smallest slots that hold it, on this device, with as
+        // many slots (the other device's and the 16-slot ring are not taken).
+        assert_eq!(pick(idle.into_iter(), 32, 256 << 10), Some(3));
+        assert_eq!(pick(idle.into_iter(), 32, 100_000), Some(3));
+        assert_eq!(pick(idle.into_iter(), 16, 64 << 10), Some(2));
+        // Nothing large enough, or no ring of that many slots.
+        assert_eq!(pick(idle.into_iter(), 32, (1 << 20) + 1), None);
+        assert_eq!(pick(idle.into_iter(), 8, 4096), None);
+        assert_eq!(pick(std::iter::empty(), 32, 4096), None);
+    }
+
+    proptest! {
+        /// Against a model: the pick is on this device, has the slots asked for, holds the
+        /// slot size asked for, and no other such ring has smaller slots; none is picked only
+        /// when no ring qualifies.
+        #[test]
+        fn the_pick_is_the_tightest_ring_that_serves(
+            idle in proptest::collection::vec((any::<bool>(), 1usize..4, 1usize..6), 0..12),
+            slots in 1usize..4,
+            want in 1usize..(6 << 12),
+        ) {
+            let shapes: Vec<RingShape> = idle
+                .iter()
+                .map(|&(d, n, pages)| shape(d, n, pages << 12))
+                .collect();
+            let serves = |s: &RingShape| s.same_device && s.slots == slots && s.slot_bytes >= aligned(want);
+            match pick(shapes.iter().copied(), slots, want) {
+                Some(at) => {
+                    prop_assert!(serves(&shapes[at]));
+                    prop_assert!(shapes.iter().filter(|s| serves(s)).all(|s| s.slot_bytes >= shapes[at].slot_bytes));
+                }
+                None => prop_assert!(!shapes.iter().any(serves)),
+            }
+        }
+    }
 
     proptest! {
         /// Against a model (a queue of live slots): a slot is never handed out while in use,
