@@ -44,7 +44,8 @@ use tcpx::{MemoryRegion, SharedMemory};
 /// of 16, both halves) are 192 MiB per side.
 pub(crate) const POOL_IDLE_BYTES: usize = 1 << 30;
 
-/// Pinned rings of closed lanes, kept for new lanes of the same shape (see the module docs).
+/// Pinned rings of closed lanes, kept for new lanes with as many slots and a chunk their slots
+/// hold (see the module docs and [`pick`]).
 pub(crate) struct RingPool {
     idle: Mutex<Vec<StagingRing>>,
 }
