@@ -272,6 +272,11 @@ fn bytes_of(region: &Region) -> Vec<u8> {
     out
 }
 
+/// Channels of the ring tests' connections, and the rings one side of such a connection holds:
+/// a send and a receive ring per channel, in both halves.
+const RING_CHANNELS: u16 = 2;
+const RINGS_PER_SIDE: u64 = 2 * 2 * RING_CHANNELS as u64;
+
 /// Staging rings held by `conn`'s lanes, both halves (two-sided and one-sided channels).
 fn rings(conn: &tcpx_runtime::Connection) -> u64 {
     conn.stats()
@@ -289,10 +294,8 @@ fn rings(conn: &tcpx_runtime::Connection) -> u64 {
 fn staging_rings_exist_after_connect_when_cuda_memory_is_registered() {
     loopback();
     let Some((ga, gb)) = gpus() else { return };
-    const CHANNELS: u16 = 2;
-    let all = 2 * 2 * u64::from(CHANNELS);
-    let a = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint a");
-    let b = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint b");
+    let a = Endpoint::new(config(RING_CHANNELS, 512 << 10)).expect("endpoint a");
+    let b = Endpoint::new(config(RING_CHANNELS, 512 << 10)).expect("endpoint b");
     let src = region(&a, Some(&ga), 4 << 20, None);
     let dst = region(&b, Some(&gb), 4 << 20, None);
     let started = std::time::Instant::now();
@@ -300,7 +303,7 @@ fn staging_rings_exist_after_connect_when_cuda_memory_is_registered() {
     println!("connect with staged CUDA memory: {:?}", started.elapsed());
     assert_eq!(
         (rings(&ab), rings(&ba)),
-        (all, all),
+        (RINGS_PER_SIDE, RINGS_PER_SIDE),
         "rings made at connect"
     );
     for (i, len) in [4096usize, 64 << 10, 1 << 20, 4 << 20]
@@ -315,31 +318,35 @@ fn staging_rings_exist_after_connect_when_cuda_memory_is_registered() {
         send_verified(&ab, &ba, &src, &dst, len, seed);
         println!("transfer {i} ({len} bytes): {:?}", started.elapsed());
     }
-    assert_eq!((rings(&ab), rings(&ba)), (all, all), "transfers made none");
+    assert_eq!(
+        (rings(&ab), rings(&ba)),
+        (RINGS_PER_SIDE, RINGS_PER_SIDE),
+        "transfers made none"
+    );
 
     // Connected first, CUDA memory registered on the connection afterwards.
-    let c = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint c");
-    let d = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint d");
+    let c = Endpoint::new(config(RING_CHANNELS, 512 << 10)).expect("endpoint c");
+    let d = Endpoint::new(config(RING_CHANNELS, 512 << 10)).expect("endpoint d");
     let (cd, dc) = connect(&c, &d);
     assert_eq!((rings(&cd), rings(&dc)), (0, 0), "no CUDA memory yet");
     let late = region(&c, Some(&ga), 1 << 20, Some(7));
     cd.register(&late).expect("register");
-    assert_eq!(rings(&cd), all, "rings made at registration");
+    assert_eq!(rings(&cd), RINGS_PER_SIDE, "rings made at registration");
     assert!(ab.error().is_none() && ba.error().is_none() && cd.error().is_none());
 }
 
 /// Rings are reserved when CUDA memory is registered, at the endpoint's own chunk size; a
-/// connection to a peer with a smaller chunk agrees on the smaller one and its lanes take
-/// those larger rings, filling each slot only up to the agreed chunk. Bytes moved both ways,
-/// two-sided and one-sided, through slots larger than the chunks, land whole.
+/// connection to a peer with a smaller chunk agrees on the smaller one, and the lanes that
+/// find no ring of exactly that size take the larger reserved ones (the 512 KiB endpoint's:
+/// all of its lanes with two GPUs, half of the connection's with one, where the 96 KiB
+/// endpoint's rings fit the others), filling each slot only up to the agreed chunk. Bytes
+/// moved both ways, two-sided and one-sided, land whole and no lane makes a ring later.
 #[test]
 fn rings_reserved_for_a_larger_chunk_carry_a_connection_that_agreed_a_smaller_one() {
     loopback();
     let Some((ga, gb)) = gpus() else { return };
-    const CHANNELS: u16 = 2;
-    let all = 2 * 2 * u64::from(CHANNELS);
-    let a = Endpoint::new(config(CHANNELS, 512 << 10)).expect("endpoint a");
-    let b = Endpoint::new(config(CHANNELS, 96 << 10)).expect("endpoint b");
+    let a = Endpoint::new(config(RING_CHANNELS, 512 << 10)).expect("endpoint a");
+    let b = Endpoint::new(config(RING_CHANNELS, 96 << 10)).expect("endpoint b");
     let len = (3 << 20) + 4099;
     let on_a = region(&a, Some(&ga), len, None);
     let on_b = region(&b, Some(&gb), len, None);
@@ -347,7 +354,7 @@ fn rings_reserved_for_a_larger_chunk_carry_a_connection_that_agreed_a_smaller_on
     assert_eq!((ab.chunk_bytes(), ba.chunk_bytes()), (96 << 10, 96 << 10));
     assert_eq!(
         (rings(&ab), rings(&ba)),
-        (all, all),
+        (RINGS_PER_SIDE, RINGS_PER_SIDE),
         "rings made at connect"
     );
     for (i, n) in [4096usize, (96 << 10) + 1, len].into_iter().enumerate() {
@@ -373,7 +380,11 @@ fn rings_reserved_for_a_larger_chunk_carry_a_connection_that_agreed_a_smaller_on
         .notifications()
         .is_empty()));
     verify_region(&on_b, len, 2700, "one-sided write through larger slots");
-    assert_eq!((rings(&ab), rings(&ba)), (all, all), "transfers made none");
+    assert_eq!(
+        (rings(&ab), rings(&ba)),
+        (RINGS_PER_SIDE, RINGS_PER_SIDE),
+        "transfers made none"
+    );
     assert!(ab.error().is_none() && ba.error().is_none());
 }
 
