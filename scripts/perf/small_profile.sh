@@ -8,6 +8,10 @@
 #   scripts/perf/small_profile.sh [BENCH] [SIZE] [CHANNELS] [OUT]
 #   e.g. scripts/perf/small_profile.sh target/release/tcpx-bench 4KiB 8 /tmp/prof
 #
+# PERF_EVENT (default cpu-clock: also where a VM exposes no hardware counters).
+# ROUNDS (default 40) keeps the stream going past the 3 s of set-up and recording.
+# SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 and 16-31) put each peer on cores of its
+# own, as on two nodes; unset, both share the machine.
 # Needs `perf` on PATH (or PERF=...) and perf_event_paranoid low enough (root). Loopback only.
 # The engines of one process share one thread name (tcpx-engine-<device>); the application
 # thread carries the binary's name.
@@ -19,22 +23,24 @@ out="${4:-/tmp/small_profile}"
 perf="${PERF:-perf}"
 mkdir -p "$out"
 export TCPX_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo
-args=(--channels "$channels" --sizes "$size" --min-bytes 1GiB --rounds 40 --baseline none)
-"$bench" server --bind 127.0.0.1:9830 "${args[@]}" >"$out/server.log" 2>&1 &
+args=(--channels "$channels" --sizes "$size" --min-bytes 1GiB --rounds "${ROUNDS:-40}" --baseline none)
+# `exec`: run in the background, the function is a subshell, and `$!` must be the bench itself.
+on_cpus() { local cpus=$1; shift; if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi; }
+on_cpus "${SERVER_CPUS:-}" "$bench" server --bind 127.0.0.1:9830 "${args[@]}" >"$out/server.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do grep -q TCPX-BENCH-METADATA "$out/server.log" && break; sleep 0.1; done
 meta=$(grep -o 'TCPX-BENCH-METADATA [0-9a-fA-F]*' "$out/server.log" | awk '{print $2}')
-"$bench" client --peer "$meta" "${args[@]}" >"$out/client.log" 2>&1 &
+on_cpus "${CLIENT_CPUS:-}" "$bench" client --peer "$meta" "${args[@]}" >"$out/client.log" 2>&1 &
 client=$!
 sleep 1.5
-"$perf" record -F 9999 -p "$server" -o "$out/server.data" -- sleep 1.5 >/dev/null 2>&1 &
-"$perf" record -F 9999 -p "$client" -o "$out/client.data" -- sleep 1.5 >/dev/null 2>&1
+"$perf" record -e "${PERF_EVENT:-cpu-clock}" -F 9999 -p "$server" -o "$out/server.data" -- sleep 1.5 >"$out/perf-server.err" 2>&1 &
+"$perf" record -e "${PERF_EVENT:-cpu-clock}" -F 9999 -p "$client" -o "$out/client.data" -- sleep 1.5 >"$out/perf-client.err" 2>&1 || { cat "$out/perf-client.err"; exit 1; }
 wait "$client" "$server"
 grep -E '^ +[0-9]+[KMG]?i?B' "$out/client.log" | tail -1
 app=$(basename "$bench")
 for side in server client; do
   echo "=== $side: samples by thread"
-  "$perf" report -i "$out/$side.data" --sort comm --stdio 2>/dev/null | grep -vE '^#|^$' | head -6
+  "$perf" report -i "$out/$side.data" --sort comm -n --stdio 2>/dev/null | grep -vE '^#|^$' | head -6
   echo "=== $side: application thread by symbol"
   "$perf" report -i "$out/$side.data" --comm "$app" --sort dso,sym --stdio 2>/dev/null |
     grep -vE '^#|^$' | head -20

@@ -99,6 +99,14 @@ pub(crate) struct Delivered {
 }
 
 /// A small send, queued until its channel's engine copies it into a frame.
+///
+/// 32 bytes, two to a cache line, and so is a queued [`Posted`] with its number. The engine
+/// reads every entry the application wrote, so each line of a queue moves to the engine's
+/// core and back once per lap, and the application's next locked instruction waits for its
+/// write of that line: the profile's largest single stall at 4 KiB. Entries of 48 bytes (a
+/// deadline in each) cost most of a line per message; deadlines are now kept once per queue
+/// ([`Oldest`]). Measured level at 4 KiB within the hosts' noise (docs/RESULTS.md,
+/// twenty-second session): the other lines a message publishes remain.
 pub(crate) struct Outgoing {
     /// The send's sequence number (the receive it matches).
     pub(crate) seq: u64,
@@ -106,8 +114,37 @@ pub(crate) struct Outgoing {
     pub(crate) region: Region,
     pub(crate) offset: usize,
     pub(crate) len: u32,
-    /// Set when a deadline check first sees it oldest (see [`Posted::deadline`]).
-    deadline: Option<Instant>,
+}
+
+// Kept at two to a cache line (see `Outgoing`); a field added here costs every small message.
+const _: () = assert!(std::mem::size_of::<Outgoing>() == 32);
+const _: () = assert!(std::mem::size_of::<(u64, Posted)>() == 32);
+
+/// The deadline of a channel's oldest queued send or posted receive: set when a deadline
+/// check first sees that entry oldest (see [`Eager::overdue`]), not when it was queued: a
+/// clock read per message was a tenth of the posting thread's time at 4 KiB, and an entry is
+/// never older than when it was queued. One per queue, not one per entry: only the oldest
+/// entry's deadline is ever looked at, and entries are kept small (see [`Outgoing`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Oldest {
+    /// The entry's sequence number and its deadline.
+    due: Option<(u64, Instant)>,
+}
+
+impl Oldest {
+    /// Whether entry `seq`, now the oldest, is past its deadline (starting it if `seq` was
+    /// not the oldest at the last check).
+    fn passed(&mut self, seq: u64, now: Instant, timeout: Duration) -> bool {
+        let deadline = match self.due {
+            Some((due_seq, deadline)) if due_seq == seq => deadline,
+            _ => {
+                let deadline = now + timeout;
+                self.due = Some((seq, deadline));
+                deadline
+            }
+        };
+        now >= deadline
+    }
 }
 
 /// One channel's queued sends.
@@ -122,17 +159,15 @@ struct Outbox {
     accepted: u64,
     /// Regions of sends the engine is done with (see [`HANDED_BACK`]).
     spent: Vec<Region>,
+    /// The deadline of the oldest queued send.
+    oldest: Oldest,
 }
 
-/// A posted small receive.
+/// A posted small receive (24 bytes: see [`Outgoing`] for why it stays small).
 pub(crate) struct Posted {
     region: Region,
     offset: usize,
     len: u32,
-    /// Set when the receive is first seen oldest of its channel by a deadline check (see
-    /// [`Eager::overdue`]), not when posted: a clock read per message is a tenth of the
-    /// posting thread's time at 4 KiB, and a receive is never older than when it was posted.
-    deadline: Option<Instant>,
 }
 
 impl Posted {
@@ -165,6 +200,8 @@ struct Inbox {
     accepted: u64,
     /// Regions of receives the engine is done with (see [`HANDED_BACK`]).
     spent: Vec<Region>,
+    /// The deadline of the oldest waiting receive.
+    oldest: Oldest,
 }
 
 /// One eager channel's share of the connection's eager state.
@@ -404,7 +441,6 @@ impl Eager {
             offset,
             // `carries` checked it: at most 64 KiB.
             len: len as u32,
-            deadline: None,
         };
         let channel = self.channel_of(seq);
         let share = self.share(channel);
@@ -452,7 +488,6 @@ impl Eager {
             region: region.clone(),
             offset,
             len: len as u32,
-            deadline: None,
         };
         let channel = self.channel_of(seq);
         let share = self.share(channel);
@@ -722,16 +757,20 @@ impl Eager {
         let timeout = self.link.timeout;
         {
             let mut outbox = share.outbox();
-            if let Some(m) = outbox.queue.front_mut() {
-                if now >= *m.deadline.get_or_insert(now + timeout) {
+            let outbox = &mut *outbox;
+            if let Some(m) = outbox.queue.front() {
+                if outbox.oldest.passed(m.seq, now, timeout) {
                     return Some(format!("eager send #{} of {} bytes", m.seq, m.len));
                 }
             }
         }
         let mut inbox = share.inbox();
-        let (seq, posted) = inbox.posted.front_mut()?;
-        let deadline = *posted.deadline.get_or_insert(now + timeout);
-        (now >= deadline).then(|| format!("eager receive #{seq} of {} bytes", posted.len))
+        let inbox = &mut *inbox;
+        let (seq, posted) = inbox.posted.front()?;
+        inbox
+            .oldest
+            .passed(*seq, now, timeout)
+            .then(|| format!("eager receive #{seq} of {} bytes", posted.len))
     }
 
     /// Fails every queued send and waiting receive with the link's failure (or `Closed`):
@@ -784,5 +823,26 @@ impl Lanes for Eager {
 impl Pending for Eager {
     fn pending(&self) -> usize {
         self.in_flight()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oldest_entry_s_deadline_starts_when_first_seen_and_restarts_for_the_next() {
+        let timeout = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut oldest = Oldest::default();
+        // First sight of #5 starts its deadline; it is not past at once.
+        assert!(!oldest.passed(5, t0, timeout));
+        // The same entry keeps the deadline it got: past only once the timeout ran from t0.
+        assert!(!oldest.passed(5, t0 + Duration::from_secs(9), timeout));
+        assert!(oldest.passed(5, t0 + Duration::from_secs(10), timeout));
+        // A new oldest entry gets a fresh deadline, whatever the previous one's.
+        let t1 = t0 + Duration::from_secs(11);
+        assert!(!oldest.passed(6, t1, timeout));
+        assert!(oldest.passed(6, t1 + timeout, timeout));
     }
 }
