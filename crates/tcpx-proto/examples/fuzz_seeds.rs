@@ -71,6 +71,16 @@ fn messages() -> Vec<Message> {
             notification: Some(b"layer 3 done".to_vec()),
             packed: true,
             spread: false,
+            inline: None,
+        }),
+        Message::WriteRequest(WriteRequest {
+            op_id: 13,
+            entries: entries.clone(),
+            local_lens: vec![64],
+            notification: None,
+            packed: false,
+            spread: false,
+            inline: Some(vec![0x5a; 64]),
         }),
         Message::ReadRequest(ReadRequest {
             op_id: 12,

@@ -29,6 +29,7 @@
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB; 0 with `TCPX_GPU_INDEX` / `TCPX_GPU_PCI` |
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
+//! | `TCPX_INLINE_BYTES` | one-sided writes of host memory up to this many bytes in all carry their data in the control message (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
 //! here: they pass through to the plugin untouched.
@@ -90,6 +91,10 @@ impl std::str::FromStr for Backoff {
 /// scattered blocks beat unpacked ones clearly at 4–32 KiB, break even around 64 KiB, and
 /// lose from 128 KiB (the extra memcpy costs more than the plugin requests it saves).
 pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
+
+/// Default [`Config::inline_bytes`]: one-sided writes of up to 8 KiB of host memory travel
+/// inline (docs/RESULTS.md, twenty-second session).
+pub const DEFAULT_INLINE_BYTES: u32 = 8 << 10;
 
 /// Default [`Config::eager_bytes`]: two-sided messages up to 64 KiB travel in eager frames.
 pub const DEFAULT_EAGER_BYTES: u32 = 64 << 10;
@@ -237,6 +242,14 @@ pub struct Config {
     /// has sent it. This side's choice: the receiver follows the frames. `0` copies every
     /// eager message. Default [`DEFAULT_EAGER_DETACH`].
     pub eager_detach: u32,
+    /// One-sided writes whose local and remote memory is host memory and whose total is at
+    /// most this many bytes carry their data in their `WriteRequest` on the control stream,
+    /// and the target copies it in: no plugin request, engine hand-off or receive job on
+    /// either side, which is most of what a small one-sided operation costs (a 4 KiB write
+    /// ran at a fifth of a two-sided send). Larger writes, and CUDA memory, take the
+    /// one-sided comms. `0`: never. At most [`tcpx_proto::control::rma::MAX_INLINE`]. Only
+    /// the initiator's value matters. Default [`DEFAULT_INLINE_BYTES`].
+    pub inline_bytes: u32,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.
     pub pack_buffers: usize,
@@ -279,6 +292,7 @@ impl Default for Config {
             pack_lone_runs: None,
             eager_bytes: None,
             eager_detach: DEFAULT_EAGER_DETACH,
+            inline_bytes: DEFAULT_INLINE_BYTES,
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
             require_secret: false,
@@ -399,6 +413,9 @@ impl Config {
         if let Some((name, v)) = get(&["TCPX_EAGER_DETACH"]) {
             b = b.eager_detach(parse_size(name, &v)?);
         }
+        if let Some((name, v)) = get(&["TCPX_INLINE_BYTES"]) {
+            b = b.inline_bytes(parse_size(name, &v)?);
+        }
         if let Some((name, v)) = get(&["TCPX_PACK_BUFFERS"]) {
             b = b.pack_buffers(parse_num(name, &v)?);
         }
@@ -457,6 +474,13 @@ impl Config {
                     tcpx_proto::eager::EAGER_MAX_MESSAGE
                 )));
             }
+        }
+        if self.inline_bytes as usize > tcpx_proto::control::rma::MAX_INLINE {
+            return Err(Error::Config(format!(
+                "inline_bytes {} must be at most {} (0 turns inline writes off)",
+                self.inline_bytes,
+                tcpx_proto::control::rma::MAX_INLINE
+            )));
         }
         if self.pack_buffers > MAX_PACK_BUFFERS {
             return Err(Error::Config(format!(
@@ -575,6 +599,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// Largest one-sided write carried inline; 0: none (see [`Config::inline_bytes`]).
+    pub fn inline_bytes(mut self, bytes: u32) -> Self {
+        self.config.inline_bytes = bytes;
+        self
+    }
+
     /// Pack buffers per connection (see [`Config::pack_buffers`]).
     pub fn pack_buffers(mut self, buffers: usize) -> Self {
         self.config.pack_buffers = buffers;
@@ -682,6 +712,19 @@ mod tests {
         let d = Config::default();
         assert_eq!((d.pack_below, d.pack_buffers), (64 << 10, 8));
         assert_eq!(d.pack_lone_runs, None);
+    }
+
+    #[test]
+    fn inline_writes_come_from_the_environment_and_are_capped() {
+        assert_eq!(Config::default().inline_bytes, DEFAULT_INLINE_BYTES);
+        assert_eq!(
+            from(&[("TCPX_INLINE_BYTES", "4K")]).unwrap().inline_bytes,
+            4096
+        );
+        assert_eq!(from(&[("TCPX_INLINE_BYTES", "0")]).unwrap().inline_bytes, 0);
+        assert!(from(&[("TCPX_INLINE_BYTES", "64K")]).is_ok());
+        assert!(from(&[("TCPX_INLINE_BYTES", "65537")]).is_err());
+        assert!(from(&[("TCPX_INLINE_BYTES", "some")]).is_err());
     }
 
     #[test]

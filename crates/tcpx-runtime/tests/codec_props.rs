@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use proptest::prelude::*;
 use tcpx_runtime::control::codec::{HEADER_LEN, MAGIC};
+use tcpx_runtime::control::rma::MAX_INLINE;
 use tcpx_runtime::control::{
     CodecError, Decoder, EndpointInfo, EndpointMetadata, ErrorCode, Frame, Message, MessageType,
     Secret, PROTOCOL_VERSION, SECRET_BYTES,
@@ -126,16 +127,19 @@ fn onesided_message() -> impl Strategy<Value = Message> {
             proptest::option::of(blob()),
             any::<bool>(),
             any::<bool>(),
+            proptest::option::of(blob()),
         )
             .prop_map(
-                |(op_id, entries, local_lens, notification, packed, spread)| {
+                |(op_id, entries, local_lens, notification, packed, spread, inline)| {
                     Message::WriteRequest(WriteRequest {
                         op_id,
                         entries,
                         local_lens,
                         notification,
-                        packed,
+                        // Inline data is never packed (the decoder refuses both).
+                        packed: packed && inline.is_none(),
                         spread,
+                        inline,
                     })
                 }
             ),
@@ -403,6 +407,7 @@ fn packing_flags_with_unknown_bits_are_refused() {
             notification: None,
             packed: true,
             spread: false,
+            inline: None,
         }),
         Message::ReadRequest(ReadRequest {
             op_id: 7,
@@ -429,7 +434,8 @@ fn packing_flags_with_unknown_bits_are_refused() {
             payload,
         };
         assert_eq!(Message::decode(&frame(payload.clone())).unwrap(), msg);
-        // Requests know bit 1 too (spread); `ReadData` knows bit 0 only.
+        // Requests know bit 1 too (spread); `ReadData` knows bit 0 only. A write's bit 2
+        // (inline) announces data that is not there, and never goes with bit 0.
         let unknown: &[u8] = match msg {
             Message::ReadData { .. } => &[2, 3, 0x80, 0xff],
             _ => &[4, 5, 0x80, 0xff],
@@ -442,6 +448,54 @@ fn packing_flags_with_unknown_bits_are_refused() {
             );
         }
     }
+}
+
+#[test]
+fn inline_write_data_follows_the_flags_and_is_checked() {
+    let msg = Message::WriteRequest(WriteRequest {
+        op_id: 9,
+        entries: Vec::new(),
+        local_lens: vec![3],
+        notification: None,
+        packed: false,
+        spread: true,
+        inline: Some(vec![7, 8, 9]),
+    });
+    let mut wire = Vec::new();
+    msg.encode(&mut wire).unwrap();
+    let payload = wire[HEADER_LEN..].to_vec();
+    // Flags (spread | inline), then u32 length 3, then the bytes.
+    assert_eq!(&payload[payload.len() - 8..], &[6, 3, 0, 0, 0, 7, 8, 9]);
+    let frame = |payload: Vec<u8>| Frame {
+        version: PROTOCOL_VERSION,
+        kind: MessageType::WriteRequest,
+        payload,
+    };
+    assert_eq!(Message::decode(&frame(payload.clone())).unwrap(), msg);
+    // Inline and packed together: refused.
+    let mut both = payload.clone();
+    let flags = both.len() - 8;
+    both[flags] |= 1;
+    assert!(Message::decode(&frame(both)).is_err());
+    // A length past the bytes present, or past the cap: refused before any allocation.
+    let mut short = payload.clone();
+    short[flags + 1] = 4;
+    assert!(Message::decode(&frame(short)).is_err());
+    let mut huge = payload[..flags + 1].to_vec();
+    huge.extend_from_slice(&(MAX_INLINE as u32 + 1).to_le_bytes());
+    huge.extend(std::iter::repeat_n(0u8, MAX_INLINE + 1));
+    assert!(Message::decode(&frame(huge)).is_err());
+    // Encoding refuses data past the cap as well.
+    let too_long = Message::WriteRequest(WriteRequest {
+        op_id: 9,
+        entries: Vec::new(),
+        local_lens: Vec::new(),
+        notification: None,
+        packed: false,
+        spread: false,
+        inline: Some(vec![0; MAX_INLINE + 1]),
+    });
+    assert!(too_long.encode(&mut Vec::new()).is_err());
 }
 
 #[test]

@@ -1345,3 +1345,208 @@ fn spread_is_agreed_when_only_one_side_halves_its_engines() {
         }
     }
 }
+
+// ---- Small writes of host memory carry their data in their request (`inline_bytes`). ----
+
+/// Small writes (1 B up to the inline threshold, one block or several in two regions, some
+/// with a notification), many in flight from one source region, land exactly, travel
+/// inline (the target counts them), and their notifications come in order, each after its
+/// data; the same writes with inline writes off land the same bytes through the comms.
+#[test]
+fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order() {
+    loopback();
+    for inline in [true, false] {
+        let mut ca = config(4, 64 << 10);
+        if !inline {
+            ca.inline_bytes = 0;
+        }
+        let (a, b, ab, _ba) = pair_with(ca, config(4, 64 << 10));
+        // 300 writes of at most 8 KiB, each at its own place.
+        const LEN: usize = 3 << 20;
+        let t0 = b.alloc_host(LEN).unwrap();
+        let t1 = b.alloc_host(LEN).unwrap();
+        let (d0, d1) = (b.advertise(&t0).unwrap(), b.advertise(&t1).unwrap());
+        let src = source(&a, LEN, 41);
+        let mut rng = Rng(0x1711e);
+        let mut expected: Vec<(usize, usize, usize)> = Vec::new(); // (target, offset, len)
+        let mut transfers = Vec::new();
+        let mut notes = Vec::new();
+        let mut at = 0usize;
+        for i in 0..300usize {
+            // 1 B .. 8 KiB in all, cut into 1-3 blocks, alternating target regions.
+            let total = 1 + rng.below(8192) as usize;
+            let blocks = (1 + rng.below(3) as usize).min(total);
+            let mut local = Vec::new();
+            let mut remote = Vec::new();
+            let mut left = total;
+            for k in 0..blocks {
+                let len = if k + 1 == blocks {
+                    left
+                } else {
+                    1 + rng.below((left - (blocks - k - 1)) as u64) as usize
+                };
+                left -= len;
+                let (target, d) = if (i + k) % 2 == 0 { (0, d0) } else { (1, d1) };
+                // Each block at its own place in the target, from its own place in the source.
+                local.push(Segment::new(&src, at, len));
+                remote.push(RemoteSegment::new(d, at as u64, len as u64));
+                expected.push((target, at, len));
+                at += len;
+            }
+            let note = (i % 3 == 0).then(|| format!("inline {i}"));
+            if let Some(n) = &note {
+                notes.push(n.clone());
+            }
+            transfers.push((
+                total,
+                ab.write(&local, &remote, note.as_deref().map(str::as_bytes))
+                    .unwrap(),
+            ));
+        }
+        for (total, t) in &transfers {
+            assert_eq!(t.wait(DEADLINE).unwrap(), *total as u64);
+        }
+        let got: Vec<String> = wait_notifications(&b, notes.len())
+            .into_iter()
+            .map(|n| String::from_utf8(n).unwrap())
+            .collect();
+        assert_eq!(got, notes, "notifications in write order");
+        let (s0, s1, srcb) = (snapshot(&t0), snapshot(&t1), snapshot(&src));
+        for &(target, offset, len) in &expected {
+            let dst = if target == 0 { &s0 } else { &s1 };
+            assert!(
+                dst[offset..offset + len] == srcb[offset..offset + len],
+                "inline={inline}: block of {len} bytes at {offset} in target {target}"
+            );
+        }
+        let landed = b.inline_writes_landed();
+        if inline {
+            assert_eq!(landed, 300, "every write travelled inline");
+        } else {
+            assert_eq!(landed, 0, "inline writes off: the comms carried them");
+        }
+    }
+}
+
+/// An inline write lands after every earlier write of the connection (a large one through
+/// the comms to the same bytes lands first, so the small one's bytes stay), and a read issued
+/// right after it sees it.
+#[test]
+fn an_inline_write_lands_after_earlier_writes_and_before_later_reads() {
+    loopback();
+    let (a, b, ab, _ba) = pair(4, 64 << 10);
+    const LEN: usize = 4 << 20;
+    let dst = b.alloc_host(LEN).unwrap();
+    let d = b.advertise(&dst).unwrap();
+    for round in 0..8u64 {
+        let big = source(&a, LEN, 900 + round);
+        let small = source(&a, 4096, 950 + round);
+        let back = a.alloc_host(4096).unwrap();
+        let w_big = ab
+            .write(
+                &[Segment::new(&big, 0, LEN)],
+                &[RemoteSegment::new(d, 0, LEN as u64)],
+                None,
+            )
+            .unwrap();
+        let w_small = ab
+            .write(
+                &[Segment::new(&small, 0, 4096)],
+                &[RemoteSegment::new(d, 8192, 4096)],
+                None,
+            )
+            .unwrap();
+        let r = ab
+            .read(
+                &[Segment::new(&back, 0, 4096)],
+                &[RemoteSegment::new(d, 8192, 4096)],
+            )
+            .unwrap();
+        assert_eq!(r.wait(DEADLINE).unwrap(), 4096);
+        assert_eq!(w_small.wait(DEADLINE).unwrap(), 4096);
+        assert_eq!(w_big.wait(DEADLINE).unwrap(), LEN as u64);
+        assert_pattern(
+            &back,
+            0,
+            4096,
+            950 + round,
+            "read right after the inline write",
+        );
+        assert_pattern(
+            &dst,
+            8192,
+            4096,
+            950 + round,
+            "the later, inline write's bytes",
+        );
+        assert_pattern(
+            &dst,
+            0,
+            8192,
+            900 + round,
+            "the earlier write's bytes around it",
+        );
+    }
+    assert_eq!(b.inline_writes_landed(), 8);
+}
+
+/// A refused inline write (wrong key, out of bounds, revoked) changes no byte, names the bad
+/// entry, is counted, delivers no notification, and the connection goes on.
+#[test]
+fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 64 << 10);
+    let dst = b.alloc_host(64 << 10).unwrap();
+    dst.memory().with_bytes_mut(|m| fill(m, 5)).unwrap();
+    let good = b.advertise(&dst).unwrap();
+    let forged = Descriptor::from_bytes(&{
+        let mut bytes = good.to_bytes();
+        bytes[18] ^= 1;
+        bytes
+    })
+    .unwrap();
+    let other = b.alloc_host(4096).unwrap();
+    let revoked = b.advertise(&other).unwrap();
+    assert!(b.revoke(&revoked));
+    let src = source(&a, 8192, 6);
+    let before = snapshot(&dst);
+    // The descriptor claims more than the region holds.
+    let mut long = good.to_bytes();
+    long[9..17].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    let long = Descriptor::from_bytes(&long).unwrap();
+    let bad = [
+        (RemoteSegment::new(forged, 0, 100), "key"),
+        (RemoteSegment::new(long, (64 << 10) - 50, 100), "outside"),
+        (RemoteSegment::new(revoked, 0, 100), "revoked"),
+    ];
+    for (i, (entry, reason)) in bad.into_iter().enumerate() {
+        let refusals = b.access_refusals();
+        let tx = ab
+            .write(
+                &[Segment::new(&src, 0, 200)],
+                &[RemoteSegment::new(good, 0, 100), entry],
+                Some(b"must not arrive"),
+            )
+            .unwrap();
+        let (index, why) = access_error(tx.wait(DEADLINE));
+        assert_eq!(index, 1, "{reason}: the error names the bad entry");
+        assert!(why.contains(reason), "{why:?} should say {reason:?}");
+        assert_eq!(b.access_refusals(), refusals + 1, "{reason}: counted");
+        assert!(
+            snapshot(&dst) == before,
+            "{reason}: target memory changed ({i})"
+        );
+    }
+    assert_eq!(b.inline_writes_landed(), 0);
+    let tx = ab
+        .write(
+            &[Segment::new(&src, 0, 8192)],
+            &[RemoteSegment::new(good, 0, 8192)],
+            Some(b"landed"),
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 8192);
+    assert_pattern(&dst, 0, 8192, 6, "a good inline write after the refusals");
+    assert_eq!(wait_notifications(&b, 1), vec![b"landed".to_vec()]);
+    assert_eq!(b.inline_writes_landed(), 1);
+}

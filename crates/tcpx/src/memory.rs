@@ -389,6 +389,40 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Appends the bytes of the `(offset, len)` ranges of host memory to `out`, marked in
+    /// flight once for all of them, like [`SharedMemory::write_ranges`]: allowed while sends
+    /// and receives are in flight on it (a small one-sided write gathers its blocks with it
+    /// while the application's other transfers of the same region run). Stops at the first
+    /// range outside the memory, after reading the ranges before it.
+    pub fn read_ranges(
+        &self,
+        ranges: impl IntoIterator<Item = (usize, usize)>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        const API: &str = "SharedMemory::read_ranges";
+        self.check_host(API)?;
+        let _reading = self.borrow_operation(API)?;
+        for (offset, len) in ranges {
+            self.check_range(API, offset, len)?;
+            out.reserve(len);
+            let at = out.len();
+            // SAFETY: the range is inside live host memory (checked above) of which no Rust
+            // slice exists (the token excludes CPU_ACCESS), and `out` has room for `len` more
+            // bytes after its `at` initialised ones, in its own allocation: the two cannot
+            // overlap. Raw pointers only, as the engines use for the memory; the copied bytes
+            // are then initialised, so the length may cover them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.as_ptr().add(offset),
+                    out.as_mut_ptr().add(at),
+                    len,
+                );
+                out.set_len(at + len);
+            }
+        }
+        Ok(())
+    }
+
     /// Copies `bytes` into host memory at `offset`, as one operation in flight (like
     /// [`SharedMemory::copy`]: allowed while sends and receives are in flight on it, not while
     /// the CPU holds a slice of it). The eager path scatters received messages with it.
@@ -544,6 +578,25 @@ mod tests {
         .unwrap();
         assert_eq!(m.in_flight(), 0, "the operation ended");
         let held = m.with_bytes(|_| m.write_ranges([(0, &[1u8][..])]).is_err());
+        assert!(held.unwrap(), "refused while the CPU holds a slice");
+    }
+
+    #[test]
+    fn read_ranges_appends_every_range_while_others_are_in_flight_and_stops_at_one_outside() {
+        let m = SharedMemory::host(16).unwrap();
+        m.with_bytes_mut(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8))
+            .unwrap();
+        // Another operation in flight on the memory (a transfer) does not stop it.
+        let other = m.begin_operation("test").unwrap();
+        let mut out = vec![0xee];
+        m.read_ranges([(0, 2), (14, 2)], &mut out).unwrap();
+        assert_eq!(out, [0xee, 0, 1, 14, 15]);
+        let mut out = Vec::new();
+        assert!(m.read_ranges([(4, 1), (15, 2), (8, 1)], &mut out).is_err());
+        assert_eq!(out, [4], "ranges before the bad one are read, none after");
+        drop(other);
+        assert_eq!(m.in_flight(), 0, "the operation ended");
+        let held = m.with_bytes(|_| m.read_ranges([(0, 1)], &mut Vec::new()).is_err());
         assert!(held.unwrap(), "refused while the CPU holds a slice");
     }
 

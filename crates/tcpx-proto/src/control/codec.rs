@@ -89,8 +89,9 @@ pub const MAGIC: [u8; 4] = *b"TXCP";
 
 /// The protocol version this crate speaks (and the only one it accepts). Version 5: eager
 /// frames may carry detached messages ([`crate::eager::DETACHED`]), which a version 4 peer
-/// would refuse mid-stream; the handshake refuses it instead.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// would refuse mid-stream; the handshake refuses it instead. Version 6: a `WriteRequest` may
+/// carry its data inline ([`crate::control::rma::WriteRequest::inline`]), likewise.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;

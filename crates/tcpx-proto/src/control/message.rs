@@ -24,7 +24,8 @@
 //! gpu_index (u8 0 = none, 1 = present then u32), spread u16, eager_bytes u32 (protocol
 //! version 2 added
 //! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`; version 5
-//! changed no message here, only eager frames: detached messages).
+//! changed no message here, only eager frames: detached messages; version 6 added inline data
+//! to `WriteRequest`).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects

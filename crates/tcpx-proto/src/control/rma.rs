@@ -3,7 +3,7 @@
 //!
 //! | message | payload |
 //! |---|---|
-//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes), flags u8 (bit 0: packed, bit 1: spread) |
+//! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes), flags u8 (bit 0: packed, bit 1: spread, bit 2: inline), with bit 2 the data: u32 length + bytes (protocol version 6) |
 //! | `ReadRequest` 0x0101 | op_id u64, entries, local lens, flags u8 (bit 0: packing offered, bit 1: spread) |
 //! | `Notify` 0x0102 | u32 length + bytes |
 //! | `WriteAck` 0x0103 | op_id u64, u8 0 = done / 1 = refused then a refusal |
@@ -20,6 +20,9 @@ use crate::wire::{Reader, TooLong, WireError, Writer};
 
 /// Largest notification, standalone or attached to a write.
 pub const MAX_NOTIFICATION: usize = 64 << 10;
+
+/// Largest data a [`WriteRequest`] may carry inline (the runtime's own threshold is lower).
+pub const MAX_INLINE: usize = 64 << 10;
 
 /// Bytes of one encoded [`RemoteEntry`].
 pub const ENTRY_BYTES: usize = 32;
@@ -55,6 +58,10 @@ pub struct WriteRequest {
     /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); the initiator
     /// decides (a lone operation, no staged memory on either side).
     pub spread: bool,
+    /// The data itself, in stream order, when it travels in this message instead of on the
+    /// one-sided comms (a small write of host memory: the target copies it in and answers;
+    /// never together with `packed`). At most [`MAX_INLINE`] bytes.
+    pub inline: Option<Vec<u8>>,
 }
 
 /// A one-sided read: the target answers `ReadData` (and sends) or `ReadRefused`.
@@ -78,20 +85,32 @@ pub struct ReadRequest {
 const FLAG_PACKED: u8 = 1;
 /// Bit 1: spread.
 const FLAG_SPREAD: u8 = 2;
+/// Bit 2 (`WriteRequest` only): the data follows inline.
+const FLAG_INLINE: u8 = 4;
 
-fn write_flags(w: &mut Writer<'_>, packed: bool, spread: bool) {
-    w.u8(if packed { FLAG_PACKED } else { 0 } | if spread { FLAG_SPREAD } else { 0 });
+fn flag_bits(packed: bool, spread: bool) -> u8 {
+    (if packed { FLAG_PACKED } else { 0 }) | if spread { FLAG_SPREAD } else { 0 }
 }
 
-/// (bit 0, bit 1) of a request's flag byte; any other bit is refused.
-fn read_flags(r: &mut Reader<'_>) -> Result<(bool, bool), WireError> {
+fn write_flags(w: &mut Writer<'_>, packed: bool, spread: bool) {
+    w.u8(flag_bits(packed, spread));
+}
+
+/// The flag byte, with any bit outside `known` refused.
+fn read_flag_byte(r: &mut Reader<'_>, known: u8) -> Result<u8, WireError> {
     let flags = r.u8("flags")?;
-    if flags & !(FLAG_PACKED | FLAG_SPREAD) != 0 {
+    if flags & !known != 0 {
         return Err(WireError::Invalid {
             field: "flags",
             why: "unknown flag bits",
         });
     }
+    Ok(flags)
+}
+
+/// (bit 0, bit 1) of a request's flag byte; any other bit is refused.
+fn read_flags(r: &mut Reader<'_>) -> Result<(bool, bool), WireError> {
+    let flags = read_flag_byte(r, FLAG_PACKED | FLAG_SPREAD)?;
     Ok((flags & FLAG_PACKED != 0, flags & FLAG_SPREAD != 0))
 }
 
@@ -276,6 +295,7 @@ impl WriteRequest {
             + 1
             + self.notification.as_ref().map_or(0, |n| 4 + n.len())
             + 1
+            + self.inline.as_ref().map_or(0, |d| 4 + d.len())
     }
 
     pub(crate) fn write(&self, w: &mut Writer<'_>) -> Result<(), TooLong> {
@@ -289,7 +309,21 @@ impl WriteRequest {
                 write_blob(w, bytes)?;
             }
         }
-        write_flags(w, self.packed, self.spread);
+        match &self.inline {
+            None => write_flags(w, self.packed, self.spread),
+            Some(data) => {
+                if data.len() > MAX_INLINE {
+                    return Err(TooLong {
+                        field: "inline",
+                        len: data.len(),
+                        max: MAX_INLINE,
+                    });
+                }
+                w.u8(flag_bits(self.packed, self.spread) | FLAG_INLINE);
+                w.u32(count32("inline", data.len())?);
+                w.bytes(data);
+            }
+        }
         Ok(())
     }
 
@@ -307,7 +341,26 @@ impl WriteRequest {
                 })
             }
         };
-        let (packed, spread) = read_flags(r)?;
+        let flags = read_flag_byte(r, FLAG_PACKED | FLAG_SPREAD | FLAG_INLINE)?;
+        let (packed, spread) = (flags & FLAG_PACKED != 0, flags & FLAG_SPREAD != 0);
+        let inline = if flags & FLAG_INLINE != 0 {
+            if packed {
+                return Err(WireError::Invalid {
+                    field: "flags",
+                    why: "inline data cannot also be packed",
+                });
+            }
+            let len = r.u32("inline")? as usize;
+            if len > MAX_INLINE {
+                return Err(WireError::Invalid {
+                    field: "inline",
+                    why: "longer than the 64 KiB cap",
+                });
+            }
+            Some(r.take("inline", len)?.to_vec())
+        } else {
+            None
+        };
         Ok(Self {
             op_id,
             entries,
@@ -315,6 +368,7 @@ impl WriteRequest {
             notification,
             packed,
             spread,
+            inline,
         })
     }
 }

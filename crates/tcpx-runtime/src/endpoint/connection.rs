@@ -345,6 +345,10 @@ impl Connection {
     /// Dropping the returned [`Transfer`] does not cancel the write: its data still goes out
     /// (the peer's receives are already ordered behind it), so both sides stay in step.
     ///
+    /// A write of host memory into host memory of at most [`crate::Config::inline_bytes`]
+    /// in all (8 KiB by default) is copied out of `local` during this call and travels in
+    /// its request; `local` may be reused as soon as the call returns.
+    ///
     /// ```
     /// # use std::time::Duration;
     /// # use tcpx_runtime::{Backend, Config, Endpoint, RemoteSegment, Segment};

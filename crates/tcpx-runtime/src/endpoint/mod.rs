@@ -537,6 +537,15 @@ impl Endpoint {
         self.shared.one_sided.adverts.refusals()
     }
 
+    /// One-sided writes from peers whose data came in their request and landed here (small
+    /// writes of host memory, see [`crate::Config::inline_bytes`]).
+    pub fn inline_writes_landed(&self) -> u64 {
+        self.shared
+            .one_sided
+            .inline_landed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Registers an existing CUDA allocation. With a plugin that takes CUDA pointers (TCPX)
     /// its chunks go to the plugin directly; with a host-only plugin (the built-in socket
     /// plugin) they are staged through pinned host rings by the engines

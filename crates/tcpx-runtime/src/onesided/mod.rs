@@ -81,6 +81,23 @@
 //! channel and scattered (2 × 16 KiB between two processes: 27 µs unpacked against 35
 //! packed on host memory, 47 against 90 on GPUs).
 //!
+//! # Small writes travel inline
+//! A write of host memory into host descriptors of at most [`crate::Config::inline_bytes`]
+//! in all (8 KiB by default) carries its data in its `WriteRequest`: the initiator gathers
+//! the bytes during the call (`SharedMemory::read_ranges`, allowed while other transfers of
+//! the region are in flight) and queues the request; the target validates it as any other,
+//! copies the bytes in on its control loop when the request reaches the head of its items —
+//! after every earlier write of the peer landed, so a later write to the same bytes still
+//! lands last, and before any later read is served — and answers `WriteAck`. No job, plugin
+//! request or engine hand-off on either side: through the comms a 4 KiB write cost a job and
+//! a request on each side, three thread hand-offs and a receive posted only once the
+//! request was read, 0.2–0.5 × a two-sided send on an H100 host (docs/RESULTS.md,
+//! twenty-second session). The order rule of the comms does not concern it (no data on
+//! them). A refused inline write changes nothing and is answered like any refusal; a target
+//! region that is not host memory (a peer that ignored the descriptor's kind) is refused
+//! with [`RefusalReason::UnsupportedMemory`]. Target memory the application holds a CPU slice
+//! of when the bytes land fails the connection, as a receive into it does.
+//!
 //! # Staged regions (CUDA memory on a host-only plugin)
 //! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs
 //! over it carry `staging` and unregistered pieces, and the engines copy every chunk through
@@ -141,6 +158,8 @@ pub(crate) struct OneSidedShared {
     pub(crate) inbox: inbox::Inbox,
     /// The one-sided carriers of the endpoint's connections.
     carriers: WeakList<Carrier>,
+    /// Writes whose data came inline and landed here (see [`crate::Config::inline_bytes`]).
+    pub(crate) inline_landed: std::sync::atomic::AtomicU64,
 }
 
 impl OneSidedShared {

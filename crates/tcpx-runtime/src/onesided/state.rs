@@ -32,6 +32,9 @@ const SWEEP_EVERY: Duration = Duration::from_millis(50);
 pub(crate) enum PendingKind {
     /// A write whose data is queued (`job`), waiting for the target's `WriteAck`.
     Write { job: Arc<Job> },
+    /// A write whose data travelled in its request (see [`crate::Config::inline_bytes`]),
+    /// waiting for the target's `WriteAck`: no job on this side.
+    InlineWrite,
     /// A read waiting for `ReadData` (then its receive job is queued) or `ReadRefused`.
     Read {
         pieces: Vec<Piece>,
@@ -172,52 +175,7 @@ impl Rma {
         remote: &[RemoteSegment],
         direction: Direction,
     ) -> Result<Plan> {
-        if local.is_empty() || remote.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a one-sided operation needs at least one local and one remote segment".into(),
-            ));
-        }
-        let mut len = 0u64;
-        for (i, s) in local.iter().enumerate() {
-            if s.len == 0
-                || s.offset
-                    .checked_add(s.len)
-                    .is_none_or(|end| end > s.region.len())
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "local segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
-                     outside it)",
-                    s.len,
-                    s.offset,
-                    s.region.len()
-                )));
-            }
-            len += s.len as u64;
-        }
-        let mut remote_len = 0u64;
-        for (i, r) in remote.iter().enumerate() {
-            if r.len == 0
-                || r.offset
-                    .checked_add(r.len)
-                    .is_none_or(|end| end > r.descriptor.len())
-            {
-                return Err(Error::InvalidArgument(format!(
-                    "remote segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
-                     outside it)",
-                    r.len,
-                    r.offset,
-                    r.descriptor.len()
-                )));
-            }
-            remote_len = remote_len.checked_add(r.len).ok_or_else(|| {
-                Error::InvalidArgument("the remote list's total overflows u64".into())
-            })?;
-        }
-        if len != remote_len {
-            return Err(Error::InvalidArgument(format!(
-                "the local list holds {len} bytes and the remote list {remote_len}: they must be equal"
-            )));
-        }
+        let len = checked_len(local, remote)?;
         // All staged or none, checked before anything is registered. Only a list naming a
         // staged region goes through `staging_of`: other lists keep their direct route
         // unchanged (a plugin taking CUDA pointers registers CUDA regions itself).
@@ -239,15 +197,7 @@ impl Rma {
             direction,
             staging.is_some(),
         )?;
-        let entries: Vec<RemoteEntry> = remote
-            .iter()
-            .map(|r| RemoteEntry {
-                region_id: r.descriptor.region_id(),
-                key: r.descriptor.key(),
-                offset: r.offset,
-                len: r.len,
-            })
-            .collect();
+        let entries = remote_entries(remote);
         let remote_lens = remote_lens(&entries);
         Ok(Plan {
             local_lens: pieces.iter().map(|p| p.len).collect(),
@@ -397,6 +347,9 @@ impl Rma {
         if let Some(n) = notification {
             check_notification(n)?;
         }
+        if let Some(transfer) = self.write_inline(local, remote, notification)? {
+            return Ok(transfer);
+        }
         let plan = self.plan(local, remote, Direction::Send)?;
         // Packing: a scattered host list is gathered into a pooled buffer by the engines,
         // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
@@ -421,6 +374,7 @@ impl Rma {
             notification: notification.map(<[u8]>::to_vec),
             packed,
             spread,
+            inline: None,
         };
         check_batch(request.payload_len(), request.entries.len())?;
         let (pieces, schedule) = if packed {
@@ -489,6 +443,80 @@ impl Rma {
             plan.len,
             self.config.wait_spin,
         ))
+    }
+
+    /// A write of host memory to host memory of at most [`Config::inline_bytes`] in all:
+    /// its data is gathered now and travels in its `WriteRequest`, which the target copies
+    /// in and answers (see [`crate::onesided`], "Small writes travel inline"). `None` when the
+    /// write is not one (the caller takes the one-sided comms).
+    fn write_inline(
+        &self,
+        local: &[Segment<'_>],
+        remote: &[RemoteSegment],
+        notification: Option<&[u8]>,
+    ) -> Result<Option<Transfer>> {
+        let limit = u64::from(self.config.inline_bytes);
+        let host = |kind| kind == tcpx::MemoryKind::Host;
+        let small = local
+            .iter()
+            .try_fold(0u64, |total, s| total.checked_add(s.len as u64))
+            .is_some_and(|total| total <= limit);
+        if !small
+            || !local
+                .iter()
+                .all(|s| host(s.region.kind()) && !s.region.is_staged())
+            || !remote.iter().all(|r| host(r.descriptor.kind()))
+        {
+            return Ok(None);
+        }
+        let len = checked_len(local, remote)?;
+        let mut data = Vec::with_capacity(len as usize);
+        // One operation on each region per run of segments in it.
+        for run in local.chunk_by(|a, b| a.region.same(b.region)) {
+            run[0]
+                .region
+                .memory()
+                .read_ranges(run.iter().map(|s| (s.offset, s.len)), &mut data)
+                .map_err(|e| Error::InvalidArgument(format!("one-sided write: {e}")))?;
+        }
+        let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let request = WriteRequest {
+            op_id,
+            entries: remote_entries(remote),
+            // The data is one run, whatever the local list was.
+            local_lens: vec![len],
+            notification: notification.map(<[u8]>::to_vec),
+            packed: false,
+            spread: false,
+            inline: Some(data),
+        };
+        if request.payload_len() > MAX_PAYLOAD as usize {
+            // So many entries that the request does not fit one frame: the comms take it
+            // (and say so if it fits no request at all).
+            return Ok(None);
+        }
+        let completion = Arc::new(Completion::default());
+        let op = PendingOp {
+            kind: PendingKind::InlineWrite,
+            completion: completion.clone(),
+            len,
+            deadline: Instant::now() + self.link.timeout,
+        };
+        self.add_pending(op_id, op)?;
+        // No job: the data is in the request, so the order rule of the comms does not apply,
+        // and the target serves the request in control-stream order with every other one.
+        if let Err(e) = self.writer.post(&Message::WriteRequest(request)) {
+            let e = Error::from(e);
+            self.link.fail(e.clone());
+            self.fail_pending(&e);
+            return Err(e);
+        }
+        Ok(Some(Transfer::new(
+            completion,
+            Direction::Send,
+            len,
+            self.config.wait_spin,
+        )))
     }
 
     /// See [`crate::Connection::read`].
@@ -606,7 +634,13 @@ impl Rma {
                 .ops
                 .iter()
                 .find(|(_, op)| now >= op.deadline)
-                .map(|(id, op)| (*id, matches!(op.kind, PendingKind::Write { .. })))
+                .map(|(id, op)| {
+                    let write = matches!(
+                        op.kind,
+                        PendingKind::Write { .. } | PendingKind::InlineWrite
+                    );
+                    (*id, write)
+                })
         };
         if let Some((op_id, write)) = late {
             self.link.fail(Error::Timeout {
@@ -677,6 +711,71 @@ fn check_notification(bytes: &[u8]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The bytes a one-sided operation moves, once both lists are checked: neither empty, every
+/// segment non-empty and inside its region, and both lists of the same total.
+fn checked_len(local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<u64> {
+    if local.is_empty() || remote.is_empty() {
+        return Err(Error::InvalidArgument(
+            "a one-sided operation needs at least one local and one remote segment".into(),
+        ));
+    }
+    let mut len = 0u64;
+    for (i, s) in local.iter().enumerate() {
+        if s.len == 0
+            || s.offset
+                .checked_add(s.len)
+                .is_none_or(|end| end > s.region.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "local segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
+                     outside it)",
+                s.len,
+                s.offset,
+                s.region.len()
+            )));
+        }
+        len += s.len as u64;
+    }
+    let mut remote_len = 0u64;
+    for (i, r) in remote.iter().enumerate() {
+        if r.len == 0
+            || r.offset
+                .checked_add(r.len)
+                .is_none_or(|end| end > r.descriptor.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "remote segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
+                     outside it)",
+                r.len,
+                r.offset,
+                r.descriptor.len()
+            )));
+        }
+        remote_len = remote_len.checked_add(r.len).ok_or_else(|| {
+            Error::InvalidArgument("the remote list's total overflows u64".into())
+        })?;
+    }
+    if len != remote_len {
+        return Err(Error::InvalidArgument(format!(
+            "the local list holds {len} bytes and the remote list {remote_len}: they must be equal"
+        )));
+    }
+    Ok(len)
+}
+
+/// The remote list as it travels.
+fn remote_entries(remote: &[RemoteSegment]) -> Vec<RemoteEntry> {
+    remote
+        .iter()
+        .map(|r| RemoteEntry {
+            region_id: r.descriptor.region_id(),
+            key: r.descriptor.key(),
+            offset: r.offset,
+            len: r.len,
+        })
+        .collect()
 }
 
 fn check_batch(payload: usize, entries: usize) -> Result<()> {

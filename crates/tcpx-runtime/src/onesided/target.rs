@@ -22,7 +22,7 @@ use super::coalesce::coalesce;
 use super::pack::{worth_packing, PackLease, Part, PACK_BYTES};
 use super::state::{access_error, OpCut, PendingKind, PendingOp, Rma};
 use crate::carrier::JobSpec;
-use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest};
+use crate::control::rma::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest};
 use crate::control::Message;
 use crate::engine::job::{staging_for, Job, Piece};
 use crate::engine::stage::Staging;
@@ -60,6 +60,15 @@ pub(crate) enum TargetItem {
         /// A packed write's pack buffer (the engines scatter it into the application's
         /// blocks; a refused write's bytes stay in it), back to the pool once handled.
         pack: Option<PackLease>,
+    },
+    /// A write whose data came in its request ([`crate::Config::inline_bytes`]): where each
+    /// piece of `data` goes, in order (empty when refused).
+    InlineWrite {
+        op_id: u64,
+        pieces: Vec<(Region, usize, usize)>,
+        data: Vec<u8>,
+        refusal: Option<Refusal>,
+        notification: Option<Vec<u8>>,
     },
     /// A standalone notification.
     Notify(Vec<u8>),
@@ -186,7 +195,11 @@ impl Rma {
             notification,
             packed,
             spread,
+            inline,
         } = request;
+        if let Some(data) = inline {
+            return self.on_inline_write(op_id, entries, notification, data, items);
+        }
         if packed {
             return self.on_packed_write(op_id, &entries, &local_lens, notification, spread, items);
         }
@@ -220,6 +233,64 @@ impl Rma {
             refusal,
             notification,
             pack: None,
+        });
+        Ok(())
+    }
+
+    /// A write whose data came in its request: validated now, copied in when it reaches the
+    /// head of the items (after every earlier write of the peer landed, so a later write to
+    /// the same bytes lands last), then answered like any write.
+    fn on_inline_write(
+        &self,
+        op_id: u64,
+        entries: Vec<RemoteEntry>,
+        notification: Option<Vec<u8>>,
+        data: Vec<u8>,
+        items: &mut Items,
+    ) -> Result<()> {
+        let total = entries.iter().try_fold(0u64, |a, e| a.checked_add(e.len));
+        if total != Some(data.len() as u64) {
+            return Err(self.violation(format!(
+                "inline write #{op_id} carries {} bytes for entries of {total:?}",
+                data.len()
+            )));
+        }
+        let (pieces, refusal) = match self.shared.adverts.validate(&entries) {
+            // Only host memory takes bytes from this thread; the initiator sends inline only
+            // toward host descriptors, so anything else is a peer that ignored them.
+            Ok(regions) => match regions
+                .iter()
+                .position(|r| r.kind() != tcpx::MemoryKind::Host || r.is_staged())
+            {
+                None => (
+                    regions
+                        .into_iter()
+                        .zip(&entries)
+                        // Validated: inside the region, so the offset fits a usize.
+                        .map(|(region, e)| (region, e.offset as usize, e.len as usize))
+                        .collect(),
+                    None,
+                ),
+                Some(index) => {
+                    self.shared.adverts.count_refusal();
+                    let refusal = Refusal {
+                        index: u32::try_from(index).unwrap_or(u32::MAX),
+                        reason: RefusalReason::UnsupportedMemory,
+                    };
+                    (Vec::new(), Some(refusal))
+                }
+            },
+            Err(refusal) => (Vec::new(), Some(refusal)),
+        };
+        if let Some(refusal) = refusal {
+            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided write refused");
+        }
+        items.push_back(TargetItem::InlineWrite {
+            op_id,
+            pieces,
+            data,
+            refusal,
+            notification,
         });
         Ok(())
     }
@@ -685,7 +756,7 @@ impl Rma {
                 self.carrier.submit_job(&job);
                 Ok(())
             }
-            PendingKind::Write { .. } => {
+            PendingKind::Write { .. } | PendingKind::InlineWrite => {
                 Err(self.violation(format!("ReadData for write #{op_id}")))
             }
         }
@@ -698,6 +769,15 @@ impl Rma {
         let op = self.answered(op_id, "WriteAck")?;
         let job = match &op.kind {
             PendingKind::Write { job } => job.clone(),
+            // Nothing of this side's to wait for: the data left in the request.
+            PendingKind::InlineWrite => {
+                let outcome = match refusal {
+                    Some(refusal) => Err(access_error(&self.link, refusal)),
+                    None => Ok(op.len),
+                };
+                op.completion.finish(outcome);
+                return Ok(());
+            }
             PendingKind::Read { .. } => {
                 return Err(self.violation(format!("WriteAck for read #{op_id}")))
             }
@@ -748,6 +828,22 @@ fn complete_write(
     op.completion.finish(outcome);
 }
 
+/// Copies an inline write's `data` into its pieces, in order: one operation on each region per
+/// run of pieces in it.
+fn land_inline(pieces: &[(Region, usize, usize)], data: &[u8]) -> tcpx::Result<()> {
+    // The pieces' lengths add up to `data`'s (checked when the request came).
+    let mut at = 0;
+    for run in pieces.chunk_by(|a, b| a.0.same(&b.0)) {
+        let ranges = run.iter().map(|&(_, offset, len)| {
+            let piece = (offset, &data[at..at + len]);
+            at += len;
+            piece
+        });
+        run[0].0.memory().write_ranges(ranges)?;
+    }
+    Ok(())
+}
+
 /// Fails what an item the acknowledger gives up on holds, with the link's error: its jobs
 /// (one never handed to the engines would otherwise never finish), the application's
 /// completions, and its pack buffer (a job may still post into it: never reused).
@@ -759,7 +855,7 @@ fn fail_item(link: &crate::link::Link, item: TargetItem) {
                 lease.poison();
             }
         }
-        TargetItem::Notify(_) => {}
+        TargetItem::Notify(_) | TargetItem::InlineWrite { .. } => {}
         TargetItem::ServeRead { job, pack, .. } => {
             if let Some(job) = job {
                 job.fail_with_link();
@@ -785,7 +881,7 @@ impl TargetItem {
     fn awaits(&self) -> Option<&Arc<Job>> {
         match self {
             Self::Write { job, .. } | Self::Complete { job, .. } => Some(job),
-            Self::Notify(_) | Self::ServeRead { .. } => None,
+            Self::Notify(_) | Self::ServeRead { .. } | Self::InlineWrite { .. } => None,
         }
     }
 }
@@ -956,6 +1052,34 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
     match item {
         // Behind every earlier write's notification, as the peer sent it.
         TargetItem::Notify(bytes) => answers.hold(rma, bytes),
+        TargetItem::InlineWrite {
+            op_id,
+            pieces,
+            data,
+            refusal,
+            notification,
+        } => {
+            if let Err(e) = land_inline(&pieces, &data) {
+                // Memory that cannot take the bytes now (the application holds a CPU slice
+                // of it): as for an eager receive, the connection fails with why.
+                rma.link.fail(Error::InvalidArgument(format!(
+                    "inline one-sided write #{op_id}: {e}"
+                )));
+                return;
+            }
+            if refusal.is_none() {
+                rma.shared
+                    .inline_landed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            // As for any write: the answer leaves before the notification is visible.
+            answers.queue(rma, &Message::WriteAck { op_id, refusal });
+            if refusal.is_none() {
+                if let Some(bytes) = notification {
+                    answers.hold(rma, bytes);
+                }
+            }
+        }
         TargetItem::ServeRead {
             job,
             op_id,

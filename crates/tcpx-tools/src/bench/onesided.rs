@@ -128,8 +128,9 @@ struct Bench {
 }
 
 fn config(o: &Options) -> Result<Config> {
-    // Packing knobs come from the environment (TCPX_PACK_BELOW=0 measures the unpacked
-    // path in the same build); everything else from the flags.
+    // Packing and inline knobs come from the environment (TCPX_PACK_BELOW=0 measures the
+    // unpacked path, TCPX_INLINE_BYTES=0 small writes through the comms, in the same build);
+    // everything else from the flags.
     let env = Config::from_env()?;
     let config = Config::builder()
         .backend(o.backend.clone())
@@ -140,6 +141,7 @@ fn config(o: &Options) -> Result<Config> {
         .backoff(Backoff::Park)
         .pack_below(env.pack_below)
         .pack_buffers(env.pack_buffers)
+        .inline_bytes(env.inline_bytes)
         .build()?;
     Ok(config)
 }
