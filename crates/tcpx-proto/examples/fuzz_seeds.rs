@@ -88,6 +88,7 @@ fn messages() -> Vec<Message> {
             local_lens: vec![20480],
             pack: false,
             spread: true,
+            inline: false,
         }),
         Message::Notify {
             bytes: b"hello".to_vec(),
@@ -113,6 +114,10 @@ fn messages() -> Vec<Message> {
                 index: 0,
                 reason: RefusalReason::OutOfBounds,
             },
+        },
+        Message::ReadInline {
+            op_id: 15,
+            data: vec![0xa5; 96],
         },
     ]
 }

@@ -29,7 +29,7 @@
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB; 0 with `TCPX_GPU_INDEX` / `TCPX_GPU_PCI` |
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
-//! | `TCPX_INLINE_BYTES` | one-sided writes of host memory up to this many bytes in all carry their data in the control message (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
+//! | `TCPX_INLINE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
 //! here: they pass through to the plugin untouched.
@@ -92,8 +92,8 @@ impl std::str::FromStr for Backoff {
 /// lose from 128 KiB (the extra memcpy costs more than the plugin requests it saves).
 pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 
-/// Default [`Config::inline_bytes`]: one-sided writes of up to 8 KiB of host memory travel
-/// inline (docs/RESULTS.md, twenty-second session).
+/// Default [`Config::inline_bytes`]: one-sided writes and reads of up to 8 KiB of host memory
+/// travel inline (docs/RESULTS.md, twenty-second session).
 pub const DEFAULT_INLINE_BYTES: u32 = 8 << 10;
 
 /// Default [`Config::eager_bytes`]: two-sided messages up to 64 KiB travel in eager frames.
@@ -242,13 +242,14 @@ pub struct Config {
     /// has sent it. This side's choice: the receiver follows the frames. `0` copies every
     /// eager message. Default [`DEFAULT_EAGER_DETACH`].
     pub eager_detach: u32,
-    /// One-sided writes whose local and remote memory is host memory and whose total is at
-    /// most this many bytes carry their data in their `WriteRequest` on the control stream,
-    /// and the target copies it in: no plugin request, engine hand-off or receive job on
-    /// either side, which is most of what a small one-sided operation costs (a 4 KiB write
-    /// ran at a fifth of a two-sided send). Larger writes, and CUDA memory, take the
-    /// one-sided comms. `0`: never. At most [`tcpx_proto::control::rma::MAX_INLINE`]. Only
-    /// the initiator's value matters. Default [`DEFAULT_INLINE_BYTES`].
+    /// One-sided writes and reads whose local and remote memory is host memory and whose
+    /// total is at most this many bytes carry their data in control messages (a write's in
+    /// its `WriteRequest`, a read's in the target's `ReadInline` answer), copied in by the
+    /// receiving side's control loop: no plugin request, engine hand-off or job on either
+    /// side, which is most of what a small one-sided operation costs (a 4 KiB write through
+    /// the comms ran at 0.2–0.5 × a two-sided send). Larger operations, and CUDA memory, take
+    /// the one-sided comms. `0`: never. At most [`tcpx_proto::control::rma::MAX_INLINE`].
+    /// Only the initiator's value matters. Default [`DEFAULT_INLINE_BYTES`].
     pub inline_bytes: u32,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.

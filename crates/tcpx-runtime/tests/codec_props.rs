@@ -148,17 +148,21 @@ fn onesided_message() -> impl Strategy<Value = Message> {
             entries(),
             lens(),
             any::<bool>(),
+            any::<bool>(),
             any::<bool>()
         )
-            .prop_map(|(op_id, entries, local_lens, pack, spread)| {
+            .prop_map(|(op_id, entries, local_lens, pack, spread, inline)| {
                 Message::ReadRequest(ReadRequest {
                     op_id,
                     entries,
                     local_lens,
-                    pack,
+                    // An inline answer is never packed (the decoder refuses both).
+                    pack: pack && !inline,
                     spread,
+                    inline,
                 })
             }),
+        (any::<u64>(), blob()).prop_map(|(op_id, data)| Message::ReadInline { op_id, data }),
         blob().prop_map(|bytes| Message::Notify { bytes }),
         (any::<u64>(), proptest::option::of(refusal()))
             .prop_map(|(op_id, refusal)| Message::WriteAck { op_id, refusal }),
@@ -181,13 +185,14 @@ fn descriptor() -> impl Strategy<Value = Descriptor> {
     })
 }
 
-const ONESIDED_TYPES: [MessageType; 6] = [
+const ONESIDED_TYPES: [MessageType; 7] = [
     MessageType::WriteRequest,
     MessageType::ReadRequest,
     MessageType::Notify,
     MessageType::WriteAck,
     MessageType::ReadData,
     MessageType::ReadRefused,
+    MessageType::ReadInline,
 ];
 
 /// Feeds `bytes` to `decoder` in pieces cut at `cuts`, collecting frames until an error.
@@ -415,6 +420,7 @@ fn packing_flags_with_unknown_bits_are_refused() {
             local_lens: vec![4096],
             pack: true,
             spread: false,
+            inline: false,
         }),
         Message::ReadData {
             op_id: 7,
@@ -434,11 +440,12 @@ fn packing_flags_with_unknown_bits_are_refused() {
             payload,
         };
         assert_eq!(Message::decode(&frame(payload.clone())).unwrap(), msg);
-        // Requests know bit 1 too (spread); `ReadData` knows bit 0 only. A write's bit 2
-        // (inline) announces data that is not there, and never goes with bit 0.
+        // Requests know bit 1 too (spread); `ReadData` knows bit 0 only. Bit 2 (inline) never
+        // goes with bit 0, and a write's announces data that is not there.
         let unknown: &[u8] = match msg {
             Message::ReadData { .. } => &[2, 3, 0x80, 0xff],
-            _ => &[4, 5, 0x80, 0xff],
+            Message::ReadRequest(_) => &[5, 8, 0x80, 0xff],
+            _ => &[4, 5, 8, 0x80, 0xff],
         };
         for &bad in unknown {
             payload[last] = bad;

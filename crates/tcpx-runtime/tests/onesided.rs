@@ -1419,7 +1419,7 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
                 "inline={inline}: block of {len} bytes at {offset} in target {target}"
             );
         }
-        let landed = b.inline_writes_landed();
+        let landed = b.inline_served();
         if inline {
             assert_eq!(landed, 300, "every write travelled inline");
         } else {
@@ -1487,7 +1487,8 @@ fn an_inline_write_lands_after_earlier_writes_and_before_later_reads() {
             "the earlier write's bytes around it",
         );
     }
-    assert_eq!(b.inline_writes_landed(), 8);
+    // Each round: the inline write and the inline read.
+    assert_eq!(b.inline_served(), 16);
 }
 
 /// A refused inline write (wrong key, out of bounds, revoked) changes no byte, names the bad
@@ -1537,7 +1538,7 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
             "{reason}: target memory changed ({i})"
         );
     }
-    assert_eq!(b.inline_writes_landed(), 0);
+    assert_eq!(b.inline_served(), 0);
     let tx = ab
         .write(
             &[Segment::new(&src, 0, 8192)],
@@ -1548,5 +1549,107 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
     assert_eq!(tx.wait(DEADLINE).unwrap(), 8192);
     assert_pattern(&dst, 0, 8192, 6, "a good inline write after the refusals");
     assert_eq!(wait_notifications(&b, 1), vec![b"landed".to_vec()]);
-    assert_eq!(b.inline_writes_landed(), 1);
+    assert_eq!(b.inline_served(), 1);
+}
+
+/// Small reads into host memory (1 B up to the inline threshold, one block or several from
+/// two regions) come back with their data in `ReadInline`, many in flight, exactly; with
+/// inline operations off the same reads come through the comms.
+#[test]
+fn small_reads_come_back_inline_exactly() {
+    loopback();
+    for inline in [true, false] {
+        let mut ca = config(4, 64 << 10);
+        if !inline {
+            ca.inline_bytes = 0;
+        }
+        let (a, b, ab, _ba) = pair_with(ca, config(4, 64 << 10));
+        const LEN: usize = 3 << 20;
+        let s0 = source(&b, LEN, 71);
+        let s1 = source(&b, LEN, 72);
+        let (d0, d1) = (b.advertise(&s0).unwrap(), b.advertise(&s1).unwrap());
+        let back = a.alloc_host(LEN).unwrap();
+        let mut rng = Rng(0x5ead);
+        let mut expected: Vec<(usize, usize, usize)> = Vec::new(); // (source, offset, len)
+        let mut transfers = Vec::new();
+        let mut at = 0usize;
+        for i in 0..300usize {
+            let total = 1 + rng.below(8192) as usize;
+            let blocks = (1 + rng.below(3) as usize).min(total);
+            let mut local = Vec::new();
+            let mut remote = Vec::new();
+            let mut left = total;
+            for k in 0..blocks {
+                let len = if k + 1 == blocks {
+                    left
+                } else {
+                    1 + rng.below((left - (blocks - k - 1)) as u64) as usize
+                };
+                left -= len;
+                let (which, d) = if (i + k) % 2 == 0 { (0, d0) } else { (1, d1) };
+                local.push(Segment::new(&back, at, len));
+                remote.push(RemoteSegment::new(d, at as u64, len as u64));
+                expected.push((which, at, len));
+                at += len;
+            }
+            transfers.push((total, ab.read(&local, &remote).unwrap()));
+        }
+        for (total, t) in &transfers {
+            assert_eq!(t.wait(DEADLINE).unwrap(), *total as u64);
+        }
+        let (b0, b1, got) = (snapshot(&s0), snapshot(&s1), snapshot(&back));
+        for &(which, offset, len) in &expected {
+            let src = if which == 0 { &b0 } else { &b1 };
+            assert!(
+                got[offset..offset + len] == src[offset..offset + len],
+                "inline={inline}: block of {len} bytes at {offset} from source {which}"
+            );
+        }
+        assert_eq!(b.inline_served(), if inline { 300 } else { 0 });
+    }
+}
+
+/// A refused inline read reads nothing, names the bad entry and is counted; the connection
+/// goes on.
+#[test]
+fn a_refused_inline_read_reads_nothing_and_the_connection_goes_on() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 64 << 10);
+    let src = source(&b, 64 << 10, 8);
+    let good = b.advertise(&src).unwrap();
+    let forged = Descriptor::from_bytes(&{
+        let mut bytes = good.to_bytes();
+        bytes[18] ^= 1;
+        bytes
+    })
+    .unwrap();
+    let back = a.alloc_host(8192).unwrap();
+    back.memory().with_bytes_mut(|m| m.fill(0xcc)).unwrap();
+    let refusals = b.access_refusals();
+    let rx = ab
+        .read(
+            &[Segment::new(&back, 0, 200)],
+            &[
+                RemoteSegment::new(good, 0, 100),
+                RemoteSegment::new(forged, 0, 100),
+            ],
+        )
+        .unwrap();
+    let (index, why) = access_error(rx.wait(DEADLINE));
+    assert_eq!(index, 1, "the error names the bad entry");
+    assert!(why.contains("key"), "{why:?}");
+    assert_eq!(b.access_refusals(), refusals + 1);
+    assert!(
+        snapshot(&back).iter().all(|&x| x == 0xcc),
+        "a refused read wrote"
+    );
+    let rx = ab
+        .read(
+            &[Segment::new(&back, 0, 8192)],
+            &[RemoteSegment::new(good, 0, 8192)],
+        )
+        .unwrap();
+    assert_eq!(rx.wait(DEADLINE).unwrap(), 8192);
+    assert_pattern(&back, 0, 8192, 8, "a good inline read after the refusal");
+    assert_eq!(b.inline_served(), 1);
 }

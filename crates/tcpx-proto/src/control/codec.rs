@@ -45,11 +45,13 @@ pub enum MessageType {
     ReadData = 0x0104,
     /// [`Message::ReadRefused`](super::message::Message::ReadRefused).
     ReadRefused = 0x0105,
+    /// [`Message::ReadInline`](super::message::Message::ReadInline) (protocol version 6).
+    ReadInline = 0x0106,
 }
 
 impl MessageType {
     /// Every type this version defines.
-    pub const ALL: [MessageType; 12] = [
+    pub const ALL: [MessageType; 13] = [
         Self::Hello,
         Self::ConnectHandles,
         Self::Ready,
@@ -62,6 +64,7 @@ impl MessageType {
         Self::WriteAck,
         Self::ReadData,
         Self::ReadRefused,
+        Self::ReadInline,
     ];
 
     /// The wire code.
@@ -77,7 +80,7 @@ impl MessageType {
     /// What a code reserved for later versions is set aside for (`None` if not reserved).
     pub fn reserved_name(code: u16) -> Option<&'static str> {
         match code {
-            0x0106..=0x01FF => Some("one-sided operation"),
+            0x0107..=0x01FF => Some("one-sided operation"),
             0xF000..=0xFFFF => Some("experimental extension"),
             _ => None,
         }
@@ -90,7 +93,8 @@ pub const MAGIC: [u8; 4] = *b"TXCP";
 /// The protocol version this crate speaks (and the only one it accepts). Version 5: eager
 /// frames may carry detached messages ([`crate::eager::DETACHED`]), which a version 4 peer
 /// would refuse mid-stream; the handshake refuses it instead. Version 6: a `WriteRequest` may
-/// carry its data inline ([`crate::control::rma::WriteRequest::inline`]), likewise.
+/// carry its data inline ([`crate::control::rma::WriteRequest::inline`]), and a read be answered
+/// with its data (`ReadInline`), likewise.
 pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Bytes in a frame header.
@@ -425,10 +429,10 @@ mod tests {
     fn unknown_and_reserved_types_are_refused() {
         let err = decode_all(&header(MAGIC, PROTOCOL_VERSION, 0x7777, 0)).unwrap_err();
         assert_eq!(err, CodecError::UnknownType { code: 0x7777 });
-        let err = decode_all(&header(MAGIC, PROTOCOL_VERSION, 0x0106, 0)).unwrap_err();
+        let err = decode_all(&header(MAGIC, PROTOCOL_VERSION, 0x0107, 0)).unwrap_err();
         assert!(matches!(
             err,
-            CodecError::UnsupportedType { code: 0x0106, .. }
+            CodecError::UnsupportedType { code: 0x0107, .. }
         ));
     }
 

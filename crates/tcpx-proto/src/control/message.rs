@@ -16,7 +16,8 @@
 //! | `WriteAck` | 0x0103 | op_id u64, u8 0 = done / 1 = refused, then index u32 + reason u8 |
 //! | `ReadData` | 0x0104 | op_id u64, packed u8 (0 / 1) |
 //! | `ReadRefused` | 0x0105 | op_id u64, index u32, reason u8 |
-//! | reserved | 0x0106–0x01FF | later one-sided operations |
+//! | `ReadInline` | 0x0106 | op_id u64, u32 length + bytes (at most [`MAX_INLINE`](super::rma::MAX_INLINE)) |
+//! | reserved | 0x0107–0x01FF | later one-sided operations |
 //! | reserved | 0xF000–0xFFFF | experimental extensions |
 //!
 //! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
@@ -25,7 +26,7 @@
 //! version 2 added
 //! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`; version 5
 //! changed no message here, only eager frames: detached messages; version 6 added inline data
-//! to `WriteRequest`).
+//! to `WriteRequest`, the inline flag to `ReadRequest` and `ReadInline`).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects
@@ -35,7 +36,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use super::codec::{encode_frame, EncodeError, Frame, MAX_PAYLOAD, PROTOCOL_VERSION};
-use super::rma::{read_blob, read_refusal, write_blob, write_refusal};
+use super::rma::{read_blob, read_inline, read_refusal, write_blob, write_inline, write_refusal};
 use super::rma::{ReadRequest, Refusal, WriteRequest};
 use crate::wire::{Reader, TooLong, WireError, Writer};
 
@@ -322,6 +323,15 @@ pub enum Message {
         /// Which entry and why.
         refusal: Refusal,
     },
+    /// The target's answer to a read that asked for its data inline
+    /// ([`ReadRequest::inline`](super::rma::ReadRequest::inline)): the data itself, in
+    /// stream order; nothing follows on the one-sided comms.
+    ReadInline {
+        /// The read's operation id.
+        op_id: u64,
+        /// At most [`MAX_INLINE`](super::rma::MAX_INLINE) bytes.
+        data: Vec<u8>,
+    },
 }
 
 /// A frame whose payload does not decode as its message type.
@@ -366,6 +376,7 @@ impl Message {
             Self::WriteAck { .. } => MessageType::WriteAck,
             Self::ReadData { .. } => MessageType::ReadData,
             Self::ReadRefused { .. } => MessageType::ReadRefused,
+            Self::ReadInline { .. } => MessageType::ReadInline,
         }
     }
 
@@ -435,6 +446,10 @@ impl Message {
             Self::ReadRefused { op_id, refusal } => {
                 w.u64(*op_id);
                 write_refusal(&mut w, refusal);
+            }
+            Self::ReadInline { op_id, data } => {
+                w.u64(*op_id);
+                write_inline(&mut w, data)?;
             }
         }
         Ok(())
@@ -529,6 +544,10 @@ impl Message {
             MessageType::ReadRefused => Self::ReadRefused {
                 op_id: r.u64("op_id")?,
                 refusal: read_refusal(&mut r)?,
+            },
+            MessageType::ReadInline => Self::ReadInline {
+                op_id: r.u64("op_id")?,
+                data: read_inline(&mut r)?,
             },
         };
         r.finish()?;

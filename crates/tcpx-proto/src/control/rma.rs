@@ -4,11 +4,12 @@
 //! | message | payload |
 //! |---|---|
 //! | `WriteRequest` 0x0100 | op_id u64, entries, local lens, notification (u8 0 = none, 1 = u32 length + bytes), flags u8 (bit 0: packed, bit 1: spread, bit 2: inline), with bit 2 the data: u32 length + bytes (protocol version 6) |
-//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens, flags u8 (bit 0: packing offered, bit 1: spread) |
+//! | `ReadRequest` 0x0101 | op_id u64, entries, local lens, flags u8 (bit 0: packing offered, bit 1: spread, bit 2: answer inline, protocol version 6) |
 //! | `Notify` 0x0102 | u32 length + bytes |
 //! | `WriteAck` 0x0103 | op_id u64, u8 0 = done / 1 = refused then a refusal |
 //! | `ReadData` 0x0104 | op_id u64, u8 0 = unpacked / 1 = packed |
 //! | `ReadRefused` 0x0105 | op_id u64, refusal |
+//! | `ReadInline` 0x0106 | op_id u64, u32 length + bytes (protocol version 6) |
 //!
 //! *entries* is a u32 count then per entry region_id u64, key u64, offset u64, len u64;
 //! *local lens* is a u32 count then u64 lengths; a *refusal* is the entry index u32 and a
@@ -64,7 +65,8 @@ pub struct WriteRequest {
     pub inline: Option<Vec<u8>>,
 }
 
-/// A one-sided read: the target answers `ReadData` (and sends) or `ReadRefused`.
+/// A one-sided read: the target answers `ReadData` (and sends), `ReadInline` (the data itself, when
+/// asked) or `ReadRefused`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadRequest {
     /// The initiator's operation id.
@@ -79,6 +81,9 @@ pub struct ReadRequest {
     /// Both sides cut the data finer, as in [`WriteRequest::spread`] (the initiator decides;
     /// packed or not).
     pub spread: bool,
+    /// The target answers with the data itself in a `ReadInline` message (a small read into
+    /// host memory), not `ReadData` and the one-sided comms; never together with `pack`.
+    pub inline: bool,
 }
 
 /// Bit 0 of a request's flag byte: packed (write) / packing offered (read).
@@ -106,12 +111,6 @@ fn read_flag_byte(r: &mut Reader<'_>, known: u8) -> Result<u8, WireError> {
         });
     }
     Ok(flags)
-}
-
-/// (bit 0, bit 1) of a request's flag byte; any other bit is refused.
-fn read_flags(r: &mut Reader<'_>) -> Result<(bool, bool), WireError> {
-    let flags = read_flag_byte(r, FLAG_PACKED | FLAG_SPREAD)?;
-    Ok((flags & FLAG_PACKED != 0, flags & FLAG_SPREAD != 0))
 }
 
 /// Why a target refused a request.
@@ -269,6 +268,33 @@ pub(crate) fn read_blob(r: &mut Reader<'_>) -> Result<Vec<u8>, WireError> {
     Ok(r.take("notification", len)?.to_vec())
 }
 
+/// Writes inline data: u32 length + bytes, at most [`MAX_INLINE`].
+pub(crate) fn write_inline(w: &mut Writer<'_>, data: &[u8]) -> Result<(), TooLong> {
+    if data.len() > MAX_INLINE {
+        return Err(TooLong {
+            field: "inline",
+            len: data.len(),
+            max: MAX_INLINE,
+        });
+    }
+    w.u32(count32("inline", data.len())?);
+    w.bytes(data);
+    Ok(())
+}
+
+/// Reads inline data written by [`write_inline`] (the length checked against the cap and
+/// the bytes present before anything is allocated).
+pub(crate) fn read_inline(r: &mut Reader<'_>) -> Result<Vec<u8>, WireError> {
+    let len = r.u32("inline")? as usize;
+    if len > MAX_INLINE {
+        return Err(WireError::Invalid {
+            field: "inline",
+            why: "longer than the 64 KiB cap",
+        });
+    }
+    Ok(r.take("inline", len)?.to_vec())
+}
+
 /// Writes a refusal.
 pub(crate) fn write_refusal(w: &mut Writer<'_>, refusal: &Refusal) {
     w.u32(refusal.index);
@@ -312,16 +338,8 @@ impl WriteRequest {
         match &self.inline {
             None => write_flags(w, self.packed, self.spread),
             Some(data) => {
-                if data.len() > MAX_INLINE {
-                    return Err(TooLong {
-                        field: "inline",
-                        len: data.len(),
-                        max: MAX_INLINE,
-                    });
-                }
                 w.u8(flag_bits(self.packed, self.spread) | FLAG_INLINE);
-                w.u32(count32("inline", data.len())?);
-                w.bytes(data);
+                write_inline(w, data)?;
             }
         }
         Ok(())
@@ -350,14 +368,7 @@ impl WriteRequest {
                     why: "inline data cannot also be packed",
                 });
             }
-            let len = r.u32("inline")? as usize;
-            if len > MAX_INLINE {
-                return Err(WireError::Invalid {
-                    field: "inline",
-                    why: "longer than the 64 KiB cap",
-                });
-            }
-            Some(r.take("inline", len)?.to_vec())
+            Some(read_inline(r)?)
         } else {
             None
         };
@@ -383,7 +394,8 @@ impl ReadRequest {
         w.u64(self.op_id);
         write_entries(w, &self.entries)?;
         write_lens(w, &self.local_lens)?;
-        write_flags(w, self.pack, self.spread);
+        let inline = if self.inline { FLAG_INLINE } else { 0 };
+        w.u8(flag_bits(self.pack, self.spread) | inline);
         Ok(())
     }
 
@@ -391,13 +403,21 @@ impl ReadRequest {
         let op_id = r.u64("op_id")?;
         let entries = read_entries(r)?;
         let local_lens = read_lens(r)?;
-        let (pack, spread) = read_flags(r)?;
+        let flags = read_flag_byte(r, FLAG_PACKED | FLAG_SPREAD | FLAG_INLINE)?;
+        let (pack, inline) = (flags & FLAG_PACKED != 0, flags & FLAG_INLINE != 0);
+        if pack && inline {
+            return Err(WireError::Invalid {
+                field: "flags",
+                why: "an inline answer cannot also be packed",
+            });
+        }
         Ok(Self {
             op_id,
             entries,
             local_lens,
             pack,
-            spread,
+            spread: flags & FLAG_SPREAD != 0,
+            inline,
         })
     }
 }

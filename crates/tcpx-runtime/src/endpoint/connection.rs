@@ -393,7 +393,8 @@ impl Connection {
 
     /// Reads the peer's advertised memory `remote` into `local` (one-sided; same list rules
     /// as [`Connection::write`]). Completes once every byte arrived, or fails with
-    /// [`Error::Access`] (nothing read). Dropping the [`Transfer`] does not cancel the read:
+    /// [`Error::Access`] (nothing read). A read of host memory into host memory of at most
+    /// [`crate::Config::inline_bytes`] in all comes back in a control message. Dropping the [`Transfer`] does not cancel the read:
     /// its data still arrives into `local`.
     pub fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
         self.rma.read(local, remote)

@@ -537,12 +537,13 @@ impl Endpoint {
         self.shared.one_sided.adverts.refusals()
     }
 
-    /// One-sided writes from peers whose data came in their request and landed here (small
-    /// writes of host memory, see [`crate::Config::inline_bytes`]).
-    pub fn inline_writes_landed(&self) -> u64 {
+    /// One-sided operations from peers served with their data in control messages: writes
+    /// whose data came in their request and landed here, reads answered with their data
+    /// (small operations on host memory, see [`crate::Config::inline_bytes`]).
+    pub fn inline_served(&self) -> u64 {
         self.shared
             .one_sided
-            .inline_landed
+            .inline_served
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

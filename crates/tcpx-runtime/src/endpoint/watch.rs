@@ -218,7 +218,8 @@ fn on_message(carrier: &Carrier, rma: &Rma, message: Message, acks: &mut Acknowl
         | Message::Notify { .. }
         | Message::WriteAck { .. }
         | Message::ReadData { .. }
-        | Message::ReadRefused { .. }) => {
+        | Message::ReadRefused { .. }
+        | Message::ReadInline { .. }) => {
             if let Err(e) = rma.on_message(message, acks.items()) {
                 link.fail(e);
                 return Next::Exit;

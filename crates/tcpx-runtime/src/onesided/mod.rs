@@ -81,7 +81,7 @@
 //! channel and scattered (2 × 16 KiB between two processes: 27 µs unpacked against 35
 //! packed on host memory, 47 against 90 on GPUs).
 //!
-//! # Small writes travel inline
+//! # Small operations travel inline
 //! A write of host memory into host descriptors of at most [`crate::Config::inline_bytes`]
 //! in all (8 KiB by default) carries its data in its `WriteRequest`: the initiator gathers
 //! the bytes during the call (`SharedMemory::read_ranges`, allowed while other transfers of
@@ -97,6 +97,13 @@
 //! region that is not host memory (a peer that ignored the descriptor's kind) is refused
 //! with [`RefusalReason::UnsupportedMemory`]. Target memory the application holds a CPU slice
 //! of when the bytes land fails the connection, as a receive into it does.
+//!
+//! A read of host descriptors into host memory of at most the same size asks for its data
+//! inline (`ReadRequest` flag bit 2): the target, when the request reaches the head of its
+//! items, reads the bytes (`SharedMemory::read_ranges`) and answers `ReadInline` with them;
+//! the initiator's control loop copies them into the read's memory and completes it. A
+//! refusal is `ReadRefused` as for any read. [`crate::Endpoint::inline_served`] counts
+//! what a target served inline.
 //!
 //! # Staged regions (CUDA memory on a host-only plugin)
 //! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs
@@ -158,8 +165,9 @@ pub(crate) struct OneSidedShared {
     pub(crate) inbox: inbox::Inbox,
     /// The one-sided carriers of the endpoint's connections.
     carriers: WeakList<Carrier>,
-    /// Writes whose data came inline and landed here (see [`crate::Config::inline_bytes`]).
-    pub(crate) inline_landed: std::sync::atomic::AtomicU64,
+    /// One-sided operations from peers served inline here: writes whose data came in their
+    /// request and landed, reads answered with their data (see [`crate::Config::inline_bytes`]).
+    pub(crate) inline_served: std::sync::atomic::AtomicU64,
 }
 
 impl OneSidedShared {

@@ -35,6 +35,9 @@ pub(crate) enum PendingKind {
     /// A write whose data travelled in its request (see [`crate::Config::inline_bytes`]),
     /// waiting for the target's `WriteAck`: no job on this side.
     InlineWrite,
+    /// A read that asked for its data inline, waiting for `ReadInline` (or `ReadRefused`):
+    /// where each piece of the data goes, in order.
+    InlineRead { local: Vec<(Region, usize, usize)> },
     /// A read waiting for `ReadData` (then its receive job is queued) or `ReadRefused`.
     Read {
         pieces: Vec<Piece>,
@@ -455,18 +458,7 @@ impl Rma {
         remote: &[RemoteSegment],
         notification: Option<&[u8]>,
     ) -> Result<Option<Transfer>> {
-        let limit = u64::from(self.config.inline_bytes);
-        let host = |kind| kind == tcpx::MemoryKind::Host;
-        let small = local
-            .iter()
-            .try_fold(0u64, |total, s| total.checked_add(s.len as u64))
-            .is_some_and(|total| total <= limit);
-        if !small
-            || !local
-                .iter()
-                .all(|s| host(s.region.kind()) && !s.region.is_staged())
-            || !remote.iter().all(|r| host(r.descriptor.kind()))
-        {
+        if !self.goes_inline(local, remote) {
             return Ok(None);
         }
         let len = checked_len(local, remote)?;
@@ -522,6 +514,9 @@ impl Rma {
     /// See [`crate::Connection::read`].
     pub(crate) fn read(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<Transfer> {
         self.usable()?;
+        if let Some(transfer) = self.read_inline(local, remote)? {
+            return Ok(transfer);
+        }
         let plan = self.plan(local, remote, Direction::Recv)?;
         // Offer to receive packed (host memory: into place when the local list is one run,
         // else into a pooled buffer reserved for it, none free, no offer; staged memory:
@@ -546,6 +541,7 @@ impl Rma {
             local_lens: plan.local_lens,
             pack: offered,
             spread,
+            inline: false,
         };
         check_batch(request.payload_len(), request.entries.len())?;
         let schedule = self.schedule(&request.local_lens, &plan.remote_lens, op_id, spread)?;
@@ -577,6 +573,74 @@ impl Rma {
             plan.len,
             self.config.wait_spin,
         ))
+    }
+
+    /// A read of host memory into host memory of at most [`Config::inline_bytes`] in all:
+    /// it asks the target for its data inline (`ReadInline`, copied into `local` by the
+    /// control loop), as [`Rma::write_inline`] sends a small write's. `None` when the read is
+    /// not one (the caller takes the one-sided comms).
+    fn read_inline(
+        &self,
+        local: &[Segment<'_>],
+        remote: &[RemoteSegment],
+    ) -> Result<Option<Transfer>> {
+        if !self.goes_inline(local, remote) {
+            return Ok(None);
+        }
+        let len = checked_len(local, remote)?;
+        let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let request = ReadRequest {
+            op_id,
+            entries: remote_entries(remote),
+            local_lens: vec![len],
+            pack: false,
+            spread: false,
+            inline: true,
+        };
+        if request.payload_len() > MAX_PAYLOAD as usize {
+            return Ok(None);
+        }
+        let completion = Arc::new(Completion::default());
+        let op = PendingOp {
+            kind: PendingKind::InlineRead {
+                local: local
+                    .iter()
+                    .map(|s| (s.region.clone(), s.offset, s.len))
+                    .collect(),
+            },
+            completion: completion.clone(),
+            len,
+            deadline: Instant::now() + self.link.timeout,
+        };
+        self.add_pending(op_id, op)?;
+        if let Err(e) = self.writer.post(&Message::ReadRequest(request)) {
+            let e = Error::from(e);
+            self.link.fail(e.clone());
+            self.fail_pending(&e);
+            return Err(e);
+        }
+        Ok(Some(Transfer::new(
+            completion,
+            Direction::Recv,
+            len,
+            self.config.wait_spin,
+        )))
+    }
+
+    /// Whether an operation on these lists carries its data in control messages: host memory
+    /// on both sides (the descriptors say the target's), at most [`Config::inline_bytes`].
+    fn goes_inline(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> bool {
+        let limit = u64::from(self.config.inline_bytes);
+        let host = |kind| kind == tcpx::MemoryKind::Host;
+        let small = local
+            .iter()
+            .try_fold(0u64, |total, s| total.checked_add(s.len as u64))
+            .is_some_and(|total| total <= limit);
+        small
+            && local
+                .iter()
+                .all(|s| host(s.region.kind()) && !s.region.is_staged())
+            && remote.iter().all(|r| host(r.descriptor.kind()))
     }
 
     /// See [`crate::Connection::notify`].

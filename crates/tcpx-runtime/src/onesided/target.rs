@@ -22,7 +22,9 @@ use super::coalesce::coalesce;
 use super::pack::{worth_packing, PackLease, Part, PACK_BYTES};
 use super::state::{access_error, OpCut, PendingKind, PendingOp, Rma};
 use crate::carrier::JobSpec;
-use crate::control::rma::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest};
+use crate::control::rma::{
+    ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_INLINE,
+};
 use crate::control::Message;
 use crate::engine::job::{staging_for, Job, Piece};
 use crate::engine::stage::Staging;
@@ -70,6 +72,13 @@ pub(crate) enum TargetItem {
         refusal: Option<Refusal>,
         notification: Option<Vec<u8>>,
     },
+    /// A read that asked for its data inline: where its pieces are read from, in order
+    /// (empty when refused).
+    ServeInlineRead {
+        op_id: u64,
+        pieces: Vec<(Region, usize, usize)>,
+        refusal: Option<Refusal>,
+    },
     /// A standalone notification.
     Notify(Vec<u8>),
     /// A read this side serves: its send job (`None` when refused) is queued and `ReadData`
@@ -113,6 +122,7 @@ impl Rma {
                 op.completion.finish(Err(access_error(&self.link, refusal)));
                 Ok(())
             }
+            Message::ReadInline { op_id, data } => self.on_read_inline(op_id, data),
             other => Err(self.violation(format!("{:?} is not a one-sided message", other.kind()))),
         }
     }
@@ -255,9 +265,75 @@ impl Rma {
                 data.len()
             )));
         }
-        let (pieces, refusal) = match self.shared.adverts.validate(&entries) {
-            // Only host memory takes bytes from this thread; the initiator sends inline only
-            // toward host descriptors, so anything else is a peer that ignored them.
+        let (pieces, refusal) = self.inline_pieces(&entries);
+        if let Some(refusal) = refusal {
+            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided write refused");
+        }
+        items.push_back(TargetItem::InlineWrite {
+            op_id,
+            pieces,
+            data,
+            refusal,
+            notification,
+        });
+        Ok(())
+    }
+
+    /// A read that asked for its data inline: validated now, its bytes read and sent in
+    /// `ReadInline` when it reaches the head of the items (after every earlier write of the
+    /// peer landed), or refused.
+    fn on_inline_read(&self, op_id: u64, entries: &[RemoteEntry], items: &mut Items) -> Result<()> {
+        let total = entries.iter().try_fold(0u64, |a, e| a.checked_add(e.len));
+        if total.is_none_or(|t| t > MAX_INLINE as u64) {
+            return Err(self.violation(format!(
+                "inline read #{op_id} of {total:?} bytes (at most {MAX_INLINE} travel inline)"
+            )));
+        }
+        let (pieces, refusal) = self.inline_pieces(entries);
+        if let Some(refusal) = refusal {
+            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided read refused");
+        }
+        items.push_back(TargetItem::ServeInlineRead {
+            op_id,
+            pieces,
+            refusal,
+        });
+        Ok(())
+    }
+
+    /// Initiator: the data of a read that asked for it inline; copied into the read's memory
+    /// here (the control loop), and the read completes.
+    fn on_read_inline(&self, op_id: u64, data: Vec<u8>) -> Result<()> {
+        let op = self.answered(op_id, "ReadInline")?;
+        let PendingKind::InlineRead { local } = &op.kind else {
+            return Err(self.violation(format!(
+                "ReadInline for operation #{op_id}, which did not ask for its data inline"
+            )));
+        };
+        if data.len() as u64 != op.len {
+            return Err(self.violation(format!(
+                "ReadInline brought {} bytes for read #{op_id} of {}",
+                data.len(),
+                op.len
+            )));
+        }
+        // The application's own memory refusing the bytes (it holds a CPU slice of it) fails
+        // this read, not the connection.
+        let outcome = land_inline(local, &data)
+            .map(|()| op.len)
+            .map_err(|e| Error::InvalidArgument(format!("one-sided read #{op_id}: {e}")));
+        op.completion.finish(outcome);
+        Ok(())
+    }
+
+    /// Where each entry of an inline request goes on this side, or why it is refused: the
+    /// advertised regions must hold them and be host memory (only that takes bytes from the
+    /// control loop; the initiator asks inline only toward host descriptors).
+    fn inline_pieces(
+        &self,
+        entries: &[RemoteEntry],
+    ) -> (Vec<(Region, usize, usize)>, Option<Refusal>) {
+        match self.shared.adverts.validate(entries) {
             Ok(regions) => match regions
                 .iter()
                 .position(|r| r.kind() != tcpx::MemoryKind::Host || r.is_staged())
@@ -265,7 +341,7 @@ impl Rma {
                 None => (
                     regions
                         .into_iter()
-                        .zip(&entries)
+                        .zip(entries)
                         // Validated: inside the region, so the offset fits a usize.
                         .map(|(region, e)| (region, e.offset as usize, e.len as usize))
                         .collect(),
@@ -281,18 +357,7 @@ impl Rma {
                 }
             },
             Err(refusal) => (Vec::new(), Some(refusal)),
-        };
-        if let Some(refusal) = refusal {
-            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided write refused");
         }
-        items.push_back(TargetItem::InlineWrite {
-            op_id,
-            pieces,
-            data,
-            refusal,
-            notification,
-        });
-        Ok(())
     }
 
     /// The total of a packed request, checked: not empty, and both lists agree. (Whether it
@@ -506,7 +571,11 @@ impl Rma {
             local_lens,
             pack,
             spread,
+            inline,
         } = request;
+        if inline {
+            return self.on_inline_read(op_id, &entries, items);
+        }
         let validated = self.shared.adverts.validate(&entries);
         if pack {
             if let Ok(regions) = &validated {
@@ -759,6 +828,9 @@ impl Rma {
             PendingKind::Write { .. } | PendingKind::InlineWrite => {
                 Err(self.violation(format!("ReadData for write #{op_id}")))
             }
+            PendingKind::InlineRead { .. } => Err(self.violation(format!(
+                "ReadData for read #{op_id}, which asked for its data inline"
+            ))),
         }
     }
 
@@ -778,7 +850,7 @@ impl Rma {
                 op.completion.finish(outcome);
                 return Ok(());
             }
-            PendingKind::Read { .. } => {
+            PendingKind::Read { .. } | PendingKind::InlineRead { .. } => {
                 return Err(self.violation(format!("WriteAck for read #{op_id}")))
             }
         };
@@ -855,7 +927,9 @@ fn fail_item(link: &crate::link::Link, item: TargetItem) {
                 lease.poison();
             }
         }
-        TargetItem::Notify(_) | TargetItem::InlineWrite { .. } => {}
+        TargetItem::Notify(_)
+        | TargetItem::InlineWrite { .. }
+        | TargetItem::ServeInlineRead { .. } => {}
         TargetItem::ServeRead { job, pack, .. } => {
             if let Some(job) = job {
                 job.fail_with_link();
@@ -881,7 +955,10 @@ impl TargetItem {
     fn awaits(&self) -> Option<&Arc<Job>> {
         match self {
             Self::Write { job, .. } | Self::Complete { job, .. } => Some(job),
-            Self::Notify(_) | Self::ServeRead { .. } | Self::InlineWrite { .. } => None,
+            Self::Notify(_)
+            | Self::ServeRead { .. }
+            | Self::InlineWrite { .. }
+            | Self::ServeInlineRead { .. } => None,
         }
     }
 }
@@ -1052,6 +1129,35 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
     match item {
         // Behind every earlier write's notification, as the peer sent it.
         TargetItem::Notify(bytes) => answers.hold(rma, bytes),
+        TargetItem::ServeInlineRead {
+            op_id,
+            pieces,
+            refusal,
+        } => {
+            if let Some(refusal) = refusal {
+                answers.queue(rma, &Message::ReadRefused { op_id, refusal });
+                return;
+            }
+            let mut data = Vec::with_capacity(pieces.iter().map(|p| p.2).sum());
+            for run in pieces.chunk_by(|a, b| a.0.same(&b.0)) {
+                let read = run[0]
+                    .0
+                    .memory()
+                    .read_ranges(run.iter().map(|&(_, offset, len)| (offset, len)), &mut data);
+                if let Err(e) = read {
+                    // As for a send out of it: memory the application holds a CPU slice of
+                    // fails the connection.
+                    rma.link.fail(Error::InvalidArgument(format!(
+                        "inline one-sided read #{op_id}: {e}"
+                    )));
+                    return;
+                }
+            }
+            rma.shared
+                .inline_served
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            answers.queue(rma, &Message::ReadInline { op_id, data });
+        }
         TargetItem::InlineWrite {
             op_id,
             pieces,
@@ -1069,7 +1175,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             }
             if refusal.is_none() {
                 rma.shared
-                    .inline_landed
+                    .inline_served
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             // As for any write: the answer leaves before the notification is visible.
