@@ -900,8 +900,8 @@ fn complete_write(
     op.completion.finish(outcome);
 }
 
-/// Copies an inline write's `data` into its pieces, in order: one operation on each region per
-/// run of pieces in it.
+/// Copies inline data (a write's on the target, a read's on the initiator) into its pieces, in
+/// order: one operation on each region per run of pieces in it.
 fn land_inline(pieces: &[(Region, usize, usize)], data: &[u8]) -> tcpx::Result<()> {
     // The pieces' lengths add up to `data`'s (checked when the request came).
     let mut at = 0;
