@@ -227,6 +227,12 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
         bench.ab.pack_stats(),
         bench.ba.pack_stats()
     );
+    eprintln!(
+        "# inline: the target served {} operations with their data in control messages \
+         (TCPX_INLINE_BYTES: up to {} bytes of host memory)",
+        bench.target.inline_served(),
+        bench.initiator.config().inline_bytes
+    );
     Ok(())
 }
 
