@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use tcpx_runtime::{
-    Backend, Backoff, Config, Connection, Descriptor, Endpoint, Region, RemoteSegment, Segment,
-    Transfer,
+    Backend, Config, Connection, Descriptor, Endpoint, Region, RemoteSegment, Segment, Transfer,
 };
 
 use super::stats;
@@ -128,9 +127,10 @@ struct Bench {
 }
 
 fn config(o: &Options) -> Result<Config> {
-    // Packing and inline knobs come from the environment (TCPX_PACK_BELOW=0 measures the
-    // unpacked path, TCPX_INLINE_BYTES=0 small writes through the comms, in the same build);
-    // everything else from the flags.
+    // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 measures
+    // the unpacked path, TCPX_INLINE_BYTES=0 small operations through the comms,
+    // TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads wait, in the same
+    // build); everything else from the flags.
     let env = Config::from_env()?;
     let config = Config::builder()
         .backend(o.backend.clone())
@@ -138,7 +138,9 @@ fn config(o: &Options) -> Result<Config> {
         .channels(o.channels)
         .chunk_bytes(o.chunk_bytes)
         .timeout(o.timeout)
-        .backoff(Backoff::Park)
+        .backoff(env.backoff)
+        .idle_linger(env.idle_linger)
+        .wait_spin(env.wait_spin)
         .pack_below(env.pack_below)
         .pack_buffers(env.pack_buffers)
         .inline_bytes(env.inline_bytes)
