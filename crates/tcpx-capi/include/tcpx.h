@@ -351,11 +351,12 @@ typedef struct tcpx_connection_stats {
      */
     uint64_t recvs;
     /**
-     * Bytes the one-sided channels sent (writes initiated, reads served).
+     * Bytes one-sided operations sent (writes initiated, reads served), on the one-sided
+     * channels or inline in control messages.
      */
     uint64_t one_sided_bytes_sent;
     /**
-     * Bytes the one-sided channels received (writes served, reads initiated).
+     * Bytes one-sided operations received (writes served, reads initiated), likewise.
      */
     uint64_t one_sided_bytes_received;
     /**

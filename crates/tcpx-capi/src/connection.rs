@@ -313,6 +313,9 @@ pub unsafe extern "C" fn tcpx_connection_get_stats(
                 out.one_sided_bytes_received += s.bytes_received;
                 out.busy += s.busy;
             }
+            let inline = c.inline_stats();
+            out.one_sided_bytes_sent += inline.bytes_sent;
+            out.one_sided_bytes_received += inline.bytes_received;
             Ok(out)
         })?;
         // SAFETY: non-null (checked); writable (the caller's promise).

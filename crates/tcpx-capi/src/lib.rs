@@ -360,9 +360,10 @@ pub struct tcpx_connection_stats {
     pub sends: u64,
     /// Two-sided receive requests completed.
     pub recvs: u64,
-    /// Bytes the one-sided channels sent (writes initiated, reads served).
+    /// Bytes one-sided operations sent (writes initiated, reads served), on the one-sided
+    /// channels or inline in control messages.
     pub one_sided_bytes_sent: u64,
-    /// Bytes the one-sided channels received (writes served, reads initiated).
+    /// Bytes one-sided operations received (writes served, reads initiated), likewise.
     pub one_sided_bytes_received: u64,
     /// Posts the plugin answered "busy", all channels.
     pub busy: u64,

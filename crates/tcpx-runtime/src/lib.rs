@@ -100,5 +100,5 @@ pub use metrics::{ChannelMetrics, ConnectionMetrics, Metrics};
 pub use onesided::{Descriptor, PackStats, RemoteSegment, PACK_BYTES};
 pub use registry::Region;
 pub use rendezvous::{Group, MemoryStore, Store, StoreError};
-pub use stats::ChannelStats;
+pub use stats::{ChannelStats, InlineStats};
 pub use transfer::Transfer;

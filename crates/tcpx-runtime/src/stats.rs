@@ -78,6 +78,41 @@ impl ChannelCounters {
     }
 }
 
+/// Bytes of one-sided operations a connection carried inline, in control messages (see
+/// [`crate::Config::inline_bytes`]), in both roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InlineStats {
+    /// Bytes sent: writes this side initiated, reads it served.
+    pub bytes_sent: u64,
+    /// Bytes received: writes this side served, reads it initiated.
+    pub bytes_received: u64,
+}
+
+/// The live counters behind [`InlineStats`]. Several threads write them (the application's
+/// for the writes it initiates, the control loop for the rest), once per operation.
+#[derive(Debug, Default)]
+pub(crate) struct InlineCounters {
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+}
+
+impl InlineCounters {
+    pub(crate) fn sent(&self, bytes: u64) {
+        self.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn received(&self, bytes: u64) {
+        self.bytes_received.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> InlineStats {
+        InlineStats {
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            bytes_received: self.bytes_received.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// What one channel has done so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChannelStats {

@@ -1360,7 +1360,7 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
         if !inline {
             ca.inline_bytes = 0;
         }
-        let (a, b, ab, _ba) = pair_with(ca, config(4, 64 << 10));
+        let (a, b, ab, ba) = pair_with(ca, config(4, 64 << 10));
         // 300 writes of at most 8 KiB, each at its own place.
         const LEN: usize = 3 << 20;
         let t0 = b.alloc_host(LEN).unwrap();
@@ -1420,10 +1420,14 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
             );
         }
         let landed = b.inline_served();
+        let moved: u64 = transfers.iter().map(|(total, _)| *total as u64).sum();
         if inline {
             assert_eq!(landed, 300, "every write travelled inline");
+            assert_eq!(ab.inline_stats().bytes_sent, moved);
+            assert_eq!(ba.inline_stats().bytes_received, moved);
         } else {
             assert_eq!(landed, 0, "inline writes off: the comms carried them");
+            assert_eq!(ab.inline_stats(), tcpx_runtime::InlineStats::default());
         }
     }
 }
@@ -1563,7 +1567,7 @@ fn small_reads_come_back_inline_exactly() {
         if !inline {
             ca.inline_bytes = 0;
         }
-        let (a, b, ab, _ba) = pair_with(ca, config(4, 64 << 10));
+        let (a, b, ab, ba) = pair_with(ca, config(4, 64 << 10));
         const LEN: usize = 3 << 20;
         let s0 = source(&b, LEN, 71);
         let s1 = source(&b, LEN, 72);
@@ -1606,6 +1610,10 @@ fn small_reads_come_back_inline_exactly() {
             );
         }
         assert_eq!(b.inline_served(), if inline { 300 } else { 0 });
+        let moved: u64 = transfers.iter().map(|(total, _)| *total as u64).sum();
+        let expected = if inline { moved } else { 0 };
+        assert_eq!(ab.inline_stats().bytes_received, expected);
+        assert_eq!(ba.inline_stats().bytes_sent, expected);
     }
 }
 

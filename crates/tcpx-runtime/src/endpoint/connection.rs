@@ -297,7 +297,14 @@ impl Connection {
         self.link.counters.iter().map(|c| c.snapshot()).collect()
     }
 
-    /// Counters per one-sided (RMA) channel.
+    /// Bytes of this connection's one-sided operations that travelled inline, in control
+    /// messages, not on the one-sided channels ([`crate::Config::inline_bytes`]).
+    pub fn inline_stats(&self) -> crate::InlineStats {
+        self.rma.inline.snapshot()
+    }
+
+    /// Counters per one-sided (RMA) channel (operations carried inline are in
+    /// [`Connection::inline_stats`]).
     pub fn one_sided_stats(&self) -> Vec<ChannelStats> {
         self.rma
             .link

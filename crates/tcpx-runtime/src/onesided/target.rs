@@ -320,7 +320,10 @@ impl Rma {
         // The application's own memory refusing the bytes (it holds a CPU slice of it) fails
         // this read, not the connection.
         let outcome = land_inline(local, &data)
-            .map(|()| op.len)
+            .map(|()| {
+                self.inline.received(op.len);
+                op.len
+            })
             .map_err(|e| Error::InvalidArgument(format!("one-sided read #{op_id}: {e}")));
         op.completion.finish(outcome);
         Ok(())
@@ -1156,6 +1159,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             rma.shared
                 .inline_served
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rma.inline.sent(data.len() as u64);
             answers.queue(rma, &Message::ReadInline { op_id, data });
         }
         TargetItem::InlineWrite {
@@ -1177,6 +1181,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
                 rma.shared
                     .inline_served
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                rma.inline.received(data.len() as u64);
             }
             // As for any write: the answer leaves before the notification is visible.
             answers.queue(rma, &Message::WriteAck { op_id, refusal });
