@@ -32,8 +32,9 @@ fn addr(a: SocketAddr) -> (String, u16) {
 ///   registrations of application memory alive on the connections, a gauge);
 /// - `connections`: a list of dicts with `id` (the runtime's), `conn_id` (this layer's, or
 ///   `None` when it cannot be told apart by peer address), `peer` (ip, port), `in_flight`,
-///   `failed`, `total` (counters summed over its channels) and `channels` (each with
-///   `channel`, `nic`, `one_sided` and its counters);
+///   `failed`, `total` (counters summed over its channels), `channels` (each with
+///   `channel`, `nic`, `one_sided` and its counters) and `inline` (`bytes_sent`,
+///   `bytes_received` of one-sided operations carried in control messages, on no channel);
 /// - `nics`: counters summed per NIC; `total`: summed over every live connection.
 ///
 /// Counters are `bytes_sent`, `bytes_received`, `sends`, `recvs`, `busy`, `idle_loops`,
@@ -78,6 +79,10 @@ pub fn to_dict<'py>(
             channels.push(chd);
         }
         cd.set_item("channels", channels)?;
+        let inline = PyDict::new(py);
+        inline.set_item("bytes_sent", c.inline.bytes_sent)?;
+        inline.set_item("bytes_received", c.inline.bytes_received)?;
+        cd.set_item("inline", inline)?;
         conns.push(cd);
     }
     d.set_item("connections", conns)?;

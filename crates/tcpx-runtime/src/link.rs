@@ -75,6 +75,9 @@ pub(crate) struct Link {
     engines: Vec<Box<dyn Wake>>,
     /// Per-channel counters, indexed by channel.
     pub(crate) counters: Vec<Arc<ChannelCounters>>,
+    /// Bytes of one-sided operations carried inline in control messages: counted on a
+    /// connection's one-sided link only (see [`crate::Config::inline_bytes`]).
+    pub(crate) inline: crate::stats::InlineCounters,
     /// Registrations of application regions on this link's comms.
     pub(crate) registrations: Arc<RegistrationCache>,
     /// Transfers submitted and not finished (see also `pending`).
@@ -126,6 +129,7 @@ impl Link {
             counters: (0..channels)
                 .map(|_| Arc::new(ChannelCounters::default()))
                 .collect(),
+            inline: Default::default(),
             registrations: Arc::new(RegistrationCache::default()),
             in_flight: AtomicUsize::new(0),
             pending: OnceLock::new(),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tcpx_runtime::{Config, Endpoint};
+use tcpx_runtime::{Config, Endpoint, RemoteSegment, Segment};
 
 const MIB: usize = 1 << 20;
 const CHUNK: u32 = 256 << 10;
@@ -120,6 +120,39 @@ fn a_scrape_shows_the_bytes_moved_per_connection_and_per_nic() {
             .iter()
             .map(|s| &s.metric)
             .collect::<Vec<_>>()
+    );
+
+    // Small one-sided writes and reads of host memory travel inline, on no channel: their
+    // bytes have counters of their own per connection, in the snapshot and the text.
+    let advertised = server.alloc_host(64 << 10).unwrap();
+    let d = server.advertise(&advertised).unwrap();
+    let small = source(&client, 4096, 12);
+    let w = cc
+        .write(
+            &[Segment::new(&small, 0, 4096)],
+            &[RemoteSegment::new(d, 0, 4096)],
+            None,
+        )
+        .unwrap();
+    w.wait(DEADLINE).unwrap();
+    let back = client.alloc_host(1000).unwrap();
+    let r = cc
+        .read(
+            &[Segment::new(&back, 0, 1000)],
+            &[RemoteSegment::new(d, 0, 1000)],
+        )
+        .unwrap();
+    r.wait(DEADLINE).unwrap();
+    let inline = server.metrics().connections[0].inline;
+    assert_eq!((inline.bytes_received, inline.bytes_sent), (4096, 1000));
+    let scraped = scrape(addr);
+    assert_eq!(
+        sum(&scraped, "tcpx_connection_inline_received_bytes_total", &[]),
+        4096.0
+    );
+    assert_eq!(
+        sum(&scraped, "tcpx_connection_inline_sent_bytes_total", &[]),
+        1000.0
     );
 
     // Live plugin registrations: a gauge, the same in the snapshot and the exporter's text.

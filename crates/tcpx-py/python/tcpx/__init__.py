@@ -451,8 +451,10 @@ class Endpoint:
           ``refused_peers``, ``access_refusals``, ``timeouts``, ``peers_lost``, ``failures``;
         * ``connections``: one dict per live connection: ``id`` (the runtime's), ``conn_id``
           (:attr:`Connection.conn_id`, or None when two connections share a peer address),
-          ``peer`` (ip, port), ``in_flight``, ``failed``, ``total`` and ``channels`` (each
-          with ``channel``, ``nic``, ``one_sided`` and its counters);
+          ``peer`` (ip, port), ``in_flight``, ``failed``, ``total``, ``channels`` (each
+          with ``channel``, ``nic``, ``one_sided`` and its counters) and ``inline``
+          (``bytes_sent``, ``bytes_received`` of small one-sided operations carried in
+          control messages, on no channel: see ``TCPX_INLINE_BYTES``);
         * ``nics``: counters summed per NIC; ``total``: summed over every live connection.
 
         Counters: ``bytes_sent``, ``bytes_received``, ``sends``, ``recvs``, ``busy``,

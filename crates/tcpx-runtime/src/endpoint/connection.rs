@@ -300,7 +300,7 @@ impl Connection {
     /// Bytes of this connection's one-sided operations that travelled inline, in control
     /// messages, not on the one-sided channels ([`crate::Config::inline_bytes`]).
     pub fn inline_stats(&self) -> crate::InlineStats {
-        self.rma.inline.snapshot()
+        self.rma.link.inline.snapshot()
     }
 
     /// Counters per one-sided (RMA) channel (operations carried inline are in

@@ -62,6 +62,10 @@ pub(super) fn snapshot(shared: &EndpointShared, rejections: &Rejections) -> Metr
                 in_flight: link.in_flight_total() as u64,
                 failed: link.is_failed(),
                 channels: all,
+                inline: rma
+                    .as_ref()
+                    .map(|rma| rma.inline.snapshot())
+                    .unwrap_or_default(),
             }
         })
         .collect();

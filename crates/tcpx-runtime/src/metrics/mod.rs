@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::stats::ChannelStats;
+use crate::stats::{ChannelStats, InlineStats};
 
 pub(crate) use exporter::Exporter;
 
@@ -59,6 +59,8 @@ pub struct ConnectionMetrics {
     pub failed: bool,
     /// Two-sided channels, then one-sided ones.
     pub channels: Vec<ChannelMetrics>,
+    /// One-sided operations carried inline, in control messages, on no channel.
+    pub inline: InlineStats,
 }
 
 impl ConnectionMetrics {

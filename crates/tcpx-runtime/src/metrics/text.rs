@@ -9,7 +9,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::Metrics;
-use crate::stats::ChannelStats;
+use crate::stats::{ChannelStats, InlineStats};
 
 impl Metrics {
     /// The Prometheus text exposition of this snapshot (OpenMetrics text, which Prometheus
@@ -237,6 +237,36 @@ impl Collector for Snapshot {
                 "Requests completed per NIC, both directions (live connections).",
                 None,
                 |s| s.sends + s.recvs,
+            ),
+        ] {
+            f.encode(&mut encoder)?;
+        }
+        let per_connection = |name, help, get: fn(&InlineStats) -> u64| Family {
+            name,
+            help,
+            unit: Some(Unit::Bytes),
+            counter: true,
+            series: m
+                .connections
+                .iter()
+                .map(|c| {
+                    (
+                        vec![label("conn", c.id), label("peer", c.peer)],
+                        get(&c.inline),
+                    )
+                })
+                .collect(),
+        };
+        for f in [
+            per_connection(
+                "connection_inline_sent",
+                "Bytes of one-sided operations sent inline in control messages (writes initiated, reads served).",
+                |s| s.bytes_sent,
+            ),
+            per_connection(
+                "connection_inline_received",
+                "Bytes of one-sided operations received inline in control messages (writes served, reads initiated).",
+                |s| s.bytes_received,
             ),
         ] {
             f.encode(&mut encoder)?;

@@ -115,8 +115,6 @@ pub(crate) struct Rma {
     /// job and its marker in one of its critical sections is what keeps the RMA lanes in step.
     pub(crate) writer: Arc<ControlTx>,
     next_op: AtomicU64,
-    /// Bytes of this connection's one-sided operations carried inline, both roles.
-    pub(crate) inline: crate::stats::InlineCounters,
     pending: Mutex<Pending>,
     /// The discard region (registered for receives on first refusal) and its registration.
     scratch: Mutex<Option<(Region, Arc<Registration>)>>,
@@ -148,7 +146,6 @@ impl Rma {
             config,
             writer,
             next_op: AtomicU64::new(0),
-            inline: Default::default(),
             pending: Mutex::new(Pending::default()),
             scratch: Mutex::new(None),
         }
@@ -506,7 +503,7 @@ impl Rma {
             self.fail_pending(&e);
             return Err(e);
         }
-        self.inline.sent(len);
+        self.link.inline.sent(len);
         Ok(Some(Transfer::new(
             completion,
             Direction::Send,

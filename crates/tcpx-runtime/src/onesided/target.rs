@@ -321,7 +321,7 @@ impl Rma {
         // this read, not the connection.
         let outcome = land_inline(local, &data)
             .map(|()| {
-                self.inline.received(op.len);
+                self.link.inline.received(op.len);
                 op.len
             })
             .map_err(|e| Error::InvalidArgument(format!("one-sided read #{op_id}: {e}")));
@@ -1159,7 +1159,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             rma.shared
                 .inline_served
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            rma.inline.sent(data.len() as u64);
+            rma.link.inline.sent(data.len() as u64);
             answers.queue(rma, &Message::ReadInline { op_id, data });
         }
         TargetItem::InlineWrite {
@@ -1181,7 +1181,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
                 rma.shared
                     .inline_served
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                rma.inline.received(data.len() as u64);
+                rma.link.inline.received(data.len() as u64);
             }
             // As for any write: the answer leaves before the notification is visible.
             answers.queue(rma, &Message::WriteAck { op_id, refusal });
