@@ -1348,6 +1348,34 @@ fn spread_is_agreed_when_only_one_side_halves_its_engines() {
 
 // ---- Small writes of host memory carry their data in their request (`inline_bytes`). ----
 
+/// `n` small operations for the inline tests: each 1 B to 8 KiB in all, cut into 1–3 blocks
+/// that alternate between two remote regions; every block at its own offset, the same on
+/// both sides, one after the other. Per operation, its blocks as (region 0 or 1, offset, len).
+fn small_operations(seed: u64, n: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let mut rng = Rng(seed);
+    let mut at = 0usize;
+    (0..n)
+        .map(|i| {
+            let total = 1 + rng.below(8192) as usize;
+            let blocks = (1 + rng.below(3) as usize).min(total);
+            let mut left = total;
+            (0..blocks)
+                .map(|k| {
+                    let len = if k + 1 == blocks {
+                        left
+                    } else {
+                        1 + rng.below((left - (blocks - k - 1)) as u64) as usize
+                    };
+                    left -= len;
+                    let block = ((i + k) % 2, at, len);
+                    at += len;
+                    block
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Small writes (1 B up to the inline threshold, one block or several in two regions, some
 /// with a notification), many in flight from one source region, land exactly, travel
 /// inline (the target counts them), and their notifications come in order, each after its
@@ -1367,32 +1395,19 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
         let t1 = b.alloc_host(LEN).unwrap();
         let (d0, d1) = (b.advertise(&t0).unwrap(), b.advertise(&t1).unwrap());
         let src = source(&a, LEN, 41);
-        let mut rng = Rng(0x1711e);
-        let mut expected: Vec<(usize, usize, usize)> = Vec::new(); // (target, offset, len)
+        let operations = small_operations(0x1711e, 300);
         let mut transfers = Vec::new();
         let mut notes = Vec::new();
-        let mut at = 0usize;
-        for i in 0..300usize {
-            // 1 B .. 8 KiB in all, cut into 1-3 blocks, alternating target regions.
-            let total = 1 + rng.below(8192) as usize;
-            let blocks = (1 + rng.below(3) as usize).min(total);
-            let mut local = Vec::new();
-            let mut remote = Vec::new();
-            let mut left = total;
-            for k in 0..blocks {
-                let len = if k + 1 == blocks {
-                    left
-                } else {
-                    1 + rng.below((left - (blocks - k - 1)) as u64) as usize
-                };
-                left -= len;
-                let (target, d) = if (i + k) % 2 == 0 { (0, d0) } else { (1, d1) };
-                // Each block at its own place in the target, from its own place in the source.
-                local.push(Segment::new(&src, at, len));
-                remote.push(RemoteSegment::new(d, at as u64, len as u64));
-                expected.push((target, at, len));
-                at += len;
-            }
+        for (i, blocks) in operations.iter().enumerate() {
+            let total: usize = blocks.iter().map(|b| b.2).sum();
+            let local: Vec<Segment> = blocks
+                .iter()
+                .map(|&(_, at, len)| Segment::new(&src, at, len))
+                .collect();
+            let remote: Vec<RemoteSegment> = blocks
+                .iter()
+                .map(|&(t, at, len)| RemoteSegment::new([d0, d1][t], at as u64, len as u64))
+                .collect();
             let note = (i % 3 == 0).then(|| format!("inline {i}"));
             if let Some(n) = &note {
                 notes.push(n.clone());
@@ -1412,7 +1427,7 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
             .collect();
         assert_eq!(got, notes, "notifications in write order");
         let (s0, s1, srcb) = (snapshot(&t0), snapshot(&t1), snapshot(&src));
-        for &(target, offset, len) in &expected {
+        for &(target, offset, len) in operations.iter().flatten() {
             let dst = if target == 0 { &s0 } else { &s1 };
             assert!(
                 dst[offset..offset + len] == srcb[offset..offset + len],
@@ -1573,36 +1588,25 @@ fn small_reads_come_back_inline_exactly() {
         let s1 = source(&b, LEN, 72);
         let (d0, d1) = (b.advertise(&s0).unwrap(), b.advertise(&s1).unwrap());
         let back = a.alloc_host(LEN).unwrap();
-        let mut rng = Rng(0x5ead);
-        let mut expected: Vec<(usize, usize, usize)> = Vec::new(); // (source, offset, len)
+        let operations = small_operations(0x5ead, 300);
         let mut transfers = Vec::new();
-        let mut at = 0usize;
-        for i in 0..300usize {
-            let total = 1 + rng.below(8192) as usize;
-            let blocks = (1 + rng.below(3) as usize).min(total);
-            let mut local = Vec::new();
-            let mut remote = Vec::new();
-            let mut left = total;
-            for k in 0..blocks {
-                let len = if k + 1 == blocks {
-                    left
-                } else {
-                    1 + rng.below((left - (blocks - k - 1)) as u64) as usize
-                };
-                left -= len;
-                let (which, d) = if (i + k) % 2 == 0 { (0, d0) } else { (1, d1) };
-                local.push(Segment::new(&back, at, len));
-                remote.push(RemoteSegment::new(d, at as u64, len as u64));
-                expected.push((which, at, len));
-                at += len;
-            }
+        for blocks in &operations {
+            let total: usize = blocks.iter().map(|b| b.2).sum();
+            let local: Vec<Segment> = blocks
+                .iter()
+                .map(|&(_, at, len)| Segment::new(&back, at, len))
+                .collect();
+            let remote: Vec<RemoteSegment> = blocks
+                .iter()
+                .map(|&(s, at, len)| RemoteSegment::new([d0, d1][s], at as u64, len as u64))
+                .collect();
             transfers.push((total, ab.read(&local, &remote).unwrap()));
         }
         for (total, t) in &transfers {
             assert_eq!(t.wait(DEADLINE).unwrap(), *total as u64);
         }
         let (b0, b1, got) = (snapshot(&s0), snapshot(&s1), snapshot(&back));
-        for &(which, offset, len) in &expected {
+        for &(which, offset, len) in operations.iter().flatten() {
             let src = if which == 0 { &b0 } else { &b1 };
             assert!(
                 got[offset..offset + len] == src[offset..offset + len],
