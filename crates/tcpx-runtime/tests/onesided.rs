@@ -12,6 +12,13 @@ use tcpx_runtime::{Connection, Descriptor, Endpoint, Error, Region, RemoteSegmen
 
 const MIB: usize = 1 << 20;
 
+/// `d` with its access key changed (byte 18 of its encoding): a forged descriptor.
+fn with_wrong_key(d: Descriptor) -> Descriptor {
+    let mut bytes = d.to_bytes();
+    bytes[18] ^= 1;
+    Descriptor::from_bytes(&bytes).unwrap()
+}
+
 fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
     let mut got = Vec::new();
     assert!(
@@ -254,12 +261,7 @@ fn bad_descriptors_are_refused_and_nothing_is_written() {
     let good = b.advertise(&dst).unwrap();
 
     // Wrong key.
-    let forged = Descriptor::from_bytes(&{
-        let mut bytes = good.to_bytes();
-        bytes[18] ^= 1;
-        bytes
-    })
-    .unwrap();
+    let forged = with_wrong_key(good);
     refused_write_changes_nothing(
         &a,
         &b,
@@ -1519,12 +1521,7 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
     let dst = b.alloc_host(64 << 10).unwrap();
     dst.memory().with_bytes_mut(|m| fill(m, 5)).unwrap();
     let good = b.advertise(&dst).unwrap();
-    let forged = Descriptor::from_bytes(&{
-        let mut bytes = good.to_bytes();
-        bytes[18] ^= 1;
-        bytes
-    })
-    .unwrap();
+    let forged = with_wrong_key(good);
     let other = b.alloc_host(4096).unwrap();
     let revoked = b.advertise(&other).unwrap();
     assert!(b.revoke(&revoked));
@@ -1629,12 +1626,7 @@ fn a_refused_inline_read_reads_nothing_and_the_connection_goes_on() {
     let (a, b, ab, _ba) = pair(2, 64 << 10);
     let src = source(&b, 64 << 10, 8);
     let good = b.advertise(&src).unwrap();
-    let forged = Descriptor::from_bytes(&{
-        let mut bytes = good.to_bytes();
-        bytes[18] ^= 1;
-        bytes
-    })
-    .unwrap();
+    let forged = with_wrong_key(good);
     let back = a.alloc_host(8192).unwrap();
     back.memory().with_bytes_mut(|m| m.fill(0xcc)).unwrap();
     let refusals = b.access_refusals();
