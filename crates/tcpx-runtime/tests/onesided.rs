@@ -1350,6 +1350,16 @@ fn spread_is_agreed_when_only_one_side_halves_its_engines() {
 
 // ---- Small writes of host memory carry their data in their request (`inline_bytes`). ----
 
+/// Two connected endpoints whose initiator (`a`) carries small one-sided operations inline,
+/// or (`inline` false) sends them through the comms.
+fn inline_pair(inline: bool) -> (Endpoint, Endpoint, Connection, Connection) {
+    let mut initiator = config(4, 64 << 10);
+    if !inline {
+        initiator.inline_bytes = 0;
+    }
+    pair_with(initiator, config(4, 64 << 10))
+}
+
 /// `n` small operations for the inline tests: each 1 B to 8 KiB in all, cut into 1–3 blocks
 /// that alternate between two remote regions; every block at its own offset, the same on
 /// both sides, one after the other. Per operation, its blocks as (region 0 or 1, offset, len).
@@ -1386,11 +1396,7 @@ fn small_operations(seed: u64, n: usize) -> Vec<Vec<(usize, usize, usize)>> {
 fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order() {
     loopback();
     for inline in [true, false] {
-        let mut ca = config(4, 64 << 10);
-        if !inline {
-            ca.inline_bytes = 0;
-        }
-        let (a, b, ab, ba) = pair_with(ca, config(4, 64 << 10));
+        let (a, b, ab, ba) = inline_pair(inline);
         // 300 writes of at most 8 KiB, each at its own place.
         const LEN: usize = 3 << 20;
         let t0 = b.alloc_host(LEN).unwrap();
@@ -1575,11 +1581,7 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
 fn small_reads_come_back_inline_exactly() {
     loopback();
     for inline in [true, false] {
-        let mut ca = config(4, 64 << 10);
-        if !inline {
-            ca.inline_bytes = 0;
-        }
-        let (a, b, ab, ba) = pair_with(ca, config(4, 64 << 10));
+        let (a, b, ab, ba) = inline_pair(inline);
         const LEN: usize = 3 << 20;
         let s0 = source(&b, LEN, 71);
         let s1 = source(&b, LEN, 72);

@@ -633,10 +633,13 @@ impl Rma {
     fn goes_inline(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> bool {
         let limit = u64::from(self.config.inline_bytes);
         let host = |kind| kind == tcpx::MemoryKind::Host;
+        // Stops at the first segment past the limit: a long list of large blocks costs nothing.
         let small = local
             .iter()
-            .try_fold(0u64, |total, s| total.checked_add(s.len as u64))
-            .is_some_and(|total| total <= limit);
+            .try_fold(0u64, |total, s| {
+                total.checked_add(s.len as u64).filter(|&t| t <= limit)
+            })
+            .is_some();
         small
             && local
                 .iter()

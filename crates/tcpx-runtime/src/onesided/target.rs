@@ -265,10 +265,7 @@ impl Rma {
                 data.len()
             )));
         }
-        let (pieces, refusal) = self.inline_pieces(&entries);
-        if let Some(refusal) = refusal {
-            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided write refused");
-        }
+        let (pieces, refusal) = self.inline_pieces(op_id, "write", &entries);
         items.push_back(TargetItem::InlineWrite {
             op_id,
             pieces,
@@ -289,10 +286,7 @@ impl Rma {
                 "inline read #{op_id} of {total:?} bytes (at most {MAX_INLINE} travel inline)"
             )));
         }
-        let (pieces, refusal) = self.inline_pieces(entries);
-        if let Some(refusal) = refusal {
-            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided read refused");
-        }
+        let (pieces, refusal) = self.inline_pieces(op_id, "read", entries);
         items.push_back(TargetItem::ServeInlineRead {
             op_id,
             pieces,
@@ -329,14 +323,17 @@ impl Rma {
         Ok(())
     }
 
-    /// Where each entry of an inline request goes on this side, or why it is refused: the
-    /// advertised regions must hold them and be host memory (only that takes bytes from the
-    /// control loop; the initiator asks inline only toward host descriptors).
+    /// Where each entry of inline `what` (a write or a read) `op_id` goes on this side, or why
+    /// it is refused (logged): the advertised regions must hold them and be host memory (only
+    /// that takes bytes from the control loop; the initiator asks inline only toward host
+    /// descriptors).
     fn inline_pieces(
         &self,
+        op_id: u64,
+        what: &str,
         entries: &[RemoteEntry],
     ) -> (Vec<(Region, usize, usize)>, Option<Refusal>) {
-        match self.shared.adverts.validate(entries) {
+        let checked = match self.shared.adverts.validate(entries) {
             Ok(regions) => match regions
                 .iter()
                 .position(|r| r.kind() != tcpx::MemoryKind::Host || r.is_staged())
@@ -360,7 +357,11 @@ impl Rma {
                 }
             },
             Err(refusal) => (Vec::new(), Some(refusal)),
+        };
+        if let Some(refusal) = &checked.1 {
+            tracing::debug!(target: "tcpx_runtime", peer = %self.link.peer, op_id, index = refusal.index, reason = %refusal.reason, "inline one-sided {what} refused");
         }
+        checked
     }
 
     /// The total of a packed request, checked: not empty, and both lists agree. (Whether it
