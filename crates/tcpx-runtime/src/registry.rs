@@ -42,6 +42,9 @@ pub(crate) struct RegionInner {
     /// True when the plugin takes host memory only: transfers of this region are staged
     /// through the engines' pinned rings instead of handed to the plugin.
     pub(crate) staged: bool,
+    /// The GPU's small copier, for CUDA memory that small one-sided operations carry inline
+    /// (found on first use: [`Region::small_copier`]).
+    small_copier: std::sync::OnceLock<Arc<tcpx::cuda::SmallCopier>>,
     /// The caches (one per connection link) holding registrations of this region.
     caches: Mutex<Vec<Weak<RegistrationCache>>>,
 }
@@ -68,6 +71,7 @@ impl Region {
                 memory,
                 cuda,
                 staged,
+                small_copier: std::sync::OnceLock::new(),
                 caches: Mutex::new(Vec::new()),
             }),
         }
@@ -82,6 +86,27 @@ impl Region {
     /// [`crate::Endpoint::register_cuda`].
     pub fn cuda_device(&self) -> Option<&tcpx::cuda::CudaDevice> {
         self.inner.cuda.as_ref()
+    }
+
+    /// The process's small copier for this CUDA region's GPU (the endpoint's, or the one the
+    /// pointer lives on for memory registered as plain [`SharedMemory`]); found once, then
+    /// kept with the region so that an inline operation takes no process-wide lock.
+    pub(crate) fn small_copier(&self) -> tcpx::Result<&Arc<tcpx::cuda::SmallCopier>> {
+        if let Some(copier) = self.inner.small_copier.get() {
+            return Ok(copier);
+        }
+        let ordinal = match &self.inner.cuda {
+            Some(device) => device.ordinal(),
+            None => tcpx::cuda::pointer_device(self.inner.memory.as_ptr()).ok_or_else(|| {
+                tcpx::Error::new(
+                    "Region::small_copier",
+                    tcpx::ErrorKind::InvalidArgument("not CUDA device memory".into()),
+                    "",
+                )
+            })?,
+        };
+        let copier = tcpx::cuda::SmallCopier::for_ordinal(ordinal)?;
+        Ok(self.inner.small_copier.get_or_init(|| copier))
     }
 
     /// True when transfers of this region are staged through pinned host memory (a CUDA

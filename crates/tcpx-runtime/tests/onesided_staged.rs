@@ -292,16 +292,22 @@ fn a_remote_list_mixing_staged_and_host_memory_is_refused_and_changes_nothing() 
     assert!(ab.error().is_none());
 }
 
+/// Through the comms (past the inline limit: small lists travel inline, where mixing is
+/// fine), one list cannot take two routes.
 #[test]
 fn a_local_list_mixing_staged_and_host_memory_is_refused_up_front() {
     loopback();
     let (a, b, ab, _ba) = pair(2, 64 << 10);
     let dst = region(&b, false, 1 << 20);
     let d = b.advertise(&dst).unwrap();
-    let staged = filled(&a, true, 4096, 1);
-    let host = filled(&a, false, 4096, 2);
-    let local = [Segment::new(&staged, 0, 4096), Segment::new(&host, 0, 4096)];
-    let remote = [RemoteSegment::new(d, 0, 8192)];
+    const BLOCK: usize = 16 << 10;
+    let staged = filled(&a, true, BLOCK, 1);
+    let host = filled(&a, false, BLOCK, 2);
+    let local = [
+        Segment::new(&staged, 0, BLOCK),
+        Segment::new(&host, 0, BLOCK),
+    ];
+    let remote = [RemoteSegment::new(d, 0, 2 * BLOCK as u64)];
     for result in [
         ab.write(&local, &remote, None).map(|_| ()),
         ab.read(&local, &remote).map(|_| ()),
@@ -321,6 +327,149 @@ fn a_local_list_mixing_staged_and_host_memory_is_refused_up_front() {
         .unwrap();
     assert_eq!(tx.wait(DEADLINE).unwrap(), 4096);
     assert_eq!(b.access_refusals(), 0);
+}
+
+/// Small operations on staged memory travel inline like host ones (the GPU's small copier
+/// stands in for the CPU's copy on a GPU; emulated here): writes and reads of 1 B … 8 KiB in
+/// one to three blocks, between staged and host memory both ways and mixed in one list,
+/// every byte checked, each notification with its write, and each operation served inline.
+#[test]
+fn small_operations_on_staged_memory_travel_inline() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 64 << 10);
+    const LEN: usize = 64 << 10;
+    let targets = [region(&b, true, LEN), region(&b, false, LEN)];
+    let d = [
+        b.advertise(&targets[0]).unwrap(),
+        b.advertise(&targets[1]).unwrap(),
+    ];
+    let sources = [filled(&a, true, LEN, 31), filled(&a, false, LEN, 32)];
+    let backs = [region(&a, true, LEN), region(&a, false, LEN)];
+    let mut rng = Rng(77);
+    let mut served = 0;
+    for round in 0..120u64 {
+        let total = 1 + rng.below(8192) as usize;
+        let blocks = (1 + rng.below(3) as usize).min(total);
+        // `blocks` consecutive pieces of `total` bytes, each from a source picked at random
+        // and landing on a target picked at random, at random offsets.
+        let mut cuts: Vec<usize> = (1..blocks)
+            .map(|_| 1 + rng.below(total as u64 - 1) as usize)
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut bounds = vec![0];
+        bounds.extend(cuts);
+        bounds.push(total);
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        let mut expected = Vec::new();
+        for (i, w) in bounds.windows(2).enumerate() {
+            let len = w[1] - w[0];
+            let src = rng.below(2) as usize;
+            let dst = rng.below(2) as usize;
+            let from = rng.below((LEN - len) as u64) as usize;
+            // A window of its own per piece: the pieces of one write never overlap.
+            let to = i * (16 << 10) + rng.below(((16 << 10) - len) as u64) as usize;
+            local.push(Segment::new(&sources[src], from, len));
+            remote.push(RemoteSegment::new(d[dst], to as u64, len as u64));
+            expected.push((dst, to, snapshot(&sources[src])[from..from + len].to_vec()));
+        }
+        let note = format!("small {round}");
+        let tx = ab.write(&local, &remote, Some(note.as_bytes())).unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), total as u64);
+        served += 1;
+        for (dst, to, bytes) in &expected {
+            assert_eq!(
+                &snapshot(&targets[*dst])[*to..to + bytes.len()],
+                &bytes[..],
+                "round {round}: a written piece differs"
+            );
+        }
+        // Read the same pieces back into a list over both kinds of local memory.
+        let back: Vec<Segment> = expected
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, bytes))| Segment::new(&backs[i % 2], i * 8192, bytes.len()))
+            .collect();
+        let rx = ab.read(&back, &remote).unwrap();
+        assert_eq!(rx.wait(DEADLINE).unwrap(), total as u64);
+        served += 1;
+        for (i, (_, _, bytes)) in expected.iter().enumerate() {
+            assert_eq!(
+                &snapshot(&backs[i % 2])[i * 8192..i * 8192 + bytes.len()],
+                &bytes[..],
+                "round {round}: a piece read back differs"
+            );
+        }
+        let deadline = Instant::now() + DEADLINE;
+        let mut got = None;
+        while got.is_none() && Instant::now() < deadline {
+            got = b.notifications().into_iter().next();
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            got.map(|(_, n)| n),
+            Some(note.into_bytes()),
+            "round {round}"
+        );
+    }
+    assert_eq!(
+        b.inline_served(),
+        served,
+        "every operation was served inline"
+    );
+    assert!(ab.error().is_none());
+}
+
+/// Many small operations on staged memory in flight at once: past a few pending, they take
+/// the comms instead of the inline path (whose GPU copies run one at a time), so one stream
+/// of writes mixes both paths. Every write goes to the same bytes: the last one's must be
+/// what stays, and the notifications come in order.
+#[test]
+fn small_staged_operations_in_flight_mix_inline_and_comms_in_order() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 64 << 10);
+    const N: usize = 256;
+    const BLOCK: usize = 4096;
+    let target = region(&b, true, BLOCK);
+    let d = b.advertise(&target).unwrap();
+    let sources: Vec<Region> = (0..N)
+        .map(|i| filled(&a, true, BLOCK, 900 + i as u64))
+        .collect();
+    let transfers: Vec<_> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, src)| {
+            let note = format!("w{i}");
+            ab.write(
+                &[Segment::new(src, 0, BLOCK)],
+                &[RemoteSegment::new(d, 0, BLOCK as u64)],
+                Some(note.as_bytes()),
+            )
+            .unwrap()
+        })
+        .collect();
+    for t in &transfers {
+        assert_eq!(t.wait(DEADLINE).unwrap(), BLOCK as u64);
+    }
+    let served = b.inline_served();
+    println!("{served} of {N} writes went inline");
+    assert!(served >= 1, "the first write goes inline");
+    assert!(
+        (served as usize) < N,
+        "with {N} writes in flight some take the comms ({served} inline)"
+    );
+    if let Err(at) = check(&snapshot(&target), 900 + N as u64 - 1) {
+        panic!("the last write's bytes must stay: differ at byte {at}");
+    }
+    let mut notes = Vec::new();
+    assert!(eventually(DEADLINE, || {
+        notes.extend(b.notifications().into_iter().map(|(_, n)| n));
+        notes.len() == N
+    }));
+    let expected: Vec<Vec<u8>> = (0..N).map(|i| format!("w{i}").into_bytes()).collect();
+    assert_eq!(notes, expected, "notifications in order");
+    assert!(ab.error().is_none());
 }
 
 /// A KV-cache-like list: `blocks` scattered blocks of `block` bytes, each written to block

@@ -72,9 +72,30 @@ impl AdvertBook {
         }
     }
 
-    /// Checks every entry; on success, each entry's region (all staged or none). On the first
-    /// bad entry, the refusal naming it (and the refusal is counted).
+    /// Checks every entry for a job of the comms; on success, each entry's region (all staged
+    /// or none). On the first bad entry, the refusal naming it (and the refusal is counted).
     pub(crate) fn validate(&self, entries: &[RemoteEntry]) -> Result<Vec<Region>, Refusal> {
+        let regions = self.validate_entries(entries)?;
+        // One job moves the whole list, and a job is staged as a whole or not at all: a list
+        // mixing staged regions with others is refused, naming the first entry that differs
+        // from the first one.
+        if let Some(first) = regions.first() {
+            let staged = first.is_staged();
+            if let Some(index) = regions.iter().position(|r| r.is_staged() != staged) {
+                self.count_refusal();
+                return Err(Refusal {
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    reason: RefusalReason::UnsupportedMemory,
+                });
+            }
+        }
+        Ok(regions)
+    }
+
+    /// Checks every entry (known region, right key, not revoked, in bounds), whatever memory
+    /// the regions are: what an inline operation, copied entry by entry, needs. On success,
+    /// each entry's region; on the first bad entry, the refusal naming it (counted).
+    pub(crate) fn validate_entries(&self, entries: &[RemoteEntry]) -> Result<Vec<Region>, Refusal> {
         let adverts = self.lock();
         let mut regions = Vec::with_capacity(entries.len());
         // The advert of the entry before: a list of many blocks in one region looks it up
@@ -109,20 +130,6 @@ impl AdvertBook {
                     self.count_refusal();
                     return Err(refuse(reason));
                 }
-            }
-        }
-        drop(adverts);
-        // One job moves the whole list, and a job is staged as a whole or not at all: a list
-        // mixing staged regions with others is refused, naming the first entry that differs
-        // from the first one.
-        if let Some(first) = regions.first() {
-            let staged = first.is_staged();
-            if let Some(index) = regions.iter().position(|r| r.is_staged() != staged) {
-                self.count_refusal();
-                return Err(Refusal {
-                    index: u32::try_from(index).unwrap_or(u32::MAX),
-                    reason: RefusalReason::UnsupportedMemory,
-                });
             }
         }
         Ok(regions)

@@ -82,28 +82,34 @@
 //! packed on host memory, 47 against 90 on GPUs).
 //!
 //! # Small operations travel inline
-//! A write of host memory into host descriptors of at most [`crate::Config::inline_bytes`]
-//! in all (8 KiB by default) carries its data in its `WriteRequest`: the initiator gathers
-//! the bytes during the call (`SharedMemory::read_ranges`, allowed while other transfers of
-//! the region are in flight) and queues the request; the target validates it as any other,
-//! copies the bytes in on its control loop when the request reaches the head of its items —
-//! after every earlier write of the peer landed, so a later write to the same bytes still
-//! lands last, and before any later read is served — and answers `WriteAck`. No job, plugin
-//! request or engine hand-off on either side: through the comms a 4 KiB write cost a job and
-//! a request on each side, three thread hand-offs and a receive posted only once the
-//! request was read, 0.2–0.5 × a two-sided send on an H100 host (docs/RESULTS.md,
-//! twenty-second session). The order rule of the comms does not concern it (no data on
-//! them). A refused inline write changes nothing and is answered like any refusal; a target
-//! region that is not host memory (a peer that ignored the descriptor's kind) is refused
-//! with [`RefusalReason::UnsupportedMemory`]. Target memory the application holds a CPU slice
-//! of when the bytes land fails the connection, as a receive into it does.
+//! A write of at most [`crate::Config::inline_bytes`] in all (8 KiB by default) carries its
+//! data in its `WriteRequest`: the initiator gathers the bytes during the call and queues the
+//! request; the target validates it as any other, copies the bytes in on its control loop
+//! when the request reaches the head of its items — after every earlier write of the peer
+//! landed, so a later write to the same bytes still lands last, and before any later read is
+//! served — and answers `WriteAck`. No job, plugin request or engine hand-off on either side:
+//! through the comms a 4 KiB write cost a job and a request on each side, three thread
+//! hand-offs and a receive posted only once the request was read, 0.2–0.5 × a two-sided send
+//! on an H100 host (docs/RESULTS.md, twenty-second session). The order rule of the comms does
+//! not concern it (no data on them). A refused inline write changes nothing and is answered
+//! like any refusal. Target memory the application holds a CPU slice of when the bytes land
+//! fails the connection, as a receive into it does.
 //!
-//! A read of host descriptors into host memory of at most the same size asks for its data
-//! inline (`ReadRequest` flag bit 2): the target, when the request reaches the head of its
-//! items, reads the bytes (`SharedMemory::read_ranges`) and answers `ReadInline` with them;
-//! the initiator's control loop copies them into the read's memory and completes it. A
-//! refusal is `ReadRefused` as for any read. [`crate::Endpoint::inline_served`] counts
-//! what a target served inline.
+//! A read of at most the same size asks for its data inline (`ReadRequest` flag bit 2): the
+//! target, when the request reaches the head of its items, reads the bytes and answers
+//! `ReadInline` with them; the initiator's control loop copies them into the read's memory
+//! and completes it. A refusal is `ReadRefused` as for any read.
+//! [`crate::Endpoint::inline_served`] counts what a target served inline.
+//!
+//! Either side's memory may be host or CUDA memory, staged or not: host memory
+//! is copied by the CPU (`SharedMemory::read_ranges` / `write_ranges`, allowed while other
+//! transfers of the region are in flight), CUDA memory by one synchronous copy through its
+//! GPU's [`tcpx::cuda::SmallCopier`] (a pinned bounce buffer and a stream of its own, a few
+//! µs for 4 KiB): on the initiator's side in the application's call (a write) or on its
+//! control loop (a read's data), on the target's on its control loop. A 4 KiB GPU write
+//! through the staged comms took 2.7 × the host one inline (docs/RESULTS.md, twenty-third
+//! session). A target region that the control loop cannot copy (CUDA memory with no driver
+//! in this process) is refused with [`RefusalReason::UnsupportedMemory`].
 //!
 //! # Staged regions (CUDA memory on a host-only plugin)
 //! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs
@@ -146,6 +152,7 @@ pub use crate::control::rma as wire;
 
 pub(crate) mod adverts;
 pub(crate) mod inbox;
+pub(crate) mod inline;
 pub(crate) mod pack;
 pub(crate) mod state;
 pub(crate) mod target;

@@ -78,6 +78,16 @@ pub(crate) struct PendingOp {
     pub(crate) deadline: Instant,
 }
 
+/// Small operations on GPU memory go inline only while fewer than this many one-sided
+/// operations of the connection are pending. Inline, each costs one synchronous GPU copy on
+/// each side (6.5–8 µs on an H200 VM, whatever the size: the GPU's round trip), done one
+/// after another on the initiator's calling thread and on the target's control loop; the
+/// comms pipeline theirs. So inline wins while operations are few (4 KiB write at depth 1:
+/// 0.13 against 0.05 GB/s, p50 32 against 39–70 µs) and loses from about 8 in flight (depth
+/// 8: 0.32 against 0.54; depth 128: 0.37 against 0.93; docs/RESULTS.md, twenty-third
+/// session). Host memory costs no GPU copy and always goes inline.
+pub(crate) const GPU_INLINE_MAX_PENDING: usize = 4;
+
 #[derive(Default)]
 struct Pending {
     ops: HashMap<u64, PendingOp>,
@@ -448,7 +458,7 @@ impl Rma {
         ))
     }
 
-    /// A write of host memory to host memory of at most [`Config::inline_bytes`] in all:
+    /// A write of at most [`Config::inline_bytes`] in all, of host or CUDA memory:
     /// its data is gathered now and travels in its `WriteRequest`, which the target copies
     /// in and answers (see [`crate::onesided`], "Small writes travel inline"). `None` when the
     /// write is not one (the caller takes the one-sided comms).
@@ -465,11 +475,12 @@ impl Rma {
         let mut data = Vec::with_capacity(len as usize);
         // One operation on each region per run of segments in it.
         for run in local.chunk_by(|a, b| a.region.same(b.region)) {
-            run[0]
-                .region
-                .memory()
-                .read_ranges(run.iter().map(|s| (s.offset, s.len)), &mut data)
-                .map_err(|e| Error::InvalidArgument(format!("one-sided write: {e}")))?;
+            super::inline::read_ranges(
+                run[0].region,
+                run.iter().map(|s| (s.offset, s.len)),
+                &mut data,
+            )
+            .map_err(|e| Error::InvalidArgument(format!("one-sided write: {e}")))?;
         }
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
@@ -576,7 +587,7 @@ impl Rma {
         ))
     }
 
-    /// A read of host memory into host memory of at most [`Config::inline_bytes`] in all:
+    /// A read of at most [`Config::inline_bytes`] in all, into host or CUDA memory:
     /// it asks the target for its data inline (`ReadInline`, copied into `local` by the
     /// control loop), as [`Rma::write_inline`] sends a small write's. `None` when the read is
     /// not one (the caller takes the one-sided comms).
@@ -628,11 +639,13 @@ impl Rma {
         )))
     }
 
-    /// Whether an operation on these lists carries its data in control messages: host memory
-    /// on both sides (the descriptors say the target's), at most [`Config::inline_bytes`].
+    /// Whether an operation on these lists carries its data in control messages: at most
+    /// [`Config::inline_bytes`] in all, of memory this side can copy (host, or CUDA through
+    /// its GPU's small copier; the target's control loop copies host and CUDA memory alike),
+    /// and, when either side is GPU memory, while fewer than [`GPU_INLINE_MAX_PENDING`]
+    /// operations of the connection are pending.
     fn goes_inline(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> bool {
         let limit = u64::from(self.config.inline_bytes);
-        let host = |kind| kind == tcpx::MemoryKind::Host;
         // Stops at the first segment past the limit: a long list of large blocks costs nothing.
         let small = local
             .iter()
@@ -640,11 +653,13 @@ impl Rma {
                 total.checked_add(s.len as u64).filter(|&t| t <= limit)
             })
             .is_some();
-        small
-            && local
-                .iter()
-                .all(|s| host(s.region.kind()) && !s.region.is_staged())
-            && remote.iter().all(|r| host(r.descriptor.kind()))
+        if !(small && local.iter().all(|s| super::inline::copyable(s.region))) {
+            return false;
+        }
+        let cuda = tcpx::MemoryKind::Cuda;
+        let gpu = local.iter().any(|s| s.region.kind() == cuda)
+            || remote.iter().any(|r| r.descriptor.kind() == cuda);
+        !gpu || self.pending_count() < GPU_INLINE_MAX_PENDING
     }
 
     /// See [`crate::Connection::notify`].

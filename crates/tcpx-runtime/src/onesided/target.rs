@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::coalesce::coalesce;
+use super::inline;
 use super::pack::{worth_packing, PackLease, Part, PACK_BYTES};
 use super::state::{access_error, OpCut, PendingKind, PendingOp, Rma};
 use crate::carrier::JobSpec;
@@ -313,7 +314,7 @@ impl Rma {
         }
         // The application's own memory refusing the bytes (it holds a CPU slice of it) fails
         // this read, not the connection.
-        let outcome = land_inline(local, &data)
+        let outcome = inline::land(local, &data)
             .map(|()| {
                 self.link.inline.received(op.len);
                 op.len
@@ -324,20 +325,18 @@ impl Rma {
     }
 
     /// Where each entry of inline `what` (a write or a read) `op_id` goes on this side, or why
-    /// it is refused (logged): the advertised regions must hold them and be host memory (only
-    /// that takes bytes from the control loop; the initiator asks inline only toward host
-    /// descriptors).
+    /// it is refused (logged): the advertised regions must hold them, in memory the control
+    /// loop can copy into and out of ([`inline::copyable`]: host memory, or CUDA memory
+    /// through its GPU's small copier).
     fn inline_pieces(
         &self,
         op_id: u64,
         what: &str,
         entries: &[RemoteEntry],
     ) -> (Vec<(Region, usize, usize)>, Option<Refusal>) {
-        let checked = match self.shared.adverts.validate(entries) {
-            Ok(regions) => match regions
-                .iter()
-                .position(|r| r.kind() != tcpx::MemoryKind::Host || r.is_staged())
-            {
+        // Copied entry by entry: a list may mix staged regions with others.
+        let checked = match self.shared.adverts.validate_entries(entries) {
+            Ok(regions) => match regions.iter().position(|r| !inline::copyable(r)) {
                 None => (
                     regions
                         .into_iter()
@@ -904,22 +903,6 @@ fn complete_write(
     op.completion.finish(outcome);
 }
 
-/// Copies inline data (a write's on the target, a read's on the initiator) into its pieces, in
-/// order: one operation on each region per run of pieces in it.
-fn land_inline(pieces: &[(Region, usize, usize)], data: &[u8]) -> tcpx::Result<()> {
-    // The pieces' lengths add up to `data`'s (checked when the request came).
-    let mut at = 0;
-    for run in pieces.chunk_by(|a, b| a.0.same(&b.0)) {
-        let ranges = run.iter().map(|&(_, offset, len)| {
-            let piece = (offset, &data[at..at + len]);
-            at += len;
-            piece
-        });
-        run[0].0.memory().write_ranges(ranges)?;
-    }
-    Ok(())
-}
-
 /// Fails what an item the acknowledger gives up on holds, with the link's error: its jobs
 /// (one never handed to the engines would otherwise never finish), the application's
 /// completions, and its pack buffer (a job may still post into it: never reused).
@@ -1143,19 +1126,13 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
                 return;
             }
             let mut data = Vec::with_capacity(pieces.iter().map(|p| p.2).sum());
-            for run in pieces.chunk_by(|a, b| a.0.same(&b.0)) {
-                let read = run[0]
-                    .0
-                    .memory()
-                    .read_ranges(run.iter().map(|&(_, offset, len)| (offset, len)), &mut data);
-                if let Err(e) = read {
-                    // As for a send out of it: memory the application holds a CPU slice of
-                    // fails the connection.
-                    rma.link.fail(Error::InvalidArgument(format!(
-                        "inline one-sided read #{op_id}: {e}"
-                    )));
-                    return;
-                }
+            if let Err(e) = inline::gather(&pieces, &mut data) {
+                // As for a send out of it: memory the application holds a CPU slice of (or
+                // a GPU copy that failed) fails the connection.
+                rma.link.fail(Error::InvalidArgument(format!(
+                    "inline one-sided read #{op_id}: {e}"
+                )));
+                return;
             }
             rma.shared
                 .inline_served
@@ -1170,7 +1147,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             refusal,
             notification,
         } => {
-            if let Err(e) = land_inline(&pieces, &data) {
+            if let Err(e) = inline::land(&pieces, &data) {
                 // Memory that cannot take the bytes now (the application holds a CPU slice
                 // of it): as for an eager receive, the connection fails with why.
                 rma.link.fail(Error::InvalidArgument(format!(

@@ -186,6 +186,11 @@ impl CudaDevice {
         self.inner.device
     }
 
+    /// The primary context (retained while this handle lives).
+    pub(crate) fn context(&self) -> sys::CUcontext {
+        self.inner.context
+    }
+
     /// Makes this device's primary context current on the calling thread (a no-op when it
     /// already is). Every method here calls it; call it yourself before raw driver calls.
     pub fn bind(&self) -> Result<()> {

@@ -24,6 +24,8 @@
 //!   base and offset), [`IpcMapping`] (a peer's allocation mapped here, closed on drop), and
 //!   [`CopyPool`] / [`PooledCopy`] (copies on a fixed set of streams, completion through
 //!   pooled events).
+//! * [`SmallCopier`]: synchronous copies of a few KiB between device memory and host bytes
+//!   through pinned bounce buffers (small one-sided operations carried inline).
 //! * [`unpack`]: the CPU reference gather and the GPU [`Unpacker`](unpack::Unpacker).
 //!
 //! ```
@@ -46,6 +48,7 @@ mod copy;
 mod device;
 mod driver;
 mod ipc;
+mod small_copy;
 mod staging;
 pub mod unpack;
 
@@ -59,6 +62,7 @@ pub use driver::{
     driver_available, driver_status, pointer_allocation, pointer_device, skip_reason, DriverStatus,
 };
 pub use ipc::{allocation_range, IpcExport, IpcMapping, IpcMemHandle, IPC_HANDLE_BYTES};
+pub use small_copy::{SmallCopier, SMALL_COPY_BOUNCE_BYTES};
 pub use staging::{Span, StagingRing, FRAGMENTS_PER_SLOT, FRAGMENT_BYTES};
 
 /// Why a CUDA operation failed; defined with the crate's error type, which carries it.

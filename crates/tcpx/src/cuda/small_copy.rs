@@ -1,0 +1,286 @@
+//! [`SmallCopier`]: synchronous copies of a few KiB between device memory and host bytes, for
+//! the runtime's small one-sided operations that travel inline in control messages.
+//!
+//! A 4 KiB one-sided write of GPU memory through the staged comms pays a ring slot, an
+//! engine hand-off, an event poll and a plugin request on each side; the host figure for the
+//! same write, carried inline, is about a third of it. Inline, a GPU operation needs only one
+//! small copy on each side: the initiator gathers its blocks into the control message, the
+//! target copies the message's bytes into its blocks. Done here, each is one `cuMemcpyAsync`
+//! per piece into (or out of) a pinned bounce buffer and one `cuStreamSynchronize` on a
+//! non-blocking stream of the copier's own:
+//! * pinned, because a copy from or to pageable memory goes through the driver's own staging
+//!   and costs several µs more at these sizes;
+//! * a stream of its own, non-blocking, because a copy on the legacy default stream would
+//!   wait for whatever the application runs there (a model's kernels, for milliseconds), and
+//!   the target copies on its control loop;
+//! * the context pushed and popped around the copy, not set, because the initiator copies on
+//!   the application's thread: its current device (what the CUDA runtime reports) must not
+//!   change under it.
+//!
+//! One copier per GPU serves the whole process ([`SmallCopier::for_ordinal`]): a few lanes
+//! (stream + bounce each), taken with `try_lock` in turn, so that several control loops and
+//! application threads copying at once rarely wait for each other.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use cudarc::driver::sys;
+
+use super::buffer::PinnedHostBuffer;
+use super::device::{CudaDevice, CudaStream};
+use super::driver::{check, require};
+use crate::error::{Error, Result};
+use crate::memory::{MemoryKind, SharedMemory};
+
+/// Bytes one lane's bounce buffer holds: one copy of more goes through it in several rounds.
+/// As large as the largest inline operation, so an inline operation is one round.
+pub const SMALL_COPY_BOUNCE_BYTES: usize = 64 * 1024;
+
+/// Lanes of one GPU's copier: each a stream and a bounce buffer.
+const LANES: usize = 4;
+
+/// Synchronous small copies between one GPU's memory and host bytes (see the module docs).
+pub struct SmallCopier {
+    device: CudaDevice,
+    lanes: Vec<Mutex<Lane>>,
+}
+
+/// One stream and its bounce buffer, used by one copy at a time.
+struct Lane {
+    stream: CudaStream,
+    bounce: PinnedHostBuffer,
+}
+
+impl std::fmt::Debug for SmallCopier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmallCopier")
+            .field("device", &self.device.ordinal())
+            .field("lanes", &self.lanes.len())
+            .finish()
+    }
+}
+
+/// The process's copiers, by GPU ordinal: created on first use, kept for the process's life
+/// (a stream and 64 KiB of pinned memory per lane).
+static COPIERS: OnceLock<Mutex<Vec<Option<Arc<SmallCopier>>>>> = OnceLock::new();
+
+impl SmallCopier {
+    /// The process's copier for GPU `ordinal`, created on first use.
+    pub fn for_ordinal(ordinal: usize) -> Result<Arc<Self>> {
+        require("SmallCopier::for_ordinal")?;
+        let copiers = COPIERS.get_or_init(|| Mutex::new(Vec::new()));
+        let mut copiers = copiers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Some(copier)) = copiers.get(ordinal) {
+            return Ok(copier.clone());
+        }
+        let copier = Arc::new(Self::new(&CudaDevice::new(ordinal)?)?);
+        if copiers.len() <= ordinal {
+            copiers.resize(ordinal + 1, None);
+        }
+        copiers[ordinal] = Some(copier.clone());
+        Ok(copier)
+    }
+
+    /// A copier of its own for `device` (most callers share the process's: [`Self::for_ordinal`]).
+    pub fn new(device: &CudaDevice) -> Result<Self> {
+        let lanes = (0..LANES)
+            .map(|_| {
+                Ok(Mutex::new(Lane {
+                    stream: device.stream()?,
+                    bounce: device.alloc_pinned(SMALL_COPY_BOUNCE_BYTES)?,
+                }))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            device: device.clone(),
+            lanes,
+        })
+    }
+
+    /// The GPU.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// Appends the bytes of the `(offset, len)` ranges of CUDA `memory` to `out`, and returns
+    /// when they are there. `memory` counts as one operation in flight meanwhile (like
+    /// [`SharedMemory::read_ranges`] for host memory: allowed while other transfers of it
+    /// run). Stops at the first range outside the memory, after reading the ranges before it.
+    pub fn read_ranges(
+        &self,
+        memory: &SharedMemory,
+        ranges: impl IntoIterator<Item = (usize, usize)>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        const API: &str = "SmallCopier::read_ranges";
+        check_cuda(API, memory)?;
+        let _reading = memory.borrow_operation(API)?;
+        let mut lane = self.lane();
+        let _current = Current::push(&self.device)?;
+        let mut queued = 0;
+        for (offset, len) in ranges {
+            memory.check_range(API, offset, len)?;
+            let mut done = 0;
+            while done < len {
+                if queued == SMALL_COPY_BOUNCE_BYTES {
+                    lane.drain_into(queued, out)?;
+                    queued = 0;
+                }
+                let n = (len - done).min(SMALL_COPY_BOUNCE_BYTES - queued);
+                // SAFETY: the source lies inside live device memory (checked), kept alive and
+                // counted in flight by `_reading` until the lane is synchronized below; the
+                // destination is the lane's bounce, which no one else touches while the lane
+                // is locked, and `queued + n` stays inside it.
+                unsafe {
+                    lane.queue(
+                        lane.bounce.device_ptr() + queued as u64,
+                        memory.as_ptr() as u64 + (offset + done) as u64,
+                        n,
+                    )?;
+                }
+                queued += n;
+                done += n;
+            }
+        }
+        lane.drain_into(queued, out)
+    }
+
+    /// Copies each `(offset, bytes)` piece into CUDA `memory` at `offset`, and returns when the
+    /// bytes are in device memory. `memory` counts as one operation in flight meanwhile (like
+    /// [`SharedMemory::write_ranges`] for host memory). Stops at the first piece outside the
+    /// memory, after writing the pieces before it.
+    pub fn write_ranges<'a>(
+        &self,
+        memory: &SharedMemory,
+        pieces: impl IntoIterator<Item = (usize, &'a [u8])>,
+    ) -> Result<()> {
+        const API: &str = "SmallCopier::write_ranges";
+        check_cuda(API, memory)?;
+        let _writing = memory.borrow_operation(API)?;
+        let mut lane = self.lane();
+        let _current = Current::push(&self.device)?;
+        let mut queued = 0;
+        for (offset, bytes) in pieces {
+            memory.check_range(API, offset, bytes.len())?;
+            let mut done = 0;
+            while done < bytes.len() {
+                if queued == SMALL_COPY_BOUNCE_BYTES {
+                    // The bounce is reused: its copies must have read it first.
+                    lane.synchronize()?;
+                    queued = 0;
+                }
+                let n = (bytes.len() - done).min(SMALL_COPY_BOUNCE_BYTES - queued);
+                lane.bounce.as_mut_slice()[queued..queued + n]
+                    .copy_from_slice(&bytes[done..done + n]);
+                // SAFETY: the destination lies inside live device memory (checked), kept alive
+                // and counted in flight by `_writing` until the lane is synchronized below; the
+                // source is the lane's bounce, which no one else touches while the lane is
+                // locked and which is not written again before the copy is synchronized.
+                unsafe {
+                    lane.queue(
+                        memory.as_ptr() as u64 + (offset + done) as u64,
+                        lane.bounce.device_ptr() + queued as u64,
+                        n,
+                    )?;
+                }
+                queued += n;
+                done += n;
+            }
+        }
+        if queued > 0 {
+            lane.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// A free lane, or the first one (wait for it) when all are busy.
+    fn lane(&self) -> MutexGuard<'_, Lane> {
+        for lane in &self.lanes {
+            if let Ok(guard) = lane.try_lock() {
+                return guard;
+            }
+        }
+        self.lanes[0].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Lane {
+    /// Queues one copy on the lane's stream (the device's context is current).
+    ///
+    /// # Safety
+    /// `src..src+len` must stay readable and `dst..dst+len` writable until the stream is
+    /// synchronized.
+    unsafe fn queue(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        let rc = unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream.raw()) };
+        check("cuMemcpyAsync", rc, || {
+            format!("{len} bytes {src:#x} -> {dst:#x} (small copy)")
+        })
+    }
+
+    /// Waits for the lane's copies (the device's context is current).
+    fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live stream of the current context.
+        let rc = unsafe { sys::cuStreamSynchronize(self.stream.raw()) };
+        check("cuStreamSynchronize", rc, || "small copy".to_string())
+    }
+
+    /// Waits for the lane's copies into the bounce, then appends its first `queued` bytes.
+    fn drain_into(&mut self, queued: usize, out: &mut Vec<u8>) -> Result<()> {
+        if queued > 0 {
+            self.synchronize()?;
+            out.extend_from_slice(&self.bounce.as_slice()[..queued]);
+        }
+        Ok(())
+    }
+}
+
+fn check_cuda(api: &'static str, memory: &SharedMemory) -> Result<()> {
+    if memory.kind() != MemoryKind::Cuda {
+        return Err(Error::invalid(
+            api,
+            format!("{:?} memory is not CUDA memory", memory.kind()),
+        ));
+    }
+    Ok(())
+}
+
+/// The device's context made current on this thread for a scope, and the one before it
+/// restored after: pushed only when another one (or none) was current.
+struct Current {
+    pushed: bool,
+    /// Contexts are pushed per thread: the guard must be dropped on the thread that made it.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Current {
+    fn push(device: &CudaDevice) -> Result<Self> {
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        check("cuCtxGetCurrent", rc, || device.describe())?;
+        if current == device.context() {
+            return Ok(Self {
+                pushed: false,
+                _not_send: std::marker::PhantomData,
+            });
+        }
+        // SAFETY: the device retains its primary context for as long as it lives, and it
+        // outlives this guard (the copier holds it).
+        let rc = unsafe { sys::cuCtxPushCurrent_v2(device.context()) };
+        check("cuCtxPushCurrent", rc, || device.describe())?;
+        Ok(Self {
+            pushed: true,
+            _not_send: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops the context `push` pushed on this thread (the guard is not Send).
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
