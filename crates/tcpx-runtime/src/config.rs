@@ -30,6 +30,7 @@
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //! | `TCPX_INLINE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
+//! | `TCPX_INLINE_GPU_BYTES` | the same for one-sided operations touching GPU memory, while the connection has at most one other operation pending ([`Config::inline_gpu_bytes`]) | 64 KiB |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
 //! here: they pass through to the plugin untouched.
@@ -95,6 +96,12 @@ pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 /// Default [`Config::inline_bytes`]: one-sided writes and reads of up to 8 KiB of host memory
 /// travel inline (docs/RESULTS.md, twenty-second session).
 pub const DEFAULT_INLINE_BYTES: u32 = 8 << 10;
+
+/// Default [`Config::inline_gpu_bytes`]: one-sided operations touching GPU memory of up to
+/// 64 KiB travel inline while the connection has at most one other operation pending
+/// (docs/RESULTS.md, twenty-third session: on an H200, 16–64 KiB p50 42–77 µs against
+/// 81–106 through the staged comms).
+pub const DEFAULT_INLINE_GPU_BYTES: u32 = 64 << 10;
 
 /// Default [`Config::eager_bytes`]: two-sided messages up to 64 KiB travel in eager frames.
 pub const DEFAULT_EAGER_BYTES: u32 = 64 << 10;
@@ -247,10 +254,21 @@ pub struct Config {
     /// its `WriteRequest`, a read's in the target's `ReadInline` answer), copied in by the
     /// receiving side's control loop: no plugin request, engine hand-off or job on either
     /// side, which is most of what a small one-sided operation costs (a 4 KiB write through
-    /// the comms ran at 0.2–0.5 × a two-sided send). Larger operations, and CUDA memory, take
-    /// the one-sided comms. `0`: never. At most [`tcpx_proto::control::rma::MAX_INLINE`].
-    /// Only the initiator's value matters. Default [`DEFAULT_INLINE_BYTES`].
+    /// the comms ran at 0.2–0.5 × a two-sided send). Larger operations take the one-sided
+    /// comms; operations touching GPU memory follow [`Config::inline_gpu_bytes`]. `0`:
+    /// never. At most [`tcpx_proto::control::rma::MAX_INLINE`]. Only the initiator's value
+    /// matters. Default [`DEFAULT_INLINE_BYTES`].
     pub inline_bytes: u32,
+    /// The same for one-sided operations with GPU memory on either side (a staged region
+    /// counts as GPU memory): at most this many bytes in all travel inline, copied by one
+    /// synchronous GPU copy on each side, but only while the connection has fewer than two
+    /// operations pending. Such a copy costs a GPU round trip (6.5–8 µs on an H200 VM) and
+    /// runs one at a time on the target's control loop, so inline wins on latency and lone
+    /// operations (4 KiB p50 31–33 µs against 39–41, 64 KiB 77 against 106) while the comms,
+    /// which pipeline their copies, carry more once several are in flight. `0`: never. At
+    /// most [`tcpx_proto::control::rma::MAX_INLINE`]. Only the initiator's value matters.
+    /// Default [`DEFAULT_INLINE_GPU_BYTES`].
+    pub inline_gpu_bytes: u32,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers;
     /// when all are in use, a data sender falls back to the unpacked transfer.
     pub pack_buffers: usize,
@@ -294,6 +312,7 @@ impl Default for Config {
             eager_bytes: None,
             eager_detach: DEFAULT_EAGER_DETACH,
             inline_bytes: DEFAULT_INLINE_BYTES,
+            inline_gpu_bytes: DEFAULT_INLINE_GPU_BYTES,
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
             require_secret: false,
@@ -417,6 +436,9 @@ impl Config {
         if let Some((name, v)) = get(&["TCPX_INLINE_BYTES"]) {
             b = b.inline_bytes(parse_size(name, &v)?);
         }
+        if let Some((name, v)) = get(&["TCPX_INLINE_GPU_BYTES"]) {
+            b = b.inline_gpu_bytes(parse_size(name, &v)?);
+        }
         if let Some((name, v)) = get(&["TCPX_PACK_BUFFERS"]) {
             b = b.pack_buffers(parse_num(name, &v)?);
         }
@@ -476,12 +498,16 @@ impl Config {
                 )));
             }
         }
-        if self.inline_bytes as usize > tcpx_proto::control::rma::MAX_INLINE {
-            return Err(Error::Config(format!(
-                "inline_bytes {} must be at most {} (0 turns inline writes off)",
-                self.inline_bytes,
-                tcpx_proto::control::rma::MAX_INLINE
-            )));
+        for (name, value) in [
+            ("inline_bytes", self.inline_bytes),
+            ("inline_gpu_bytes", self.inline_gpu_bytes),
+        ] {
+            if value as usize > tcpx_proto::control::rma::MAX_INLINE {
+                return Err(Error::Config(format!(
+                    "{name} {value} must be at most {} (0 turns inline operations off)",
+                    tcpx_proto::control::rma::MAX_INLINE
+                )));
+            }
         }
         if self.pack_buffers > MAX_PACK_BUFFERS {
             return Err(Error::Config(format!(
@@ -606,6 +632,13 @@ impl ConfigBuilder {
         self
     }
 
+    /// Largest one-sided operation touching GPU memory carried inline; 0: none (see
+    /// [`Config::inline_gpu_bytes`]).
+    pub fn inline_gpu_bytes(mut self, bytes: u32) -> Self {
+        self.config.inline_gpu_bytes = bytes;
+        self
+    }
+
     /// Pack buffers per connection (see [`Config::pack_buffers`]).
     pub fn pack_buffers(mut self, buffers: usize) -> Self {
         self.config.pack_buffers = buffers;
@@ -726,6 +759,20 @@ mod tests {
         assert!(from(&[("TCPX_INLINE_BYTES", "64K")]).is_ok());
         assert!(from(&[("TCPX_INLINE_BYTES", "65537")]).is_err());
         assert!(from(&[("TCPX_INLINE_BYTES", "some")]).is_err());
+        assert_eq!(Config::default().inline_gpu_bytes, DEFAULT_INLINE_GPU_BYTES);
+        assert_eq!(
+            from(&[("TCPX_INLINE_GPU_BYTES", "16K")])
+                .unwrap()
+                .inline_gpu_bytes,
+            16384
+        );
+        assert_eq!(
+            from(&[("TCPX_INLINE_GPU_BYTES", "0")])
+                .unwrap()
+                .inline_gpu_bytes,
+            0
+        );
+        assert!(from(&[("TCPX_INLINE_GPU_BYTES", "65537")]).is_err());
     }
 
     #[test]

@@ -266,15 +266,16 @@ fn one_sided_write_and_read_gpu_to_gpu() {
 }
 
 /// Small one-sided operations on GPU memory travel inline (issue 25: a 4 KiB GPU write
-/// through the staged comms took 2.7 × the host one): writes of 1 B … 8 KiB in one to three
-/// blocks, from GPU (and mixed GPU + host) lists into GPU and host targets, read back into
-/// GPU memory; every byte checked, every operation served inline, nothing refused.
+/// through the staged comms took 2.7 × the host one): writes of 1 B … 64 KiB in one to three
+/// blocks, from GPU (and mixed GPU + host) lists into GPU and host targets, one at a time,
+/// read back into GPU memory; every byte checked, every operation served inline, nothing
+/// refused.
 #[test]
 fn small_one_sided_operations_on_gpu_memory_travel_inline() {
     loopback();
     let Some((ga, gb)) = gpus() else { return };
     let (a, b, ab, _ba) = pair(2, 512 << 10);
-    const LEN: usize = 64 << 10;
+    const LEN: usize = 256 << 10;
     let src = region(&a, Some(&ga), LEN, Some(41));
     let host_src = region(&a, None, LEN, Some(42));
     let targets = [
@@ -290,7 +291,10 @@ fn small_one_sided_operations_on_gpu_memory_travel_inline() {
     fill(&mut sources[0], 41);
     fill(&mut sources[1], 42);
     let mut served = 0;
-    for (round, &len) in [1usize, 100, 4096, 4097, 8000, 8192].iter().enumerate() {
+    for (round, &len) in [1usize, 100, 4096, 4097, 8192, 16384, 65536]
+        .iter()
+        .enumerate()
+    {
         for target in 0..2 {
             // Up to three pieces: GPU, host, GPU (a list may mix memory inline).
             let cuts = [len / 3, len / 3, len - 2 * (len / 3)];
@@ -303,8 +307,8 @@ fn small_one_sided_operations_on_gpu_memory_travel_inline() {
                 } else {
                     (&src, &sources[0])
                 };
-                let from = 1000 * (round + 1) + i * 9000;
-                let to = i * (16 << 10) + round;
+                let from = 1000 * (round + 1) + i * 30000;
+                let to = i * (32 << 10) + round;
                 local.push(Segment::new(from_region, from, n));
                 remote.push(RemoteSegment::new(d[target], to as u64, n as u64));
                 expected.push((to, from_bytes[from..from + n].to_vec()));

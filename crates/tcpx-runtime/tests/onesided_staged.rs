@@ -300,7 +300,7 @@ fn a_local_list_mixing_staged_and_host_memory_is_refused_up_front() {
     let (a, b, ab, _ba) = pair(2, 64 << 10);
     let dst = region(&b, false, 1 << 20);
     let d = b.advertise(&dst).unwrap();
-    const BLOCK: usize = 16 << 10;
+    const BLOCK: usize = 64 << 10;
     let staged = filled(&a, true, BLOCK, 1);
     let host = filled(&a, false, BLOCK, 2);
     let local = [

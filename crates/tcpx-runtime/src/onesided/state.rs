@@ -78,15 +78,16 @@ pub(crate) struct PendingOp {
     pub(crate) deadline: Instant,
 }
 
-/// Small operations on GPU memory go inline only while fewer than this many one-sided
+/// Operations touching GPU memory go inline only while fewer than this many one-sided
 /// operations of the connection are pending. Inline, each costs one synchronous GPU copy on
-/// each side (6.5–8 µs on an H200 VM, whatever the size: the GPU's round trip), done one
+/// each side (6.5–8 µs on an H200 VM whatever the size: the GPU's round trip), done one
 /// after another on the initiator's calling thread and on the target's control loop; the
-/// comms pipeline theirs. So inline wins while operations are few (4 KiB write at depth 1:
-/// 0.13 against 0.05 GB/s, p50 32 against 39–70 µs) and loses from about 8 in flight (depth
-/// 8: 0.32 against 0.54; depth 128: 0.37 against 0.93; docs/RESULTS.md, twenty-third
-/// session). Host memory costs no GPU copy and always goes inline.
-pub(crate) const GPU_INLINE_MAX_PENDING: usize = 4;
+/// comms pipeline theirs. Measured on an H200 (docs/RESULTS.md, twenty-third session),
+/// inline carries more at depth 1 and 2 (4 KiB 0.13 / 0.20 against 0.05 / 0.17 GB/s, 64 KiB
+/// 0.84 / 1.50 against 0.55 / 1.22) and less from depth 4 (4 KiB reads 0.20 against 0.30,
+/// 64 KiB writes 1.64 against 2.43; depth 128 4 KiB 0.37 against 0.93). Host memory costs
+/// no GPU copy and always goes inline up to [`Config::inline_bytes`].
+pub(crate) const GPU_INLINE_MAX_PENDING: usize = 2;
 
 #[derive(Default)]
 struct Pending {
@@ -639,27 +640,36 @@ impl Rma {
         )))
     }
 
-    /// Whether an operation on these lists carries its data in control messages: at most
-    /// [`Config::inline_bytes`] in all, of memory this side can copy (host, or CUDA through
-    /// its GPU's small copier; the target's control loop copies host and CUDA memory alike),
-    /// and, when either side is GPU memory, while fewer than [`GPU_INLINE_MAX_PENDING`]
+    /// Whether an operation on these lists carries its data in control messages: of memory
+    /// this side can copy (host, or CUDA through its GPU's small copier; the target's control
+    /// loop copies host and CUDA memory alike), at most [`Config::inline_bytes`] in all, or
+    /// when either side is GPU memory (staged included) at most
+    /// [`Config::inline_gpu_bytes`] and while fewer than [`GPU_INLINE_MAX_PENDING`]
     /// operations of the connection are pending.
     fn goes_inline(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> bool {
-        let limit = u64::from(self.config.inline_bytes);
-        // Stops at the first segment past the limit: a long list of large blocks costs nothing.
-        let small = local
-            .iter()
-            .try_fold(0u64, |total, s| {
-                total.checked_add(s.len as u64).filter(|&t| t <= limit)
-            })
-            .is_some();
-        if !(small && local.iter().all(|s| super::inline::copyable(s.region))) {
+        let most = self.config.inline_bytes.max(self.config.inline_gpu_bytes);
+        // Stops at the first segment past the larger limit: a long list of large blocks costs
+        // nothing more on its way to the comms.
+        let Some(total) = local.iter().try_fold(0u64, |total, s| {
+            total
+                .checked_add(s.len as u64)
+                .filter(|&t| t <= u64::from(most))
+        }) else {
             return false;
-        }
+        };
         let cuda = tcpx::MemoryKind::Cuda;
-        let gpu = local.iter().any(|s| s.region.kind() == cuda)
+        let gpu = local
+            .iter()
+            .any(|s| s.region.kind() == cuda || s.region.is_staged())
             || remote.iter().any(|r| r.descriptor.kind() == cuda);
-        !gpu || self.pending_count() < GPU_INLINE_MAX_PENDING
+        let limit = if gpu {
+            self.config.inline_gpu_bytes
+        } else {
+            self.config.inline_bytes
+        };
+        total <= u64::from(limit)
+            && local.iter().all(|s| super::inline::copyable(s.region))
+            && (!gpu || self.pending_count() < GPU_INLINE_MAX_PENDING)
     }
 
     /// See [`crate::Connection::notify`].

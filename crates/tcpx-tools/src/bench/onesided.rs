@@ -128,7 +128,7 @@ struct Bench {
 
 fn config(o: &Options) -> Result<Config> {
     // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 measures
-    // the unpacked path, TCPX_INLINE_BYTES=0 small operations through the comms,
+    // the unpacked path, TCPX_INLINE_BYTES=0 / TCPX_INLINE_GPU_BYTES=0 small operations through the comms,
     // TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads wait, in the same
     // build); everything else from the flags.
     let env = Config::from_env()?;
@@ -144,6 +144,7 @@ fn config(o: &Options) -> Result<Config> {
         .pack_below(env.pack_below)
         .pack_buffers(env.pack_buffers)
         .inline_bytes(env.inline_bytes)
+        .inline_gpu_bytes(env.inline_gpu_bytes)
         .build()?;
     Ok(config)
 }
@@ -231,9 +232,11 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
     );
     eprintln!(
         "# inline: the target served {} operations with their data in control messages \
-         (TCPX_INLINE_BYTES: up to {} bytes of host memory)",
+         (TCPX_INLINE_BYTES: up to {} bytes of host memory; TCPX_INLINE_GPU_BYTES: up to {} \
+         with GPU memory, while at most one other operation is pending)",
         bench.target.inline_served(),
-        bench.initiator.config().inline_bytes
+        bench.initiator.config().inline_bytes,
+        bench.initiator.config().inline_gpu_bytes
     );
     Ok(())
 }
