@@ -6,8 +6,8 @@
 //! same write, carried inline, is about a third of it. Inline, a GPU operation needs only one
 //! small copy on each side: the initiator gathers its blocks into the control message, the
 //! target copies the message's bytes into its blocks. Done here, each is one `cuMemcpyAsync`
-//! per piece into (or out of) a pinned bounce buffer and one `cuStreamSynchronize` on a
-//! non-blocking stream of the copier's own:
+//! per piece into (or out of) a pinned bounce buffer on a non-blocking stream of the copier's
+//! own, and one wait for the stream (a spin, then polls, at most [`SMALL_COPY_TIMEOUT`]):
 //! * pinned, because a copy from or to pageable memory goes through the driver's own staging
 //!   and costs several µs more at these sizes;
 //! * a stream of its own, non-blocking, because a copy on the legacy default stream would
@@ -22,13 +22,14 @@
 //! application threads copying at once rarely wait for each other.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
 use super::buffer::PinnedHostBuffer;
 use super::device::{CudaDevice, CudaStream};
 use super::driver::{check, require};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{MemoryKind, SharedMemory};
 
 /// Bytes one lane's bounce buffer holds: one copy of more goes through it in several rounds.
@@ -37,6 +38,17 @@ pub const SMALL_COPY_BOUNCE_BYTES: usize = 64 * 1024;
 
 /// Lanes of one GPU's copier: each a stream and a bounce buffer.
 const LANES: usize = 4;
+
+/// Longest a copy is waited for. A copy of at most 64 KiB takes µs, or as long as the copy
+/// engine's queue ahead of it (a large staged transfer of another stream): past this, the GPU
+/// is taken as stuck and the copy fails with a timeout instead of blocking the caller (the
+/// target's control loop, or the application) for ever.
+pub const SMALL_COPY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a wait spins on the stream before it sleeps between polls: a small copy is done
+/// within it (6.5–9 µs on an H200), a copy queued behind a large one is not and should not
+/// cost a core meanwhile.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// Synchronous small copies between one GPU's memory and host bytes (see the module docs).
 pub struct SmallCopier {
@@ -48,6 +60,9 @@ pub struct SmallCopier {
 struct Lane {
     stream: CudaStream,
     bounce: PinnedHostBuffer,
+    /// Set when a copy of the lane timed out or failed: the GPU may still use the bounce, so
+    /// the lane is never used again.
+    retired: bool,
 }
 
 impl std::fmt::Debug for SmallCopier {
@@ -87,6 +102,7 @@ impl SmallCopier {
                 Ok(Mutex::new(Lane {
                     stream: device.stream()?,
                     bounce: device.alloc_pinned(SMALL_COPY_BOUNCE_BYTES)?,
+                    retired: false,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -114,7 +130,7 @@ impl SmallCopier {
         const API: &str = "SmallCopier::read_ranges";
         check_cuda(API, memory)?;
         let _reading = memory.borrow_operation(API)?;
-        let mut lane = self.lane();
+        let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
         let mut queued = 0;
         for (offset, len) in ranges {
@@ -156,7 +172,7 @@ impl SmallCopier {
         const API: &str = "SmallCopier::write_ranges";
         check_cuda(API, memory)?;
         let _writing = memory.borrow_operation(API)?;
-        let mut lane = self.lane();
+        let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
         let mut queued = 0;
         for (offset, bytes) in pieces {
@@ -192,14 +208,30 @@ impl SmallCopier {
         Ok(())
     }
 
-    /// A free lane, or the first one (wait for it) when all are busy.
-    fn lane(&self) -> MutexGuard<'_, Lane> {
+    /// A free lane, or the first one in service (wait for it) when all are busy; an error
+    /// once every lane is retired.
+    fn lane(&self) -> Result<MutexGuard<'_, Lane>> {
         for lane in &self.lanes {
             if let Ok(guard) = lane.try_lock() {
-                return guard;
+                if !guard.retired {
+                    return Ok(guard);
+                }
             }
         }
-        self.lanes[0].lock().unwrap_or_else(|e| e.into_inner())
+        for lane in &self.lanes {
+            let guard = lane.lock().unwrap_or_else(|e| e.into_inner());
+            if !guard.retired {
+                return Ok(guard);
+            }
+        }
+        Err(Error::new(
+            "SmallCopier",
+            ErrorKind::InvalidArgument(format!(
+                "every lane of GPU {}'s small copier was retired after a copy failed or timed out",
+                self.device.ordinal()
+            )),
+            "",
+        ))
     }
 }
 
@@ -217,11 +249,36 @@ impl Lane {
         })
     }
 
-    /// Waits for the lane's copies (the device's context is current).
-    fn synchronize(&self) -> Result<()> {
-        // SAFETY: a live stream of the current context.
-        let rc = unsafe { sys::cuStreamSynchronize(self.stream.raw()) };
-        check("cuStreamSynchronize", rc, || "small copy".to_string())
+    /// Waits for the lane's copies (the device's context is current): spins on the stream,
+    /// then sleeps between polls, at most [`SMALL_COPY_TIMEOUT`]. A copy that failed or did
+    /// not finish retires the lane.
+    fn synchronize(&mut self) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            // SAFETY: a live stream of the current context.
+            let rc = unsafe { sys::cuStreamQuery(self.stream.raw()) };
+            if rc == sys::CUresult::CUDA_SUCCESS {
+                return Ok(());
+            }
+            if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
+                self.retired = true;
+                return check("cuStreamQuery", rc, || "small copy".to_string());
+            }
+            let waited = started.elapsed();
+            if waited > SMALL_COPY_TIMEOUT {
+                self.retired = true;
+                return Err(Error::new(
+                    "SmallCopier",
+                    ErrorKind::Timeout(waited),
+                    "a small GPU copy did not complete (its lane is retired)",
+                ));
+            }
+            if waited < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
     }
 
     /// Waits for the lane's copies into the bounce, then appends its first `queued` bytes.
