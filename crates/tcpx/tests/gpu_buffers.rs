@@ -233,3 +233,73 @@ fn events_time_work() {
     copy.wait().unwrap();
     gpu.synchronize().unwrap();
 }
+
+/// The small copier (small one-sided operations carried inline): gathers ranges of device
+/// memory into host bytes and scatters host bytes into it, exactly, in one round or in
+/// several when the ranges pass its 64 KiB bounce; a range outside the memory stops the call
+/// with an error after the ranges before it, and the copier goes on serving.
+#[test]
+fn small_copier_gathers_and_scatters_exactly() {
+    let Some(gpu) = gpu() else { return };
+    let copier = cuda::SmallCopier::for_ordinal(gpu.ordinal()).expect("small copier");
+    assert!(std::sync::Arc::ptr_eq(
+        &copier,
+        &cuda::SmallCopier::for_ordinal(gpu.ordinal()).unwrap()
+    ));
+    const LEN: usize = 1 << 20;
+    let memory = SharedMemory::new(gpu.alloc(LEN).expect("alloc"));
+    let source = pattern(LEN, 5);
+    // Pieces of 1 B … 100 KiB (past one bounce), scattered and then gathered back.
+    let pieces: Vec<(usize, usize)> = [1usize, 7, 4096, 4097, 65536, 65537, 100 << 10]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (i * (128 << 10) + i, len))
+        .collect();
+    copier
+        .write_ranges(
+            &memory,
+            pieces.iter().map(|&(at, len)| (at, &source[at..at + len])),
+        )
+        .expect("write_ranges");
+    let mut back = Vec::new();
+    copier
+        .read_ranges(&memory, pieces.iter().copied(), &mut back)
+        .expect("read_ranges");
+    let expected: Vec<u8> = pieces
+        .iter()
+        .flat_map(|&(at, len)| source[at..at + len].iter().copied())
+        .collect();
+    assert!(back == expected, "gathered bytes differ");
+    // A range past the end: an error naming it, after the range before it.
+    let mut partial = Vec::new();
+    let err = copier
+        .read_ranges(&memory, [(0, 10), (LEN - 5, 10)], &mut partial)
+        .unwrap_err();
+    assert!(err.to_string().contains("read_ranges"), "{err}");
+    assert_eq!(partial, source[..10]);
+    let err = copier
+        .write_ranges(&memory, [(LEN, &source[..1])])
+        .unwrap_err();
+    assert!(err.to_string().contains("write_ranges"), "{err}");
+    // Host memory is not the copier's.
+    let host = SharedMemory::host(4096).unwrap();
+    assert!(copier
+        .read_ranges(&host, [(0, 1)], &mut Vec::new())
+        .is_err());
+    // Still serving, from several threads at once.
+    std::thread::scope(|s| {
+        for t in 0..8usize {
+            let (copier, memory, source) = (&copier, &memory, &source);
+            s.spawn(move || {
+                for round in 0..50 {
+                    let at = t * (64 << 10) + round * 17;
+                    let bytes = &source[(round * 31)..(round * 31) + 4096];
+                    copier.write_ranges(memory, [(at, bytes)]).unwrap();
+                    let mut got = Vec::new();
+                    copier.read_ranges(memory, [(at, 4096)], &mut got).unwrap();
+                    assert!(got == bytes, "thread {t} round {round}");
+                }
+            });
+        }
+    });
+}

@@ -133,31 +133,11 @@ impl SmallCopier {
         let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
         let mut queued = 0;
-        for (offset, len) in ranges {
-            memory.check_range(API, offset, len)?;
-            let mut done = 0;
-            while done < len {
-                if queued == SMALL_COPY_BOUNCE_BYTES {
-                    lane.drain_into(queued, out)?;
-                    queued = 0;
-                }
-                let n = (len - done).min(SMALL_COPY_BOUNCE_BYTES - queued);
-                // SAFETY: the source lies inside live device memory (checked), kept alive and
-                // counted in flight by `_reading` until the lane is synchronized below; the
-                // destination is the lane's bounce, which no one else touches while the lane
-                // is locked, and `queued + n` stays inside it.
-                unsafe {
-                    lane.queue(
-                        lane.bounce.device_ptr() + queued as u64,
-                        memory.as_ptr() as u64 + (offset + done) as u64,
-                        n,
-                    )?;
-                }
-                queued += n;
-                done += n;
-            }
-        }
-        lane.drain_into(queued, out)
+        let queuing = queue_reads(&mut lane, memory, ranges, out, &mut queued);
+        // Whatever ended the loop, no copy outlives the call: the bounce is the next copy's,
+        // and `memory` stops counting in flight on return.
+        let drained = lane.drain_into(queued, out);
+        queuing.and(drained)
     }
 
     /// Copies each `(offset, bytes)` piece into CUDA `memory` at `offset`, and returns when the
@@ -175,37 +155,15 @@ impl SmallCopier {
         let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
         let mut queued = 0;
-        for (offset, bytes) in pieces {
-            memory.check_range(API, offset, bytes.len())?;
-            let mut done = 0;
-            while done < bytes.len() {
-                if queued == SMALL_COPY_BOUNCE_BYTES {
-                    // The bounce is reused: its copies must have read it first.
-                    lane.synchronize()?;
-                    queued = 0;
-                }
-                let n = (bytes.len() - done).min(SMALL_COPY_BOUNCE_BYTES - queued);
-                lane.bounce.as_mut_slice()[queued..queued + n]
-                    .copy_from_slice(&bytes[done..done + n]);
-                // SAFETY: the destination lies inside live device memory (checked), kept alive
-                // and counted in flight by `_writing` until the lane is synchronized below; the
-                // source is the lane's bounce, which no one else touches while the lane is
-                // locked and which is not written again before the copy is synchronized.
-                unsafe {
-                    lane.queue(
-                        memory.as_ptr() as u64 + (offset + done) as u64,
-                        lane.bounce.device_ptr() + queued as u64,
-                        n,
-                    )?;
-                }
-                queued += n;
-                done += n;
-            }
-        }
-        if queued > 0 {
-            lane.synchronize()?;
-        }
-        Ok(())
+        let queuing = queue_writes(&mut lane, memory, pieces, &mut queued);
+        // As for reads: every queued copy has read the bounce and written `memory` before
+        // the call returns, whatever ended the loop.
+        let synced = if queued > 0 {
+            lane.synchronize()
+        } else {
+            Ok(())
+        };
+        queuing.and(synced)
     }
 
     /// A free lane, or the first one in service (wait for it) when all are busy; an error
@@ -233,6 +191,84 @@ impl SmallCopier {
             "",
         ))
     }
+}
+
+/// Queues the device → bounce copies of `ranges` on `lane`, draining the bounce into `out`
+/// whenever it is full; `queued` says how many bytes of the bounce the copies queued last
+/// fill (the caller drains them, also after an error).
+fn queue_reads(
+    lane: &mut Lane,
+    memory: &SharedMemory,
+    ranges: impl IntoIterator<Item = (usize, usize)>,
+    out: &mut Vec<u8>,
+    queued: &mut usize,
+) -> Result<()> {
+    const API: &str = "SmallCopier::read_ranges";
+    for (offset, len) in ranges {
+        memory.check_range(API, offset, len)?;
+        let mut done = 0;
+        while done < len {
+            if *queued == SMALL_COPY_BOUNCE_BYTES {
+                lane.drain_into(*queued, out)?;
+                *queued = 0;
+            }
+            let n = (len - done).min(SMALL_COPY_BOUNCE_BYTES - *queued);
+            // SAFETY: the source lies inside live device memory (checked), kept alive and
+            // counted in flight by the caller's token until it drains the lane; the
+            // destination is the lane's bounce, which no one else touches while the lane is
+            // locked, and `queued + n` stays inside it.
+            unsafe {
+                lane.queue(
+                    lane.bounce.device_ptr() + *queued as u64,
+                    memory.as_ptr() as u64 + (offset + done) as u64,
+                    n,
+                )?;
+            }
+            *queued += n;
+            done += n;
+        }
+    }
+    Ok(())
+}
+
+/// Copies `pieces` into the bounce and queues the bounce → device copies on `lane`, waiting
+/// for them whenever the bounce is full; `queued` says how many bytes the copies queued last
+/// read (the caller waits for them, also after an error).
+fn queue_writes<'a>(
+    lane: &mut Lane,
+    memory: &SharedMemory,
+    pieces: impl IntoIterator<Item = (usize, &'a [u8])>,
+    queued: &mut usize,
+) -> Result<()> {
+    const API: &str = "SmallCopier::write_ranges";
+    for (offset, bytes) in pieces {
+        memory.check_range(API, offset, bytes.len())?;
+        let mut done = 0;
+        while done < bytes.len() {
+            if *queued == SMALL_COPY_BOUNCE_BYTES {
+                // The bounce is reused: its copies must have read it first.
+                lane.synchronize()?;
+                *queued = 0;
+            }
+            let n = (bytes.len() - done).min(SMALL_COPY_BOUNCE_BYTES - *queued);
+            lane.bounce.as_mut_slice()[*queued..*queued + n]
+                .copy_from_slice(&bytes[done..done + n]);
+            // SAFETY: the destination lies inside live device memory (checked), kept alive and
+            // counted in flight by the caller's token until it waits for the lane; the source
+            // is the lane's bounce, which no one else touches while the lane is locked and
+            // which is not written again before the copy is waited for.
+            unsafe {
+                lane.queue(
+                    memory.as_ptr() as u64 + (offset + done) as u64,
+                    lane.bounce.device_ptr() + *queued as u64,
+                    n,
+                )?;
+            }
+            *queued += n;
+            done += n;
+        }
+    }
+    Ok(())
 }
 
 impl Lane {
@@ -281,8 +317,16 @@ impl Lane {
         }
     }
 
-    /// Waits for the lane's copies into the bounce, then appends its first `queued` bytes.
+    /// Waits for the lane's copies into the bounce, then appends its first `queued` bytes
+    /// (nothing once the lane is retired: its bounce holds no complete copy).
     fn drain_into(&mut self, queued: usize, out: &mut Vec<u8>) -> Result<()> {
+        if self.retired {
+            return Err(Error::new(
+                "SmallCopier",
+                ErrorKind::InvalidArgument("the lane was retired by a failed copy".into()),
+                "",
+            ));
+        }
         if queued > 0 {
             self.synchronize()?;
             out.extend_from_slice(&self.bounce.as_slice()[..queued]);
