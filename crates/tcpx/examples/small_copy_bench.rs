@@ -66,6 +66,26 @@ fn main() -> tcpx::Result<()> {
             copier.write_ranges(&device, [(0, &pageable[..])]).unwrap();
         }),
     );
+    // The same from a thread with no context current (as the runtime's control loops): each
+    // copy pushes and pops the GPU's context.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut out = Vec::with_capacity(bytes);
+            report(
+                "D2H SmallCopier, no context current",
+                time(iters, || {
+                    out.clear();
+                    copier.read_ranges(&device, [(0, bytes)], &mut out).unwrap();
+                }),
+            );
+            report(
+                "H2D SmallCopier, no context current",
+                time(iters, || {
+                    copier.write_ranges(&device, [(0, &pageable[..])]).unwrap();
+                }),
+            );
+        });
+    });
     gpu.bind()?;
     let host = pinned.as_mut_slice().as_mut_ptr() as usize;
     let page = pageable.as_mut_ptr() as usize;

@@ -60,6 +60,9 @@ pub(crate) fn spawn(
     std::thread::Builder::new()
         .name(format!("tcpx-ctl-{}", carrier.link.id))
         .spawn(move || {
+            // Small one-sided operations on GPU memory copy on this thread: it may keep
+            // their GPU's context current between copies.
+            tcpx::cuda::own_this_thread();
             let mut acks = Acknowledger::default();
             run(&carrier, reader, &stop, &rma, &wakeup, &mut acks);
             // Nobody flushes for a thread that queues a frame from now on: it writes its own

@@ -345,8 +345,22 @@ fn check_cuda(api: &'static str, memory: &SharedMemory) -> Result<()> {
     Ok(())
 }
 
+thread_local! {
+    /// Set on the library's own threads ([`own_this_thread`]).
+    static OWNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as the library's own (the runtime's control loops): small copies
+/// made on it leave their GPU's context current instead of pushing and popping it around
+/// each copy (0.3–0.7 µs a copy on an H200), since no application code runs there that a
+/// current context could surprise. Application threads keep their current context intact.
+pub fn own_this_thread() {
+    OWNED.with(|owned| owned.set(true));
+}
+
 /// The device's context made current on this thread for a scope, and the one before it
-/// restored after: pushed only when another one (or none) was current.
+/// restored after: pushed only when another one (or none) was current, and on the library's
+/// own threads simply made current and left so.
 struct Current {
     pushed: bool,
     /// Contexts are pushed per thread: the guard must be dropped on the thread that made it.
@@ -360,6 +374,16 @@ impl Current {
         let rc = unsafe { sys::cuCtxGetCurrent(&mut current) };
         check("cuCtxGetCurrent", rc, || device.describe())?;
         if current == device.context() {
+            return Ok(Self {
+                pushed: false,
+                _not_send: std::marker::PhantomData,
+            });
+        }
+        if OWNED.with(std::cell::Cell::get) {
+            // SAFETY: the device retains its primary context for as long as it lives, and
+            // the copier holding it lives for the process.
+            let rc = unsafe { sys::cuCtxSetCurrent(device.context()) };
+            check("cuCtxSetCurrent", rc, || device.describe())?;
             return Ok(Self {
                 pushed: false,
                 _not_send: std::marker::PhantomData,
