@@ -94,8 +94,10 @@ pub const MAGIC: [u8; 4] = *b"TXCP";
 /// frames may carry detached messages ([`crate::eager::DETACHED`]), which a version 4 peer
 /// would refuse mid-stream; the handshake refuses it instead. Version 6: a `WriteRequest` may
 /// carry its data inline ([`crate::control::rma::WriteRequest::inline`]), and a read be answered
-/// with its data (`ReadInline`), likewise.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// with its data (`ReadInline`), likewise. Version 7: inline operations may name GPU memory on
+/// the target (a version 6 target refuses them with `UnsupportedMemory`, failing operations
+/// that a version 7 initiator sends inline); the handshake refuses the mix instead.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;

@@ -26,7 +26,8 @@
 //! version 2 added
 //! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`; version 5
 //! changed no message here, only eager frames: detached messages; version 6 added inline data
-//! to `WriteRequest`, the inline flag to `ReadRequest` and `ReadInline`).
+//! to `WriteRequest`, the inline flag to `ReadRequest` and `ReadInline`; version 7 changed no
+//! message, only what inline operations may name: GPU memory).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects

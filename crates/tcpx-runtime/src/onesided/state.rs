@@ -459,7 +459,7 @@ impl Rma {
         ))
     }
 
-    /// A write of at most [`Config::inline_bytes`] in all, of host or CUDA memory:
+    /// A small write ([`Rma::goes_inline`]), of host or CUDA memory:
     /// its data is gathered now and travels in its `WriteRequest`, which the target copies
     /// in and answers (see [`crate::onesided`], "Small writes travel inline"). `None` when the
     /// write is not one (the caller takes the one-sided comms).
@@ -588,7 +588,7 @@ impl Rma {
         ))
     }
 
-    /// A read of at most [`Config::inline_bytes`] in all, into host or CUDA memory:
+    /// A small read ([`Rma::goes_inline`]), into host or CUDA memory:
     /// it asks the target for its data inline (`ReadInline`, copied into `local` by the
     /// control loop), as [`Rma::write_inline`] sends a small write's. `None` when the read is
     /// not one (the caller takes the one-sided comms).
