@@ -12,11 +12,14 @@ use tcpx::MemoryKind;
 use crate::registry::Region;
 
 /// Whether the bytes of `region` can travel inline: CPU-accessible memory, or CUDA memory
-/// (copied by its GPU). Memory of any other kind goes through the comms.
+/// whose GPU's small copier this process has (found once per region, then kept with it).
+/// Anything else goes through the comms on the initiator's side, and is refused
+/// (`UnsupportedMemory`) on the target's, rather than failing the connection when the copy
+/// cannot be made.
 pub(crate) fn copyable(region: &Region) -> bool {
     match region.kind() {
         MemoryKind::Host => true,
-        MemoryKind::Cuda => region.cuda_device().is_some() || tcpx::cuda::driver_available(),
+        MemoryKind::Cuda => region.small_copier().is_ok(),
     }
 }
 
