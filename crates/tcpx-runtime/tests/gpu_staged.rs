@@ -339,6 +339,40 @@ fn small_one_sided_operations_on_gpu_memory_travel_inline() {
             );
         }
     }
+    // A list over eight tensors registered one by one (UCCL's `writev`): one inline
+    // operation, whose blocks each side copies with one GPU round trip.
+    const TENSOR: usize = 2048;
+    let tensors: Vec<Region> = (0..8)
+        .map(|i| region(&a, Some(&ga), TENSOR, Some(60 + i)))
+        .collect();
+    let remote_tensors: Vec<Region> = (0..8)
+        .map(|_| region(&b, Some(&gb), TENSOR, None))
+        .collect();
+    let descriptors: Vec<_> = remote_tensors
+        .iter()
+        .map(|r| b.advertise(r).unwrap())
+        .collect();
+    let local: Vec<Segment> = tensors.iter().map(|r| Segment::new(r, 0, TENSOR)).collect();
+    let remote: Vec<RemoteSegment> = descriptors
+        .iter()
+        .map(|&d| RemoteSegment::new(d, 0, TENSOR as u64))
+        .collect();
+    let tx = ab.write(&local, &remote, None).expect("writev");
+    assert_eq!(tx.wait(DEADLINE).expect("writev"), 8 * TENSOR as u64);
+    served += 1;
+    for (i, r) in remote_tensors.iter().enumerate() {
+        verify_region(r, TENSOR, 60 + i as u64, &format!("tensor {i} written"));
+    }
+    let backs: Vec<Region> = (0..8)
+        .map(|_| region(&a, Some(&ga), TENSOR, None))
+        .collect();
+    let back_segments: Vec<Segment> = backs.iter().map(|r| Segment::new(r, 0, TENSOR)).collect();
+    let rx = ab.read(&back_segments, &remote).expect("readv");
+    assert_eq!(rx.wait(DEADLINE).expect("readv"), 8 * TENSOR as u64);
+    served += 1;
+    for (i, r) in backs.iter().enumerate() {
+        verify_region(r, TENSOR, 60 + i as u64, &format!("tensor {i} read back"));
+    }
     assert_eq!(
         b.inline_served(),
         served,

@@ -286,6 +286,29 @@ fn small_copier_gathers_and_scatters_exactly() {
         .write_ranges(&memory, [(LEN, &source[..1])])
         .unwrap_err();
     assert!(err.to_string().contains("write_ranges"), "{err}");
+    // One call over several memories (tensors registered one by one).
+    let others: Vec<SharedMemory> = (0..4)
+        .map(|_| SharedMemory::new(gpu.alloc(8192).expect("alloc")))
+        .collect();
+    copier
+        .scatter(
+            others
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m, i * 100, &source[i * 1000..i * 1000 + 5000])),
+        )
+        .expect("scatter");
+    let mut gathered = Vec::new();
+    copier
+        .gather(
+            others.iter().enumerate().map(|(i, m)| (m, i * 100, 5000)),
+            &mut gathered,
+        )
+        .expect("gather");
+    let want: Vec<u8> = (0..4)
+        .flat_map(|i| source[i * 1000..i * 1000 + 5000].iter().copied())
+        .collect();
+    assert!(gathered == want, "gathered over several memories differ");
     // Host memory is not the copier's.
     let host = SharedMemory::host(4096).unwrap();
     assert!(copier

@@ -474,15 +474,8 @@ impl Rma {
         }
         let len = checked_len(local, remote)?;
         let mut data = Vec::with_capacity(len as usize);
-        // One operation on each region per run of segments in it.
-        for run in local.chunk_by(|a, b| a.region.same(b.region)) {
-            super::inline::read_ranges(
-                run[0].region,
-                run.iter().map(|s| (s.offset, s.len)),
-                &mut data,
-            )
+        super::inline::gather(local, &mut data)
             .map_err(|e| Error::InvalidArgument(format!("one-sided write: {e}")))?;
-        }
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
             op_id,

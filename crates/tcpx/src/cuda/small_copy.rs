@@ -30,7 +30,7 @@ use super::buffer::PinnedHostBuffer;
 use super::device::{CudaDevice, CudaStream};
 use super::driver::{check, require};
 use crate::error::{Error, ErrorKind, Result};
-use crate::memory::{MemoryKind, SharedMemory};
+use crate::memory::{MemoryKind, Operation, SharedMemory};
 
 /// Bytes one lane's bounce buffer holds: one copy of more goes through it in several rounds.
 /// As large as the largest inline operation, so an inline operation is one round.
@@ -127,17 +127,12 @@ impl SmallCopier {
         ranges: impl IntoIterator<Item = (usize, usize)>,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        const API: &str = "SmallCopier::read_ranges";
-        check_cuda(API, memory)?;
-        let _reading = memory.borrow_operation(API)?;
-        let mut lane = self.lane()?;
-        let _current = Current::push(&self.device)?;
-        let mut queued = 0;
-        let queuing = queue_reads(&mut lane, memory, ranges, out, &mut queued);
-        // Whatever ended the loop, no copy outlives the call: the bounce is the next copy's,
-        // and `memory` stops counting in flight on return.
-        let drained = lane.drain_into(queued, out);
-        queuing.and(drained)
+        self.gather(
+            ranges
+                .into_iter()
+                .map(|(offset, len)| (memory, offset, len)),
+            out,
+        )
     }
 
     /// Copies each `(offset, bytes)` piece into CUDA `memory` at `offset`, and returns when the
@@ -149,14 +144,45 @@ impl SmallCopier {
         memory: &SharedMemory,
         pieces: impl IntoIterator<Item = (usize, &'a [u8])>,
     ) -> Result<()> {
-        const API: &str = "SmallCopier::write_ranges";
-        check_cuda(API, memory)?;
-        let _writing = memory.borrow_operation(API)?;
+        self.scatter(
+            pieces
+                .into_iter()
+                .map(|(offset, bytes)| (memory, offset, bytes)),
+        )
+    }
+
+    /// [`Self::read_ranges`] over pieces `(memory, offset, len)` of several CUDA memories
+    /// (allocations the GPU can reach), with one wait for all of them: a list of small blocks
+    /// in separately registered tensors costs one GPU round trip, not one per tensor. Each
+    /// memory counts as in flight until the call returns.
+    pub fn gather<'m>(
+        &self,
+        pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
+        let mut tokens = Tokens::default();
         let mut queued = 0;
-        let queuing = queue_writes(&mut lane, memory, pieces, &mut queued);
-        // As for reads: every queued copy has read the bounce and written `memory` before
+        let queuing = queue_reads(&mut lane, pieces, &mut tokens, out, &mut queued);
+        // Whatever ended the loop, no copy outlives the call: the bounce is the next copy's,
+        // and the memories stop counting in flight on return.
+        let drained = lane.drain_into(queued, out);
+        queuing.and(drained)
+    }
+
+    /// [`Self::write_ranges`] over pieces `(memory, offset, bytes)` of several CUDA memories,
+    /// with one wait for all of them (see [`Self::gather`]).
+    pub fn scatter<'m, 'b>(
+        &self,
+        pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, &'b [u8])>,
+    ) -> Result<()> {
+        let mut lane = self.lane()?;
+        let _current = Current::push(&self.device)?;
+        let mut tokens = Tokens::default();
+        let mut queued = 0;
+        let queuing = queue_writes(&mut lane, pieces, &mut tokens, &mut queued);
+        // As for reads: every queued copy has read the bounce and written its memory before
         // the call returns, whatever ended the loop.
         let synced = if queued > 0 {
             lane.synchronize()
@@ -193,19 +219,45 @@ impl SmallCopier {
     }
 }
 
-/// Queues the device → bounce copies of `ranges` on `lane`, draining the bounce into `out`
+/// The memories a call copies from or into, each counted in flight once (a run of pieces in
+/// one memory takes one token) until the call returns.
+#[derive(Default)]
+struct Tokens<'m> {
+    held: Vec<(&'m SharedMemory, Operation<'m>)>,
+}
+
+impl<'m> Tokens<'m> {
+    /// Checks that `memory` is CUDA memory and `offset + len` lies inside it, and counts it in
+    /// flight unless the previous piece's memory is the same.
+    fn admit(
+        &mut self,
+        api: &'static str,
+        memory: &'m SharedMemory,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_cuda(api, memory)?;
+        memory.check_range(api, offset, len)?;
+        if !self.held.last().is_some_and(|(m, _)| m.same_as(memory)) {
+            self.held.push((memory, memory.borrow_operation(api)?));
+        }
+        Ok(())
+    }
+}
+
+/// Queues the device → bounce copies of `pieces` on `lane`, draining the bounce into `out`
 /// whenever it is full; `queued` says how many bytes of the bounce the copies queued last
 /// fill (the caller drains them, also after an error).
-fn queue_reads(
+fn queue_reads<'m>(
     lane: &mut Lane,
-    memory: &SharedMemory,
-    ranges: impl IntoIterator<Item = (usize, usize)>,
+    pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
+    tokens: &mut Tokens<'m>,
     out: &mut Vec<u8>,
     queued: &mut usize,
 ) -> Result<()> {
     const API: &str = "SmallCopier::read_ranges";
-    for (offset, len) in ranges {
-        memory.check_range(API, offset, len)?;
+    for (memory, offset, len) in pieces {
+        tokens.admit(API, memory, offset, len)?;
         let mut done = 0;
         while done < len {
             if *queued == SMALL_COPY_BOUNCE_BYTES {
@@ -214,9 +266,9 @@ fn queue_reads(
             }
             let n = (len - done).min(SMALL_COPY_BOUNCE_BYTES - *queued);
             // SAFETY: the source lies inside live device memory (checked), kept alive and
-            // counted in flight by the caller's token until it drains the lane; the
-            // destination is the lane's bounce, which no one else touches while the lane is
-            // locked, and `queued + n` stays inside it.
+            // counted in flight by `tokens` until the caller drains the lane; the destination
+            // is the lane's bounce, which no one else touches while the lane is locked, and
+            // `queued + n` stays inside it.
             unsafe {
                 lane.queue(
                     lane.bounce.device_ptr() + *queued as u64,
@@ -234,15 +286,15 @@ fn queue_reads(
 /// Copies `pieces` into the bounce and queues the bounce → device copies on `lane`, waiting
 /// for them whenever the bounce is full; `queued` says how many bytes the copies queued last
 /// read (the caller waits for them, also after an error).
-fn queue_writes<'a>(
+fn queue_writes<'m, 'b>(
     lane: &mut Lane,
-    memory: &SharedMemory,
-    pieces: impl IntoIterator<Item = (usize, &'a [u8])>,
+    pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, &'b [u8])>,
+    tokens: &mut Tokens<'m>,
     queued: &mut usize,
 ) -> Result<()> {
     const API: &str = "SmallCopier::write_ranges";
-    for (offset, bytes) in pieces {
-        memory.check_range(API, offset, bytes.len())?;
+    for (memory, offset, bytes) in pieces {
+        tokens.admit(API, memory, offset, bytes.len())?;
         let mut done = 0;
         while done < bytes.len() {
             if *queued == SMALL_COPY_BOUNCE_BYTES {
@@ -254,9 +306,9 @@ fn queue_writes<'a>(
             lane.bounce.as_mut_slice()[*queued..*queued + n]
                 .copy_from_slice(&bytes[done..done + n]);
             // SAFETY: the destination lies inside live device memory (checked), kept alive and
-            // counted in flight by the caller's token until it waits for the lane; the source
-            // is the lane's bounce, which no one else touches while the lane is locked and
-            // which is not written again before the copy is waited for.
+            // counted in flight by `tokens` until the caller waits for the lane; the source is
+            // the lane's bounce, which no one else touches while the lane is locked and which
+            // is not written again before the copy is waited for.
             unsafe {
                 lane.queue(
                     memory.as_ptr() as u64 + (offset + done) as u64,
