@@ -101,15 +101,19 @@
 //! and completes it. A refusal is `ReadRefused` as for any read.
 //! [`crate::Endpoint::inline_served`] counts what a target served inline.
 //!
-//! Either side's memory may be host or CUDA memory, staged or not: host memory
-//! is copied by the CPU (`SharedMemory::read_ranges` / `write_ranges`, allowed while other
-//! transfers of the region are in flight), CUDA memory by one synchronous copy through its
-//! GPU's [`tcpx::cuda::SmallCopier`] (a pinned bounce buffer and a stream of its own, a few
-//! µs for 4 KiB): on the initiator's side in the application's call (a write) or on its
-//! control loop (a read's data), on the target's on its control loop. A 4 KiB GPU write
-//! through the staged comms took 2.7 × the host one inline (docs/RESULTS.md, twenty-third
-//! session). A target region that the control loop cannot copy (CUDA memory with no driver
-//! in this process) is refused with [`RefusalReason::UnsupportedMemory`].
+//! Either side's memory may be host or CUDA memory, staged or not: host memory is copied by
+//! the CPU (`SharedMemory::read_ranges` / `write_ranges`, allowed while other transfers of
+//! the region are in flight), CUDA memory by one synchronous copy per run of blocks on one
+//! GPU through its [`tcpx::cuda::SmallCopier`] (pinned bounce buffers and streams of its own,
+//! 6.5–8 µs a GPU round trip on an H200): on the initiator's side in the application's call
+//! (a write) or on its control loop (a read's data), on the target's on its control loop.
+//! An operation with GPU memory on either side goes inline up to
+//! [`crate::Config::inline_gpu_bytes`] (64 KiB by default) instead of `inline_bytes`, and
+//! only while fewer than two operations of the connection are pending: the copies run one at
+//! a time on each side, where the comms pipeline theirs. A lone 4 KiB GPU write takes 30–34
+//! µs p50 inline against 37–41 through the staged comms (docs/RESULTS.md, twenty-third
+//! session). A target region that the control loop cannot copy (CUDA memory whose GPU has no
+//! copier in this process) is refused with [`RefusalReason::UnsupportedMemory`].
 //!
 //! # Staged regions (CUDA memory on a host-only plugin)
 //! A staged region ([`crate::Region::is_staged`]) never reaches the plugin: one-sided jobs

@@ -128,9 +128,9 @@ struct Bench {
 
 fn config(o: &Options) -> Result<Config> {
     // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 measures
-    // the unpacked path, TCPX_INLINE_BYTES=0 / TCPX_INLINE_GPU_BYTES=0 small operations through the comms,
-    // TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads wait, in the same
-    // build); everything else from the flags.
+    // the unpacked path, TCPX_INLINE_BYTES=0 / TCPX_INLINE_GPU_BYTES=0 small operations
+    // through the comms, TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads
+    // wait, in the same build); everything else from the flags.
     let env = Config::from_env()?;
     let config = Config::builder()
         .backend(o.backend.clone())

@@ -208,14 +208,10 @@ impl SmallCopier {
                 return Ok(guard);
             }
         }
-        Err(Error::new(
-            "SmallCopier",
-            ErrorKind::InvalidArgument(format!(
-                "every lane of GPU {}'s small copier was retired after a copy failed or timed out",
-                self.device.ordinal()
-            )),
-            "",
-        ))
+        Err(retired(format!(
+            "every lane of GPU {}'s small copier was retired after a copy failed or timed out",
+            self.device.ordinal()
+        )))
     }
 }
 
@@ -373,11 +369,7 @@ impl Lane {
     /// (nothing once the lane is retired: its bounce holds no complete copy).
     fn drain_into(&mut self, queued: usize, out: &mut Vec<u8>) -> Result<()> {
         if self.retired {
-            return Err(Error::new(
-                "SmallCopier",
-                ErrorKind::InvalidArgument("the lane was retired by a failed copy".into()),
-                "",
-            ));
+            return Err(retired("the lane was retired by a failed copy".into()));
         }
         if queued > 0 {
             self.synchronize()?;
@@ -385,6 +377,11 @@ impl Lane {
         }
         Ok(())
     }
+}
+
+/// The error of a copy refused because its lane (or every lane) was retired.
+fn retired(why: String) -> Error {
+    Error::new("SmallCopier", ErrorKind::InvalidArgument(why), "")
 }
 
 fn check_cuda(api: &'static str, memory: &SharedMemory) -> Result<()> {
