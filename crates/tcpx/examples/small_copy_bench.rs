@@ -1,14 +1,16 @@
 //! Times the ways of copying a few KiB between device memory and host bytes, one at a time
 //! (what a small one-sided operation carried inline pays on each side): the small copier,
 //! synchronous driver copies from pinned and pageable memory, and an async copy waited for
-//! by polling the stream. Prints p50 and p99 in µs per way and direction. Needs a GPU.
+//! by polling the stream; then lists of pieces in separate allocations (a `writev` over
+//! tensors) gathered and scattered each way a [`ListCopy`] names (a `cuMemcpyAsync` per
+//! piece, one `cuMemcpyBatchAsync`, one kernel launch). Prints p50 and p99 in µs per way and direction. Needs a GPU.
 //!
 //! `cargo run --release -p tcpx --example small_copy_bench -- [bytes] [iterations]`
 
 use std::time::Instant;
 
 use cudarc::driver::sys;
-use tcpx::cuda::{self, CudaDevice, SmallCopier};
+use tcpx::cuda::{self, CudaDevice, ListCopy, SmallCopier};
 use tcpx::SharedMemory;
 
 fn percentiles(mut t: Vec<f64>) -> (f64, f64) {
@@ -86,6 +88,39 @@ fn main() -> tcpx::Result<()> {
             );
         });
     });
+    // Lists: n allocations, one piece each, at most 64 KiB in all.
+    for n in [2usize, 4, 16, 64] {
+        let piece = bytes.min(tcpx::cuda::SMALL_COPY_BOUNCE_BYTES / n);
+        let tensors = (0..n)
+            .map(|_| Ok(SharedMemory::new(gpu.alloc(piece)?)))
+            .collect::<tcpx::Result<Vec<_>>>()?;
+        let data = vec![3u8; piece];
+        for how in [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel] {
+            if !copier.set_list_copy(how) {
+                println!("{how:?}: not available here");
+                continue;
+            }
+            let mut out = Vec::with_capacity(n * piece);
+            report(
+                &format!("D2H {n} x {piece} B, {how:?}"),
+                time(iters, || {
+                    out.clear();
+                    copier
+                        .gather(tensors.iter().map(|t| (t, 0, piece)), &mut out)
+                        .unwrap();
+                }),
+            );
+            report(
+                &format!("H2D {n} x {piece} B, {how:?}"),
+                time(iters, || {
+                    copier
+                        .scatter(tensors.iter().map(|t| (t, 0, &data[..])))
+                        .unwrap();
+                }),
+            );
+        }
+        copier.set_list_copy(ListCopy::Batch);
+    }
     gpu.bind()?;
     let host = pinned.as_mut_slice().as_mut_ptr() as usize;
     let page = pageable.as_mut_ptr() as usize;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tcpx::cuda::{self, CudaBuffer, CudaDevice, PinnedHostBuffer};
+use tcpx::cuda::{self, CudaBuffer, CudaDevice, ListCopy, PinnedHostBuffer};
 use tcpx::{ErrorKind, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
 
 /// Device 0, or `None` (after printing why) when there is no CUDA driver.
@@ -330,4 +330,109 @@ fn small_copier_gathers_and_scatters_exactly() {
             });
         }
     });
+}
+
+/// Lists of pieces moved by one `cuMemcpyBatchAsync` or one launch of the gather kernel land
+/// exactly where a `cuMemcpyAsync` per piece puts them: odd sizes and offsets, pieces that cross the kernel's 4 KiB fragments and the
+/// bounce, adjacent pieces (merged), more memories than one launch takes, more pieces than
+/// a lane plans at once, and pieces more than 4 GiB apart in one memory.
+#[test]
+fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
+    let Some(gpu) = gpu() else { return };
+    let copier = cuda::SmallCopier::new(&gpu).expect("small copier");
+    let ways = [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel];
+    assert!(
+        copier.set_list_copy(ListCopy::Kernel),
+        "the gather kernel loads on this GPU"
+    );
+    if !copier.set_list_copy(ListCopy::Batch) {
+        println!("no cuMemcpyBatchAsync in this driver: batches fall back to one copy each");
+    }
+    let memories: Vec<SharedMemory> = (0..80)
+        .map(|_| SharedMemory::new(gpu.alloc(1 << 17).expect("alloc")))
+        .collect();
+    // (memory, offset, len) lists, each read back both ways.
+    let mut lists: Vec<Vec<(usize, usize, usize)>> = vec![
+        // Sixteen tensors of 1 KiB, as `writev` sends them.
+        (0..16).map(|i| (i, 0, 1024)).collect(),
+        // Odd sizes and offsets, some past a fragment, some adjacent in one memory.
+        vec![
+            (0, 3, 1),
+            (0, 4, 4099),
+            (1, 17, 8191),
+            (1, 8208, 5),
+            (2, 0, 12_345),
+            (0, 70_000, 3),
+        ],
+        // More memories than one launch's 64 entries.
+        (0..80).map(|i| (i, i * 13, 700)).collect(),
+        // More pieces than a lane plans at once (1024), none adjacent.
+        (0..1500).map(|i| (i % 80, (i / 80) * 64 + 1, 17)).collect(),
+        // More bytes than the bounce: several rounds.
+        (0..5).map(|i| (i, 100, 30_000)).collect(),
+    ];
+    // A gather reaches 4 GiB from an entry's first piece: a piece past it starts another.
+    let large = gpu
+        .alloc((4usize << 30) + (1 << 20))
+        .ok()
+        .map(SharedMemory::new);
+    let mut all: Vec<&SharedMemory> = memories.iter().collect();
+    if let Some(large) = &large {
+        all.push(large);
+        let l = all.len() - 1;
+        lists.push(vec![
+            (l, 10, 5000),
+            (l, (4usize << 30) + 100, 5000),
+            (l, 20_000, 9),
+        ]);
+    } else {
+        println!("no 4 GiB allocation: the far-apart case is not run");
+    }
+    for (n, list) in lists.iter().enumerate() {
+        let total: usize = list.iter().map(|p| p.2).sum();
+        let source = pattern(total, n as u8);
+        let mut got = [Vec::new(), Vec::new(), Vec::new()];
+        for (way, how) in ways.into_iter().enumerate() {
+            copier.set_list_copy(how);
+            // Scatter the source, poison nothing else, gather it back.
+            let mut at = 0;
+            let pieces: Vec<(&SharedMemory, usize, &[u8])> = list
+                .iter()
+                .map(|&(m, off, len)| {
+                    at += len;
+                    (all[m], off, &source[at - len..at])
+                })
+                .collect();
+            copier.scatter(pieces).expect("scatter");
+            copier
+                .gather(
+                    list.iter().map(|&(m, off, len)| (all[m], off, len)),
+                    &mut got[way],
+                )
+                .expect("gather");
+        }
+        for (way, how) in ways.into_iter().enumerate() {
+            assert!(got[way] == source, "list {n}: the copies of {how:?} differ");
+        }
+    }
+    // A kernel-written list, read back piece by piece, agrees too.
+    let list: Vec<(usize, usize, usize)> = (0..16).map(|i| (i, 5, 3000)).collect();
+    let source = pattern(16 * 3000, 99);
+    copier.set_list_copy(ListCopy::Kernel);
+    copier
+        .scatter(
+            list.iter()
+                .enumerate()
+                .map(|(i, &(m, off, len))| (&memories[m], off, &source[i * 3000..i * 3000 + len])),
+        )
+        .expect("scatter by kernel");
+    copier.set_list_copy(ListCopy::Each);
+    let mut back = Vec::new();
+    copier
+        .gather(
+            list.iter().map(|&(m, off, len)| (&memories[m], off, len)),
+            &mut back,
+        )
+        .expect("gather by copies");
+    assert!(back == source, "kernel scatter, copy gather");
 }

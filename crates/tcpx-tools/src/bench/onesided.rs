@@ -8,7 +8,8 @@
 //! With [`Options::gpus`] every region is CUDA memory (the initiator's on the first GPU, the
 //! target's on the second): on the built-in socket plugin it is staged through the engines'
 //! pinned rings, and batches of small blocks travel packed through the ring slots.
-//! [`Layout::Scattered`] scatters the blocks on both sides (a KV cache's paged blocks).
+//! [`Layout::Scattered`] scatters the blocks on both sides (a KV cache's paged blocks);
+//! [`Layout::Tensors`] gives every block a region of its own on both sides (a list of tensors).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -56,6 +57,9 @@ pub enum Layout {
     /// Local block i at 2 · i · block and remote block i at (2 · i + 1) · block: nothing
     /// coalesces on either side (paged KV blocks on both ends).
     Scattered,
+    /// Every block its own region on both sides, registered (and, on the target, advertised)
+    /// one by one: UCCL's `writev` / `readv` over a list of tensors.
+    Tensors,
 }
 
 /// What to sweep.
@@ -257,42 +261,31 @@ struct Point<'b> {
     /// Target: advertised, written to and read from; also the two-sided destination.
     dst: Region,
     descriptor: Descriptor,
+    /// [`Layout::Tensors`]: one region per block on each side (source, destination of reads,
+    /// target) and the target's advertisement of each; empty otherwise.
+    tensors: Vec<[Region; 3]>,
+    tensor_descriptors: Vec<Descriptor>,
 }
 
 impl Bench {
     fn point(&self, o: &Options, block: usize, batch: usize) -> Result<Point<'_>> {
         let op_bytes = block * batch;
         let (local_bytes, remote_bytes) = match o.layout {
-            Layout::Contiguous => (op_bytes, op_bytes),
             Layout::Strided => (op_bytes, 2 * op_bytes),
+            // The send baseline's contiguous message; the blocks have regions of their own.
+            Layout::Contiguous | Layout::Tensors => (op_bytes, op_bytes),
             Layout::Scattered => (2 * op_bytes, 2 * op_bytes),
         };
-        let (src, back, dst) = match o.gpus {
-            None => (
-                self.initiator.alloc_host(local_bytes)?,
-                self.initiator.alloc_host(local_bytes)?,
-                self.target.alloc_host(remote_bytes)?,
-            ),
-            Some([gi, gt]) => {
-                let open =
-                    |i: usize| tcpx::cuda::CudaDevice::new(i).with_context(|| format!("GPU {i}"));
-                let (gi, gt) = (open(gi)?, open(gt)?);
-                (
-                    self.initiator.alloc_cuda_on(&gi, local_bytes)?,
-                    self.initiator.alloc_cuda_on(&gi, local_bytes)?,
-                    self.target.alloc_cuda_on(&gt, remote_bytes)?,
-                )
-            }
-        };
-        let pattern: Vec<u8> = (0..local_bytes).map(|i| (i % 251) as u8).collect();
-        src.write(0, &pattern)?;
-        // Registration up front (host: the plugin registrations; staged CUDA memory: every
-        // lane's pinned ring), so that no point's first operation pays for it.
-        for region in [&src, &back] {
-            self.ab.register(region)?;
-        }
-        self.ba.register(&dst)?;
+        let [src, back, dst] = self.regions(o, [local_bytes, local_bytes, remote_bytes])?;
         let descriptor = self.target.advertise(&dst)?;
+        let (mut tensors, mut tensor_descriptors) = (Vec::new(), Vec::new());
+        if o.layout == Layout::Tensors {
+            for _ in 0..batch {
+                let regions = self.regions(o, [block; 3])?;
+                tensor_descriptors.push(self.target.advertise(&regions[2])?);
+                tensors.push(regions);
+            }
+        }
         Ok(Point {
             bench: self,
             block,
@@ -301,13 +294,49 @@ impl Bench {
             back,
             dst,
             descriptor,
+            tensors,
+            tensor_descriptors,
         })
+    }
+
+    /// An initiator's source and read destination and a target's region of these sizes,
+    /// the source filled with a pattern and all three registered up front (host: the
+    /// plugin registrations; staged CUDA memory: every lane's pinned ring), so that no
+    /// point's first operation pays for it.
+    fn regions(&self, o: &Options, [local, back, remote]: [usize; 3]) -> Result<[Region; 3]> {
+        let [src, back, dst] = match o.gpus {
+            None => [
+                self.initiator.alloc_host(local)?,
+                self.initiator.alloc_host(back)?,
+                self.target.alloc_host(remote)?,
+            ],
+            Some([gi, gt]) => {
+                let open =
+                    |i: usize| tcpx::cuda::CudaDevice::new(i).with_context(|| format!("GPU {i}"));
+                let (gi, gt) = (open(gi)?, open(gt)?);
+                [
+                    self.initiator.alloc_cuda_on(&gi, local)?,
+                    self.initiator.alloc_cuda_on(&gi, back)?,
+                    self.target.alloc_cuda_on(&gt, remote)?,
+                ]
+            }
+        };
+        let pattern: Vec<u8> = (0..local).map(|i| (i % 251) as u8).collect();
+        src.write(0, &pattern)?;
+        for region in [&src, &back] {
+            self.ab.register(region)?;
+        }
+        self.ba.register(&dst)?;
+        Ok([src, back, dst])
     }
 }
 
 impl Drop for Point<'_> {
     fn drop(&mut self) {
         self.bench.target.revoke(&self.descriptor);
+        for d in &self.tensor_descriptors {
+            self.bench.target.revoke(d);
+        }
     }
 }
 
@@ -317,8 +346,15 @@ impl Point<'_> {
     }
 
     fn remote(&self, layout: Layout) -> Vec<RemoteSegment> {
+        if layout == Layout::Tensors {
+            return self
+                .tensor_descriptors
+                .iter()
+                .map(|&d| RemoteSegment::new(d, 0, self.block as u64))
+                .collect();
+        }
         let (stride, first) = match layout {
-            Layout::Contiguous => (self.block, 0),
+            Layout::Contiguous | Layout::Tensors => (self.block, 0),
             Layout::Strided => (2 * self.block, 0),
             Layout::Scattered => (2 * self.block, self.block),
         };
@@ -333,9 +369,18 @@ impl Point<'_> {
             .collect()
     }
 
-    fn local<'r>(&self, region: &'r Region, layout: Layout) -> Vec<Segment<'r>> {
+    /// The operation's local blocks: in `region`, or with [`Layout::Tensors`] in the
+    /// blocks' own regions (`which`: 0 the sources, 1 the read destinations).
+    fn local<'r>(&'r self, region: &'r Region, which: usize, layout: Layout) -> Vec<Segment<'r>> {
+        if layout == Layout::Tensors {
+            return self
+                .tensors
+                .iter()
+                .map(|t| Segment::new(&t[which], 0, self.block))
+                .collect();
+        }
         let stride = match layout {
-            Layout::Contiguous | Layout::Strided => self.block,
+            Layout::Contiguous | Layout::Strided | Layout::Tensors => self.block,
             Layout::Scattered => 2 * self.block,
         };
         (0..self.batch)
@@ -348,13 +393,15 @@ impl Point<'_> {
         let b = self.bench;
         Ok(match op {
             Op::Write => {
-                vec![b
-                    .ab
-                    .write(&self.local(&self.src, layout), &self.remote(layout), None)?]
+                vec![b.ab.write(
+                    &self.local(&self.src, 0, layout),
+                    &self.remote(layout),
+                    None,
+                )?]
             }
             Op::Read => vec![b
                 .ab
-                .read(&self.local(&self.back, layout), &self.remote(layout))?],
+                .read(&self.local(&self.back, 1, layout), &self.remote(layout))?],
             Op::Send => {
                 let rx = b.ba.recv(&self.dst, 0, self.op_bytes())?;
                 let tx = b.ab.send(&self.src, 0, self.op_bytes())?;

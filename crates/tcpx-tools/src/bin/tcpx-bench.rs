@@ -393,9 +393,11 @@ struct OnesidedArgs {
     /// Blocks per operation (a comma list; 1 to 1024 is the nixlbench range).
     #[arg(long, default_value = "1,32,1024")]
     batch: String,
-    /// Block placement: contiguous (blocks coalesce), strided (remote: one run per block) or
-    /// scattered (both sides: one run per block, like paged KV blocks).
-    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "strided", "scattered"])]
+    /// Block placement: contiguous (blocks coalesce), strided (remote: one run per block),
+    /// scattered (both sides: one run per block, like paged KV blocks) or tensors (every
+    /// block its own region on both sides, registered one by one, like UCCL's writev over a
+    /// list of tensors).
+    #[arg(long, default_value = "contiguous", value_parser = ["contiguous", "strided", "scattered", "tensors"])]
     layout: String,
     /// Memory to move: host, or cuda (initiator on the first --gpu, target on the second;
     /// staged through pinned host memory by the built-in socket plugin).
@@ -1286,6 +1288,7 @@ fn onesided(args: OnesidedArgs) -> Result<(), Failure> {
         layout: match args.layout.as_str() {
             "strided" => Layout::Strided,
             "scattered" => Layout::Scattered,
+            "tensors" => Layout::Tensors,
             _ => Layout::Contiguous,
         },
         timeout: check_timeout(args.timeout)?,

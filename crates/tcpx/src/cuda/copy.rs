@@ -264,7 +264,13 @@ impl CopyPool {
             None => PinnedHostBuffer::new(&self.device, LIST_MAX_FRAGMENTS * META_BYTES)?,
         };
         let metas_dev = metas.device_ptr();
-        plan_list(pieces, metas_dev, metas.as_mut_slice(), &mut copier.entries);
+        plan_list(
+            pieces,
+            FRAGMENT_BYTES,
+            metas_dev,
+            metas.as_mut_slice(),
+            &mut copier.entries,
+        );
         let event = match self.take_event() {
             Ok(e) => e,
             Err(e) => {
@@ -442,14 +448,15 @@ impl ListCopier {
 }
 
 /// The kernel's view of a list (pure, so that it is tested without a GPU): writes `pieces`,
-/// cut at [`FRAGMENT_BYTES`], as fragments into `metas` (whose first byte the GPU sees at
+/// cut at `fragment` bytes ([`FRAGMENT_BYTES`] for the pool's lists), as fragments into `metas` (whose first byte the GPU sees at
 /// `metas_dev`) and the entries naming them into `entries`. A fragment's source is an offset
 /// (u32) from its entry's `bounce`, so consecutive pieces share an entry while their sources
 /// span at most 4 GiB; each entry's `bounce` / `dst` are the lowest source / destination of
 /// its fragments and its lengths their true extents, so the kernel's bounds checks hold.
 /// Returns the fragments written (`metas` must hold them all).
-fn plan_list(
+pub(crate) fn plan_list(
     pieces: &[CopyPiece],
+    fragment: usize,
     metas_dev: u64,
     metas: &mut [u8],
     entries: &mut Vec<UnpackEntry>,
@@ -476,7 +483,7 @@ fn plan_list(
         for p in &pieces[first..end] {
             let mut at = 0usize;
             while at < p.len {
-                let len = (p.len - at).min(FRAGMENT_BYTES);
+                let len = (p.len - at).min(fragment);
                 // The source offset lies within the run's window: below 2^32.
                 let src_off = (p.src + at as u64 - lo) as u32;
                 put_meta(metas, written, src_off, len as u32, p.dst + at as u64 - dlo);
@@ -546,7 +553,7 @@ mod tests {
     fn planned(pieces: &[CopyPiece]) -> (Vec<(u64, u64, usize)>, Vec<UnpackEntry>) {
         let mut metas = vec![0u8; LIST_MAX_FRAGMENTS * META_BYTES];
         let mut entries = Vec::new();
-        let n = plan_list(pieces, 0x1000, &mut metas, &mut entries);
+        let n = plan_list(pieces, FRAGMENT_BYTES, 0x1000, &mut metas, &mut entries);
         let mut out = Vec::new();
         let mut seen = 0usize;
         for e in &entries {

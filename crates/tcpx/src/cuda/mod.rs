@@ -62,7 +62,10 @@ pub use driver::{
     driver_available, driver_status, pointer_allocation, pointer_device, skip_reason, DriverStatus,
 };
 pub use ipc::{allocation_range, IpcExport, IpcMapping, IpcMemHandle, IPC_HANDLE_BYTES};
-pub use small_copy::{own_this_thread, SmallCopier, SMALL_COPY_BOUNCE_BYTES, SMALL_COPY_TIMEOUT};
+pub use small_copy::{
+    own_this_thread, ListCopy, SmallCopier, SMALL_COPY_BOUNCE_BYTES, SMALL_COPY_LISTS_ENV,
+    SMALL_COPY_TIMEOUT,
+};
 pub use staging::{Span, StagingRing, FRAGMENTS_PER_SLOT, FRAGMENT_BYTES};
 
 /// Why a CUDA operation failed; defined with the crate's error type, which carries it.

@@ -20,6 +20,16 @@
 //! One copier per GPU serves the whole process ([`SmallCopier::for_ordinal`]): a few lanes
 //! (stream + bounce each), taken with `try_lock` in turn, so that several control loops and
 //! application threads copying at once rarely wait for each other.
+//!
+//! **Lists of pieces.** Pieces adjacent in one memory are copied as one. From
+//! [`KERNEL_FROM_COPIES`] copies, one call launches the gather kernel of [`super::unpack`]
+//! once instead of queueing a `cuMemcpyAsync` per copy, planned as the copy pool plans its
+//! lists ([`super::CopyPool::submit_list`]): one warp per 4 KiB fragment moves every piece
+//! between device memory and the lane's mapped bounce. Each
+//! `cuMemcpyAsync` is its own submission and its own copy-engine job (about 3 µs each on an
+//! H200), so sixteen 1 KiB tensors of a `writev` cost about 100 µs on the two sides where one
+//! 16 KiB block cost about 30. Without the kernel (it did not load) every copy is a
+//! `cuMemcpyAsync`.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -27,8 +37,10 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 
 use super::buffer::PinnedHostBuffer;
+use super::copy::{plan_list, CopyPiece};
 use super::device::{CudaDevice, CudaStream};
 use super::driver::{check, require};
+use super::unpack::{LaunchConfig, UnpackEntry, UnpackKernel, Unpacker, META_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{MemoryKind, Operation, SharedMemory};
 
@@ -38,6 +50,63 @@ pub const SMALL_COPY_BOUNCE_BYTES: usize = 64 * 1024;
 
 /// Lanes of one GPU's copier: each a stream and a bounce buffer.
 const LANES: usize = 4;
+
+/// Copies one flush makes from which [`ListCopy::Kernel`] launches the kernel: below, a
+/// launch costs more than the copies. Measured on an H200 (`small_copy_bench`): 2 × 4 KiB
+/// took 9.8 µs as two copies and 12.5 as a launch, 4 × 4 KiB 14.0 and 13.2, 16 × 4 KiB 39.1
+/// and 18.7, 64 × 1 KiB 134 and 20.0 (device to host; host to device alike).
+const KERNEL_FROM_COPIES: usize = 4;
+
+/// Environment variable choosing how lists of copies are queued ([`ListCopy`]).
+pub const SMALL_COPY_LISTS_ENV: &str = "TCPX_SMALL_COPY_LISTS";
+
+/// How a [`SmallCopier`] queues the copies of one call when there are several (see the
+/// module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListCopy {
+    /// A `cuMemcpyAsync` per copy.
+    Each,
+    /// One `cuMemcpyBatchAsync` (drivers of CUDA 12.8 and later).
+    Batch,
+    /// One launch of the gather kernel, from four copies (below, a launch costs more).
+    Kernel,
+}
+
+impl ListCopy {
+    fn encode(self) -> u8 {
+        self as u8
+    }
+
+    fn decode(v: u8) -> Self {
+        match v {
+            1 => Self::Batch,
+            2 => Self::Kernel,
+            _ => Self::Each,
+        }
+    }
+}
+
+/// Copies one lane plans before it must flush them (16 bytes of pinned metadata each): a
+/// longer list goes in several rounds, as a list of more bytes than the bounce does.
+const PLANNED_COPIES: usize = 1024;
+
+/// The most bytes one warp of the kernel moves for one copy: a longer copy is cut into
+/// fragments of this size, moved by as many warps at once (a warp moves 4 KiB per pass, and
+/// a pass that reads host memory waits for the bus).
+const KERNEL_FRAGMENT: usize = 4096;
+
+/// Kernel metadata entries of one lane: one per planned copy, plus one per fragment
+/// boundary the bounce can hold (a copy of `len` bytes is `ceil(len / KERNEL_FRAGMENT)`
+/// fragments, and the copies of one flush hold at most the bounce).
+const METAS: usize = PLANNED_COPIES + SMALL_COPY_BOUNCE_BYTES / KERNEL_FRAGMENT;
+
+/// The kernel's shape for small copies: few fragments per block, so that a list's copies
+/// spread over many multiprocessors, each warp moving one piece (4 KiB per pass).
+const KERNEL_SHAPE: LaunchConfig = LaunchConfig {
+    threads_per_block: 128,
+    frags_per_block: 4,
+    max_blocks: 0,
+};
 
 /// Longest a copy is waited for. A copy of at most 64 KiB takes µs, or as long as the copy
 /// engine's queue ahead of it (a large staged transfer of another stream): past this, the GPU
@@ -54,15 +123,68 @@ const SPIN: Duration = Duration::from_micros(50);
 pub struct SmallCopier {
     device: CudaDevice,
     lanes: Vec<Mutex<Lane>>,
+    /// How lists of copies are queued ([`ListCopy`], encoded).
+    lists: std::sync::atomic::AtomicU8,
+    /// The driver has `cuMemcpyBatchAsync`.
+    batch: bool,
+    /// The gather kernel loaded.
+    kernel: bool,
 }
 
 /// One stream and its bounce buffer, used by one copy at a time.
 struct Lane {
-    stream: CudaStream,
+    /// The lane's stream, inside the kernel's launcher when the kernel loaded.
+    stream: LaneStream,
     bounce: PinnedHostBuffer,
+    /// The kernel's metadata of a flush (mapped pinned memory: the kernel reads it there).
+    metas: PinnedHostBuffer,
+    /// The copies planned since the last flush, in order (capacity [`PLANNED_COPIES`]).
+    plan: Vec<PlannedCopy>,
+    /// The planned copies by address, and the kernel's entries, of a flush (reused).
+    pieces: Vec<CopyPiece>,
+    entries: Vec<UnpackEntry>,
+    /// A batch's destinations, sources and sizes (reused).
+    batch: [Vec<u64>; 2],
+    sizes: Vec<usize>,
     /// Set when a copy of the lane timed out or failed: the GPU may still use the bounce, so
     /// the lane is never used again.
     retired: bool,
+}
+
+/// The lane's stream: with the kernel's launcher on it, or alone.
+enum LaneStream {
+    Kernel(Unpacker),
+    CopiesOnly(CudaStream),
+}
+
+impl LaneStream {
+    fn stream(&self) -> &CudaStream {
+        match self {
+            Self::Kernel(unpacker) => unpacker.stream(),
+            Self::CopiesOnly(stream) => stream,
+        }
+    }
+}
+
+/// Which way a lane's copies go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Device memory → the bounce (a gather).
+    ToBounce,
+    /// The bounce → device memory (a scatter).
+    FromBounce,
+}
+
+/// One copy between a CUDA memory and the lane's bounce.
+#[derive(Clone, Copy)]
+struct PlannedCopy {
+    /// Device address of the memory's first byte (copies merge only within one memory).
+    memory: u64,
+    /// Where in the memory.
+    offset: usize,
+    len: usize,
+    /// Where in the bounce.
+    at: usize,
 }
 
 impl std::fmt::Debug for SmallCopier {
@@ -96,20 +218,95 @@ impl SmallCopier {
     }
 
     /// A copier of its own for `device` (most callers share the process's: [`Self::for_ordinal`]).
+    ///
+    /// The unpack kernel is loaded here, not at the first list, so that no transfer pays for
+    /// it; a kernel that does not load leaves every copy to `cuMemcpyAsync` (logged).
     pub fn new(device: &CudaDevice) -> Result<Self> {
+        let kernel = match UnpackKernel::shared(device) {
+            Ok(kernel) => Some(kernel),
+            Err(e) => {
+                tracing::warn!(
+                    "GPU {}: the unpack kernel did not load ({e}); small copies of lists go \
+                     one cuMemcpyAsync per piece",
+                    device.ordinal()
+                );
+                None
+            }
+        };
         let lanes = (0..LANES)
             .map(|_| {
+                let stream = match &kernel {
+                    Some(kernel) => {
+                        let mut unpacker = Unpacker::with_kernel(kernel.clone(), device.stream()?)?;
+                        unpacker.set_config(KERNEL_SHAPE)?;
+                        LaneStream::Kernel(unpacker)
+                    }
+                    None => LaneStream::CopiesOnly(device.stream()?),
+                };
                 Ok(Mutex::new(Lane {
-                    stream: device.stream()?,
+                    stream,
                     bounce: device.alloc_pinned(SMALL_COPY_BOUNCE_BYTES)?,
+                    metas: device.alloc_pinned(METAS * META_BYTES)?,
+                    plan: Vec::with_capacity(PLANNED_COPIES),
+                    pieces: Vec::with_capacity(PLANNED_COPIES),
+                    entries: Vec::with_capacity(PLANNED_COPIES),
+                    batch: [
+                        Vec::with_capacity(PLANNED_COPIES),
+                        Vec::with_capacity(PLANNED_COPIES),
+                    ],
+                    sizes: Vec::with_capacity(PLANNED_COPIES),
                     retired: false,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
+        let copier = Self {
             device: device.clone(),
             lanes,
-        })
+            lists: std::sync::atomic::AtomicU8::new(ListCopy::Each.encode()),
+            batch: batch_available(),
+            kernel: kernel.is_some(),
+        };
+        let wanted = match std::env::var(SMALL_COPY_LISTS_ENV)
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("each") => ListCopy::Each,
+            Ok("kernel") => ListCopy::Kernel,
+            Ok("batch") | Err(_) => ListCopy::Batch,
+            Ok(other) => {
+                tracing::warn!(
+                    "{SMALL_COPY_LISTS_ENV}={other}: expected batch, kernel or each; using batch"
+                );
+                ListCopy::Batch
+            }
+        };
+        if !copier.set_list_copy(wanted) && wanted != ListCopy::Batch {
+            tracing::warn!(
+                "{SMALL_COPY_LISTS_ENV}: {wanted:?} is not available on GPU {}; one copy each",
+                device.ordinal()
+            );
+        }
+        Ok(copier)
+    }
+
+    /// How lists of copies are queued now.
+    pub fn list_copy(&self) -> ListCopy {
+        ListCopy::decode(self.lists.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Queues lists of copies `how` from now on (for every user of this copier: for
+    /// benchmarks and tuning). Returns false, and leaves one copy each, when the driver
+    /// lacks `cuMemcpyBatchAsync` (`Batch`) or the kernel did not load (`Kernel`).
+    pub fn set_list_copy(&self, how: ListCopy) -> bool {
+        let usable = match how {
+            ListCopy::Each => true,
+            ListCopy::Batch => self.batch,
+            ListCopy::Kernel => self.kernel,
+        };
+        let how = if usable { how } else { ListCopy::Each };
+        self.lists
+            .store(how.encode(), std::sync::atomic::Ordering::Relaxed);
+        usable
     }
 
     /// The GPU.
@@ -162,12 +359,17 @@ impl SmallCopier {
     ) -> Result<()> {
         let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
+        let lists = self.list_copy();
         let mut tokens = Tokens::default();
-        let mut queued = 0;
-        let queuing = queue_reads(&mut lane, pieces, &mut tokens, out, &mut queued);
+        lane.plan.clear();
+        let queuing = queue_reads(&mut lane, pieces, &mut tokens, out, lists);
         // Whatever ended the loop, no copy outlives the call: the bounce is the next copy's,
-        // and the memories stop counting in flight on return.
-        let drained = lane.drain_into(queued, out);
+        // and the memories stop counting in flight on return. Copies planned but not queued
+        // (the error came first) are dropped.
+        let drained = lane
+            .flush(Way::ToBounce, lists)
+            .and_then(|queued| lane.drain_into(queued, out));
+        lane.plan.clear();
         queuing.and(drained)
     }
 
@@ -179,16 +381,20 @@ impl SmallCopier {
     ) -> Result<()> {
         let mut lane = self.lane()?;
         let _current = Current::push(&self.device)?;
+        let lists = self.list_copy();
         let mut tokens = Tokens::default();
-        let mut queued = 0;
-        let queuing = queue_writes(&mut lane, pieces, &mut tokens, &mut queued);
+        lane.plan.clear();
+        let queuing = queue_writes(&mut lane, pieces, &mut tokens, lists);
         // As for reads: every queued copy has read the bounce and written its memory before
         // the call returns, whatever ended the loop.
-        let synced = if queued > 0 {
-            lane.synchronize()
-        } else {
-            Ok(())
-        };
+        let synced = lane.flush(Way::FromBounce, lists).and_then(|queued| {
+            if queued > 0 {
+                lane.synchronize()
+            } else {
+                Ok(())
+            }
+        });
+        lane.plan.clear();
         queuing.and(synced)
     }
 
@@ -213,6 +419,21 @@ impl SmallCopier {
             self.device.ordinal()
         )))
     }
+}
+
+/// Whether the driver has `cuMemcpyBatchAsync` (CUDA 12.8 and later), looked up once: the
+/// loader resolves a function on its first call and would panic on one the driver lacks.
+fn batch_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        // SAFETY: the driver library is loaded (a device exists); looking a symbol up runs
+        // no code of it.
+        unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync\0")
+                .is_ok()
+        }
+    })
 }
 
 /// The memories a call copies from or into, each counted in flight once (a run of pieces in
@@ -241,78 +462,59 @@ impl<'m> Tokens<'m> {
     }
 }
 
-/// Queues the device → bounce copies of `pieces` on `lane`, draining the bounce into `out`
-/// whenever it is full; `queued` says how many bytes of the bounce the copies queued last
-/// fill (the caller drains them, also after an error).
+/// Plans the device → bounce copies of `pieces` on `lane`, flushing them and draining the
+/// bounce into `out` whenever it (or the plan) is full. The caller flushes and drains what is
+/// planned last, also after an error.
 fn queue_reads<'m>(
     lane: &mut Lane,
     pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
     tokens: &mut Tokens<'m>,
     out: &mut Vec<u8>,
-    queued: &mut usize,
+    lists: ListCopy,
 ) -> Result<()> {
     const API: &str = "SmallCopier::read_ranges";
     for (memory, offset, len) in pieces {
         tokens.admit(API, memory, offset, len)?;
         let mut done = 0;
         while done < len {
-            if *queued == SMALL_COPY_BOUNCE_BYTES {
-                lane.drain_into(*queued, out)?;
-                *queued = 0;
+            if lane.full() {
+                let queued = lane.flush(Way::ToBounce, lists)?;
+                lane.drain_into(queued, out)?;
+                lane.plan.clear();
             }
-            let n = (len - done).min(SMALL_COPY_BOUNCE_BYTES - *queued);
-            // SAFETY: the source lies inside live device memory (checked), kept alive and
-            // counted in flight by `tokens` until the caller drains the lane; the destination
-            // is the lane's bounce, which no one else touches while the lane is locked, and
-            // `queued + n` stays inside it.
-            unsafe {
-                lane.queue(
-                    lane.bounce.device_ptr() + *queued as u64,
-                    memory.as_ptr() as u64 + (offset + done) as u64,
-                    n,
-                )?;
-            }
-            *queued += n;
+            let n = (len - done).min(SMALL_COPY_BOUNCE_BYTES - lane.planned_bytes());
+            lane.plan_copy(memory, offset + done, n);
             done += n;
         }
     }
     Ok(())
 }
 
-/// Copies `pieces` into the bounce and queues the bounce → device copies on `lane`, waiting
-/// for them whenever the bounce is full; `queued` says how many bytes the copies queued last
-/// read (the caller waits for them, also after an error).
+/// Copies `pieces` into the bounce and plans the bounce → device copies on `lane`, flushing
+/// them and waiting whenever the bounce (or the plan) is full. The caller flushes and waits
+/// for what is planned last, also after an error.
 fn queue_writes<'m, 'b>(
     lane: &mut Lane,
     pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, &'b [u8])>,
     tokens: &mut Tokens<'m>,
-    queued: &mut usize,
+    lists: ListCopy,
 ) -> Result<()> {
     const API: &str = "SmallCopier::write_ranges";
     for (memory, offset, bytes) in pieces {
         tokens.admit(API, memory, offset, bytes.len())?;
         let mut done = 0;
         while done < bytes.len() {
-            if *queued == SMALL_COPY_BOUNCE_BYTES {
+            if lane.full() {
                 // The bounce is reused: its copies must have read it first.
-                lane.synchronize()?;
-                *queued = 0;
+                if lane.flush(Way::FromBounce, lists)? > 0 {
+                    lane.synchronize()?;
+                }
+                lane.plan.clear();
             }
-            let n = (bytes.len() - done).min(SMALL_COPY_BOUNCE_BYTES - *queued);
-            lane.bounce.as_mut_slice()[*queued..*queued + n]
-                .copy_from_slice(&bytes[done..done + n]);
-            // SAFETY: the destination lies inside live device memory (checked), kept alive and
-            // counted in flight by `tokens` until the caller waits for the lane; the source is
-            // the lane's bounce, which no one else touches while the lane is locked and which
-            // is not written again before the copy is waited for.
-            unsafe {
-                lane.queue(
-                    memory.as_ptr() as u64 + (offset + done) as u64,
-                    lane.bounce.device_ptr() + *queued as u64,
-                    n,
-                )?;
-            }
-            *queued += n;
+            let at = lane.planned_bytes();
+            let n = (bytes.len() - done).min(SMALL_COPY_BOUNCE_BYTES - at);
+            lane.bounce.as_mut_slice()[at..at + n].copy_from_slice(&bytes[done..done + n]);
+            lane.plan_copy(memory, offset + done, n);
             done += n;
         }
     }
@@ -320,6 +522,176 @@ fn queue_writes<'m, 'b>(
 }
 
 impl Lane {
+    /// Bytes of the bounce the planned copies use.
+    fn planned_bytes(&self) -> usize {
+        self.plan.last().map_or(0, |c| c.at + c.len)
+    }
+
+    /// Whether no copy can be planned before a flush.
+    fn full(&self) -> bool {
+        self.planned_bytes() == SMALL_COPY_BOUNCE_BYTES || self.plan.len() == PLANNED_COPIES
+    }
+
+    /// Plans a copy of `len` bytes at `offset` in `memory` (checked) next in the bounce,
+    /// merged with the previous one when it continues it in the same memory.
+    fn plan_copy(&mut self, memory: &SharedMemory, offset: usize, len: usize) {
+        let base = memory.as_ptr() as u64;
+        if let Some(last) = self.plan.last_mut() {
+            if last.memory == base && last.offset + last.len == offset {
+                last.len += len;
+                return;
+            }
+        }
+        let at = self.planned_bytes();
+        self.plan.push(PlannedCopy {
+            memory: base,
+            offset,
+            len,
+            at,
+        });
+    }
+
+    /// Queues the planned copies on the lane's stream (the device's context is current), as
+    /// `lists` says when there are several (see [`ListCopy`]). Returns the bytes of the bounce
+    /// they cover (the caller waits for them before reusing the bounce or reading it; it
+    /// clears the plan). A copy that cannot be queued retires the lane, after waiting for
+    /// those queued before it.
+    fn flush(&mut self, way: Way, lists: ListCopy) -> Result<usize> {
+        let queued = self.planned_bytes();
+        let queuing = match lists {
+            ListCopy::Batch if self.plan.len() > 1 => self.copy_batch(way),
+            ListCopy::Kernel if self.plan.len() >= KERNEL_FROM_COPIES => self.launch(way),
+            _ => self.copy_each(way),
+        };
+        match queuing {
+            Ok(()) => Ok(queued),
+            Err(e) => {
+                let _ = self.synchronize();
+                self.retired = true;
+                self.plan.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// Queues a `cuMemcpyAsync` per planned copy.
+    fn copy_each(&self, way: Way) -> Result<()> {
+        let bounce = self.bounce.device_ptr();
+        for c in &self.plan {
+            let device = c.memory + c.offset as u64;
+            let at = bounce + c.at as u64;
+            let (dst, src) = match way {
+                Way::ToBounce => (at, device),
+                Way::FromBounce => (device, at),
+            };
+            // SAFETY: each planned range lies inside live device memory (checked when it was
+            // planned; the caller's tokens keep it alive and in flight until the lane is
+            // waited for) and inside the lane's bounce, which no one else touches while the
+            // lane is locked and which the caller does not reuse before the wait.
+            unsafe { self.queue(dst, src, c.len)? };
+        }
+        Ok(())
+    }
+
+    /// Queues the planned copies as one `cuMemcpyBatchAsync`.
+    fn copy_batch(&mut self, way: Way) -> Result<()> {
+        let bounce = self.bounce.device_ptr();
+        let [dsts, srcs] = &mut self.batch;
+        dsts.clear();
+        srcs.clear();
+        self.sizes.clear();
+        for c in &self.plan {
+            let (device, at) = (c.memory + c.offset as u64, bounce + c.at as u64);
+            let (dst, src) = match way {
+                Way::ToBounce => (at, device),
+                Way::FromBounce => (device, at),
+            };
+            dsts.push(dst);
+            srcs.push(src);
+            self.sizes.push(c.len);
+        }
+        // One attribute for every copy: sources read in stream order (what a
+        // `cuMemcpyAsync` does); the location hints only matter for managed memory.
+        let device = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.stream.stream().device().ordinal() as i32,
+        };
+        let host = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        };
+        let (src_hint, dst_hint) = match way {
+            Way::ToBounce => (device, host),
+            Way::FromBounce => (host, device),
+        };
+        let mut attributes = sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: src_hint,
+            dstLocHint: dst_hint,
+            flags: 0,
+        };
+        let mut first = [0usize];
+        let mut failed = usize::MAX;
+        let count = self.sizes.len();
+        // SAFETY: the three arrays hold `count` entries each; every range lies inside live
+        // device memory (checked when planned, kept alive by the caller's tokens) or inside
+        // the lane's bounce, which no one else touches while the lane is locked and which the
+        // caller does not reuse before it waits for the stream the batch is queued on.
+        let rc = unsafe {
+            sys::cuMemcpyBatchAsync(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                self.sizes.as_mut_ptr(),
+                count,
+                &mut attributes,
+                first.as_mut_ptr(),
+                1,
+                &mut failed,
+                self.stream.stream().raw(),
+            )
+        };
+        check("cuMemcpyBatchAsync", rc, || {
+            format!("{count} small copies (copy {failed} failed)")
+        })
+    }
+
+    /// Queues the planned copies as one kernel launch (more for more than 64 runs of
+    /// sources: see [`plan_list`]).
+    fn launch(&mut self, way: Way) -> Result<()> {
+        let LaneStream::Kernel(unpacker) = &self.stream else {
+            return self.copy_each(way);
+        };
+        let bounce = self.bounce.device_ptr();
+        self.pieces.clear();
+        self.pieces.extend(self.plan.iter().map(|c| {
+            let (device, at) = (c.memory + c.offset as u64, bounce + c.at as u64);
+            let (dst, src) = match way {
+                Way::ToBounce => (at, device),
+                Way::FromBounce => (device, at),
+            };
+            CopyPiece {
+                dst,
+                src,
+                len: c.len,
+            }
+        }));
+        let metas_addr = self.metas.device_ptr();
+        plan_list(
+            &self.pieces,
+            KERNEL_FRAGMENT,
+            metas_addr,
+            self.metas.as_mut_slice(),
+            &mut self.entries,
+        );
+        // SAFETY: every entry's fragments lie inside live memory the GPU can reach (device
+        // memory checked when planned and kept alive by the caller's tokens; the lane's mapped
+        // bounce), and its extents are theirs (`plan_list`); its metas lie in the lane's mapped
+        // metadata buffer, written above and large enough ([`METAS`]); nothing is reused
+        // before the caller waits for the lane's stream, which the launches are queued on.
+        unsafe { unpacker.enqueue(&self.entries)? };
+        Ok(())
+    }
+
     /// Queues one copy on the lane's stream (the device's context is current).
     ///
     /// # Safety
@@ -327,7 +699,7 @@ impl Lane {
     /// synchronized.
     unsafe fn queue(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        let rc = unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream.raw()) };
+        let rc = unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream.stream().raw()) };
         check("cuMemcpyAsync", rc, || {
             format!("{len} bytes {src:#x} -> {dst:#x} (small copy)")
         })
@@ -340,9 +712,9 @@ impl Lane {
         let started = Instant::now();
         loop {
             // SAFETY: a live stream of the current context.
-            let rc = unsafe { sys::cuStreamQuery(self.stream.raw()) };
+            let rc = unsafe { sys::cuStreamQuery(self.stream.stream().raw()) };
             if rc == sys::CUresult::CUDA_SUCCESS {
-                return Ok(());
+                return self.kernel_status();
             }
             if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
                 self.retired = true;
@@ -363,6 +735,18 @@ impl Lane {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }
+    }
+
+    /// A fragment the kernel skipped as out of range (every range is checked before it is
+    /// planned, so this is a bug): the lane is retired, the copy fails.
+    fn kernel_status(&mut self) -> Result<()> {
+        let LaneStream::Kernel(unpacker) = &self.stream else {
+            return Ok(());
+        };
+        unpacker.check().inspect_err(|_| {
+            unpacker.clear_error();
+            self.retired = true;
+        })
     }
 
     /// Waits for the lane's copies into the bounce, then appends its first `queued` bytes
