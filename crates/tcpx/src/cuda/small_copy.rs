@@ -73,6 +73,17 @@ pub enum ListCopy {
 }
 
 impl ListCopy {
+    /// The value of [`SMALL_COPY_LISTS_ENV`]: `each`, `batch` or `kernel` (any case, spaces
+    /// around ignored); `None` for anything else.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "each" => Some(Self::Each),
+            "batch" => Some(Self::Batch),
+            "kernel" => Some(Self::Kernel),
+            _ => None,
+        }
+    }
+
     fn encode(self) -> u8 {
         self as u8
     }
@@ -266,19 +277,14 @@ impl SmallCopier {
             batch: batch_available(),
             kernel: kernel.is_some(),
         };
-        let wanted = match std::env::var(SMALL_COPY_LISTS_ENV)
-            .as_deref()
-            .map(str::trim)
-        {
-            Ok("each") => ListCopy::Each,
-            Ok("kernel") => ListCopy::Kernel,
-            Ok("batch") | Err(_) => ListCopy::Batch,
-            Ok(other) => {
+        let wanted = match std::env::var(SMALL_COPY_LISTS_ENV) {
+            Err(_) => ListCopy::Batch,
+            Ok(value) => ListCopy::parse(&value).unwrap_or_else(|| {
                 tracing::warn!(
-                    "{SMALL_COPY_LISTS_ENV}={other}: expected batch, kernel or each; using batch"
+                    "{SMALL_COPY_LISTS_ENV}={value}: expected batch, kernel or each; using batch"
                 );
                 ListCopy::Batch
-            }
+            }),
         };
         if !copier.set_list_copy(wanted) && wanted != ListCopy::Batch {
             tracing::warn!(
@@ -839,6 +845,24 @@ impl Drop for Current {
             let mut popped: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: pops the context `push` pushed on this thread (the guard is not Send).
             let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListCopy;
+
+    #[test]
+    fn list_copy_values_parse_and_round_trip() {
+        assert_eq!(ListCopy::parse("each"), Some(ListCopy::Each));
+        assert_eq!(ListCopy::parse(" Batch "), Some(ListCopy::Batch));
+        assert_eq!(ListCopy::parse("KERNEL"), Some(ListCopy::Kernel));
+        for bad in ["", "batches", "1", "0"] {
+            assert_eq!(ListCopy::parse(bad), None, "{bad:?}");
+        }
+        for how in [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel] {
+            assert_eq!(ListCopy::decode(how.encode()), how);
         }
     }
 }
