@@ -22,15 +22,20 @@
 //! (stream + bounce each), taken with `try_lock` in turn, so that several control loops and
 //! application threads copying at once rarely wait for each other.
 //!
-//! **Lists of pieces.** Pieces adjacent in one memory are copied as one. From
-//! [`KERNEL_FROM_COPIES`] copies, one call launches the gather kernel of [`super::unpack`]
-//! once instead of queueing a `cuMemcpyAsync` per copy, planned as the copy pool plans its
-//! lists ([`super::CopyPool::submit_list`]): one warp per 4 KiB fragment moves every piece
-//! between device memory and the lane's mapped bounce. Each
-//! `cuMemcpyAsync` is its own submission and its own copy-engine job (about 3 µs each on an
-//! H200), so sixteen 1 KiB tensors of a `writev` cost about 100 µs on the two sides where one
-//! 16 KiB block cost about 30. Without the kernel (it did not load) every copy is a
-//! `cuMemcpyAsync`.
+//! **Lists of pieces.** Pieces adjacent in one memory are copied as one. Each other piece
+//! was a `cuMemcpyAsync` of its own, about 2–3 µs of submission each on an H200: sixteen
+//! 1 KiB tensors of a `writev` cost about 110 µs over the two sides where one 16 KiB block
+//! cost about 45. How a list of copies is queued is a [`ListCopy`]:
+//! * [`ListCopy::Batch`] (the default where the driver has it, CUDA 12.8+): one
+//!   `cuMemcpyBatchAsync`, still the copy engines' work;
+//! * [`ListCopy::Kernel`]: one launch of the gather kernel of [`super::unpack`], planned as
+//!   the copy pool plans its lists ([`super::CopyPool::submit_list`]), one warp per 4 KiB
+//!   fragment. Fastest on an idle GPU of one process, but a kernel needs the GPU's
+//!   multiprocessors and time slice: with two processes on one GPU it took 500 µs where the
+//!   copies took 100, and a GPU busy with a model's kernels would hold it likewise. Opt-in;
+//! * [`ListCopy::Each`]: a `cuMemcpyAsync` per copy (older drivers).
+//!
+//! `TCPX_SMALL_COPY_LISTS=batch|kernel|each` chooses for the process.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
