@@ -46,7 +46,8 @@ fn main() -> tcpx::Result<()> {
     let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let gpu = CudaDevice::new(0)?;
     let device = SharedMemory::new(gpu.alloc(1 << 20)?);
-    let copier = SmallCopier::for_ordinal(0)?;
+    // A copier of its own, with the gather kernel loaded, so that every list way can be timed.
+    let copier = SmallCopier::with_kernel(&gpu)?;
     let mut pinned = gpu.alloc_pinned(1 << 20)?;
     let mut pageable = vec![7u8; bytes];
     let stream = gpu.stream()?;

@@ -339,7 +339,7 @@ fn small_copier_gathers_and_scatters_exactly() {
 #[test]
 fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
     let Some(gpu) = gpu() else { return };
-    let copier = cuda::SmallCopier::new(&gpu).expect("small copier");
+    let copier = cuda::SmallCopier::with_kernel(&gpu).expect("small copier");
     let ways = [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel];
     assert!(
         copier.set_list_copy(ListCopy::Kernel),
@@ -347,6 +347,12 @@ fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
     );
     if !copier.set_list_copy(ListCopy::Batch) {
         println!("no cuMemcpyBatchAsync in this driver: batches fall back to one copy each");
+    }
+    if std::env::var_os(cuda::SMALL_COPY_LISTS_ENV).is_none() {
+        // Without being asked for, the process's copiers do not load the kernel.
+        let plain = cuda::SmallCopier::new(&gpu).expect("small copier");
+        assert!(!plain.set_list_copy(ListCopy::Kernel));
+        assert_eq!(plain.list_copy(), ListCopy::Each);
     }
     let memories: Vec<SharedMemory> = (0..80)
         .map(|_| SharedMemory::new(gpu.alloc(1 << 17).expect("alloc")))

@@ -158,8 +158,6 @@ struct Lane {
     /// The lane's stream, inside the kernel's launcher when the kernel loaded.
     stream: LaneStream,
     bounce: PinnedHostBuffer,
-    /// The kernel's metadata of a flush (mapped pinned memory: the kernel reads it there).
-    metas: PinnedHostBuffer,
     /// The copies planned since the last flush, in order (capacity [`PLANNED_COPIES`]).
     plan: Vec<PlannedCopy>,
     /// The planned copies by address, and the kernel's entries, of a flush (reused).
@@ -173,16 +171,17 @@ struct Lane {
     retired: bool,
 }
 
-/// The lane's stream: with the kernel's launcher on it, or alone.
+/// The lane's stream: with the kernel's launcher on it and the metadata of a launch (mapped
+/// pinned memory: the kernel reads it there), or alone.
 enum LaneStream {
-    Kernel(Unpacker),
+    Kernel(Unpacker, PinnedHostBuffer),
     CopiesOnly(CudaStream),
 }
 
 impl LaneStream {
     fn stream(&self) -> &CudaStream {
         match self {
-            Self::Kernel(unpacker) => unpacker.stream(),
+            Self::Kernel(unpacker, _) => unpacker.stream(),
             Self::CopiesOnly(stream) => stream,
         }
     }
@@ -240,20 +239,34 @@ impl SmallCopier {
     }
 
     /// A copier of its own for `device` (most callers share the process's: [`Self::for_ordinal`]).
-    ///
-    /// The unpack kernel is loaded here, not at the first list, so that no transfer pays for
-    /// it; a kernel that does not load leaves every copy to `cuMemcpyAsync` (logged).
+    /// Lists of copies go as [`SMALL_COPY_LISTS_ENV`] says (default [`ListCopy::Batch`]); the
+    /// gather kernel is loaded only when it asks for `kernel`.
     pub fn new(device: &CudaDevice) -> Result<Self> {
-        let kernel = match UnpackKernel::shared(device) {
-            Ok(kernel) => Some(kernel),
-            Err(e) => {
-                tracing::warn!(
-                    "GPU {}: the unpack kernel did not load ({e}); small copies of lists go \
-                     one cuMemcpyAsync per piece",
-                    device.ordinal()
-                );
-                None
-            }
+        let wanted = lists_from_env();
+        Self::build(device, wanted, wanted == ListCopy::Kernel)
+    }
+
+    /// [`Self::new`] with the gather kernel loaded whatever the environment says, so that
+    /// [`Self::set_list_copy`]`(`[`ListCopy::Kernel`]`)` can switch to it (benchmarks, tests).
+    pub fn with_kernel(device: &CudaDevice) -> Result<Self> {
+        Self::build(device, lists_from_env(), true)
+    }
+
+    /// Makes the lanes now (streams, pinned buffers, the kernel when `load_kernel`), so that
+    /// no copy pays for them.
+    fn build(device: &CudaDevice, wanted: ListCopy, load_kernel: bool) -> Result<Self> {
+        let kernel = if load_kernel {
+            UnpackKernel::shared(device)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        "GPU {}: the gather kernel did not load ({e}); lists of small copies \
+                         cannot use it",
+                        device.ordinal()
+                    )
+                })
+                .ok()
+        } else {
+            None
         };
         let lanes = (0..LANES)
             .map(|_| {
@@ -261,14 +274,13 @@ impl SmallCopier {
                     Some(kernel) => {
                         let mut unpacker = Unpacker::with_kernel(kernel.clone(), device.stream()?)?;
                         unpacker.set_config(KERNEL_SHAPE)?;
-                        LaneStream::Kernel(unpacker)
+                        LaneStream::Kernel(unpacker, device.alloc_pinned(METAS * META_BYTES)?)
                     }
                     None => LaneStream::CopiesOnly(device.stream()?),
                 };
                 Ok(Mutex::new(Lane {
                     stream,
                     bounce: device.alloc_pinned(SMALL_COPY_BOUNCE_BYTES)?,
-                    metas: device.alloc_pinned(METAS * META_BYTES)?,
                     plan: Vec::with_capacity(PLANNED_COPIES),
                     pieces: Vec::with_capacity(PLANNED_COPIES),
                     entries: Vec::with_capacity(PLANNED_COPIES),
@@ -287,15 +299,6 @@ impl SmallCopier {
             lists: std::sync::atomic::AtomicU8::new(ListCopy::Each.encode()),
             batch: batch_available(),
             kernel: kernel.is_some(),
-        };
-        let wanted = match std::env::var(SMALL_COPY_LISTS_ENV) {
-            Err(_) => ListCopy::Batch,
-            Ok(value) => ListCopy::parse(&value).unwrap_or_else(|| {
-                tracing::warn!(
-                    "{SMALL_COPY_LISTS_ENV}={value}: expected batch, kernel or each; using batch"
-                );
-                ListCopy::Batch
-            }),
         };
         if !copier.set_list_copy(wanted) && wanted != ListCopy::Batch {
             tracing::warn!(
@@ -435,6 +438,20 @@ impl SmallCopier {
             "every lane of GPU {}'s small copier was retired after a copy failed or timed out",
             self.device.ordinal()
         )))
+    }
+}
+
+/// How [`SMALL_COPY_LISTS_ENV`] asks lists of copies to go (default, and for a value it does
+/// not know, logged: [`ListCopy::Batch`]).
+fn lists_from_env() -> ListCopy {
+    match std::env::var(SMALL_COPY_LISTS_ENV) {
+        Err(_) => ListCopy::Batch,
+        Ok(value) => ListCopy::parse(&value).unwrap_or_else(|| {
+            tracing::warn!(
+                "{SMALL_COPY_LISTS_ENV}={value}: expected batch, kernel or each; using batch"
+            );
+            ListCopy::Batch
+        }),
     }
 }
 
@@ -675,7 +692,7 @@ impl Lane {
     /// Queues the planned copies as one kernel launch (more for more than 64 runs of
     /// sources: see [`plan_list`]).
     fn launch(&mut self, way: Way) -> Result<()> {
-        let LaneStream::Kernel(unpacker) = &self.stream else {
+        let LaneStream::Kernel(unpacker, metas) = &mut self.stream else {
             return self.copy_each(way);
         };
         let bounce = self.bounce.device_ptr();
@@ -692,12 +709,12 @@ impl Lane {
                 len: c.len,
             }
         }));
-        let metas_addr = self.metas.device_ptr();
+        let metas_addr = metas.device_ptr();
         plan_list(
             &self.pieces,
             KERNEL_FRAGMENT,
             metas_addr,
-            self.metas.as_mut_slice(),
+            metas.as_mut_slice(),
             &mut self.entries,
         );
         // SAFETY: every entry's fragments lie inside live memory the GPU can reach (device
@@ -760,7 +777,7 @@ impl Lane {
     /// A fragment the kernel skipped as out of range (every range is checked before it is
     /// planned, so this is a bug): the lane is retired, the copy fails.
     fn kernel_status(&mut self) -> Result<()> {
-        let LaneStream::Kernel(unpacker) = &self.stream else {
+        let LaneStream::Kernel(unpacker, _) = &self.stream else {
             return Ok(());
         };
         unpacker.check().inspect_err(|_| {
