@@ -255,6 +255,9 @@ impl SmallCopier {
     /// Makes the lanes now (streams, pinned buffers, the kernel when `load_kernel`), so that
     /// no copy pays for them.
     fn build(device: &CudaDevice, wanted: ListCopy, load_kernel: bool) -> Result<Self> {
+        // The calling thread may be the application's: whatever the driver calls below make
+        // current, its own context is back on return.
+        let _current = Current::push(device)?;
         let kernel = if load_kernel {
             UnpackKernel::shared(device)
                 .inspect_err(|e| {
