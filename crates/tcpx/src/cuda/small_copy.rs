@@ -387,8 +387,9 @@ impl SmallCopier {
         lane.plan.clear();
         let queuing = queue_reads(&mut lane, pieces, &mut tokens, out, lists);
         // Whatever ended the loop, no copy outlives the call: the bounce is the next copy's,
-        // and the memories stop counting in flight on return. Copies planned but not queued
-        // (the error came first) are dropped.
+        // and the memories stop counting in flight on return. What was planned before a bad
+        // range is still copied and appended (the ranges before it are read); a flush that
+        // failed left nothing planned.
         let drained = lane
             .flush(Way::ToBounce, lists)
             .and_then(|queued| lane.drain_into(queued, out));
