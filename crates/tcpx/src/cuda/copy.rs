@@ -448,8 +448,9 @@ impl ListCopier {
 }
 
 /// The kernel's view of a list (pure, so that it is tested without a GPU): writes `pieces`,
-/// cut at `fragment` bytes ([`FRAGMENT_BYTES`] for the pool's lists), as fragments into `metas` (whose first byte the GPU sees at
-/// `metas_dev`) and the entries naming them into `entries`. A fragment's source is an offset
+/// cut at `fragment` bytes ([`FRAGMENT_BYTES`] for the pool's lists), as fragments into
+/// `metas` (whose first byte the GPU sees at `metas_dev`) and the entries naming them into
+/// `entries`. A fragment's source is an offset
 /// (u32) from its entry's `bounce`, so consecutive pieces share an entry while their sources
 /// span at most 4 GiB; each entry's `bounce` / `dst` are the lowest source / destination of
 /// its fragments and its lengths their true extents, so the kernel's bounds checks hold.

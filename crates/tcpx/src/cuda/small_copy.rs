@@ -208,6 +208,22 @@ struct PlannedCopy {
     at: usize,
 }
 
+impl PlannedCopy {
+    /// The copy by address, `way` between its memory and the bounce at `bounce`.
+    fn piece(&self, way: Way, bounce: u64) -> CopyPiece {
+        let (device, at) = (self.memory + self.offset as u64, bounce + self.at as u64);
+        let (dst, src) = match way {
+            Way::ToBounce => (at, device),
+            Way::FromBounce => (device, at),
+        };
+        CopyPiece {
+            dst,
+            src,
+            len: self.len,
+        }
+    }
+}
+
 impl std::fmt::Debug for SmallCopier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SmallCopier")
@@ -380,11 +396,8 @@ impl SmallCopier {
         pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let mut lane = self.lane()?;
-        let _current = Current::push(&self.device)?;
-        let lists = self.list_copy();
+        let (mut lane, _current, lists) = self.begin()?;
         let mut tokens = Tokens::default();
-        lane.plan.clear();
         let queuing = queue_reads(&mut lane, pieces, &mut tokens, out, lists);
         // Whatever ended the loop, no copy outlives the call: the bounce is the next copy's,
         // and the memories stop counting in flight on return. What was planned before a bad
@@ -403,11 +416,8 @@ impl SmallCopier {
         &self,
         pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, &'b [u8])>,
     ) -> Result<()> {
-        let mut lane = self.lane()?;
-        let _current = Current::push(&self.device)?;
-        let lists = self.list_copy();
+        let (mut lane, _current, lists) = self.begin()?;
         let mut tokens = Tokens::default();
-        lane.plan.clear();
         let queuing = queue_writes(&mut lane, pieces, &mut tokens, lists);
         // As for reads: every queued copy has read the bounce and written its memory before
         // the call returns, whatever ended the loop.
@@ -420,6 +430,15 @@ impl SmallCopier {
         });
         lane.plan.clear();
         queuing.and(synced)
+    }
+
+    /// What a call copies with: a lane with nothing planned, its GPU's context current on
+    /// this thread (until the guard drops), and how lists go now.
+    fn begin(&self) -> Result<(MutexGuard<'_, Lane>, Current, ListCopy)> {
+        let mut lane = self.lane()?;
+        let current = Current::push(&self.device)?;
+        lane.plan.clear();
+        Ok((lane, current, self.list_copy()))
     }
 
     /// A free lane, or the first one in service (wait for it) when all are busy; an error
@@ -616,17 +635,12 @@ impl Lane {
     fn copy_each(&self, way: Way) -> Result<()> {
         let bounce = self.bounce.device_ptr();
         for c in &self.plan {
-            let device = c.memory + c.offset as u64;
-            let at = bounce + c.at as u64;
-            let (dst, src) = match way {
-                Way::ToBounce => (at, device),
-                Way::FromBounce => (device, at),
-            };
+            let CopyPiece { dst, src, len } = c.piece(way, bounce);
             // SAFETY: each planned range lies inside live device memory (checked when it was
             // planned; the caller's tokens keep it alive and in flight until the lane is
             // waited for) and inside the lane's bounce, which no one else touches while the
             // lane is locked and which the caller does not reuse before the wait.
-            unsafe { self.queue(dst, src, c.len)? };
+            unsafe { self.queue(dst, src, len)? };
         }
         Ok(())
     }
@@ -639,14 +653,10 @@ impl Lane {
         srcs.clear();
         self.sizes.clear();
         for c in &self.plan {
-            let (device, at) = (c.memory + c.offset as u64, bounce + c.at as u64);
-            let (dst, src) = match way {
-                Way::ToBounce => (at, device),
-                Way::FromBounce => (device, at),
-            };
-            dsts.push(dst);
-            srcs.push(src);
-            self.sizes.push(c.len);
+            let piece = c.piece(way, bounce);
+            dsts.push(piece.dst);
+            srcs.push(piece.src);
+            self.sizes.push(piece.len);
         }
         // One attribute for every copy: sources read in stream order (what a
         // `cuMemcpyAsync` does); the location hints only matter for managed memory.
@@ -701,18 +711,8 @@ impl Lane {
         };
         let bounce = self.bounce.device_ptr();
         self.pieces.clear();
-        self.pieces.extend(self.plan.iter().map(|c| {
-            let (device, at) = (c.memory + c.offset as u64, bounce + c.at as u64);
-            let (dst, src) = match way {
-                Way::ToBounce => (at, device),
-                Way::FromBounce => (device, at),
-            };
-            CopyPiece {
-                dst,
-                src,
-                len: c.len,
-            }
-        }));
+        self.pieces
+            .extend(self.plan.iter().map(|c| c.piece(way, bounce)));
         let metas_addr = metas.device_ptr();
         plan_list(
             &self.pieces,
