@@ -10,6 +10,7 @@
 #
 # PERF_EVENT (default cpu-clock: also where a VM exposes no hardware counters).
 # ROUNDS (default 40) keeps the stream going past the 3 s of set-up and recording.
+# EXTRA_ARGS (e.g. "--memory cuda") is added to both peers' arguments.
 # SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 and 16-31) put each peer on cores of its
 # own, as on two nodes; unset, both share the machine.
 # Needs `perf` on PATH (or PERF=...) and perf_event_paranoid low enough (root). Loopback only.
@@ -24,12 +25,15 @@ perf="${PERF:-perf}"
 mkdir -p "$out"
 export TCPX_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo
 args=(--channels "$channels" --sizes "$size" --min-bytes 1GiB --rounds "${ROUNDS:-40}" --baseline none)
+# shellcheck disable=SC2206 # EXTRA_ARGS is a list of words on purpose
+args+=(${EXTRA_ARGS:-})
 # `exec`: run in the background, the function is a subshell, and `$!` must be the bench itself.
 on_cpus() { local cpus=$1; shift; if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi; }
 on_cpus "${SERVER_CPUS:-}" "$bench" server --bind 127.0.0.1:9830 "${args[@]}" >"$out/server.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do grep -q TCPX-BENCH-METADATA "$out/server.log" && break; sleep 0.1; done
 meta=$(grep -o 'TCPX-BENCH-METADATA [0-9a-fA-F]*' "$out/server.log" | awk '{print $2}')
+[ -n "$meta" ] || { echo "the server did not start:" >&2; cat "$out/server.log" >&2; exit 1; }
 on_cpus "${CLIENT_CPUS:-}" "$bench" client --peer "$meta" "${args[@]}" >"$out/client.log" 2>&1 &
 client=$!
 sleep 1.5

@@ -68,6 +68,10 @@ pub fn engine_overhead(opts: &OverheadOptions) -> Result<OverheadReport> {
         .chunk_bytes(opts.chunk_bytes)
         .backoff(opts.backoff)
         .timeout(Duration::from_secs(120))
+        // The instant plugin moves no bytes: eager frames (small messages packed into frames
+        // that the receiver parses) would arrive as zeros and fail the connection as a
+        // protocol violation. Every message takes the job path, which is what this measures.
+        .eager_bytes(0)
         .build()?;
     let a = Endpoint::with_net(config.clone(), net.clone())?;
     let b = Endpoint::with_net(config, net)?;
@@ -138,6 +142,23 @@ mod tests {
         })
         .unwrap();
         assert_eq!(report.requests, 4 * 256);
+        assert!(report.send_per_sec > 0.0 && report.recv_per_sec > 0.0);
+    }
+
+    /// One request per transfer (the whole per-message path): small transfers take the job
+    /// path here, never eager frames, which the instant plugin cannot carry.
+    #[test]
+    fn small_transfers_measure_the_per_message_path() {
+        let report = engine_overhead(&OverheadOptions {
+            channels: 2,
+            chunk_bytes: 4096,
+            transfer_bytes: 4096,
+            transfers: 200,
+            reps: 1,
+            backoff: Backoff::Park,
+        })
+        .unwrap();
+        assert_eq!(report.requests, 200);
         assert!(report.send_per_sec > 0.0 && report.recv_per_sec > 0.0);
     }
 }
