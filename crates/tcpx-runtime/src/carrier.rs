@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::engine::job::{HostParts, Job, Piece};
+use crate::engine::job::{HostParts, Job, Piece, Pieces};
 use crate::engine::stage::Staging;
 use crate::engine::{Command, RegisterReply};
 use crate::error::{Direction, Error, Result};
@@ -33,7 +33,7 @@ pub(crate) struct JobSpec {
     /// The transfer's sequence number (two-sided) or operation id (one-sided).
     pub(crate) seq: u64,
     /// The local pieces, in order.
-    pub(crate) pieces: Vec<Piece>,
+    pub(crate) pieces: Pieces,
     /// Set when the pieces are staged regions (the lanes copy through their rings).
     pub(crate) staging: Option<Staging>,
     /// The chunk schedule when known now (a vectored two-sided transfer learns it from the
@@ -121,9 +121,9 @@ impl Carrier {
         runs: impl IntoIterator<Item = (&'r Region, usize, u64)>,
         direction: Direction,
         staged: bool,
-    ) -> Result<Vec<Piece>> {
+    ) -> Result<Pieces> {
         let runs = runs.into_iter();
-        let mut pieces: Vec<Piece> = Vec::with_capacity(runs.size_hint().0);
+        let mut pieces = Pieces::with_capacity(runs.size_hint().0);
         let mut last_region = None;
         for (region, offset, len) in runs {
             let piece = match pieces.last() {

@@ -88,9 +88,13 @@ pub(crate) fn submit(
         None => None,
     };
     let pieces = match &lease {
-        Some(lease) => vec![cx
-            .carrier
-            .region_piece(lease.region(), 0, total, direction, false)?],
+        Some(lease) => smallvec::smallvec![cx.carrier.region_piece(
+            lease.region(),
+            0,
+            total,
+            direction,
+            false
+        )?],
         // Staged: every part stays a piece; the lanes gather or scatter them per chunk.
         None if staged => parts
             .iter()
@@ -98,9 +102,9 @@ pub(crate) fn submit(
                 cx.carrier
                     .region_piece(&p.region, p.offset as usize, p.len, direction, true)
             })
-            .collect::<Result<Vec<_>>>()?,
+            .collect::<Result<_>>()?,
         // One run: the whole batch in place.
-        None => vec![cx.carrier.region_piece(
+        None => smallvec::smallvec![cx.carrier.region_piece(
             &parts[0].region,
             parts[0].offset as usize,
             total,

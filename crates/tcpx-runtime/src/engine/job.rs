@@ -18,6 +18,11 @@ use crate::registry::{Region, Registration};
 use crate::schedule::{Chunk, Schedule};
 use crate::transfer::Completion;
 
+/// A transfer's pieces: inline for one (a message, a contiguous write), so that a job costs
+/// no allocation for them (see `tcpx_proto::schedule::Schedule`'s extents, for the same
+/// reason).
+pub(crate) type Pieces = smallvec::SmallVec<[Piece; 1]>;
+
 /// One local segment of a transfer: where its bytes are, registered on the link's comms
 /// (or, for a staged transfer, the CUDA memory the engines copy through their rings).
 #[derive(Debug)]
@@ -209,7 +214,7 @@ pub(crate) struct Job {
     /// Position among the link's transfers in this direction (pairs it with the peer's).
     pub(crate) seq: u64,
     pub(crate) len: u64,
-    pub(crate) pieces: Vec<Piece>,
+    pub(crate) pieces: Pieces,
     /// Set when the transfer is staged (CUDA memory, host-only plugin): every chunk goes
     /// through the channel's pinned ring. `None` for direct transfers.
     pub(crate) staging: Option<Staging>,
@@ -242,7 +247,7 @@ impl Job {
         direction: Direction,
         link: Arc<Link>,
         seq: u64,
-        pieces: Vec<Piece>,
+        pieces: Pieces,
         staging: Option<Staging>,
         submitted: Instant,
     ) -> Self {

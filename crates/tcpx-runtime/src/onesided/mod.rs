@@ -135,6 +135,13 @@
 //! [`crate::Endpoint::notifications`] in send order per connection, a write's only after
 //! every byte of it landed (and a standalone one after every earlier write's).
 //!
+//! # Order of landing
+//! Writes in flight at the same time land in no defined order among themselves: their chunks
+//! ride different channels and lanes (as RDMA writes do over several rails), so two of them
+//! to the same bytes leave either one's bytes there. A write issued after another one
+//! completed lands after it; an inline write lands after every earlier write of the peer
+//! (above); notifications keep their send order whatever the landing order.
+//!
 //! # Cancellation and failure
 //! Dropping a [`crate::Transfer`] detaches it: the jobs it started run to completion (they
 //! hold their registrations), so the two sides' posting orders never diverge. A lost peer,

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
 use crate::control::rma::{ReadRequest, Refusal, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 use crate::control::{ControlTx, Message};
-use crate::engine::job::{staging_of, Job, Piece};
+use crate::engine::job::{staging_of, Job, Pieces};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::link::Link;
@@ -29,6 +29,9 @@ use crate::transfer::{Completion, Transfer};
 const SWEEP_EVERY: Duration = Duration::from_millis(50);
 
 /// What an initiated operation still waits for.
+// A read keeps its pieces and schedule inline (no allocation of their own, see
+// `engine::job::Pieces`); boxing them to shrink the other variants would add one back.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum PendingKind {
     /// A write whose data is queued (`job`), waiting for the target's `WriteAck`.
     Write { job: Arc<Job> },
@@ -40,7 +43,7 @@ pub(crate) enum PendingKind {
     InlineRead { local: Vec<(Region, usize, usize)> },
     /// A read waiting for `ReadData` (then its receive job is queued) or `ReadRefused`.
     Read {
-        pieces: Vec<Piece>,
+        pieces: Pieces,
         schedule: Schedule,
         /// Set when the local list is staged: the receive job copies through the rings.
         staging: Option<Staging>,
@@ -101,7 +104,7 @@ struct Pending {
 /// A local list and a remote list checked, coalesced and registered (or, staged, left to the
 /// engines' rings).
 struct Plan {
-    pieces: Vec<Piece>,
+    pieces: Pieces,
     /// Set when the local list is staged (all of it: a mixed list is refused).
     staging: Option<Staging>,
     local_lens: Vec<u64>,
@@ -286,12 +289,12 @@ impl Rma {
     pub(crate) fn packed_job_parts(
         &self,
         lease: Option<&PackLease>,
-        own: Vec<Piece>,
+        own: Pieces,
         len: u64,
         direction: Direction,
         staged: bool,
         cut: OpCut,
-    ) -> Result<(Vec<Piece>, Schedule)> {
+    ) -> Result<(Pieces, Schedule)> {
         let OpCut { op_id, spread } = cut;
         let schedule = packed_schedule(len, &self.link, op_id, spread)
             .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
@@ -300,9 +303,13 @@ impl Rma {
             // them out), so the list stays as it is, however scattered.
             None if staged => own,
             Some(lease) => {
-                vec![self
-                    .carrier
-                    .region_piece(lease.region(), 0, len, direction, false)?]
+                smallvec::smallvec![self.carrier.region_piece(
+                    lease.region(),
+                    0,
+                    len,
+                    direction,
+                    false
+                )?]
             }
             None if own.len() == 1 => own,
             None => {

@@ -27,7 +27,7 @@ use crate::control::rma::{
     ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_INLINE,
 };
 use crate::control::Message;
-use crate::engine::job::{staging_for, Job, Piece};
+use crate::engine::job::{staging_for, Job, Piece, Pieces};
 use crate::engine::stage::Staging;
 use crate::error::{Direction, Error, Result};
 use crate::registry::Region;
@@ -160,7 +160,7 @@ impl Rma {
         entries: &[RemoteEntry],
         regions: &[Region],
         direction: Direction,
-    ) -> Result<(Vec<Piece>, Option<Staging>)> {
+    ) -> Result<(Pieces, Option<Staging>)> {
         let staging = regions.first().and_then(staging_for);
         if regions.iter().any(|r| r.is_staged() != staging.is_some()) {
             return Err(Error::Internal(
@@ -178,7 +178,7 @@ impl Rma {
         regions: &[Region],
         direction: Direction,
         staging: Option<Staging>,
-    ) -> Result<(Vec<Piece>, Option<Staging>)> {
+    ) -> Result<(Pieces, Option<Staging>)> {
         // Validation yields one region per entry, and a run's `first` is an entry's index:
         // checked once here, so the runs index the regions without a check each.
         if regions.len() != entries.len() {
@@ -479,7 +479,7 @@ impl Rma {
             (PackedInto::Host(parts), refusal) => {
                 let (own, pack) = match (refusal, parts.as_slice()) {
                     (None, [part]) => {
-                        let own = vec![self.carrier.region_piece(
+                        let own = smallvec::smallvec![self.carrier.region_piece(
                             &part.region,
                             // Validated: within the region, a usize.
                             part.offset as usize,
@@ -489,7 +489,7 @@ impl Rma {
                         )?];
                         (own, None)
                     }
-                    _ => (Vec::new(), Some((self.pack.for_receiver()?, parts))),
+                    _ => (Pieces::new(), Some((self.pack.for_receiver()?, parts))),
                 };
                 let (pieces, schedule) = self.packed_job_parts(
                     pack.as_ref().map(|(lease, _)| lease),
@@ -541,7 +541,7 @@ impl Rma {
         schedule: &Schedule,
         peer_lens: &[u64],
         op_id: u64,
-    ) -> Result<(Vec<Piece>, Schedule)> {
+    ) -> Result<(Pieces, Schedule)> {
         if schedule.chunk_count() > MAX_DISCARD_CHUNKS {
             return Err(self.violation(format!(
                 "refused write #{op_id} would carry {} chunks",
@@ -690,7 +690,7 @@ impl Rma {
             let Some(lease) = self.pack.for_sender()? else {
                 return Ok(None);
             };
-            (Vec::new(), Some((lease, parts)))
+            (Pieces::new(), Some((lease, parts)))
         };
         let (pieces, schedule) = self.packed_job_parts(
             pack.as_ref().map(|(lease, _)| lease),
@@ -781,7 +781,7 @@ impl Rma {
             } if packed => {
                 let (pieces, schedule) = self.packed_job_parts(
                     Some(&pack.lease),
-                    Vec::new(),
+                    Pieces::new(),
                     op.len,
                     Direction::Recv,
                     false,
