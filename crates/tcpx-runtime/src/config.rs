@@ -26,7 +26,7 @@
 //! | `TCPX_SPREAD` | most channels a lone one-sided operation is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
-//! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB; 0 with `TCPX_GPU_INDEX` / `TCPX_GPU_PCI` |
+//! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB |
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //! | `TCPX_INLINE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
@@ -234,13 +234,15 @@ pub struct Config {
     /// both sides' values; 0 on either side turns it off, as does a plugin that cannot take
     /// host memory (the frames are host buffers). At most 64 KiB.
     ///
-    /// `None` (the default) decides per endpoint ([`Config::eager_limit`]): 64 KiB, or 0 for
-    /// an endpoint that names its GPU ([`Config::gpu_index`] or [`Config::gpu_pci`]). Eager
-    /// frames copy CUDA memory synchronously through a host bounce, one message at a time,
-    /// where the staged path pipelines its copies: on an H100, 4 KiB GPU messages ran at
-    /// 0.25 GB/s in frames against 1.1 GB/s staged, while host messages gained 2–5 × (4 KiB
-    /// one call per message, 8 channels: 0.05–0.12 × raw TCP before, 0.33–0.35 now; 64 KiB
-    /// 0.62–0.75 → 0.69–0.99).
+    /// `None` (the default) is [`DEFAULT_EAGER_BYTES`] ([`Config::eager_limit`]), for host
+    /// and GPU memory alike. Host messages gained 2–5 × in frames (4 KiB one call per
+    /// message, 8 channels: 0.05–0.12 × raw TCP before, 0.33–0.35 then; 64 KiB 0.62–0.75 →
+    /// 0.69–0.99). GPU messages did once the engines copied a frame's run of them as one copy
+    /// list through the GPU's small copier (one GPU round trip per run, whatever the
+    /// regions): two processes on one H200, one call per message, 8 channels, 4 / 16 / 64 KiB
+    /// at 3.8–4.0 / 7.4–7.8 / 9.3 GB/s against 0.9–1.2 / 3.9–4.0 / 8.2–8.4 staged (a
+    /// synchronous copy per message had run them at 0.25 GB/s, so endpoints that named their
+    /// GPU kept them off until then).
     pub eager_bytes: Option<u32>,
     /// Eager messages of host memory of at least this many bytes are not copied into their
     /// frame: the frame carries their entry, and their bytes follow it on the same comm as
@@ -446,15 +448,9 @@ impl Config {
     }
 
     /// The eager size this endpoint offers its peers: [`Config::eager_bytes`] when given, else
-    /// [`DEFAULT_EAGER_BYTES`], or 0 for an endpoint that names its GPU (its small messages
-    /// are usually CUDA memory, which the staged path moves faster).
+    /// [`DEFAULT_EAGER_BYTES`] (whether or not the endpoint names its GPU).
     pub fn eager_limit(&self) -> u32 {
-        self.eager_bytes
-            .unwrap_or(if self.gpu_index.is_some() || self.gpu_pci.is_some() {
-                0
-            } else {
-                DEFAULT_EAGER_BYTES
-            })
+        self.eager_bytes.unwrap_or(DEFAULT_EAGER_BYTES)
     }
 
     /// Checks every value is in range; [`ConfigBuilder::build`] and
@@ -776,13 +772,13 @@ mod tests {
     }
 
     #[test]
-    fn eager_frames_default_to_64_kib_except_on_endpoints_that_name_their_gpu() {
+    fn eager_frames_default_to_64_kib_on_every_endpoint() {
         assert_eq!(Config::default().eager_bytes, None);
         assert_eq!(Config::default().eager_limit(), 64 << 10);
         let gpu = from(&[("TCPX_GPU_INDEX", "2")]).unwrap();
-        assert_eq!(gpu.eager_limit(), 0);
+        assert_eq!(gpu.eager_limit(), 64 << 10);
         let pci = from(&[("TCPX_GPU_PCI", "0000:04:00.0")]).unwrap();
-        assert_eq!(pci.eager_limit(), 0);
+        assert_eq!(pci.eager_limit(), 64 << 10);
         let asked = from(&[("TCPX_GPU_INDEX", "2"), ("TCPX_EAGER_BYTES", "4K")]).unwrap();
         assert_eq!(asked.eager_limit(), 4 << 10);
         assert_eq!(from(&[("TCPX_EAGER_BYTES", "0")]).unwrap().eager_limit(), 0);

@@ -642,27 +642,63 @@ impl Eager {
                 .fail(self.mismatch(channel, seq, bytes.len(), posted.len));
             return false;
         }
-        self.write(seq, &posted.region, [(posted.offset, bytes)].into_iter())
+        let piece = (&posted.region, posted.offset, bytes);
+        self.write(seq, &posted.region, [piece].into_iter())
+    }
+
+    /// How many of the first early messages of `matched` land as one copy: those of one frame
+    /// whose receives have their lengths and are copied together ([`Region::copied_with`]);
+    /// at least one (the first, whatever it is: [`Self::land`] reports its mismatch).
+    pub(crate) fn early_run(matched: &[(u64, Posted, Early)]) -> usize {
+        let Some((_, first, early)) = matched.first() else {
+            return 0;
+        };
+        1 + matched[1..]
+            .iter()
+            .take_while(|(_, p, e)| {
+                e.frame == early.frame
+                    && p.len == e.len
+                    && first.len == early.len
+                    && p.region.copied_with(&first.region)
+            })
+            .count()
+    }
+
+    /// Copies a run of early messages (see [`Self::early_run`]) out of `frame`, the bytes of
+    /// the frame that holds them all, into their receives' memory; returns whether they
+    /// landed. Every message lies inside `frame` (checked by the caller).
+    pub(crate) fn land_early_run(&self, run: &[(u64, Posted, Early)], frame: &[u8]) -> bool {
+        let Some((seq, first, _)) = run.first() else {
+            return true;
+        };
+        let pieces = run.iter().map(|(_, posted, early)| {
+            let bytes = &frame[early.offset..early.offset + early.len as usize];
+            (&posted.region, posted.offset, bytes)
+        });
+        self.write(*seq, &first.region, pieces)
     }
 
     /// Writes `(offset, bytes)` pieces of messages from `seq` on into `region` (host memory:
-    /// one operation on it for all of them; CUDA memory: a synchronous copy through a host
-    /// bounce per piece, small messages only); returns whether they landed. Memory that
-    /// cannot take them fails the connection.
-    fn write<'a>(
+    /// one operation on it for all of them; CUDA memory: one copy list through the GPU's
+    /// small copier, one wait for all of them — see `engine::eager`'s `copy_in` for why);
+    /// returns whether they landed. Memory that cannot take them fails the connection.
+    fn write<'a, 'r>(
         &self,
         seq: u64,
-        region: &Region,
-        mut pieces: impl Iterator<Item = (usize, &'a [u8])>,
+        first: &Region,
+        pieces: impl Iterator<Item = (&'r Region, usize, &'a [u8])>,
     ) -> bool {
-        let memory = region.memory();
+        let memory = first.memory();
         let written = if memory.kind() == tcpx::MemoryKind::Host {
-            memory
-                .write_ranges(pieces)
-                .map_err(|e| Error::InvalidArgument(format!("eager receives from #{seq}: {e}")))
+            // One region (see `Region::copied_with`).
+            memory.write_ranges(pieces.map(|(_, offset, bytes)| (offset, bytes)))
         } else {
-            pieces.try_for_each(|(offset, bytes)| region.write(offset, bytes))
-        };
+            first.small_copier().and_then(|copier| {
+                copier
+                    .scatter(pieces.map(|(region, offset, bytes)| (region.memory(), offset, bytes)))
+            })
+        }
+        .map_err(|e| Error::InvalidArgument(format!("eager receives from #{seq}: {e}")));
         if let Err(e) = written {
             self.link.fail(e);
             return false;
@@ -696,12 +732,12 @@ impl Eager {
             let end = landed
                 + receives[landed..fitting]
                     .iter()
-                    .take_while(|(_, posted)| posted.region.same(region))
+                    .take_while(|(_, posted)| posted.region.copied_with(region))
                     .count();
             let pieces = receives[landed..end]
                 .iter()
                 .zip(&messages[landed..end])
-                .map(|((_, posted), m)| (posted.offset, bytes_of(m)));
+                .map(|((_, posted), m)| (&posted.region, posted.offset, bytes_of(m)));
             if !self.write(receives[landed].0, region, pieces) {
                 return landed;
             }

@@ -109,6 +109,25 @@ impl Region {
         Ok(self.inner.small_copier.get_or_init(|| copier))
     }
 
+    /// Whether small copies out of or into this region and `other` are made by one call: host
+    /// memory of one region (one operation on it), or CUDA memory of one GPU whatever the
+    /// regions (one copy list of its [`tcpx::cuda::SmallCopier`]: a GPU round trip costs 6–8 µs
+    /// on an H200 VM whatever the size, and applications that register a buffer per tensor or
+    /// per message would otherwise pay one per piece). Used by eager frames and inline
+    /// one-sided operations to cut their pieces into runs.
+    pub(crate) fn copied_with(&self, other: &Region) -> bool {
+        match (self.kind(), other.kind()) {
+            (tcpx::MemoryKind::Host, tcpx::MemoryKind::Host) => self.same(other),
+            (tcpx::MemoryKind::Cuda, tcpx::MemoryKind::Cuda) => {
+                match (self.small_copier(), other.small_copier()) {
+                    (Ok(x), Ok(y)) => Arc::ptr_eq(x, y),
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// True when transfers of this region are staged through pinned host memory (a CUDA
     /// region on a plugin that takes host memory only).
     pub fn is_staged(&self) -> bool {

@@ -574,3 +574,77 @@ fn a_kv_list_of_gpu_blocks_is_gathered_and_scattered_by_the_rings() {
     );
     assert!(ab.error().is_none());
 }
+
+/// Many small messages of GPU memory in flight at once, one call each, ride eager frames: the
+/// engines copy each frame's run of messages out of (and into) device memory as one copy list
+/// through the GPU's small copier. Sources alternate between two CUDA regions (runs end at a
+/// region's change) and slots of each; destinations are GPU memory, host memory, and GPU
+/// memory fed from host memory; receives are posted both before the sends and after the
+/// messages arrived (held in their frames until then). Every byte is checked.
+#[test]
+fn small_gpu_messages_ride_eager_frames_in_copy_lists() {
+    loopback();
+    let Some((ga, gb)) = gpus() else { return };
+    let (a, b, ab, ba) = pair(4, 512 << 10);
+    assert!(
+        ab.eager_bytes() >= 64 << 10,
+        "eager frames are on for this pair"
+    );
+    let slots = 48usize;
+    for len in [1usize, 100, 4096, (16 << 10) + 5, 64 << 10] {
+        for (what, src_gpu, dst_gpu) in [
+            ("GPU → GPU", Some(&ga), Some(&gb)),
+            ("GPU → host", Some(&ga), None),
+            ("host → GPU", None, Some(&gb)),
+        ] {
+            // Two source regions of `slots` slots each; message i comes from region i % 2,
+            // slot (i / 2) % slots, whose pattern is seed(i % 2, slot).
+            let seed = |region: usize, slot: usize| (len * 1000 + region * 100 + slot) as u64;
+            let sources: Vec<Region> = (0..2)
+                .map(|r| {
+                    let src = region(&a, src_gpu, slots * len, None);
+                    let mut bytes = vec![0u8; slots * len];
+                    for (slot, chunk) in bytes.chunks_exact_mut(len).enumerate() {
+                        fill(chunk, seed(r, slot));
+                    }
+                    src.write(0, &bytes).expect("fill the source");
+                    src
+                })
+                .collect();
+            let dst = region(&b, dst_gpu, 2 * slots * len, None);
+            let count = 2 * slots;
+            for late in [false, true] {
+                let post_receives = || -> Vec<_> {
+                    (0..count)
+                        .map(|i| ba.recv(&dst, i * len, len).expect("post recv"))
+                        .collect()
+                };
+                let early = (!late).then(post_receives);
+                let sends: Vec<_> = (0..count)
+                    .map(|i| {
+                        ab.send(&sources[i % 2], ((i / 2) % slots) * len, len)
+                            .expect("post send")
+                    })
+                    .collect();
+                if late {
+                    // Let the messages arrive and wait in their frames first.
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                let receives = early.unwrap_or_else(post_receives);
+                for t in sends.into_iter().chain(receives) {
+                    assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
+                }
+                let mut back = vec![0u8; count * len];
+                dst.read(0, &mut back).expect("read back");
+                for (i, got) in back.chunks_exact(len).enumerate() {
+                    if let Err(at) = check(got, seed(i % 2, (i / 2) % slots)) {
+                        panic!("{what}, {len} B, late {late}: message {i} differs at byte {at}");
+                    }
+                }
+                dst.write(0, &vec![0u8; count * len]).expect("clear");
+            }
+            println!("{what}: {count} messages of {len} B, receives early and late: every byte");
+        }
+    }
+    assert!(ab.error().is_none() && ba.error().is_none());
+}

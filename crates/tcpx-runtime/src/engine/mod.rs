@@ -169,6 +169,9 @@ impl EngineHandle {
                         tracing::warn!(target: "tcpx_runtime", device, core = lease.core, "could not pin the engine thread");
                     }
                 }
+                // Eager frames of GPU memory copy on this thread (see `eager::copy_in`): it
+                // may keep their GPU's context current between copies.
+                tcpx::cuda::own_this_thread();
                 Engine {
                     rx,
                     parked: engine_parked,

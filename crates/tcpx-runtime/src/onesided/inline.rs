@@ -8,8 +8,6 @@
 //! trip costs 6.5–8 µs on an H200 whatever the size, and a list of small tensors, each
 //! registered on its own (UCCL's `writev`), would otherwise pay one per tensor.
 
-use std::sync::Arc;
-
 use tcpx::MemoryKind;
 
 use crate::registry::{Region, Segment};
@@ -57,22 +55,9 @@ impl Piece for Segment<'_> {
     }
 }
 
-/// Whether two blocks are copied by one call: host blocks of one region, or CUDA blocks on
-/// one GPU (any regions).
-fn same_copy(a: &Region, b: &Region) -> bool {
-    match (a.kind(), b.kind()) {
-        (MemoryKind::Host, MemoryKind::Host) => a.same(b),
-        (MemoryKind::Cuda, MemoryKind::Cuda) => match (a.small_copier(), b.small_copier()) {
-            (Ok(x), Ok(y)) => Arc::ptr_eq(x, y),
-            _ => false,
-        },
-        _ => false,
-    }
-}
-
 /// Appends the bytes of `pieces` to `out`, in order.
 pub(crate) fn gather<P: Piece>(pieces: &[P], out: &mut Vec<u8>) -> tcpx::Result<()> {
-    for run in pieces.chunk_by(|a, b| same_copy(a.region(), b.region())) {
+    for run in pieces.chunk_by(|a, b| a.region().copied_with(b.region())) {
         let region = run[0].region();
         let ranges = run.iter().map(|p| (p.offset(), p.len()));
         match region.kind() {
@@ -92,7 +77,7 @@ pub(crate) fn gather<P: Piece>(pieces: &[P], out: &mut Vec<u8>) -> tcpx::Result<
 /// came).
 pub(crate) fn land<P: Piece>(pieces: &[P], data: &[u8]) -> tcpx::Result<()> {
     let mut at = 0;
-    for run in pieces.chunk_by(|a, b| same_copy(a.region(), b.region())) {
+    for run in pieces.chunk_by(|a, b| a.region().copied_with(b.region())) {
         let region = run[0].region();
         // Each piece's bytes, in order: the runs share one cursor into `data`.
         let start = at;

@@ -692,7 +692,7 @@ fn link_settings(l: &Link, bind: SocketAddr) -> Result<(Config, LinkChoice), Fai
     }
     if l.memory == "cuda" && config.gpu_index.is_none() {
         // Announce the GPU, as an application serving one would (`TCPX_GPU_INDEX`): the
-        // endpoint then chooses its defaults for CUDA traffic (no eager frames).
+        // endpoint then chooses its defaults for CUDA traffic.
         config.gpu_index = u32::try_from(gpu).ok();
     }
     let choice = LinkChoice {

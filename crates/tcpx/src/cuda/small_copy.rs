@@ -50,12 +50,16 @@ use super::unpack::{LaunchConfig, UnpackEntry, UnpackKernel, Unpacker, META_BYTE
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{MemoryKind, Operation, SharedMemory};
 
-/// Bytes one lane's bounce buffer holds: one copy of more goes through it in several rounds.
-/// As large as the largest inline operation, so an inline operation is one round.
-pub const SMALL_COPY_BOUNCE_BYTES: usize = 64 * 1024;
+/// Bytes one lane's bounce buffer holds: one copy of more goes through it in several rounds,
+/// a wait each. As large as the payload of the runtime's eager frame (256 KiB), so that a
+/// frame's run of small GPU messages is one round, and so an inline operation (64 KiB at
+/// most) too.
+pub const SMALL_COPY_BOUNCE_BYTES: usize = 256 * 1024;
 
-/// Lanes of one GPU's copier: each a stream and a bounce buffer.
-const LANES: usize = 4;
+/// Lanes of one GPU's copier: each a stream and a bounce buffer. As many as a process's
+/// engines on one NIC usually are (eight), each of which may copy its frames at once, plus
+/// the control loops and application threads that copy small one-sided operations.
+const LANES: usize = 8;
 
 /// Copies one flush makes from which [`ListCopy::Kernel`] launches the kernel: below, a
 /// launch costs more than the copies. Measured on an H200 (`small_copy_bench`): 2 × 4 KiB
@@ -125,7 +129,7 @@ const KERNEL_SHAPE: LaunchConfig = LaunchConfig {
     max_blocks: 0,
 };
 
-/// Longest a copy is waited for. A copy of at most 64 KiB takes µs, or as long as the copy
+/// Longest a copy is waited for. A copy of at most 256 KiB takes µs, or as long as the copy
 /// engine's queue ahead of it (a large staged transfer of another stream): past this, the GPU
 /// is taken as stuck and the copy fails with a timeout instead of blocking the caller (the
 /// target's control loop, or the application) for ever.
@@ -234,7 +238,7 @@ impl std::fmt::Debug for SmallCopier {
 }
 
 /// The process's copiers, by GPU ordinal: created on first use, kept for the process's life
-/// (a stream and 64 KiB of pinned memory per lane).
+/// (a stream and 256 KiB of pinned memory per lane).
 static COPIERS: OnceLock<Mutex<Vec<Option<Arc<SmallCopier>>>>> = OnceLock::new();
 
 impl SmallCopier {
@@ -396,6 +400,29 @@ impl SmallCopier {
         pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        self.gather_into(pieces, out)
+    }
+
+    /// [`Self::gather`] into `out` from its first byte on, back to back, instead of appended
+    /// to a vector: the runtime's eager frames take the bytes of a run of small messages of
+    /// GPU memory this way, one copy list for the run. Returns the bytes written. A piece that
+    /// would not fit in what is left of `out` fails the call (`InvalidArgument`), after the
+    /// pieces before it were written.
+    pub fn gather_to<'m>(
+        &self,
+        pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
+        out: &mut [u8],
+    ) -> Result<usize> {
+        let mut sink = SliceSink { out, at: 0 };
+        self.gather_into(pieces, &mut sink)?;
+        Ok(sink.at)
+    }
+
+    fn gather_into<'m>(
+        &self,
+        pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
+        out: &mut impl Sink,
+    ) -> Result<()> {
         let (mut lane, _current, lists) = self.begin()?;
         let mut tokens = Tokens::default();
         let queuing = queue_reads(&mut lane, pieces, &mut tokens, out, lists);
@@ -526,11 +553,21 @@ fn queue_reads<'m>(
     lane: &mut Lane,
     pieces: impl IntoIterator<Item = (&'m SharedMemory, usize, usize)>,
     tokens: &mut Tokens<'m>,
-    out: &mut Vec<u8>,
+    out: &mut impl Sink,
     lists: ListCopy,
 ) -> Result<()> {
     const API: &str = "SmallCopier::read_ranges";
+    // What the destination takes, before any of it is drained into.
+    let room = out.room();
+    let mut taken = 0usize;
     for (memory, offset, len) in pieces {
+        taken = taken.saturating_add(len);
+        if taken > room {
+            return Err(Error::invalid(
+                API,
+                format!("the pieces hold more bytes than their destination's {room}"),
+            ));
+        }
         tokens.admit(API, memory, offset, len)?;
         let mut done = 0;
         while done < len {
@@ -792,15 +829,47 @@ impl Lane {
 
     /// Waits for the lane's copies into the bounce, then appends its first `queued` bytes
     /// (nothing once the lane is retired: its bounce holds no complete copy).
-    fn drain_into(&mut self, queued: usize, out: &mut Vec<u8>) -> Result<()> {
+    fn drain_into(&mut self, queued: usize, out: &mut impl Sink) -> Result<()> {
         if self.retired {
             return Err(retired("the lane was retired by a failed copy".into()));
         }
         if queued > 0 {
             self.synchronize()?;
-            out.extend_from_slice(&self.bounce.as_slice()[..queued]);
+            out.put(&self.bounce.as_slice()[..queued]);
         }
         Ok(())
+    }
+}
+
+/// Where a gather's bytes go, in order: appended to a vector, or written into a slice.
+trait Sink {
+    /// Bytes it can still take (checked before a piece is planned, so `put` always fits).
+    fn room(&self) -> usize;
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn room(&self) -> usize {
+        usize::MAX
+    }
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A slice filled from its first byte on.
+struct SliceSink<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Sink for SliceSink<'_> {
+    fn room(&self) -> usize {
+        self.out.len() - self.at
+    }
+    fn put(&mut self, bytes: &[u8]) {
+        self.out[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
     }
 }
 
