@@ -577,10 +577,11 @@ fn a_kv_list_of_gpu_blocks_is_gathered_and_scattered_by_the_rings() {
 
 /// Many small messages of GPU memory in flight at once, one call each, ride eager frames: the
 /// engines copy each frame's run of messages out of (and into) device memory as one copy list
-/// through the GPU's small copier. Sources alternate between two CUDA regions (runs end at a
-/// region's change) and slots of each; destinations are GPU memory, host memory, and GPU
-/// memory fed from host memory; receives are posted both before the sends and after the
-/// messages arrived (held in their frames until then). Every byte is checked.
+/// through the GPU's small copier. Sources take turns between two regions of the case's memory
+/// and one of host memory (runs end where the memory kind changes), destinations between a
+/// region of the case's memory and one of host memory; the cases are GPU → GPU, GPU → host and
+/// host → GPU; receives are posted both before the sends and after the messages arrived (held
+/// in their frames until then). Every byte is checked.
 #[test]
 fn small_gpu_messages_ride_eager_frames_in_copy_lists() {
     loopback();
@@ -591,18 +592,20 @@ fn small_gpu_messages_ride_eager_frames_in_copy_lists() {
         "eager frames are on for this pair"
     );
     let slots = 48usize;
+    let count = 3 * slots;
     for len in [1usize, 100, 4096, (16 << 10) + 5, 64 << 10] {
         for (what, src_gpu, dst_gpu) in [
             ("GPU → GPU", Some(&ga), Some(&gb)),
             ("GPU → host", Some(&ga), None),
             ("host → GPU", None, Some(&gb)),
         ] {
-            // Two source regions of `slots` slots each; message i comes from region i % 2,
-            // slot (i / 2) % slots, whose pattern is seed(i % 2, slot).
-            let seed = |region: usize, slot: usize| (len * 1000 + region * 100 + slot) as u64;
-            let sources: Vec<Region> = (0..2)
+            // Message i comes from source i % 3 (the third one host memory), slot (i / 3) %
+            // slots, whose pattern is seed(i % 3, slot); it lands in destination `i % 4 == 3`
+            // (host memory) or the case's, at slot i.
+            let seed = |source: usize, slot: usize| (len * 1000 + source * 100 + slot) as u64;
+            let sources: Vec<Region> = (0..3)
                 .map(|r| {
-                    let src = region(&a, src_gpu, slots * len, None);
+                    let src = region(&a, if r < 2 { src_gpu } else { None }, slots * len, None);
                     let mut bytes = vec![0u8; slots * len];
                     for (slot, chunk) in bytes.chunks_exact_mut(len).enumerate() {
                         fill(chunk, seed(r, slot));
@@ -611,18 +614,21 @@ fn small_gpu_messages_ride_eager_frames_in_copy_lists() {
                     src
                 })
                 .collect();
-            let dst = region(&b, dst_gpu, 2 * slots * len, None);
-            let count = 2 * slots;
+            let dsts = [
+                region(&b, dst_gpu, count * len, None),
+                region(&b, None, count * len, None),
+            ];
+            let dst_of = |i: usize| &dsts[usize::from(i % 4 == 3)];
             for late in [false, true] {
                 let post_receives = || -> Vec<_> {
                     (0..count)
-                        .map(|i| ba.recv(&dst, i * len, len).expect("post recv"))
+                        .map(|i| ba.recv(dst_of(i), i * len, len).expect("post recv"))
                         .collect()
                 };
                 let early = (!late).then(post_receives);
                 let sends: Vec<_> = (0..count)
                     .map(|i| {
-                        ab.send(&sources[i % 2], ((i / 2) % slots) * len, len)
+                        ab.send(&sources[i % 3], ((i / 3) % slots) * len, len)
                             .expect("post send")
                     })
                     .collect();
@@ -634,14 +640,21 @@ fn small_gpu_messages_ride_eager_frames_in_copy_lists() {
                 for t in sends.into_iter().chain(receives) {
                     assert_eq!(t.wait(DEADLINE).expect("transfer"), len as u64);
                 }
-                let mut back = vec![0u8; count * len];
-                dst.read(0, &mut back).expect("read back");
-                for (i, got) in back.chunks_exact(len).enumerate() {
-                    if let Err(at) = check(got, seed(i % 2, (i / 2) % slots)) {
+                let backs: Vec<Vec<u8>> = dsts
+                    .iter()
+                    .map(|d| {
+                        let mut back = vec![0u8; count * len];
+                        d.read(0, &mut back).expect("read back");
+                        d.write(0, &vec![0u8; count * len]).expect("clear");
+                        back
+                    })
+                    .collect();
+                for i in 0..count {
+                    let got = &backs[usize::from(i % 4 == 3)][i * len..(i + 1) * len];
+                    if let Err(at) = check(got, seed(i % 3, (i / 3) % slots)) {
                         panic!("{what}, {len} B, late {late}: message {i} differs at byte {at}");
                     }
                 }
-                dst.write(0, &vec![0u8; count * len]).expect("clear");
             }
             println!("{what}: {count} messages of {len} B, receives early and late: every byte");
         }

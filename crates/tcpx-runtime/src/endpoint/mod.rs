@@ -569,10 +569,12 @@ impl Endpoint {
             // first staged transfer), rather than on the first transfers.
             self.reserve_staging_rings(&device);
         }
-        if first && self.shared.config.inline_gpu_bytes > 0 {
-            // Small one-sided operations on this GPU's memory travel inline through the
-            // process's copier for it: its streams and pinned buffers are made now, not by the
-            // first such operation.
+        let small_copies =
+            self.shared.config.inline_gpu_bytes > 0 || self.shared.config.eager_limit() > 0;
+        if first && small_copies {
+            // Small one-sided operations on this GPU's memory travel inline, and small
+            // two-sided messages in eager frames, through the process's copier for it: its
+            // streams and pinned buffers are made now, not by the first such transfer.
             if let Err(e) = tcpx::cuda::SmallCopier::for_ordinal(device.ordinal()) {
                 tracing::warn!(target: "tcpx_runtime", gpu = device.ordinal(), error = %e, "small GPU copier not made at registration");
             }
