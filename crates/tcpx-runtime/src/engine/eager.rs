@@ -1253,9 +1253,9 @@ fn detaches(detach_from: u32, m: &Outgoing) -> bool {
         && !m.region.is_staged()
 }
 
-/// Copies `(offset in region, offset in buffer, len)` ranges of `region` into `buffer`, the
-/// ranges back to back in the buffer (a frame's run). Host memory: one operation on each for
-/// all of them. CUDA memory: one copy list through the GPU's small copier (a batched copy or
+/// Copies `(region, offset in it, offset in buffer, len)` ranges into `buffer`, back to back
+/// in it (a frame's run: regions copied with `first`, see [`Region::copied_with`]). Host
+/// memory (then one region): one operation on each for all of them. CUDA memory: one copy list through the GPU's small copier (a batched copy or
 /// one kernel launch, one wait, see [`tcpx::cuda::SmallCopier`]) for the whole run — a GPU
 /// round trip costs 6–8 µs on an H200 VM whatever the size, so a frame of sixteen 4 KiB
 /// messages pays it once, not sixteen times (a synchronous copy per message ran 4 KiB GPU
