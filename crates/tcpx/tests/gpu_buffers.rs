@@ -234,10 +234,11 @@ fn events_time_work() {
     gpu.synchronize().unwrap();
 }
 
-/// The small copier (small one-sided operations carried inline): gathers ranges of device
-/// memory into host bytes and scatters host bytes into it, exactly, in one round or in
-/// several when the ranges pass its 64 KiB bounce; a range outside the memory stops the call
-/// with an error after the ranges before it, and the copier goes on serving.
+/// The small copier (small one-sided operations carried inline, runs of small messages in
+/// eager frames): gathers ranges of device memory into host bytes (a vector, or a slice) and
+/// scatters host bytes into it, exactly, in one round or in several when the ranges pass its
+/// bounce; a range outside the memory, or more bytes than a slice takes, stops the call with
+/// an error after the ranges before it, and the copier goes on serving.
 #[test]
 fn small_copier_gathers_and_scatters_exactly() {
     let Some(gpu) = gpu() else { return };
@@ -246,11 +247,12 @@ fn small_copier_gathers_and_scatters_exactly() {
         &copier,
         &cuda::SmallCopier::for_ordinal(gpu.ordinal()).unwrap()
     ));
-    const LEN: usize = 1 << 20;
+    const LEN: usize = 2 << 20;
     let memory = SharedMemory::new(gpu.alloc(LEN).expect("alloc"));
     let source = pattern(LEN, 5);
-    // Pieces of 1 B … 100 KiB (past one bounce), scattered and then gathered back.
-    let pieces: Vec<(usize, usize)> = [1usize, 7, 4096, 4097, 65536, 65537, 100 << 10]
+    // Pieces of 1 B … 300 KiB (together past one bounce, the last alone too), scattered and
+    // then gathered back.
+    let pieces: Vec<(usize, usize)> = [1usize, 7, 4096, 4097, 65536, 65537, 100 << 10, 300 << 10]
         .iter()
         .enumerate()
         .map(|(i, &len)| (i * (128 << 10) + i, len))
@@ -270,6 +272,28 @@ fn small_copier_gathers_and_scatters_exactly() {
         .flat_map(|&(at, len)| source[at..at + len].iter().copied())
         .collect();
     assert!(back == expected, "gathered bytes differ");
+    assert!(
+        expected.len() > cuda::SMALL_COPY_BOUNCE_BYTES,
+        "several rounds"
+    );
+    // Into a slice: exactly its bytes; one byte short, an error (nothing past the slice).
+    let mut slice = vec![0u8; expected.len()];
+    let n = copier
+        .gather_to(
+            pieces.iter().map(|&(at, len)| (&memory, at, len)),
+            &mut slice,
+        )
+        .expect("gather_to");
+    assert_eq!(n, expected.len());
+    assert!(slice == expected, "gathered bytes differ (slice)");
+    let mut short = vec![0u8; expected.len() - 1];
+    let err = copier
+        .gather_to(
+            pieces.iter().map(|&(at, len)| (&memory, at, len)),
+            &mut short,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("destination"), "{err}");
     // A range past the end: an error naming it, after the range before it.
     let mut partial = Vec::new();
     let err = copier
