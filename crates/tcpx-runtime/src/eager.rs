@@ -653,13 +653,13 @@ impl Eager {
         let Some((_, first, early)) = matched.first() else {
             return 0;
         };
+        if first.len != early.len {
+            return 1;
+        }
         1 + matched[1..]
             .iter()
             .take_while(|(_, p, e)| {
-                e.frame == early.frame
-                    && p.len == e.len
-                    && first.len == early.len
-                    && p.region.copied_with(&first.region)
+                e.frame == early.frame && p.len == e.len && p.region.copied_with(&first.region)
             })
             .count()
     }
