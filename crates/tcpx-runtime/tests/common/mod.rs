@@ -215,6 +215,19 @@ pub fn snapshot(region: &Region) -> Vec<u8> {
     bytes
 }
 
+/// [`snapshot`] of a region a peer's engines read from: an operation there (the target's
+/// send of a read) finishes a moment after the initiator's receive did, and the memory counts
+/// it in flight until then, so this waits (up to [`DEADLINE`]) for the region to settle.
+pub fn settled_snapshot(region: &Region) -> Vec<u8> {
+    let mut bytes = vec![0u8; region.len()];
+    assert!(
+        eventually(DEADLINE, || region.read(0, &mut bytes).is_ok()),
+        "the region never settled: {:?}",
+        region.read(0, &mut bytes)
+    );
+    bytes
+}
+
 /// The descriptor index and reason of a one-sided access error; panics on anything else.
 pub fn access_error(result: tcpx_runtime::Result<u64>) -> (usize, String) {
     match result {
