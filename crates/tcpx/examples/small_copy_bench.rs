@@ -46,6 +46,17 @@ fn main() -> tcpx::Result<()> {
     let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let gpu = CudaDevice::new(0)?;
     let device = SharedMemory::new(gpu.alloc(1 << 20)?);
+    // What an endpoint's first CUDA registration pays for the process's copier, as the
+    // environment asks (`TCPX_SMALL_COPY_LISTS`: the kernel is loaded unless it says
+    // `batch` or `each`).
+    let made = Instant::now();
+    let first = SmallCopier::new(&gpu)?;
+    println!(
+        "a copier ({:?}) made in {:.2} ms",
+        first.list_copy(),
+        made.elapsed().as_secs_f64() * 1e3
+    );
+    drop(first);
     // A copier of its own, with the gather kernel loaded, so that every list way can be timed.
     let copier = SmallCopier::with_kernel(&gpu)?;
     let mut pinned = gpu.alloc_pinned(1 << 20)?;
@@ -96,7 +107,12 @@ fn main() -> tcpx::Result<()> {
             .map(|_| Ok(SharedMemory::new(gpu.alloc(piece)?)))
             .collect::<tcpx::Result<Vec<_>>>()?;
         let data = vec![3u8; piece];
-        for how in [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel] {
+        for how in [
+            ListCopy::Each,
+            ListCopy::Batch,
+            ListCopy::Kernel,
+            ListCopy::Auto,
+        ] {
             if !copier.set_list_copy(how) {
                 println!("{how:?}: not available here");
                 continue;
@@ -119,6 +135,15 @@ fn main() -> tcpx::Result<()> {
                         .unwrap();
                 }),
             );
+        }
+        if n >= 4 {
+            for to_device in [false, true] {
+                let (engines, kernel) = copier.auto_list_times(to_device, n);
+                println!(
+                    "  Auto learned ({}): copy engines {engines:?}, kernel {kernel:?}",
+                    if to_device { "H2D" } else { "D2H" }
+                );
+            }
         }
         copier.set_list_copy(ListCopy::Batch);
     }

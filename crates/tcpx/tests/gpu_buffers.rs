@@ -364,7 +364,12 @@ fn small_copier_gathers_and_scatters_exactly() {
 fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
     let Some(gpu) = gpu() else { return };
     let copier = cuda::SmallCopier::with_kernel(&gpu).expect("small copier");
-    let ways = [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel];
+    let ways = [
+        ListCopy::Each,
+        ListCopy::Batch,
+        ListCopy::Kernel,
+        ListCopy::Auto,
+    ];
     assert!(
         copier.set_list_copy(ListCopy::Kernel),
         "the gather kernel loads on this GPU"
@@ -373,10 +378,9 @@ fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
         println!("no cuMemcpyBatchAsync in this driver: batches fall back to one copy each");
     }
     if std::env::var_os(cuda::SMALL_COPY_LISTS_ENV).is_none() {
-        // Without being asked for, the process's copiers do not load the kernel.
+        // Unasked, a copier loads the kernel and chooses per list.
         let plain = cuda::SmallCopier::new(&gpu).expect("small copier");
-        assert!(!plain.set_list_copy(ListCopy::Kernel));
-        assert_eq!(plain.list_copy(), ListCopy::Each);
+        assert_eq!(plain.list_copy(), ListCopy::Auto);
     }
     let memories: Vec<SharedMemory> = (0..80)
         .map(|_| SharedMemory::new(gpu.alloc(1 << 17).expect("alloc")))
@@ -421,7 +425,7 @@ fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
     for (n, list) in lists.iter().enumerate() {
         let total: usize = list.iter().map(|p| p.2).sum();
         let source = pattern(total, n as u8);
-        let mut got = [Vec::new(), Vec::new(), Vec::new()];
+        let mut got = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for (way, how) in ways.into_iter().enumerate() {
             copier.set_list_copy(how);
             // Scatter the source, poison nothing else, gather it back.
@@ -465,4 +469,31 @@ fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
         )
         .expect("gather by copies");
     assert!(back == source, "kernel scatter, copy gather");
+
+    // `Auto` tries both ways on a list class before it picks, then probes: forty lists of
+    // sixteen pieces each way, every one checked, and both ways measured for them.
+    copier.set_list_copy(ListCopy::Auto);
+    for round in 0..40u8 {
+        let source = pattern(16 * 3000, round);
+        copier
+            .scatter(
+                list.iter().enumerate().map(|(i, &(m, off, len))| {
+                    (&memories[m], off, &source[i * 3000..i * 3000 + len])
+                }),
+            )
+            .expect("scatter, auto");
+        let mut back = Vec::new();
+        copier
+            .gather(
+                list.iter().map(|&(m, off, len)| (&memories[m], off, len)),
+                &mut back,
+            )
+            .expect("gather, auto");
+        assert!(back == source, "auto, round {round}");
+    }
+    for to_device in [true, false] {
+        let (engines, kernel) = copier.auto_list_times(to_device, list.len());
+        println!("auto, 16 pieces, to device {to_device}: engines {engines:?}, kernel {kernel:?}");
+        assert!(engines.is_some() && kernel.is_some(), "both ways measured");
+    }
 }

@@ -48,6 +48,7 @@ mod copy;
 mod device;
 mod driver;
 mod ipc;
+mod list_choice;
 mod small_copy;
 mod staging;
 pub mod unpack;

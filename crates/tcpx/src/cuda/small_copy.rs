@@ -33,9 +33,15 @@
 //!   fragment. Fastest on an idle GPU of one process, but a kernel needs the GPU's
 //!   multiprocessors and time slice: with two processes on one GPU it took 500 µs where the
 //!   copies took 100, and a GPU busy with a model's kernels would hold it likewise. Opt-in;
-//! * [`ListCopy::Each`]: a `cuMemcpyAsync` per copy (older drivers).
+//! * [`ListCopy::Each`]: a `cuMemcpyAsync` per copy (older drivers);
+//! * [`ListCopy::Auto`] (the default where the kernel loads): each list of four copies or
+//!   more goes whichever of the copy engines (`Batch`, or `Each` on older drivers) and the
+//!   kernel took less time lately for lists of its length and direction, measured as they
+//!   run, the other way still tried one list in 32 (see [`super::list_choice`]). Where one
+//!   process has the GPU the kernel wins lists of small GPU messages about 2 ×; where other
+//!   processes or a model's kernels hold the GPU, the copy engines win, and lists follow.
 //!
-//! `TCPX_SMALL_COPY_LISTS=batch|kernel|each` chooses for the process.
+//! `TCPX_SMALL_COPY_LISTS=auto|batch|kernel|each` chooses for the process.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -46,6 +52,7 @@ use super::buffer::PinnedHostBuffer;
 use super::copy::{plan_list, CopyPiece};
 use super::device::{CudaDevice, CudaStream};
 use super::driver::{check, require};
+use super::list_choice::{self, ListChooser};
 use super::unpack::{LaunchConfig, UnpackEntry, UnpackKernel, Unpacker, META_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory::{MemoryKind, Operation, SharedMemory};
@@ -61,11 +68,12 @@ pub const SMALL_COPY_BOUNCE_BYTES: usize = 256 * 1024;
 /// the control loops and application threads that copy small one-sided operations.
 const LANES: usize = 8;
 
-/// Copies one flush makes from which [`ListCopy::Kernel`] launches the kernel: below, a
-/// launch costs more than the copies. Measured on an H200 (`small_copy_bench`): 2 × 4 KiB
-/// took 9.8 µs as two copies and 12.5 as a launch, 4 × 4 KiB 14.0 and 13.2, 16 × 4 KiB 39.1
-/// and 18.7, 64 × 1 KiB 134 and 20.0 (device to host; host to device alike).
-const KERNEL_FROM_COPIES: usize = 4;
+/// Copies one flush makes from which [`ListCopy::Kernel`] launches the kernel (and from
+/// which [`ListCopy::Auto`] chooses): below, a launch costs more than the copies. Measured
+/// on an H200 (`small_copy_bench`): 2 × 4 KiB took 9.8 µs as two copies and 12.5 as a
+/// launch, 4 × 4 KiB 14.0 and 13.2, 16 × 4 KiB 39.1 and 18.7, 64 × 1 KiB 134 and 20.0
+/// (device to host; host to device alike).
+const KERNEL_FROM_COPIES: usize = list_choice::FROM_COPIES;
 
 /// Environment variable choosing how lists of copies are queued ([`ListCopy`]).
 pub const SMALL_COPY_LISTS_ENV: &str = "TCPX_SMALL_COPY_LISTS";
@@ -80,16 +88,20 @@ pub enum ListCopy {
     Batch,
     /// One launch of the gather kernel, from four copies (below, a launch costs more).
     Kernel,
+    /// Per list, the copy engines (`Batch`, or `Each` on older drivers) or the kernel,
+    /// whichever took less time lately for lists like it (see the module docs).
+    Auto,
 }
 
 impl ListCopy {
-    /// The value of [`SMALL_COPY_LISTS_ENV`]: `each`, `batch` or `kernel` (any case, spaces
-    /// around ignored); `None` for anything else.
+    /// The value of [`SMALL_COPY_LISTS_ENV`]: `auto`, `each`, `batch` or `kernel` (any case,
+    /// spaces around ignored); `None` for anything else.
     pub fn parse(value: &str) -> Option<Self> {
         match value.trim().to_ascii_lowercase().as_str() {
             "each" => Some(Self::Each),
             "batch" => Some(Self::Batch),
             "kernel" => Some(Self::Kernel),
+            "auto" => Some(Self::Auto),
             _ => None,
         }
     }
@@ -102,6 +114,7 @@ impl ListCopy {
         match v {
             1 => Self::Batch,
             2 => Self::Kernel,
+            3 => Self::Auto,
             _ => Self::Each,
         }
     }
@@ -155,6 +168,8 @@ pub struct SmallCopier {
     batch: bool,
     /// The gather kernel loaded.
     kernel: bool,
+    /// What [`ListCopy::Auto`] learned, shared with the lanes.
+    chooser: Arc<ListChooser>,
 }
 
 /// One stream and its bounce buffer, used by one copy at a time.
@@ -173,6 +188,19 @@ struct Lane {
     /// Set when a copy of the lane timed out or failed: the GPU may still use the bounce, so
     /// the lane is never used again.
     retired: bool,
+    /// The copier's choice of way for [`ListCopy::Auto`], shared by its lanes.
+    chooser: Arc<ListChooser>,
+    /// The list [`ListCopy::Auto`] chose a way for, in flight: what the chooser learns once
+    /// the lane's wait ends.
+    timed: Option<TimedList>,
+}
+
+/// A list queued the way [`ListCopy::Auto`] chose, timed from its queuing to its wait's end.
+struct TimedList {
+    started: Instant,
+    direction: list_choice::Direction,
+    copies: usize,
+    way: list_choice::Way,
 }
 
 /// The lane's stream: with the kernel's launcher on it and the metadata of a launch (mapped
@@ -259,11 +287,15 @@ impl SmallCopier {
     }
 
     /// A copier of its own for `device` (most callers share the process's: [`Self::for_ordinal`]).
-    /// Lists of copies go as [`SMALL_COPY_LISTS_ENV`] says (default [`ListCopy::Batch`]); the
-    /// gather kernel is loaded only when it asks for `kernel`.
+    /// Lists of copies go as [`SMALL_COPY_LISTS_ENV`] says (default [`ListCopy::Auto`]); the
+    /// gather kernel is loaded unless it asks for `batch` or `each`.
     pub fn new(device: &CudaDevice) -> Result<Self> {
         let wanted = lists_from_env();
-        Self::build(device, wanted, wanted == ListCopy::Kernel)
+        Self::build(
+            device,
+            wanted,
+            matches!(wanted, ListCopy::Kernel | ListCopy::Auto),
+        )
     }
 
     /// [`Self::new`] with the gather kernel loaded whatever the environment says, so that
@@ -278,6 +310,7 @@ impl SmallCopier {
         // The calling thread may be the application's: whatever the driver calls below make
         // current, its own context is back on return.
         let _current = Current::push(device)?;
+        let chooser = Arc::new(ListChooser::default());
         let kernel = if load_kernel {
             UnpackKernel::shared(device)
                 .inspect_err(|e| {
@@ -313,6 +346,8 @@ impl SmallCopier {
                     ],
                     sizes: Vec::with_capacity(PLANNED_COPIES),
                     retired: false,
+                    chooser: chooser.clone(),
+                    timed: None,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -322,8 +357,17 @@ impl SmallCopier {
             lists: std::sync::atomic::AtomicU8::new(ListCopy::Each.encode()),
             batch: batch_available(),
             kernel: kernel.is_some(),
+            chooser,
         };
-        if !copier.set_list_copy(wanted) && wanted != ListCopy::Batch {
+        if copier.kernel {
+            // The kernel's first launch in a context loads it onto the GPU (CUDA loads
+            // functions lazily): paid here, when the copier is made (at an endpoint's first
+            // CUDA registration), not by the first list that `Auto` tries the kernel on.
+            let mut lane = copier.lane()?;
+            lane.warm_up()?;
+        }
+        // (`Auto` without the kernel falls back quietly: its load failure was logged.)
+        if !copier.set_list_copy(wanted) && !matches!(wanted, ListCopy::Batch | ListCopy::Auto) {
             tracing::warn!(
                 "{SMALL_COPY_LISTS_ENV}: {wanted:?} is not available on GPU {}; one copy each",
                 device.ordinal()
@@ -338,18 +382,39 @@ impl SmallCopier {
     }
 
     /// Queues lists of copies `how` from now on (for every user of this copier: for
-    /// benchmarks and tuning). Returns false, and leaves one copy each, when the driver
-    /// lacks `cuMemcpyBatchAsync` (`Batch`) or the kernel did not load (`Kernel`).
+    /// benchmarks and tuning). Returns false when the driver lacks `cuMemcpyBatchAsync`
+    /// (`Batch`) or the kernel did not load (`Kernel`, `Auto`): lists then go one copy each,
+    /// or, for `Auto`, as `Batch` where the driver has it.
     pub fn set_list_copy(&self, how: ListCopy) -> bool {
         let usable = match how {
             ListCopy::Each => true,
             ListCopy::Batch => self.batch,
-            ListCopy::Kernel => self.kernel,
+            ListCopy::Kernel | ListCopy::Auto => self.kernel,
         };
-        let how = if usable { how } else { ListCopy::Each };
+        let how = match (usable, how) {
+            (true, how) => how,
+            (false, ListCopy::Auto) if self.batch => ListCopy::Batch,
+            (false, _) => ListCopy::Each,
+        };
         self.lists
             .store(how.encode(), std::sync::atomic::Ordering::Relaxed);
         usable
+    }
+
+    /// What [`ListCopy::Auto`] has measured lately for lists of `copies` copies (of its
+    /// length class) toward device memory (`to_device`) or from it: the average time of one
+    /// list through the copy engines and through the kernel (`None`: not tried yet).
+    pub fn auto_list_times(
+        &self,
+        to_device: bool,
+        copies: usize,
+    ) -> (Option<Duration>, Option<Duration>) {
+        let direction = if to_device {
+            list_choice::Direction::ToDevice
+        } else {
+            list_choice::Direction::ToHost
+        };
+        self.chooser.averages(direction, copies)
     }
 
     /// The GPU.
@@ -492,15 +557,15 @@ impl SmallCopier {
 }
 
 /// How [`SMALL_COPY_LISTS_ENV`] asks lists of copies to go (default, and for a value it does
-/// not know, logged: [`ListCopy::Batch`]).
+/// not know, logged: [`ListCopy::Auto`]).
 fn lists_from_env() -> ListCopy {
     match std::env::var(SMALL_COPY_LISTS_ENV) {
-        Err(_) => ListCopy::Batch,
+        Err(_) => ListCopy::Auto,
         Ok(value) => ListCopy::parse(&value).unwrap_or_else(|| {
             tracing::warn!(
-                "{SMALL_COPY_LISTS_ENV}={value}: expected batch, kernel or each; using batch"
+                "{SMALL_COPY_LISTS_ENV}={value}: expected auto, batch, kernel or each; using auto"
             );
-            ListCopy::Batch
+            ListCopy::Auto
         }),
     }
 }
@@ -652,14 +717,39 @@ impl Lane {
     /// those queued before it.
     fn flush(&mut self, way: Way, lists: ListCopy) -> Result<usize> {
         let queued = self.planned_bytes();
+        let copies = self.plan.len();
+        let lists = match lists {
+            ListCopy::Auto if copies >= KERNEL_FROM_COPIES => {
+                let direction = match way {
+                    Way::ToBounce => list_choice::Direction::ToHost,
+                    Way::FromBounce => list_choice::Direction::ToDevice,
+                };
+                let chosen = self.chooser.pick(direction, copies);
+                self.timed = Some(TimedList {
+                    started: Instant::now(),
+                    direction,
+                    copies,
+                    way: chosen,
+                });
+                match chosen {
+                    list_choice::Way::Kernel => ListCopy::Kernel,
+                    list_choice::Way::Engines if batch_available() => ListCopy::Batch,
+                    list_choice::Way::Engines => ListCopy::Each,
+                }
+            }
+            ListCopy::Auto if batch_available() => ListCopy::Batch,
+            ListCopy::Auto => ListCopy::Each,
+            how => how,
+        };
         let queuing = match lists {
-            ListCopy::Batch if self.plan.len() > 1 => self.copy_batch(way),
-            ListCopy::Kernel if self.plan.len() >= KERNEL_FROM_COPIES => self.launch(way),
+            ListCopy::Batch if copies > 1 => self.copy_batch(way),
+            ListCopy::Kernel if copies >= KERNEL_FROM_COPIES => self.launch(way),
             _ => self.copy_each(way),
         };
         match queuing {
             Ok(()) => Ok(queued),
             Err(e) => {
+                self.timed = None;
                 let _ = self.synchronize();
                 self.retired = true;
                 self.plan.clear();
@@ -767,6 +857,23 @@ impl Lane {
         Ok(())
     }
 
+    /// Launches the kernel once on a copy inside the lane's own bounce (its first 64 bytes
+    /// onto the next 64) and waits for it (the device's context is current).
+    fn warm_up(&mut self) -> Result<()> {
+        self.plan.clear();
+        self.plan.push(PlannedCopy {
+            memory: self.bounce.device_ptr(),
+            offset: 64,
+            len: 64,
+            at: 0,
+        });
+        let launched = self
+            .launch(Way::FromBounce)
+            .and_then(|()| self.synchronize());
+        self.plan.clear();
+        launched
+    }
+
     /// Queues one copy on the lane's stream (the device's context is current).
     ///
     /// # Safety
@@ -790,14 +897,21 @@ impl Lane {
             // SAFETY: a live stream of the current context.
             let rc = unsafe { sys::cuStreamQuery(self.stream.stream().raw()) };
             if rc == sys::CUresult::CUDA_SUCCESS {
+                if let Some(list) = self.timed.take() {
+                    let took = list.started.elapsed();
+                    self.chooser
+                        .record(list.direction, list.copies, list.way, took);
+                }
                 return self.kernel_status();
             }
             if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
+                self.timed = None;
                 self.retired = true;
                 return check("cuStreamQuery", rc, || "small copy".to_string());
             }
             let waited = started.elapsed();
             if waited > SMALL_COPY_TIMEOUT {
+                self.timed = None;
                 self.retired = true;
                 return Err(Error::new(
                     "SmallCopier",
@@ -962,10 +1076,16 @@ mod tests {
         assert_eq!(ListCopy::parse("each"), Some(ListCopy::Each));
         assert_eq!(ListCopy::parse(" Batch "), Some(ListCopy::Batch));
         assert_eq!(ListCopy::parse("KERNEL"), Some(ListCopy::Kernel));
+        assert_eq!(ListCopy::parse("auto"), Some(ListCopy::Auto));
         for bad in ["", "batches", "1", "0"] {
             assert_eq!(ListCopy::parse(bad), None, "{bad:?}");
         }
-        for how in [ListCopy::Each, ListCopy::Batch, ListCopy::Kernel] {
+        for how in [
+            ListCopy::Each,
+            ListCopy::Batch,
+            ListCopy::Kernel,
+            ListCopy::Auto,
+        ] {
             assert_eq!(ListCopy::decode(how.encode()), how);
         }
     }

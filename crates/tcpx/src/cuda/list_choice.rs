@@ -1,0 +1,283 @@
+//! [`ListChooser`]: which way a list of small copies goes under
+//! [`ListCopy::Auto`](super::ListCopy::Auto) — the copy engines (one `cuMemcpyBatchAsync`) or
+//! one launch of the gather kernel — chosen by what each took lately.
+//!
+//! Neither way wins everywhere, and the difference is large either way (H200, 4 KiB pieces):
+//! - the copy engines pay about 0.6 µs per piece device → host and 1.6 µs host → device
+//!   (64 pieces 37–56 and 102–123 µs as one batch), where one kernel launch moves the same
+//!   list in 35–38 µs: where one process has the GPU, small GPU messages in eager frames ran
+//!   at 6.8–7.9 GB/s with the kernel against 3.9–4.3 with batches;
+//! - but a kernel needs the GPU's multiprocessors and time slice: with two processes on one
+//!   GPU a list took 500 µs as a launch where the copies took 100, and a GPU busy with a
+//!   model's kernels holds them likewise.
+//!
+//! What the GPU is doing is not known in advance and changes, so the copier measures: each
+//! list of [`FROM_COPIES`] copies or more is timed from its queuing to the end of its wait,
+//! and the time goes into a running average per direction, per length class (powers of two)
+//! and per way. A class first tries both ways in turn, then takes the faster, and still
+//! tries the other one list in [`PROBE_EVERY`], so that a GPU that became busy (or idle) is
+//! followed within a few dozen lists. A probe costs at most one list the slower way.
+//!
+//! Shared by every lane of a copier: the counters are relaxed atomics. Two engines that
+//! record at once may lose one sample between them, which only makes the average a little
+//! slower to move.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// Lists shorter than this go as one batch: below, a launch costs more than the copies
+/// (2 × 4 KiB: 9.8 µs as two copies, 12.5 as a launch; 4 × 4 KiB: 14.0 and 13.2).
+pub(crate) const FROM_COPIES: usize = 4;
+
+/// Length classes: 4–7, 8–15, 16–31, 32–63 copies, and 64 or more.
+const CLASSES: usize = 5;
+
+/// Lists each way a class tries first, in turn, before it picks.
+const WARM_UP: u32 = 4;
+
+/// Once picked, one list in this many goes the other way (a probe).
+pub(crate) const PROBE_EVERY: u32 = 32;
+
+/// The weight of a new sample in a way's running average: 1 / 2^`SHIFT`.
+const SHIFT: u32 = 2;
+
+/// A way a list can go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Way {
+    /// The copy engines: one `cuMemcpyBatchAsync` (a `cuMemcpyAsync` per copy on drivers
+    /// older than CUDA 12.8).
+    Engines,
+    /// One launch of the gather kernel.
+    Kernel,
+}
+
+/// Which direction a list copies: the two differ in cost per piece on the copy engines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Device memory → host (a gather into the bounce).
+    ToHost,
+    /// Host → device memory (a scatter from the bounce).
+    ToDevice,
+}
+
+/// Running averages and a list count for one direction and length class.
+#[derive(Debug, Default)]
+struct Class {
+    /// Average ns per list, batch and kernel (0: no sample yet).
+    batch_ns: AtomicU32,
+    kernel_ns: AtomicU32,
+    /// Lists this class chose a way for.
+    lists: AtomicU32,
+}
+
+/// Chooses a way per list and learns from how long lists took (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct ListChooser {
+    classes: [[Class; CLASSES]; 2],
+}
+
+impl ListChooser {
+    fn class(&self, direction: Direction, copies: usize) -> &Class {
+        let d = match direction {
+            Direction::ToHost => 0,
+            Direction::ToDevice => 1,
+        };
+        // 4–7 → 0, 8–15 → 1, … (a list shorter than FROM_COPIES never asks).
+        let c = (copies.max(FROM_COPIES) / FROM_COPIES).ilog2() as usize;
+        &self.classes[d][c.min(CLASSES - 1)]
+    }
+
+    /// The way a list of `copies` copies (at least [`FROM_COPIES`]) goes.
+    pub(crate) fn pick(&self, direction: Direction, copies: usize) -> Way {
+        let class = self.class(direction, copies);
+        let n = class.lists.fetch_add(1, Ordering::Relaxed);
+        let (batch, kernel) = (
+            class.batch_ns.load(Ordering::Relaxed),
+            class.kernel_ns.load(Ordering::Relaxed),
+        );
+        // Each way a few times, in turn, and a way without a sample before anything else.
+        if n < 2 * WARM_UP || batch == 0 || kernel == 0 {
+            return match (batch == 0, kernel == 0) {
+                (true, false) => Way::Engines,
+                (false, true) => Way::Kernel,
+                _ if n % 2 == 0 => Way::Engines,
+                _ => Way::Kernel,
+            };
+        }
+        let faster = if kernel < batch {
+            Way::Kernel
+        } else {
+            Way::Engines
+        };
+        if n % PROBE_EVERY == 0 {
+            faster.other()
+        } else {
+            faster
+        }
+    }
+
+    /// Records that a list of `copies` copies went `way` and took `took`, queuing to wait.
+    pub(crate) fn record(&self, direction: Direction, copies: usize, way: Way, took: Duration) {
+        let class = self.class(direction, copies);
+        let average = match way {
+            Way::Engines => &class.batch_ns,
+            Way::Kernel => &class.kernel_ns,
+        };
+        // At least 1 ns: 0 means "no sample".
+        let sample = u32::try_from(took.as_nanos()).unwrap_or(u32::MAX).max(1);
+        let old = average.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            // old + (sample - old) / 2^SHIFT, in i64 so that either sign fits.
+            let moved = i64::from(old) + ((i64::from(sample) - i64::from(old)) >> SHIFT);
+            u32::try_from(moved.max(1)).unwrap_or(u32::MAX)
+        };
+        average.store(new, Ordering::Relaxed);
+    }
+
+    /// The running averages of a class, batch and kernel (`None`: no sample yet), for tests
+    /// and logs.
+    pub(crate) fn averages(
+        &self,
+        direction: Direction,
+        copies: usize,
+    ) -> (Option<Duration>, Option<Duration>) {
+        let class = self.class(direction, copies);
+        let get = |a: &AtomicU32| match a.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(u64::from(ns))),
+        };
+        (get(&class.batch_ns), get(&class.kernel_ns))
+    }
+}
+
+impl Way {
+    fn other(self) -> Self {
+        match self {
+            Self::Engines => Self::Kernel,
+            Self::Kernel => Self::Engines,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Runs `lists` lists of `copies` copies through a chooser whose ways take what `cost`
+    /// says for list `i`, and returns the ways taken.
+    fn run(
+        chooser: &ListChooser,
+        copies: usize,
+        lists: std::ops::Range<usize>,
+        cost: impl Fn(usize, Way) -> u64,
+    ) -> Vec<Way> {
+        lists
+            .map(|i| {
+                let way = chooser.pick(Direction::ToDevice, copies);
+                let took = Duration::from_micros(cost(i, way));
+                chooser.record(Direction::ToDevice, copies, way, took);
+                way
+            })
+            .collect()
+    }
+
+    #[test]
+    fn both_ways_are_tried_first_then_the_faster_wins_with_rare_probes() {
+        let chooser = ListChooser::default();
+        let ways = run(&chooser, 16, 0..1000, |_, way| match way {
+            Way::Engines => 30,
+            Way::Kernel => 12,
+        });
+        let first: Vec<_> = ways[..2 * WARM_UP as usize].to_vec();
+        assert!(first.contains(&Way::Engines) && first.contains(&Way::Kernel));
+        let batches = ways[2 * WARM_UP as usize..]
+            .iter()
+            .filter(|w| **w == Way::Engines)
+            .count();
+        // Only probes go the slower way.
+        let later = 1000 - 2 * WARM_UP as usize;
+        assert!(batches <= later / PROBE_EVERY as usize + 1, "{batches}");
+        assert!(batches >= 1, "the slower way is still probed");
+    }
+
+    #[test]
+    fn a_gpu_that_turns_busy_moves_the_lists_back_to_the_copy_engines() {
+        let chooser = ListChooser::default();
+        // Idle at first (the kernel wins), then the kernel takes 500 µs (another process).
+        let ways = run(&chooser, 20, 0..2000, |i, way| match (way, i < 500) {
+            (Way::Engines, _) => 40,
+            (Way::Kernel, true) => 15,
+            (Way::Kernel, false) => 500,
+        });
+        assert!(ways[400..500].iter().filter(|w| **w == Way::Kernel).count() >= 90);
+        // Within two probes of the change, the lists are batches again.
+        let settled = 500 + 2 * PROBE_EVERY as usize;
+        let kernels = ways[settled..]
+            .iter()
+            .filter(|w| **w == Way::Kernel)
+            .count();
+        assert!(
+            kernels <= (2000 - settled) / PROBE_EVERY as usize + 1,
+            "{kernels}"
+        );
+    }
+
+    #[test]
+    fn classes_and_directions_learn_apart() {
+        let chooser = ListChooser::default();
+        // Short lists: batches win; long lists: the kernel wins.
+        run(&chooser, 5, 0..100, |_, way| match way {
+            Way::Engines => 10,
+            Way::Kernel => 14,
+        });
+        run(&chooser, 64, 0..100, |_, way| match way {
+            Way::Engines => 110,
+            Way::Kernel => 38,
+        });
+        let (b, k) = chooser.averages(Direction::ToDevice, 5);
+        assert!(b.unwrap() < k.unwrap());
+        let (b, k) = chooser.averages(Direction::ToDevice, 200);
+        assert!(b.unwrap() > k.unwrap());
+        assert_eq!(chooser.averages(Direction::ToHost, 5), (None, None));
+    }
+
+    proptest! {
+        /// Against a model: whatever the two ways cost (fixed per way), after the warm-up
+        /// the chooser takes the cheaper one except for probes, and each average converges
+        /// to its way's cost.
+        #[test]
+        fn the_cheaper_way_wins_except_probes(
+            batch in 1u64..2000,
+            kernel in 1u64..2000,
+            copies in FROM_COPIES..400,
+        ) {
+            prop_assume!(batch != kernel);
+            let chooser = ListChooser::default();
+            let ways = run(&chooser, copies, 0..640, |_, way| match way {
+                Way::Engines => batch,
+                Way::Kernel => kernel,
+            });
+            let cheaper = if kernel < batch { Way::Kernel } else { Way::Engines };
+            let dearer = ways[2 * WARM_UP as usize..].iter().filter(|w| **w != cheaper).count();
+            prop_assert!(dearer <= 640 / PROBE_EVERY as usize + 1);
+            let (b, k) = chooser.averages(Direction::ToDevice, copies);
+            prop_assert_eq!(b, Some(Duration::from_micros(batch)));
+            prop_assert_eq!(k, Some(Duration::from_micros(kernel)));
+        }
+
+        /// Any sample, however large or small, leaves a usable average (never 0, which
+        /// would read as "no sample").
+        #[test]
+        fn averages_stay_positive(samples in proptest::collection::vec(0u64..u64::MAX / 4, 1..50)) {
+            let chooser = ListChooser::default();
+            for s in samples {
+                chooser.record(Direction::ToHost, 8, Way::Kernel, Duration::from_nanos(s));
+                let (_, k) = chooser.averages(Direction::ToHost, 8);
+                prop_assert!(k.is_some_and(|k| k.as_nanos() >= 1));
+            }
+        }
+    }
+}
