@@ -15,8 +15,9 @@
 //! list of [`FROM_COPIES`] copies or more is timed from its queuing to the end of its wait,
 //! and the time goes into a running average per direction, per length class (powers of two)
 //! and per way. A class first tries both ways in turn, then takes the faster, and still
-//! tries the other one list in [`PROBE_EVERY`], so that a GPU that became busy (or idle) is
-//! followed within a few dozen lists. A probe costs at most one list the slower way.
+//! tries the other one list in [`PROBE_EVERY`] × (how many times slower it was), so that a
+//! GPU that became busy (or idle) is followed, while the probes cost about a 32nd of the
+//! lists' time however slow the other way has become.
 //!
 //! Shared by every lane of a copier: the counters are relaxed atomics. Two engines that
 //! record at once may lose one sample between them, which only makes the average a little
@@ -35,7 +36,8 @@ const CLASSES: usize = 5;
 /// Lists each way a class tries first, in turn, before it picks.
 const WARM_UP: u32 = 4;
 
-/// Once picked, one list in this many goes the other way (a probe).
+/// Once picked, the other way is probed one list in this many, times how much slower it
+/// was (see [`ListChooser::pick`]).
 pub(crate) const PROBE_EVERY: u32 = 32;
 
 /// The weight of a new sample in a way's running average: 1 / 2^`SHIFT`.
@@ -104,12 +106,17 @@ impl ListChooser {
                 _ => Way::Kernel,
             };
         }
-        let faster = if kernel < batch {
-            Way::Kernel
+        let (faster, fast, slow) = if kernel < batch {
+            (Way::Kernel, kernel, batch)
         } else {
-            Way::Engines
+            (Way::Engines, batch, kernel)
         };
-        if n % PROBE_EVERY == 0 {
+        // A probe every PROBE_EVERY × slow / fast lists: the probes then cost about
+        // 1 / PROBE_EVERY of the time the faster way takes, however much slower the other
+        // way is (a kernel behind a model's long kernels can take milliseconds).
+        let every = (u64::from(PROBE_EVERY) * u64::from(slow) / u64::from(fast.max(1)))
+            .max(u64::from(PROBE_EVERY));
+        if u64::from(n) % every == 0 {
             faster.other()
         } else {
             faster
@@ -266,6 +273,36 @@ mod tests {
             let (b, k) = chooser.averages(Direction::ToDevice, copies);
             prop_assert_eq!(b, Some(Duration::from_micros(batch)));
             prop_assert_eq!(k, Some(Duration::from_micros(kernel)));
+        }
+
+        /// Whatever the two ways cost, the probes of the slower way take at most about a
+        /// 32nd of the time the faster way takes (twice that, for the rounding of the probe
+        /// interval), plus one slow list.
+        #[test]
+        fn probes_cost_a_small_share_however_slow_the_other_way(
+            fast in 1u64..200,
+            times in 2u64..5000,
+            kernel_fast in any::<bool>(),
+        ) {
+            let slow = fast * times;
+            let (batch, kernel) = if kernel_fast { (slow, fast) } else { (fast, slow) };
+            let chooser = ListChooser::default();
+            let ways = run(&chooser, 16, 0..4000, |_, way| match way {
+                Way::Engines => batch,
+                Way::Kernel => kernel,
+            });
+            let cost = |w: &Way| match w {
+                Way::Engines => batch,
+                Way::Kernel => kernel,
+            };
+            let after: Vec<_> = ways[2 * WARM_UP as usize..].to_vec();
+            let faster = if kernel_fast { Way::Kernel } else { Way::Engines };
+            let fast_time: u64 = after.iter().filter(|w| **w == faster).map(cost).sum();
+            let probe_time: u64 = after.iter().filter(|w| **w != faster).map(cost).sum();
+            prop_assert!(
+                probe_time <= 2 * fast_time / u64::from(PROBE_EVERY) + slow,
+                "probes {probe_time} µs against {fast_time} µs the fast way"
+            );
         }
 
         /// Any sample, however large or small, leaves a usable average (never 0, which

@@ -37,7 +37,7 @@
 //! * [`ListCopy::Auto`] (the default where the kernel loads): each list of four copies or
 //!   more goes whichever of the copy engines (`Batch`, or `Each` on older drivers) and the
 //!   kernel took less time lately for lists of its length and direction, measured as they
-//!   run, the other way still tried one list in 32 (see [`super::list_choice`]). Where one
+//!   run, the other way still tried now and then (see [`super::list_choice`]). Where one
 //!   process has the GPU the kernel wins lists of small GPU messages about 2 ×; where other
 //!   processes or a model's kernels hold the GPU, the copy engines win, and lists follow.
 //!
