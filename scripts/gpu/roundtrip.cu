@@ -9,6 +9,8 @@
 // Part 2, lists of n × 4 KiB pieces that do not touch each other, p50 µs per list: a copy
 // each, one cuMemcpyBatchAsync, each direction and device to device, and through a
 // device scratch buffer (one contiguous copy plus a device-to-device batch).
+// Part 3, one 4 KiB copy after the CPU touched 0 B … 8 MiB of other memory: the driver's
+// submission (cuMemcpyAsync returning) against the wait for the GPU, p50 µs.
 //
 // Build and run on the GPU machine (nvcc there; no cargo needed):
 //   nvcc -O2 -arch=sm_90 -o /tmp/roundtrip scripts/gpu/roundtrip.cu -lcuda && /tmp/roundtrip
@@ -105,6 +107,35 @@ int main(){
     printf("n=%2d x 4KiB: each H2D %6.1f D2H %6.1f D2D %6.1f | batch H2D %6.1f D2H %6.1f D2D %6.1f | via scratch H2D %6.1f D2H %6.1f | one contiguous H2D %6.1f us\n",
       n, h2d_each, d2h_each, d2d_each, h2d_batch, d2h_batch, d2d_batch, h2d_via, d2h_via, h2d_one);
   }
+  }
+  { // Part 3: submission against what the CPU touched since the last copy
+    CUstream cs = (CUstream)s;
+    unsigned char *dev3; CK(cudaMalloc(&dev3, 1<<20));
+    unsigned char *pin3; CK(cudaHostAlloc(&pin3, 1<<20, 0));
+    std::vector<unsigned char> junk(64<<20, 1);
+    volatile unsigned sink = 0;
+    size_t touch[] = {0, 256<<10, 2<<20, 8<<20};
+    size_t off = 0;
+    for (size_t t : touch) for (int h2d = 0; h2d < 2; h2d++) {
+      std::vector<double> sub, wait;
+      for (int i = 0; i < 1200; i++) {
+        for (size_t k = 0; k < t; k += 64) { sink += junk[(off + k) % junk.size()]++; }
+        off += t;
+        auto a = clk::now();
+        if (h2d) DK(cuMemcpyAsync((CUdeviceptr)dev3, (CUdeviceptr)pin3, 4096, cs));
+        else DK(cuMemcpyAsync((CUdeviceptr)pin3, (CUdeviceptr)dev3, 4096, cs));
+        auto b = clk::now();
+        while (cuStreamQuery(cs) == CUDA_ERROR_NOT_READY) {}
+        auto d = clk::now();
+        if (i >= 200) {
+          sub.push_back(std::chrono::duration<double,std::micro>(b-a).count());
+          wait.push_back(std::chrono::duration<double,std::micro>(d-b).count());
+        }
+      }
+      std::sort(sub.begin(), sub.end()); std::sort(wait.begin(), wait.end());
+      printf("%5zu KiB touched before each copy, %s: submit p50 %5.2f  wait p50 %5.2f us\n",
+        t >> 10, h2d ? "H2D" : "D2H", sub[sub.size()/2], wait[wait.size()/2]);
+    }
   }
   return 0;
 }
