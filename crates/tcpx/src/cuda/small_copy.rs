@@ -32,7 +32,8 @@
 //!   the copy pool plans its lists ([`super::CopyPool::submit_list`]), one warp per 4 KiB
 //!   fragment. Fastest on an idle GPU of one process, but a kernel needs the GPU's
 //!   multiprocessors and time slice: with two processes on one GPU it took 500 µs where the
-//!   copies took 100, and a GPU busy with a model's kernels would hold it likewise. Opt-in;
+//!   copies took 100, and a GPU busy with a model's kernels would hold it likewise. Alone,
+//!   opt-in; `Auto` takes it where it measures faster;
 //! * [`ListCopy::Each`]: a `cuMemcpyAsync` per copy (older drivers);
 //! * [`ListCopy::Auto`] (the default where the kernel loads): each list of four copies or
 //!   more goes whichever of the copy engines (`Batch`, or `Each` on older drivers) and the
@@ -351,7 +352,7 @@ impl SmallCopier {
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        let copier = Self {
+        let mut copier = Self {
             device: device.clone(),
             lanes,
             lists: std::sync::atomic::AtomicU8::new(ListCopy::Each.encode()),
@@ -362,9 +363,17 @@ impl SmallCopier {
         if copier.kernel {
             // The kernel's first launch in a context loads it onto the GPU (CUDA loads
             // functions lazily): paid here, when the copier is made (at an endpoint's first
-            // CUDA registration), not by the first list that `Auto` tries the kernel on.
-            let mut lane = copier.lane()?;
-            lane.warm_up()?;
+            // CUDA registration), not by the first list that `Auto` tries the kernel on. A
+            // kernel that loaded but does not run leaves lists to the copy engines.
+            let warmed = copier.lane().and_then(|mut lane| lane.warm_up());
+            if let Err(e) = warmed {
+                tracing::warn!(
+                    "GPU {}: the gather kernel did not run ({e}); lists of small copies \
+                     go through the copy engines",
+                    device.ordinal()
+                );
+                copier.kernel = false;
+            }
         }
         // (`Auto` without the kernel falls back quietly: its load failure was logged.)
         if !copier.set_list_copy(wanted) && !matches!(wanted, ListCopy::Batch | ListCopy::Auto) {
@@ -718,6 +727,8 @@ impl Lane {
     fn flush(&mut self, way: Way, lists: ListCopy) -> Result<usize> {
         let queued = self.planned_bytes();
         let copies = self.plan.len();
+        // Only a list timed below teaches the chooser at the next wait.
+        self.timed = None;
         let lists = match lists {
             ListCopy::Auto if copies >= KERNEL_FROM_COPIES => {
                 let direction = match way {
