@@ -98,3 +98,46 @@ pub fn print_row(row: &Row) {
         or_dash(row.ratio, 3)
     );
 }
+
+/// Prints, as a `#` line, what GPU `ordinal`'s small copier measured for its lists of copies
+/// when it chooses their way (`TCPX_SMALL_COPY_LISTS=auto`, the default): per direction and
+/// list length, the average time of a list through the copy engines and through the gather
+/// kernel. Small GPU messages in eager frames and inline one-sided operations take this path;
+/// the line says which way they went. Nothing when no list was long enough to choose.
+pub fn print_copy_lists(ordinal: usize) {
+    let Ok(copier) = tcpx::cuda::SmallCopier::for_ordinal(ordinal) else {
+        return;
+    };
+    if copier.list_copy() != tcpx::cuda::ListCopy::Auto {
+        return;
+    }
+    let mut classes = Vec::new();
+    for (to_device, way) in [(false, "GPU→host"), (true, "host→GPU")] {
+        for (copies, name) in [
+            (4, "4–7"),
+            (8, "8–15"),
+            (16, "16–31"),
+            (32, "32–63"),
+            (64, "64+"),
+        ] {
+            if let (Some(engines), Some(kernel)) = copier.auto_list_times(to_device, copies) {
+                let chosen = if kernel < engines {
+                    "kernel"
+                } else {
+                    "copy engines"
+                };
+                classes.push(format!(
+                    "{way} {name} pieces: copy engines {:.1} µs, kernel {:.1} µs ({chosen})",
+                    engines.as_secs_f64() * 1e6,
+                    kernel.as_secs_f64() * 1e6
+                ));
+            }
+        }
+    }
+    if !classes.is_empty() {
+        println!(
+            "# small GPU copy lists (TCPX_SMALL_COPY_LISTS=auto), GPU {ordinal}: {}",
+            classes.join("; ")
+        );
+    }
+}

@@ -792,7 +792,11 @@ fn server(a: ServerArgs) -> Result<(), Failure> {
     let store = a.store.open(DEFAULT_SERVER_NAME)?;
     let (endpoint, baseline) = start_server(config, a.bind)?;
     let _published = publish(store.as_ref(), &endpoint)?;
-    pair::serve(&endpoint, &baseline, &sweep)
+    pair::serve(&endpoint, &baseline, &sweep)?;
+    if sweep.memory == "cuda" {
+        report::print_copy_lists(sweep.gpu);
+    }
+    Ok(())
 }
 
 /// Publishes the server's endpoint under `--name` when `--store` was given; the guard removes
@@ -932,6 +936,9 @@ fn client(a: ClientArgs) -> Result<(), Failure> {
         result
     })?;
     bar.finish_and_clear();
+    if sweep.memory == "cuda" {
+        report::print_copy_lists(sweep.gpu);
+    }
     if let Some(e) = write_err {
         return Err(anyhow::Error::from(e).context("writing --json").into());
     }
