@@ -452,44 +452,40 @@ fn small_copier_lists_by_batch_or_kernel_match_copies_piece_by_piece() {
     // A kernel-written list, read back piece by piece, agrees too.
     let list: Vec<(usize, usize, usize)> = (0..16).map(|i| (i, 5, 3000)).collect();
     let source = pattern(16 * 3000, 99);
-    copier.set_list_copy(ListCopy::Kernel);
-    copier
-        .scatter(
-            list.iter()
-                .enumerate()
-                .map(|(i, &(m, off, len))| (&memories[m], off, &source[i * 3000..i * 3000 + len])),
-        )
-        .expect("scatter by kernel");
-    copier.set_list_copy(ListCopy::Each);
-    let mut back = Vec::new();
-    copier
-        .gather(
-            list.iter().map(|&(m, off, len)| (&memories[m], off, len)),
-            &mut back,
-        )
-        .expect("gather by copies");
-    assert!(back == source, "kernel scatter, copy gather");
-
-    // `Auto` tries both ways on a list class before it picks, then probes: forty lists of
-    // sixteen pieces each way, every one checked, and both ways measured for them.
-    copier.set_list_copy(ListCopy::Auto);
-    for round in 0..40u8 {
-        let source = pattern(16 * 3000, round);
-        copier
-            .scatter(
-                list.iter().enumerate().map(|(i, &(m, off, len))| {
+    // The 16-piece list of 3000 bytes each, scattered from `source` and gathered back.
+    let scatter_list =
+        |source: &[u8], what: &str| {
+            copier
+                .scatter(list.iter().enumerate().map(|(i, &(m, off, len))| {
                     (&memories[m], off, &source[i * 3000..i * 3000 + len])
-                }),
-            )
-            .expect("scatter, auto");
+                }))
+                .unwrap_or_else(|e| panic!("scatter, {what}: {e}"));
+        };
+    let gather_list = |what: &str| {
         let mut back = Vec::new();
         copier
             .gather(
                 list.iter().map(|&(m, off, len)| (&memories[m], off, len)),
                 &mut back,
             )
-            .expect("gather, auto");
-        assert!(back == source, "auto, round {round}");
+            .unwrap_or_else(|e| panic!("gather, {what}: {e}"));
+        back
+    };
+    copier.set_list_copy(ListCopy::Kernel);
+    scatter_list(&source, "by kernel");
+    copier.set_list_copy(ListCopy::Each);
+    assert!(
+        gather_list("by copies") == source,
+        "kernel scatter, copy gather"
+    );
+
+    // `Auto` tries both ways on a list class before it picks, then probes: forty lists of
+    // sixteen pieces each way, every one checked, and both ways measured for them.
+    copier.set_list_copy(ListCopy::Auto);
+    for round in 0..40u8 {
+        let source = pattern(16 * 3000, round);
+        scatter_list(&source, "auto");
+        assert!(gather_list("auto") == source, "auto, round {round}");
     }
     for to_device in [true, false] {
         let (engines, kernel) = copier.auto_list_times(to_device, list.len());
