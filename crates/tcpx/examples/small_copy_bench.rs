@@ -136,14 +136,14 @@ fn main() -> tcpx::Result<()> {
                 }),
             );
         }
-        if n >= 4 {
-            for to_device in [false, true] {
-                let (engines, kernel) = copier.auto_list_times(to_device, n);
-                println!(
-                    "  Auto learned ({}): copy engines {engines:?}, kernel {kernel:?}",
-                    if to_device { "H2D" } else { "D2H" }
-                );
-            }
+        for t in copier.auto_list_times() {
+            println!(
+                "  Auto learned ({}, {:?} copies): copy engines {:?}, kernel {:?}",
+                if t.to_device { "H2D" } else { "D2H" },
+                t.copies,
+                t.engines,
+                t.kernel
+            );
         }
         copier.set_list_copy(ListCopy::Batch);
     }

@@ -103,37 +103,39 @@ pub fn print_row(row: &Row) {
 /// when it chooses their way (`TCPX_SMALL_COPY_LISTS=auto`, the default): per direction and
 /// list length, the average time of a list through the copy engines and through the gather
 /// kernel. Small GPU messages in eager frames and inline one-sided operations take this path;
-/// the line says which way they went. Nothing when no list was long enough to choose.
+/// the line says which way they went. Nothing when the process made no copier, or no list was
+/// long enough to choose.
 pub fn print_copy_lists(ordinal: usize) {
-    let Ok(copier) = tcpx::cuda::SmallCopier::for_ordinal(ordinal) else {
+    let Some(copier) = tcpx::cuda::SmallCopier::existing(ordinal) else {
         return;
     };
     if copier.list_copy() != tcpx::cuda::ListCopy::Auto {
         return;
     }
-    let mut classes = Vec::new();
-    for (to_device, way) in [(false, "GPU→host"), (true, "host→GPU")] {
-        for (copies, name) in [
-            (4, "4–7"),
-            (8, "8–15"),
-            (16, "16–31"),
-            (32, "32–63"),
-            (64, "64+"),
-        ] {
-            if let (Some(engines), Some(kernel)) = copier.auto_list_times(to_device, copies) {
-                let chosen = if kernel < engines {
-                    "kernel"
+    let classes: Vec<String> = copier
+        .auto_list_times()
+        .iter()
+        .map(|t| {
+            let pieces = match t.copies {
+                (first, Some(last)) => format!("{first}–{last}"),
+                (first, None) => format!("{first}+"),
+            };
+            let chosen = match t.chosen() {
+                tcpx::cuda::ListCopy::Kernel => "kernel",
+                _ => "copy engines",
+            };
+            format!(
+                "{} {pieces} pieces: copy engines {:.1} µs, kernel {:.1} µs ({chosen})",
+                if t.to_device {
+                    "host→GPU"
                 } else {
-                    "copy engines"
-                };
-                classes.push(format!(
-                    "{way} {name} pieces: copy engines {:.1} µs, kernel {:.1} µs ({chosen})",
-                    engines.as_secs_f64() * 1e6,
-                    kernel.as_secs_f64() * 1e6
-                ));
-            }
-        }
-    }
+                    "GPU→host"
+                },
+                t.engines.as_secs_f64() * 1e6,
+                t.kernel.as_secs_f64() * 1e6
+            )
+        })
+        .collect();
     if !classes.is_empty() {
         println!(
             "# small GPU copy lists (TCPX_SMALL_COPY_LISTS=auto), GPU {ordinal}: {}",

@@ -64,8 +64,8 @@ pub use driver::{
 };
 pub use ipc::{allocation_range, IpcExport, IpcMapping, IpcMemHandle, IPC_HANDLE_BYTES};
 pub use small_copy::{
-    own_this_thread, ListCopy, SmallCopier, SMALL_COPY_BOUNCE_BYTES, SMALL_COPY_LISTS_ENV,
-    SMALL_COPY_TIMEOUT,
+    own_this_thread, ListCopy, ListTimes, SmallCopier, SMALL_COPY_BOUNCE_BYTES,
+    SMALL_COPY_LISTS_ENV, SMALL_COPY_TIMEOUT,
 };
 pub use staging::{Span, StagingRing, FRAGMENTS_PER_SLOT, FRAGMENT_BYTES};
 

@@ -173,6 +173,32 @@ pub struct SmallCopier {
     chooser: Arc<ListChooser>,
 }
 
+/// What [`ListCopy::Auto`] measured for one direction and length class of lists
+/// ([`SmallCopier::auto_list_times`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ListTimes {
+    /// Lists toward device memory (else from it).
+    pub to_device: bool,
+    /// The fewest and the most copies of a list of the class (`None`: no upper bound).
+    pub copies: (usize, Option<usize>),
+    /// Average time of one list through the copy engines.
+    pub engines: Duration,
+    /// Average time of one list as one launch of the gather kernel.
+    pub kernel: Duration,
+}
+
+impl ListTimes {
+    /// Which way `Auto` takes for these lists now, the faster, probes aside (`Batch`: the copy
+    /// engines, one copy each on drivers without batches).
+    pub fn chosen(&self) -> ListCopy {
+        if self.kernel < self.engines {
+            ListCopy::Kernel
+        } else {
+            ListCopy::Batch
+        }
+    }
+}
+
 /// One stream and its bounce buffer, used by one copy at a time.
 struct Lane {
     /// The lane's stream, inside the kernel's launcher when the kernel loaded.
@@ -201,7 +227,7 @@ struct TimedList {
     started: Instant,
     direction: list_choice::Direction,
     copies: usize,
-    way: list_choice::Way,
+    method: list_choice::Method,
 }
 
 /// The lane's stream: with the kernel's launcher on it and the metadata of a launch (mapped
@@ -285,6 +311,14 @@ impl SmallCopier {
         }
         copiers[ordinal] = Some(copier.clone());
         Ok(copier)
+    }
+
+    /// The process's copier for GPU `ordinal` if one was made (see [`Self::for_ordinal`]),
+    /// without making one.
+    pub fn existing(ordinal: usize) -> Option<Arc<Self>> {
+        let copiers = COPIERS.get()?;
+        let copiers = copiers.lock().unwrap_or_else(|e| e.into_inner());
+        copiers.get(ordinal).cloned().flatten()
     }
 
     /// A copier of its own for `device` (most callers share the process's: [`Self::for_ordinal`]).
@@ -410,20 +444,30 @@ impl SmallCopier {
         usable
     }
 
-    /// What [`ListCopy::Auto`] has measured lately for lists of `copies` copies (of its
-    /// length class) toward device memory (`to_device`) or from it: the average time of one
-    /// list through the copy engines and through the kernel (`None`: not tried yet).
-    pub fn auto_list_times(
-        &self,
-        to_device: bool,
-        copies: usize,
-    ) -> (Option<Duration>, Option<Duration>) {
-        let direction = if to_device {
-            list_choice::Direction::ToDevice
-        } else {
-            list_choice::Direction::ToHost
-        };
-        self.chooser.averages(direction, copies)
+    /// What [`ListCopy::Auto`] has measured lately, per direction and length class where
+    /// both ways have been timed: which lists and the average time of one through the copy
+    /// engines and through the kernel.
+    pub fn auto_list_times(&self) -> Vec<ListTimes> {
+        let directions = [
+            (false, list_choice::Direction::ToHost),
+            (true, list_choice::Direction::ToDevice),
+        ];
+        directions
+            .into_iter()
+            .flat_map(|(to_device, direction)| {
+                ListChooser::classes().filter_map(move |(first, last)| {
+                    match self.chooser.averages(direction, first) {
+                        (Some(engines), Some(kernel)) => Some(ListTimes {
+                            to_device,
+                            copies: (first, last),
+                            engines,
+                            kernel,
+                        }),
+                        _ => None,
+                    }
+                })
+            })
+            .collect()
     }
 
     /// The GPU.
@@ -740,12 +784,12 @@ impl Lane {
                     started: Instant::now(),
                     direction,
                     copies,
-                    way: chosen,
+                    method: chosen,
                 });
                 match chosen {
-                    list_choice::Way::Kernel => ListCopy::Kernel,
-                    list_choice::Way::Engines if batch_available() => ListCopy::Batch,
-                    list_choice::Way::Engines => ListCopy::Each,
+                    list_choice::Method::Kernel => ListCopy::Kernel,
+                    list_choice::Method::Engines if batch_available() => ListCopy::Batch,
+                    list_choice::Method::Engines => ListCopy::Each,
                 }
             }
             ListCopy::Auto if batch_available() => ListCopy::Batch,
@@ -911,7 +955,7 @@ impl Lane {
                 if let Some(list) = self.timed.take() {
                     let took = list.started.elapsed();
                     self.chooser
-                        .record(list.direction, list.copies, list.way, took);
+                        .record(list.direction, list.copies, list.method, took);
                 }
                 return self.kernel_status();
             }
