@@ -397,12 +397,20 @@ fn latency_mode_reports_tcpx_and_raw_tcp() {
             "20",
             "--backoff",
             "park",
+            // Round trips after idle take the same path; the header says so.
+            "--gap-us",
+            "50",
             "--json",
         ])
         .arg(&json)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("each after 50µs idle"),
+        "{}",
+        text(&out.stdout)
+    );
     let rows = json_rows(&json);
     assert_eq!(rows.len(), 1);
     for key in ["p50_us", "p99_us", "tcp_p50_us", "tcp_p99_us", "ratio"] {

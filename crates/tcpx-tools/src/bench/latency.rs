@@ -7,6 +7,11 @@
 //! `write_all` / `read_exact`. One-way = round trip / 2; p50 and p99 over the measured round
 //! trips, after a warm-up. The target (PERFORMANCE.md, P5) is tcpx p50 ≤ 1.3 × raw TCP p50 at
 //! 4 KiB.
+//!
+//! With a gap ([`Options::gap`]) the pinger sleeps that long before each round trip, on both
+//! paths: what a message costs after the stack went idle (engines that stopped polling and
+//! blocked, threads whose cores went to others), as a server answering sporadic requests
+//! sees it; back to back, every thread of the stack is still polling.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -39,6 +44,8 @@ pub struct Options {
     pub backend: Backend,
     /// Any single wait gives up after this long.
     pub timeout: Duration,
+    /// Idle time before each round trip (zero: back to back), not timed.
+    pub gap: Duration,
 }
 
 /// One size's one-way latencies, µs.
@@ -144,6 +151,7 @@ fn tcpx_pingpong(
         let mut rtts = Vec::with_capacity(o.iters);
         for i in 0..total {
             let pong = ab.recv(pa, 0, size)?;
+            idle(o.gap);
             let t0 = Instant::now();
             let ping = ab.send(pa, 0, size)?;
             let got = pong.wait(o.timeout).context("wait for the pong")?;
@@ -185,6 +193,7 @@ fn tcp_pingpong(size: usize, o: &Options) -> Result<Vec<Duration>> {
         let mut buf = vec![0x5au8; size];
         let mut rtts = Vec::with_capacity(o.iters);
         for i in 0..total {
+            idle(o.gap);
             let t0 = Instant::now();
             a.write_all(&buf).context("raw TCP: send the ping")?;
             a.read_exact(&mut buf)
@@ -198,4 +207,11 @@ fn tcp_pingpong(size: usize, o: &Options) -> Result<Vec<Duration>> {
             .context("raw TCP echo side")?;
         Ok(rtts)
     })
+}
+
+/// Sleeps `gap` unless it is zero (a zero sleep is still a syscall and a reschedule).
+fn idle(gap: Duration) {
+    if !gap.is_zero() {
+        std::thread::sleep(gap);
+    }
 }

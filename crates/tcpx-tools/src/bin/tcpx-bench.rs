@@ -482,6 +482,12 @@ struct LatencyArgs {
     /// Seconds any single wait may take.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Microseconds the pinger idles before each round trip, on both paths (not timed): the
+    /// latency of a message after the stack went quiet, as sporadic requests see it (with
+    /// `--backoff park`, the library's default, engines block after TCPX_ENGINE_LINGER_US).
+    /// 0: back to back.
+    #[arg(long, default_value_t = 0)]
+    gap_us: u64,
     /// Net plugin. Default: TCPX_PLUGIN_PATH, else UCCL_TCPX_PLUGIN_PATH, else the built-in one.
     #[arg(long)]
     plugin: Option<PathBuf>,
@@ -1397,13 +1403,23 @@ fn latency(args: LatencyArgs) -> Result<(), Failure> {
         ),
         backend: backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?,
         timeout: check_timeout(args.timeout)?,
+        gap: Duration::from_micros(args.gap_us),
     };
     let mut json = json_file(args.json.as_ref())?;
     println!(
-        "# one-way latency = ping-pong round trip / 2, {} round trips after {} unmeasured; \
+        "# one-way latency = ping-pong round trip / 2, {} round trips after {} unmeasured{}; \
          tcpx: 2 endpoints in this process, {} channel(s), engine backoff {:?}, wait spin {:?}; \
          raw TCP: one loopback connection, TCP_NODELAY, blocking reads",
-        opts.iters, opts.warmup, opts.channels, opts.backoff, opts.wait_spin
+        opts.iters,
+        opts.warmup,
+        if opts.gap.is_zero() {
+            String::new()
+        } else {
+            format!(", each after {:?} idle", opts.gap)
+        },
+        opts.channels,
+        opts.backoff,
+        opts.wait_spin
     );
     println!(
         "{:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
