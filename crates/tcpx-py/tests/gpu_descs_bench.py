@@ -14,6 +14,9 @@ op, local_descs, remote_descs)` + `poll_async`, or `writev_async` / `readv_async
 wall time over the timed operations; p50 is one operation's submit-to-done time. Before
 each round the destination is zeroed, and after it every selected block is compared (and,
 for writes, every other block must still be zero).
+`--load` keeps the GPU busy from a thread of this process while the figures are taken:
+back-to-back fp16 GEMMs (8192 x 8192, one in flight) on a stream of their own, as a serving
+process's model runs beside its KV transfers.
 Exit status 0: all verified; 1: a mismatch or a failed call; 77: no torch / no GPU.
 """
 
@@ -25,6 +28,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 
 for _k, _v in {
@@ -96,6 +100,36 @@ class Memory:
             self.torch.cuda.synchronize()
 
 
+class GemmLoad:
+    """Back-to-back fp16 GEMMs on a stream of their own, from a thread of this process, one
+    in flight at a time (so that a device-wide synchronize waits for one GEMM at most)."""
+
+    def __init__(self, torch) -> None:
+        self.torch = torch
+        self.stop = threading.Event()
+        self.gemms = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        torch = self.torch
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.float16)
+            b = torch.randn_like(a)
+            while not self.stop.is_set():
+                a @ b
+                stream.synchronize()
+                self.gemms += 1
+
+    def start(self) -> None:
+        self.thread.start()
+        time.sleep(1.0)  # past cuBLAS's set-up: the GPU is busy when the clock starts
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def wait(ep, tid) -> None:
     while True:
         ok, done = ep.poll_async(tid)
@@ -121,7 +155,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per method")
     ap.add_argument("--ops", default="write,read")
     ap.add_argument("--json", action="store_true", help="one JSON object per result, no table")
+    ap.add_argument("--load", action="store_true", help="GEMMs on the GPU from a thread meanwhile")
     args = ap.parse_args()
+    if args.load and args.device != "cuda":
+        ap.error("--load needs --device cuda")
     if args.blocks > args.pool_blocks:
         ap.error("--blocks must not exceed --pool-blocks")
     mem = Memory(args.device)
@@ -186,6 +223,9 @@ def main() -> int:
         check(ok, call.__name__)
         wait(init, tid)
 
+    load = GemmLoad(mem.torch) if args.load else None
+    if load:
+        load.start()
     results = []
     for op in [o.strip() for o in args.ops.split(",") if o.strip()]:
         if op not in ("write", "read"):
@@ -224,6 +264,10 @@ def main() -> int:
                     "verified": verified[m],
                 }
             )
+    if load:
+        load.finish()
+        for r in results:
+            r["load_gemms"] = load.gemms
     for r in results:
         if args.json:
             print(json.dumps(r))
@@ -231,6 +275,7 @@ def main() -> int:
         print(
             f"{n} x {B} B blocks, {args.device} memory, {results[0]['ops'] if results else 0} "
             f"operations per method in {args.rounds} interleaved rounds (+{args.warmup} warm-up)"
+            + (f"; {load.gemms} GEMMs of 8192^3 meanwhile" if load else "")
         )
         print(f"{'op':6} {'method':9} {'GB/s':>8} {'p50 us':>9}  verified")
         for r in results:
