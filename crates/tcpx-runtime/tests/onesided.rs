@@ -19,17 +19,12 @@ fn with_wrong_key(d: Descriptor) -> Descriptor {
     Descriptor::from_bytes(&bytes).unwrap()
 }
 
-fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    assert!(
-        eventually(DEADLINE, || {
-            got.extend(ep.notifications().into_iter().map(|(_, b)| b));
-            got.len() >= n
-        }),
-        "only {} of {n} notifications arrived",
-        got.len()
-    );
-    got
+/// `d` claiming `len` bytes (bytes 9..17 of its encoding), more than its region holds: the
+/// out-of-bounds refusals need a descriptor the target did not issue.
+fn with_len(d: Descriptor, len: u64) -> Descriptor {
+    let mut bytes = d.to_bytes();
+    bytes[9..17].copy_from_slice(&len.to_le_bytes());
+    Descriptor::from_bytes(&bytes).unwrap()
 }
 
 #[test]
@@ -40,63 +35,25 @@ fn random_descriptor_lists_are_written_and_read_back_exactly() {
     // Two target regions, advertised; the initiator cuts its side differently.
     let t0 = b.alloc_host(1 << 20).unwrap();
     let t1 = b.alloc_host(1 << 20).unwrap();
-    let d = [b.advertise(&t0).unwrap(), b.advertise(&t1).unwrap()];
-    let t = [&t0, &t1];
+    let targets = [
+        (&t0, b.advertise(&t0).unwrap()),
+        (&t1, b.advertise(&t1).unwrap()),
+    ];
     for round in 0..12u64 {
         let total = 1 + rng.below(600 << 10) as usize;
         let seed = 1000 + round;
         let src = source(&a, total, seed);
-        let local_layout = random_layout(&mut rng, total, total, 96 << 10);
-        let remote_layout = random_layout(&mut rng, total, 1 << 20, 48 << 10);
-        let which: Vec<usize> = remote_layout
-            .iter()
-            .map(|_| rng.below(2) as usize)
-            .collect();
-        // Remote blocks of one region must not overlap: put region-1 blocks at the same
-        // offsets (each region then holds a disjoint subset of the layout).
-        let local: Vec<Segment<'_>> = local_layout
-            .iter()
-            .map(|&(o, l)| Segment::new(&src, o, l))
-            .collect();
-        let remote: Vec<RemoteSegment> = remote_layout
-            .iter()
-            .zip(&which)
-            .map(|(&(o, l), &w)| RemoteSegment::new(d[w], o as u64, l as u64))
-            .collect();
-        let tx = ab.write(&local, &remote, None).unwrap();
-        assert_eq!(
-            tx.wait(DEADLINE).unwrap(),
-            total as u64,
-            "write round {round}"
+        let what = format!("round {round}");
+        let back = random_lists_round(
+            &mut rng,
+            &ab,
+            targets,
+            &src,
+            [96 << 10, 48 << 10, 80 << 10],
+            || a.alloc_host(total).unwrap(),
+            &what,
         );
-        // Check: stream byte k went to its remote block.
-        let expected = snapshot(&src);
-        let got = [snapshot(&t0), snapshot(&t1)];
-        let mut pos = 0;
-        for (&(o, l), &w) in remote_layout.iter().zip(&which) {
-            assert_eq!(
-                &got[w][o..o + l],
-                &expected[pos..pos + l],
-                "write round {round}: block at {o} in region {w}"
-            );
-            pos += l;
-        }
-
-        // Read the same remote list back into a fresh local region cut another way.
-        let back = a.alloc_host(total).unwrap();
-        let back_layout = random_layout(&mut rng, total, total, 80 << 10);
-        let local: Vec<Segment<'_>> = back_layout
-            .iter()
-            .map(|&(o, l)| Segment::new(&back, o, l))
-            .collect();
-        let rx = ab.read(&local, &remote).unwrap();
-        assert_eq!(
-            rx.wait(DEADLINE).unwrap(),
-            total as u64,
-            "read round {round}"
-        );
-        assert_pattern(&back, 0, total, seed, &format!("read round {round}"));
-        let _ = t;
+        assert_pattern(&back, 0, total, seed, &format!("{what}: read back"));
     }
     assert_eq!(b.access_refusals(), 0);
 }
@@ -108,30 +65,23 @@ fn many_small_blocks_go_as_one_batch_and_land_in_place() {
     const BLOCK: usize = 16 << 10;
     const N: usize = 512;
     let src = source(&a, BLOCK * N, 5);
-    let dst = b.alloc_host(2 * BLOCK * N).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, 2 * BLOCK * N);
     // Contiguous locally; remotely every block goes to slot (i * 2 + i % 2) - half of them
     // adjacent pairs, so some coalesce and some do not.
-    let local: Vec<_> = (0..N)
-        .map(|i| Segment::new(&src, i * BLOCK, BLOCK))
+    let local: Vec<_> = (0..N).map(|i| (i * BLOCK, BLOCK)).collect();
+    let remote: Vec<_> = (0..N)
+        .map(|i| (((i / 2) * 4 + i % 2) * BLOCK, BLOCK))
         .collect();
-    let slots: Vec<usize> = (0..N).map(|i| (i / 2) * 4 + i % 2).collect();
-    let remote: Vec<_> = slots
-        .iter()
-        .map(|&s| RemoteSegment::new(d, (s * BLOCK) as u64, BLOCK as u64))
-        .collect();
-    let tx = ab.write(&local, &remote, Some(b"batch")).unwrap();
+    let tx = ab
+        .write(
+            &local_segments(&src, &local),
+            &remote_segments(d, &remote),
+            Some(b"batch"),
+        )
+        .unwrap();
     assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * N) as u64);
     assert_eq!(wait_notifications(&b, 1), [b"batch".to_vec()]);
-    let s = snapshot(&src);
-    let got = snapshot(&dst);
-    for (i, &slot) in slots.iter().enumerate() {
-        assert_eq!(
-            &got[slot * BLOCK..(slot + 1) * BLOCK],
-            &s[i * BLOCK..(i + 1) * BLOCK],
-            "block {i}"
-        );
-    }
+    assert_blocks(&dst, &remote, &snapshot(&src), "one batch");
 }
 
 #[test]
@@ -142,54 +92,18 @@ fn a_notification_is_never_delivered_before_its_data() {
     const N: usize = 24;
     const LEN: usize = 3 << 20;
     let targets: Vec<Region> = (0..N).map(|_| b.alloc_host(LEN).unwrap()).collect();
-    let descriptors: Vec<Descriptor> = targets.iter().map(|r| b.advertise(r).unwrap()).collect();
     let sources: Vec<Region> = (0..N).map(|i| source(&a, LEN, 300 + i as u64)).collect();
-    let checker = std::thread::scope(|s| {
-        let checker = s.spawn(|| {
-            // At each delivery, the whole region of that write must already hold its data.
-            let mut order = Vec::new();
-            let deadline = Instant::now() + DEADLINE;
-            while order.len() < N + 1 && Instant::now() < deadline {
-                for (_, bytes) in b.notifications() {
-                    let text = String::from_utf8(bytes).unwrap();
-                    if let Some(i) = text.strip_prefix("done ") {
-                        let i: usize = i.parse().unwrap();
-                        assert_pattern(
-                            &targets[i],
-                            0,
-                            LEN,
-                            300 + i as u64,
-                            &format!("write {i} at its notification"),
-                        );
-                    }
-                    order.push(text);
-                }
-                std::thread::yield_now();
-            }
-            order
-        });
-        let mut transfers = Vec::new();
-        for i in 0..N {
-            let note = format!("done {i}");
-            transfers.push(
-                ab.write(
-                    &[Segment::new(&sources[i], 0, LEN)],
-                    &[RemoteSegment::new(descriptors[i], 0, LEN as u64)],
-                    Some(note.as_bytes()),
-                )
-                .unwrap(),
-            );
-        }
-        // A standalone notification queues behind every earlier write's.
-        ab.notify(b"all sent").unwrap();
-        for t in &transfers {
-            assert_eq!(t.wait(DEADLINE).unwrap(), LEN as u64);
-        }
-        checker.join().unwrap()
-    });
-    let mut expected: Vec<String> = (0..N).map(|i| format!("done {i}")).collect();
-    expected.push("all sent".into());
-    assert_eq!(checker, expected, "notifications in send order");
+    notifications_after_their_data(
+        (&b, &ab),
+        (&sources, &targets),
+        |d| vec![RemoteSegment::new(d, 0, LEN as u64)],
+        true,
+        |i| {
+            let seed = 300 + i as u64;
+            let what = format!("write {i} at its notification");
+            assert_pattern(&targets[i], 0, LEN, seed, &what);
+        },
+    );
 }
 
 /// Writes `bad` (one bad entry among good ones) and checks the refusal and that no byte of
@@ -213,9 +127,7 @@ fn refused_write_changes_nothing(
     ];
     let local = [Segment::new(&src, 0, (2 << 20) + bad.len as usize)];
     let tx = ab.write(&local, &remote, Some(b"must not arrive")).unwrap();
-    let (index, why) = access_error(tx.wait(DEADLINE));
-    assert_eq!(index, 2, "the error names the bad entry");
-    assert!(why.contains(reason), "{why:?} should say {reason:?}");
+    assert_refused(&tx, 2, reason, "write");
     assert_eq!(b.access_refusals(), refusals + 1);
     assert!(
         snapshot(dst) == before,
@@ -229,18 +141,10 @@ fn refused_write_changes_nothing(
             &[remote[0], bad],
         )
         .unwrap();
-    let (index, why) = access_error(rx.wait(DEADLINE));
-    assert_eq!(index, 1);
-    assert!(why.contains(reason), "{why:?}");
+    assert_refused(&rx, 1, reason, "read");
     assert_eq!(b.access_refusals(), refusals + 2);
     // The lanes are still in step: a good write lands exactly.
-    let tx = ab
-        .write(
-            &[Segment::new(&src, 0, 1 << 20)],
-            &[RemoteSegment::new(good, 0, 1 << 20)],
-            None,
-        )
-        .unwrap();
+    let tx = write_one(ab, &src, good, 1 << 20, None);
     assert_eq!(tx.wait(DEADLINE).unwrap(), 1 << 20);
     assert_pattern(dst, 0, 1 << 20, 77, "write after a refusal");
     dst.memory()
@@ -259,61 +163,27 @@ fn bad_descriptors_are_refused_and_nothing_is_written() {
     let dst = b.alloc_host(4 << 20).unwrap();
     dst.memory().with_bytes_mut(|m| fill(m, 9)).unwrap();
     let good = b.advertise(&dst).unwrap();
+    let refused = |bad, reason| refused_write_changes_nothing(&a, &b, &ab, &dst, good, bad, reason);
 
     // Wrong key.
     let forged = with_wrong_key(good);
-    refused_write_changes_nothing(
-        &a,
-        &b,
-        &ab,
-        &dst,
-        good,
-        RemoteSegment::new(forged, 2 << 20, 4096),
-        "key",
-    );
+    refused(RemoteSegment::new(forged, 2 << 20, 4096), "key");
 
     // Out of bounds (the descriptor claims more than the region holds).
-    let mut long = good.to_bytes();
-    long[9..17].copy_from_slice(&(64u64 << 20).to_le_bytes());
-    let long = Descriptor::from_bytes(&long).unwrap();
-    refused_write_changes_nothing(
-        &a,
-        &b,
-        &ab,
-        &dst,
-        good,
-        RemoteSegment::new(long, (4 << 20) - 4096, 8192),
-        "outside",
-    );
+    let long = with_len(good, 64 << 20);
+    refused(RemoteSegment::new(long, (4 << 20) - 4096, 8192), "outside");
 
     // Unknown region.
     let mut unknown = good.to_bytes();
     unknown[1..9].copy_from_slice(&u64::MAX.to_le_bytes());
     let unknown = Descriptor::from_bytes(&unknown).unwrap();
-    refused_write_changes_nothing(
-        &a,
-        &b,
-        &ab,
-        &dst,
-        good,
-        RemoteSegment::new(unknown, 0, 4096),
-        "unknown",
-    );
+    refused(RemoteSegment::new(unknown, 0, 4096), "unknown");
 
     // Revoked: a second region, advertised then revoked.
-    let other = b.alloc_host(1 << 20).unwrap();
-    let revoked = b.advertise(&other).unwrap();
+    let (_other, revoked) = advertised_host(&b, 1 << 20);
     assert!(b.revoke(&revoked));
     assert!(!b.revoke(&revoked));
-    refused_write_changes_nothing(
-        &a,
-        &b,
-        &ab,
-        &dst,
-        good,
-        RemoteSegment::new(revoked, 0, 4096),
-        "revoked",
-    );
+    refused(RemoteSegment::new(revoked, 0, 4096), "revoked");
 
     assert_eq!(b.access_refusals(), 8);
     assert!(ab.error().is_none());
@@ -323,8 +193,7 @@ fn bad_descriptors_are_refused_and_nothing_is_written() {
 fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
     loopback();
     let (a, b, ab, ba) = pair(2, 64 << 10);
-    let dst = b.alloc_host(8 << 20).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, 8 << 20);
     let src = source(&a, 8 << 20, 11);
     // Detached writes and reads, with two-sided transfers in between in both directions.
     let scratch = a.alloc_host(1 << 20).unwrap();
@@ -341,13 +210,7 @@ fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
             .unwrap(),
         );
         if i % 4 == 0 {
-            drop(
-                ab.read(
-                    &[Segment::new(&scratch, 0, 1 << 20)],
-                    &[RemoteSegment::new(d, 0, 1 << 20)],
-                )
-                .unwrap(),
-            );
+            drop(read_one(&ab, &scratch, d, 1 << 20));
             let rx = ab.recv(&two_dst, 0, 1 << 20).unwrap();
             let tx = ba.send(&two_src, 0, 1 << 20).unwrap();
             tx.wait(DEADLINE).unwrap();
@@ -356,13 +219,7 @@ fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
     }
     assert_pattern(&two_dst, 0, 1 << 20, 12, "two-sided between one-sided ops");
     // A last write is acknowledged only after the earlier ones on its lanes landed.
-    let tx = ab
-        .write(
-            &[Segment::new(&src, 0, 8 << 20)],
-            &[RemoteSegment::new(d, 0, 8 << 20)],
-            Some(b"last"),
-        )
-        .unwrap();
+    let tx = write_one(&ab, &src, d, 8 << 20, Some(b"last"));
     assert_eq!(tx.wait(DEADLINE).unwrap(), 8 << 20);
     assert_eq!(wait_notifications(&b, 1), [b"last".to_vec()]);
     // The detached reads' sends from `dst` may still be finishing on the target (the CPU may
@@ -375,8 +232,7 @@ fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
 fn invalid_local_arguments_are_refused_before_anything_moves() {
     loopback();
     let (a, b, ab, _ba) = pair(1, 64 << 10);
-    let dst = b.alloc_host(1 << 20).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (_dst, d) = advertised_host(&b, 1 << 20);
     let src = a.alloc_host(1 << 20).unwrap();
     let r = |o, l| RemoteSegment::new(d, o, l);
     let bad = |res: tcpx_runtime::Result<_>| matches!(res, Err(Error::InvalidArgument(_)));
@@ -416,33 +272,35 @@ fn invalid_local_arguments_are_refused_before_anything_moves() {
     assert_eq!(b.access_refusals(), 0);
 }
 
-#[test]
-fn a_lost_peer_fails_every_pending_operation_on_both_sides() {
-    loopback();
+/// The lost-peer scenarios' start: a pair whose operations give up after 3 s (a lost peer
+/// must fail them well inside the tests' waits), `b`'s 64 MiB region advertised and an
+/// initiator region of the same size: (a, b, ab, ba, target, its descriptor, source).
+fn lost_peer_setup() -> (
+    Endpoint,
+    Endpoint,
+    Connection,
+    Connection,
+    Region,
+    Descriptor,
+    Region,
+) {
     let mut cfg = config(2, 64 << 10);
     cfg.timeout = Duration::from_secs(3);
     let (a, b, ab, ba) = pair_with(cfg.clone(), cfg);
-    let dst = b.alloc_host(64 << 20).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, 64 << 20);
     let src = a.alloc_host(64 << 20).unwrap();
+    (a, b, ab, ba, dst, d, src)
+}
+
+#[test]
+fn a_lost_peer_fails_every_pending_operation_on_both_sides() {
+    loopback();
+    let (a, b, ab, ba, _dst, d, src) = lost_peer_setup();
     let back = a.alloc_host(64 << 20).unwrap();
     let mut pending = Vec::new();
     for _ in 0..4 {
-        pending.push(
-            ab.write(
-                &[Segment::new(&src, 0, 64 << 20)],
-                &[RemoteSegment::new(d, 0, 64 << 20)],
-                None,
-            )
-            .unwrap(),
-        );
-        pending.push(
-            ab.read(
-                &[Segment::new(&back, 0, 64 << 20)],
-                &[RemoteSegment::new(d, 0, 64 << 20)],
-            )
-            .unwrap(),
-        );
+        pending.push(write_one(&ab, &src, d, 64 << 20, None));
+        pending.push(read_one(&ab, &back, d, 64 << 20));
     }
     // The target goes away mid-operation.
     drop(ba);
@@ -476,21 +334,9 @@ fn a_lost_peer_fails_every_pending_operation_on_both_sides() {
 #[test]
 fn a_lost_initiator_fails_the_targets_pending_work() {
     loopback();
-    let mut cfg = config(2, 64 << 10);
-    cfg.timeout = Duration::from_secs(3);
-    let (a, b, ab, ba) = pair_with(cfg.clone(), cfg);
-    let dst = b.alloc_host(64 << 20).unwrap();
-    let d = b.advertise(&dst).unwrap();
-    let src = a.alloc_host(64 << 20).unwrap();
+    let (a, b, ab, ba, _dst, d, src) = lost_peer_setup();
     for _ in 0..4 {
-        drop(
-            ab.write(
-                &[Segment::new(&src, 0, 64 << 20)],
-                &[RemoteSegment::new(d, 0, 64 << 20)],
-                None,
-            )
-            .unwrap(),
-        );
+        drop(write_one(&ab, &src, d, 64 << 20, None));
     }
     drop(ab);
     drop(a);
@@ -507,19 +353,13 @@ fn closing_releases_one_sided_registrations() {
     loopback();
     let a = Endpoint::new(config(2, 64 << 10)).unwrap();
     let b = Endpoint::new(config(2, 64 << 10)).unwrap();
-    let dst = b.alloc_host(1 << 20).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (_dst, d) = advertised_host(&b, 1 << 20);
     let src = source(&a, 1 << 20, 3);
     for _ in 0..3 {
         let (ab, ba) = connect(&a, &b);
-        let w = ab
-            .write(
-                &[Segment::new(&src, 0, 1 << 20)],
-                &[RemoteSegment::new(d, 0, 1 << 20)],
-                None,
-            )
+        write_one(&ab, &src, d, 1 << 20, None)
+            .wait(DEADLINE)
             .unwrap();
-        w.wait(DEADLINE).unwrap();
         // A refusal registers the discard region too.
         let bad = Descriptor::from_bytes(&{
             let mut x = d.to_bytes();
@@ -527,20 +367,20 @@ fn closing_releases_one_sided_registrations() {
             x
         })
         .unwrap();
-        let w = ab
-            .write(
-                &[Segment::new(&src, 0, 4096)],
-                &[RemoteSegment::new(bad, 0, 4096)],
-                None,
-            )
-            .unwrap();
+        let w = write_one(&ab, &src, bad, 4096, None);
         assert!(w.wait(DEADLINE).is_err());
         assert!(a.live_registrations() > 0 && b.live_registrations() > 0);
-        ab.close().unwrap();
-        drop(ba);
-        assert_eq!(a.live_registrations(), 0);
-        assert!(eventually(DEADLINE, || b.live_registrations() == 0));
+        close_releases_everything((&a, &b), ab, ba);
     }
+}
+
+/// Closes `ab` from `a`'s side and asserts that both endpoints released every one-sided
+/// registration: `a` at once, `b` once its side of the connection noticed.
+fn close_releases_everything((a, b): (&Endpoint, &Endpoint), ab: Connection, ba: Connection) {
+    ab.close().unwrap();
+    drop(ba);
+    assert_eq!(a.live_registrations(), 0);
+    assert!(eventually(DEADLINE, || b.live_registrations() == 0));
 }
 
 #[test]
@@ -548,25 +388,13 @@ fn a_read_sees_every_earlier_write_of_the_same_connection() {
     loopback();
     let (a, b, ab, _ba) = pair(4, 64 << 10);
     const LEN: usize = 4 << 20;
-    let dst = b.alloc_host(LEN).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (_dst, d) = advertised_host(&b, LEN);
     for round in 0..6u64 {
         let src = source(&a, LEN, 500 + round);
         let back = a.alloc_host(LEN).unwrap();
         // Issued back to back: the read is served only after the write landed.
-        let w = ab
-            .write(
-                &[Segment::new(&src, 0, LEN)],
-                &[RemoteSegment::new(d, 0, LEN as u64)],
-                None,
-            )
-            .unwrap();
-        let r = ab
-            .read(
-                &[Segment::new(&back, 0, LEN)],
-                &[RemoteSegment::new(d, 0, LEN as u64)],
-            )
-            .unwrap();
+        let w = write_one(&ab, &src, d, LEN, None);
+        let r = read_one(&ab, &back, d, LEN);
         assert_eq!(r.wait(DEADLINE).unwrap(), LEN as u64);
         assert_eq!(w.wait(DEADLINE).unwrap(), LEN as u64);
         assert_pattern(
@@ -599,19 +427,6 @@ fn scattered(rng: &mut Rng, n: usize, max_block: usize, region_len: usize) -> Ve
             (slot * max_block + at, len)
         })
         .collect()
-}
-
-/// Asserts stream byte k of `src` (its first `sum(len)` bytes) sits in `blocks` of `dst`.
-fn assert_blocks(dst: &Region, blocks: &[(usize, usize)], src: &[u8], what: &str) {
-    let got = snapshot(dst);
-    let mut pos = 0;
-    for (i, &(o, l)) in blocks.iter().enumerate() {
-        assert!(
-            got[o..o + l] == src[pos..pos + l],
-            "{what}: block {i} ({l} bytes at {o}) differs"
-        );
-        pos += l;
-    }
 }
 
 #[test]
@@ -656,15 +471,8 @@ fn scattered_small_blocks_are_written_and_read_packed_exactly() {
                 }
             })
             .unwrap();
-        let local: Vec<Segment<'_>> = local_blocks
-            .iter()
-            .map(|&(o, l)| Segment::new(&staging, o, l))
-            .collect();
-        let remote: Vec<RemoteSegment> = blocks
-            .iter()
-            .zip(&which)
-            .map(|(&(o, l), &w)| RemoteSegment::new(d[w], o as u64, l as u64))
-            .collect();
+        let local = local_segments(&staging, &local_blocks);
+        let remote = spread_remote_segments(&d, &blocks, &which);
         let (sent, received) = (ab.pack_stats().packed_sent, ba.pack_stats().packed_received);
         let tx = ab.write(&local, &remote, None).unwrap();
         assert_eq!(tx.wait(DEADLINE).unwrap(), total as u64, "write {round}");
@@ -674,22 +482,12 @@ fn scattered_small_blocks_are_written_and_read_packed_exactly() {
             "write {round} packed"
         );
         assert_eq!(ba.pack_stats().packed_received, received + 1);
-        let got = [snapshot(&t0), snapshot(&t1)];
-        let mut pos = 0;
-        for (&(o, l), &w) in blocks.iter().zip(&which) {
-            assert!(
-                got[w][o..o + l] == stream[pos..pos + l],
-                "write {round}: block of {l} bytes at {o} in region {w}"
-            );
-            pos += l;
-        }
+        let what = format!("write {round}");
+        assert_spread_blocks(&[&t0, &t1], &blocks, &which, &stream, &what);
 
         // Read it back into another scattered local list, packed as well.
         let back = a.alloc_host(n * (64 << 10)).unwrap();
-        let local: Vec<Segment<'_>> = local_blocks
-            .iter()
-            .map(|&(o, l)| Segment::new(&back, o, l))
-            .collect();
+        let local = local_segments(&back, &local_blocks);
         let (sent, received) = (ba.pack_stats().packed_sent, ab.pack_stats().packed_received);
         let rx = ab.read(&local, &remote).unwrap();
         assert_eq!(rx.wait(DEADLINE).unwrap(), total as u64, "read {round}");
@@ -707,16 +505,17 @@ fn a_short_list_alone_on_its_connection_goes_unpacked_and_a_long_one_packs() {
     // 2 channels × a window of 16: up to 32 runs ride the channels unpacked when alone.
     let (a, b, ab, _ba) = pair(2, 128 << 10);
     const BLOCK: usize = 16 << 10;
-    let dst = b.alloc_host(2 * BLOCK * 64).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, 2 * BLOCK * 64);
     for (round, n) in [(0u64, 2usize), (1, 32), (2, 33), (3, 64)] {
         let src = source(&a, BLOCK * n, 700 + round);
-        let remote: Vec<RemoteSegment> = (0..n)
-            .map(|i| RemoteSegment::new(d, (i * 2 * BLOCK) as u64, BLOCK as u64))
-            .collect();
+        let blocks = every_other_block(n, BLOCK, 0);
         let before = ab.pack_stats().packed_sent;
         let tx = ab
-            .write(&[Segment::new(&src, 0, BLOCK * n)], &remote, None)
+            .write(
+                &[Segment::new(&src, 0, BLOCK * n)],
+                &remote_segments(d, &blocks),
+                None,
+            )
             .expect("write");
         assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * n) as u64);
         let packed = ab.pack_stats().packed_sent - before;
@@ -725,7 +524,6 @@ fn a_short_list_alone_on_its_connection_goes_unpacked_and_a_long_one_packs() {
             u64::from(n > 32),
             "{n} runs of 16 KiB alone: packed {packed}"
         );
-        let blocks: Vec<(usize, usize)> = (0..n).map(|i| (i * 2 * BLOCK, BLOCK)).collect();
         assert_blocks(&dst, &blocks, &snapshot(&src), &format!("{n} blocks"));
     }
 }
@@ -743,21 +541,12 @@ fn a_refused_packed_write_changes_no_byte_and_keeps_the_lanes_in_step() {
     let src = source(&a, BLOCK * N, 6);
     let local = [Segment::new(&src, 0, BLOCK * N)];
     // Every other 4 KiB slot; the last entry carries a wrong key.
-    let mut remote: Vec<RemoteSegment> = (0..N)
-        .map(|i| RemoteSegment::new(d, (i * 2 * BLOCK) as u64, BLOCK as u64))
-        .collect();
-    let forged = Descriptor::from_bytes(&{
-        let mut bytes = d.to_bytes();
-        bytes[18] ^= 1;
-        bytes
-    })
-    .unwrap();
-    remote[N - 1] = RemoteSegment::new(forged, ((N - 1) * 2 * BLOCK) as u64, BLOCK as u64);
+    let blocks = every_other_block(N, BLOCK, 0);
+    let mut remote = remote_segments(d, &blocks);
+    remote[N - 1] = RemoteSegment::new(with_wrong_key(d), remote[N - 1].offset, BLOCK as u64);
     let received = ba.pack_stats().packed_received;
     let tx = ab.write(&local, &remote, Some(b"must not arrive")).unwrap();
-    let (index, why) = access_error(tx.wait(DEADLINE));
-    assert_eq!(index, N - 1);
-    assert!(why.contains("key"), "{why:?}");
+    assert_refused(&tx, N - 1, "key", "packed write");
     assert_eq!(
         ba.pack_stats().packed_received,
         received + 1,
@@ -772,7 +561,6 @@ fn a_refused_packed_write_changes_no_byte_and_keeps_the_lanes_in_step() {
     let tx = ab.write(&local, &remote, Some(b"landed")).unwrap();
     assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * N) as u64);
     assert_eq!(wait_notifications(&b, 1), [b"landed".to_vec()]);
-    let blocks: Vec<(usize, usize)> = (0..N).map(|i| (i * 2 * BLOCK, BLOCK)).collect();
     assert_blocks(
         &dst,
         &blocks,
@@ -792,55 +580,22 @@ fn a_packed_writes_notification_is_never_delivered_before_its_data() {
     let targets: Vec<Region> = (0..N)
         .map(|_| b.alloc_host(2 * BLOCK * BLOCKS).unwrap())
         .collect();
-    let descriptors: Vec<Descriptor> = targets.iter().map(|r| b.advertise(r).unwrap()).collect();
     let sources: Vec<Region> = (0..N)
         .map(|i| source(&a, BLOCK * BLOCKS, 400 + i as u64))
         .collect();
     let streams: Vec<Vec<u8>> = sources.iter().map(snapshot).collect();
     // Every other slot, in reverse order: nothing coalesces.
-    let blocks: Vec<(usize, usize)> = (0..BLOCKS).rev().map(|i| (i * 2 * BLOCK, BLOCK)).collect();
-    let order = std::thread::scope(|s| {
-        let checker = s.spawn(|| {
-            let mut order = Vec::new();
-            let deadline = Instant::now() + DEADLINE;
-            while order.len() < N && Instant::now() < deadline {
-                for (_, bytes) in b.notifications() {
-                    let i: usize = String::from_utf8(bytes).unwrap().parse().unwrap();
-                    assert_blocks(
-                        &targets[i],
-                        &blocks,
-                        &streams[i],
-                        &format!("packed write {i} at its notification"),
-                    );
-                    order.push(i);
-                }
-                std::thread::yield_now();
-            }
-            order
-        });
-        let transfers: Vec<_> = (0..N)
-            .map(|i| {
-                let remote: Vec<RemoteSegment> = blocks
-                    .iter()
-                    .map(|&(o, l)| RemoteSegment::new(descriptors[i], o as u64, l as u64))
-                    .collect();
-                ab.write(
-                    &[Segment::new(&sources[i], 0, BLOCK * BLOCKS)],
-                    &remote,
-                    Some(i.to_string().as_bytes()),
-                )
-                .unwrap()
-            })
-            .collect();
-        for t in &transfers {
-            assert_eq!(t.wait(DEADLINE).unwrap(), (BLOCK * BLOCKS) as u64);
-        }
-        checker.join().unwrap()
-    });
-    assert_eq!(
-        order,
-        (0..N).collect::<Vec<_>>(),
-        "notifications in send order"
+    let mut blocks = every_other_block(BLOCKS, BLOCK, 0);
+    blocks.reverse();
+    notifications_after_their_data(
+        (&b, &ab),
+        (&sources, &targets),
+        |d| remote_segments(d, &blocks),
+        false,
+        |i| {
+            let what = format!("packed write {i} at its notification");
+            assert_blocks(&targets[i], &blocks, &streams[i], &what);
+        },
     );
     assert_eq!(ba.pack_stats().packed_received, N as u64);
     // The initiator's side is contiguous: sent packed from in place, no buffer needed.
@@ -872,22 +627,15 @@ fn exhausted_pool_round(sender_buffers: usize) {
     const N: usize = 8;
     const BLOCK: usize = 4096;
     const BLOCKS: usize = 1024;
-    let dst = b.alloc_host(N * 2 * BLOCK * BLOCKS).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, N * 2 * BLOCK * BLOCKS);
     // Scattered on both sides (every other 4 KiB slot), so the sender needs a buffer.
     let sources: Vec<Region> = (0..N)
         .map(|i| source(&a, 2 * BLOCK * BLOCKS, 500 + i as u64))
         .collect();
-    let local_blocks: Vec<(usize, usize)> = (0..BLOCKS).map(|k| (k * 2 * BLOCK, BLOCK)).collect();
+    let local_blocks = every_other_block(BLOCKS, BLOCK, 0);
     let streams: Vec<Vec<u8>> = sources
         .iter()
-        .map(|src| {
-            let bytes = snapshot(src);
-            local_blocks
-                .iter()
-                .flat_map(|&(o, l)| bytes[o..o + l].to_vec())
-                .collect()
-        })
+        .map(|src| gather(&snapshot(src), &local_blocks))
         .collect();
     let lists: Vec<Vec<(usize, usize)>> = (0..N)
         .map(|i| {
@@ -898,15 +646,9 @@ fn exhausted_pool_round(sender_buffers: usize) {
         .collect();
     let transfers: Vec<_> = (0..N)
         .map(|i| {
-            let remote: Vec<RemoteSegment> = lists[i]
-                .iter()
-                .map(|&(o, l)| RemoteSegment::new(d, o as u64, l as u64))
-                .collect();
-            let local: Vec<Segment<'_>> = local_blocks
-                .iter()
-                .map(|&(o, l)| Segment::new(&sources[i], o, l))
-                .collect();
-            ab.write(&local, &remote, None).unwrap()
+            let local = local_segments(&sources[i], &local_blocks);
+            ab.write(&local, &remote_segments(d, &lists[i]), None)
+                .unwrap()
         })
         .collect();
     for t in &transfers {
@@ -936,8 +678,7 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     let channels = 3;
     let a = Endpoint::new(config(channels, 64 << 10)).unwrap();
     let b = Endpoint::new(config(channels, 64 << 10)).unwrap();
-    let dst = b.alloc_host(1 << 20).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, 1 << 20);
     let src = source(&a, 1 << 20, 5);
     let (ab, ba) = connect(&a, &b);
     // One registration per one-sided comm: a send and a receive comm per channel. The
@@ -954,24 +695,13 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     // Twice is the same as once (the registrations are cached on the connection).
     ab.warm_up(&src).unwrap();
     assert_eq!(a.live_registrations(), per_side);
-    let w = ab
-        .write(
-            &[Segment::new(&src, 0, 1 << 20)],
-            &[RemoteSegment::new(d, 0, 1 << 20)],
-            Some(b"warm"),
-        )
-        .unwrap();
+    let w = write_one(&ab, &src, d, 1 << 20, Some(b"warm"));
     assert_eq!(w.wait(DEADLINE).unwrap(), 1 << 20);
     assert_eq!(wait_notifications(&b, 1), vec![b"warm".to_vec()]);
     assert_eq!(snapshot(&dst), snapshot(&src));
     let back = a.alloc_host(1 << 20).unwrap();
     ab.warm_up(&back).unwrap();
-    let r = ab
-        .read(
-            &[Segment::new(&back, 0, 1 << 20)],
-            &[RemoteSegment::new(d, 0, 1 << 20)],
-        )
-        .unwrap();
+    let r = read_one(&ab, &back, d, 1 << 20);
     assert_eq!(r.wait(DEADLINE).unwrap(), 1 << 20);
     assert_eq!(snapshot(&back), snapshot(&src));
     // The operations added nothing: both regions were registered ahead.
@@ -979,16 +709,12 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     assert_eq!(b.live_registrations(), per_side);
     // A region advertised on a live connection is registered on it at once, and released
     // with the region once it is revoked and dropped.
-    let more = b.alloc_host(64 << 10).unwrap();
-    let dm = b.advertise(&more).unwrap();
+    let (more, dm) = advertised_host(&b, 64 << 10);
     assert_eq!(b.live_registrations(), 2 * per_side);
     assert!(b.revoke(&dm));
     drop(more);
     assert!(eventually(DEADLINE, || b.live_registrations() == per_side));
-    ab.close().unwrap();
-    drop(ba);
-    assert_eq!(a.live_registrations(), 0);
-    assert!(eventually(DEADLINE, || b.live_registrations() == 0));
+    close_releases_everything((&a, &b), ab, ba);
 }
 
 /// `Connection::warm_up_all` registers many regions in one go, skipping what is cached, and
@@ -1004,16 +730,9 @@ fn warming_up_many_regions_at_once() {
     assert_eq!(a.live_registrations(), per_region);
     ab.warm_up_all(&sources).unwrap();
     assert_eq!(a.live_registrations(), sources.len() * per_region);
-    let dst = b.alloc_host(64 << 10).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, 64 << 10);
     for (i, src) in sources.iter().enumerate() {
-        let w = ab
-            .write(
-                &[Segment::new(src, 0, 64 << 10)],
-                &[RemoteSegment::new(d, 0, 64 << 10)],
-                None,
-            )
-            .unwrap();
+        let w = write_one(&ab, src, d, 64 << 10, None);
         assert_eq!(w.wait(DEADLINE).unwrap(), 64 << 10);
         assert_pattern(&dst, 0, 64 << 10, 50 + i as u64, &format!("write {i}"));
     }
@@ -1032,16 +751,9 @@ fn a_target_closing_at_the_notification_still_acknowledges_the_write() {
     let src = source(&a, 64 << 10, 9);
     for round in 0..20 {
         let b = Endpoint::new(config(2, 64 << 10)).unwrap();
-        let dst = b.alloc_host(64 << 10).unwrap();
-        let d = b.advertise(&dst).unwrap();
+        let (_dst, d) = advertised_host(&b, 64 << 10);
         let (ab, ba) = connect(&a, &b);
-        let w = ab
-            .write(
-                &[Segment::new(&src, 0, 64 << 10)],
-                &[RemoteSegment::new(d, 0, 64 << 10)],
-                Some(b"done"),
-            )
-            .unwrap();
+        let w = write_one(&ab, &src, d, 64 << 10, Some(b"done"));
         let deadline = Instant::now() + DEADLINE;
         while b.notifications().is_empty() {
             assert!(Instant::now() < deadline, "round {round}: no notification");
@@ -1216,37 +928,18 @@ fn both_control_streams_full_at_once_do_not_wait_for_each_other() {
 #[test]
 fn spread_writes_and_reads_land_exactly() {
     loopback();
-    // 8 channels driven by 8 engines on each side: transfers below 4 MiB are cut into pieces
-    // of at least 128 KiB over up to 8 channels, one-sided ones too.
-    let cfg = || {
-        let mut c = config(8, 512 << 10);
-        c.engines_per_device = Some(8);
-        c
-    };
-    let (a, b, ab, ba) = pair_with(cfg(), cfg());
+    let (a, b, ab, ba) = pair_with(spread_config(), spread_config());
     assert_eq!(ab.peer_info().spread, 8);
     // A lone 1 MiB write rides all 8 RMA channels in 128 KiB pieces.
     {
         let src = source(&a, MIB, 3);
-        let target = b.alloc_host(MIB).unwrap();
-        let d = b.advertise(&target).unwrap();
-        let (_, before) = received_since(&ba.one_sided_stats(), &[0; 8]);
-        let tx = ab
-            .write(
-                &[Segment::new(&src, 0, MIB)],
-                &[RemoteSegment::new(d, 0, MIB as u64)],
-                None,
-            )
-            .unwrap();
-        assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64);
-        let (got, _) = received_since(&ba.one_sided_stats(), &before);
+        let (target, d) = advertised_host(&b, MIB);
+        let (_, mut totals) = received_since(&ba.one_sided_stats(), &[0; 8]);
+        let got = lone_write_pieces((&ab, &ba), &src, (&target, d), &mut totals, "lone");
         assert_eq!(got, vec![(MIB / 8) as u64; 8]);
-        assert!(snapshot(&target) == snapshot(&src));
     }
-    let target = b.alloc_host(4 << 20).unwrap();
-    let d = b.advertise(&target).unwrap();
-    let second = b.alloc_host(1 << 20).unwrap();
-    let d2 = b.advertise(&second).unwrap();
+    let (target, d) = advertised_host(&b, 4 << 20);
+    let (second, d2) = advertised_host(&b, 1 << 20);
     let mut rng = Rng(11);
     for round in 0..8u64 {
         let total = (128 << 10) + rng.below(3 << 20) as usize;
@@ -1266,15 +959,10 @@ fn spread_writes_and_reads_land_exactly() {
         let src = source(&a, total, 500 + round);
         let local_layout = random_layout(&mut rng, total, total, 700 << 10);
         let remote_layout = random_layout(&mut rng, total, 4 << 20, 600 << 10);
-        let local: Vec<Segment<'_>> = local_layout
-            .iter()
-            .map(|&(o, l)| Segment::new(&src, o, l))
-            .collect();
-        let remote: Vec<RemoteSegment> = remote_layout
-            .iter()
-            .map(|&(o, l)| RemoteSegment::new(d, o as u64, l as u64))
-            .collect();
-        let tx = ab.write(&local, &remote, None).unwrap();
+        let remote = remote_segments(d, &remote_layout);
+        let tx = ab
+            .write(&local_segments(&src, &local_layout), &remote, None)
+            .unwrap();
         assert_eq!(tx.wait(DEADLINE).unwrap(), total as u64, "write {round}");
         if let Some((extra, t)) = companion {
             assert_eq!(t.wait(DEADLINE).unwrap(), 600 << 10);
@@ -1283,15 +971,13 @@ fn spread_writes_and_reads_land_exactly() {
                 "write {round}: companion"
             );
         }
-        let (expected, got) = (snapshot(&src), snapshot(&target));
-        let mut pos = 0;
-        for &(o, l) in &remote_layout {
-            assert!(
-                got[o..o + l] == expected[pos..pos + l],
-                "write {round}: block at {o}"
-            );
-            pos += l;
-        }
+        let expected = snapshot(&src);
+        assert_blocks(
+            &target,
+            &remote_layout,
+            &expected,
+            &format!("write {round}"),
+        );
         let back = a.alloc_host(total).unwrap();
         let rx = ab.read(&[Segment::new(&back, 0, total)], &remote).unwrap();
         assert_eq!(rx.wait(DEADLINE).unwrap(), total as u64, "read {round}");
@@ -1324,24 +1010,12 @@ fn spread_is_agreed_when_only_one_side_halves_its_engines() {
     for (from, to, conn, seed) in [(&a, &b, &ab, 1u64), (&b, &a, &ba, 2)] {
         for len in [MIB, 300 << 10, 3 * MIB + 7] {
             let src = source(from, len, seed * 10 + len as u64);
-            let target = to.alloc_host(len).unwrap();
-            let d = to.advertise(&target).unwrap();
-            let tx = conn
-                .write(
-                    &[Segment::new(&src, 0, len)],
-                    &[RemoteSegment::new(d, 0, len as u64)],
-                    None,
-                )
-                .unwrap();
+            let (target, d) = advertised_host(to, len);
+            let tx = write_one(conn, &src, d, len, None);
             assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "write of {len}");
             assert!(snapshot(&target) == snapshot(&src), "write of {len}");
             let back = from.alloc_host(len).unwrap();
-            let rx = conn
-                .read(
-                    &[Segment::new(&back, 0, len)],
-                    &[RemoteSegment::new(d, 0, len as u64)],
-                )
-                .unwrap();
+            let rx = read_one(conn, &back, d, len);
             assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64, "read of {len}");
             assert!(snapshot(&back) == snapshot(&src), "read of {len}");
         }
@@ -1388,6 +1062,42 @@ fn small_operations(seed: u64, n: usize) -> Vec<Vec<(usize, usize, usize)>> {
         .collect()
 }
 
+/// One of [`small_operations`] as lists: its blocks of `local`, and of the remote regions `d`
+/// (0 or 1 per block); with its length in all.
+fn small_lists<'r>(
+    local: &'r Region,
+    d: [Descriptor; 2],
+    blocks: &[(usize, usize, usize)],
+) -> (usize, Vec<Segment<'r>>, Vec<RemoteSegment>) {
+    let total = blocks.iter().map(|b| b.2).sum();
+    let local = blocks
+        .iter()
+        .map(|&(_, at, len)| Segment::new(local, at, len))
+        .collect();
+    let remote = blocks
+        .iter()
+        .map(|&(w, at, len)| RemoteSegment::new(d[w], at as u64, len as u64))
+        .collect();
+    (total, local, remote)
+}
+
+/// Asserts every block of `operations` holds the same bytes in `local` as in `remote[w]`, its
+/// remote region's snapshot (blocks sit at the same offset on both sides): the check the
+/// small write and read scenarios share, whichever way the bytes went.
+fn assert_small_blocks(
+    operations: &[Vec<(usize, usize, usize)>],
+    local: &[u8],
+    remote: [&[u8]; 2],
+    what: &str,
+) {
+    for &(w, offset, len) in operations.iter().flatten() {
+        assert!(
+            remote[w][offset..offset + len] == local[offset..offset + len],
+            "{what}: block of {len} bytes at {offset} in remote region {w}"
+        );
+    }
+}
+
 /// Small writes (1 B up to the inline threshold, one block or several in two regions, some
 /// with a notification), many in flight from one source region, land exactly, travel
 /// inline (the target counts them), and their notifications come in order, each after its
@@ -1407,15 +1117,7 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
         let mut transfers = Vec::new();
         let mut notes = Vec::new();
         for (i, blocks) in operations.iter().enumerate() {
-            let total: usize = blocks.iter().map(|b| b.2).sum();
-            let local: Vec<Segment> = blocks
-                .iter()
-                .map(|&(_, at, len)| Segment::new(&src, at, len))
-                .collect();
-            let remote: Vec<RemoteSegment> = blocks
-                .iter()
-                .map(|&(t, at, len)| RemoteSegment::new([d0, d1][t], at as u64, len as u64))
-                .collect();
+            let (total, local, remote) = small_lists(&src, [d0, d1], blocks);
             let note = (i % 3 == 0).then(|| format!("inline {i}"));
             if let Some(n) = &note {
                 notes.push(n.clone());
@@ -1434,14 +1136,9 @@ fn small_writes_travel_inline_and_land_exactly_with_their_notifications_in_order
             .map(|n| String::from_utf8(n).unwrap())
             .collect();
         assert_eq!(got, notes, "notifications in write order");
-        let (s0, s1, srcb) = (snapshot(&t0), snapshot(&t1), snapshot(&src));
-        for &(target, offset, len) in operations.iter().flatten() {
-            let dst = if target == 0 { &s0 } else { &s1 };
-            assert!(
-                dst[offset..offset + len] == srcb[offset..offset + len],
-                "inline={inline}: block of {len} bytes at {offset} in target {target}"
-            );
-        }
+        let (s0, s1) = (snapshot(&t0), snapshot(&t1));
+        let what = format!("inline={inline}: write");
+        assert_small_blocks(&operations, &snapshot(&src), [&s0, &s1], &what);
         let landed = b.inline_served();
         let moved: u64 = transfers.iter().map(|(total, _)| *total as u64).sum();
         if inline {
@@ -1463,19 +1160,12 @@ fn an_inline_write_lands_after_earlier_writes_and_before_later_reads() {
     loopback();
     let (a, b, ab, _ba) = pair(4, 64 << 10);
     const LEN: usize = 4 << 20;
-    let dst = b.alloc_host(LEN).unwrap();
-    let d = b.advertise(&dst).unwrap();
+    let (dst, d) = advertised_host(&b, LEN);
     for round in 0..8u64 {
         let big = source(&a, LEN, 900 + round);
         let small = source(&a, 4096, 950 + round);
         let back = a.alloc_host(4096).unwrap();
-        let w_big = ab
-            .write(
-                &[Segment::new(&big, 0, LEN)],
-                &[RemoteSegment::new(d, 0, LEN as u64)],
-                None,
-            )
-            .unwrap();
+        let w_big = write_one(&ab, &big, d, LEN, None);
         let w_small = ab
             .write(
                 &[Segment::new(&small, 0, 4096)],
@@ -1528,15 +1218,12 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
     dst.memory().with_bytes_mut(|m| fill(m, 5)).unwrap();
     let good = b.advertise(&dst).unwrap();
     let forged = with_wrong_key(good);
-    let other = b.alloc_host(4096).unwrap();
-    let revoked = b.advertise(&other).unwrap();
+    let (_other, revoked) = advertised_host(&b, 4096);
     assert!(b.revoke(&revoked));
     let src = source(&a, 8192, 6);
     let before = snapshot(&dst);
     // The descriptor claims more than the region holds.
-    let mut long = good.to_bytes();
-    long[9..17].copy_from_slice(&(1u64 << 20).to_le_bytes());
-    let long = Descriptor::from_bytes(&long).unwrap();
+    let long = with_len(good, 1 << 20);
     let bad = [
         (RemoteSegment::new(forged, 0, 100), "key"),
         (RemoteSegment::new(long, (64 << 10) - 50, 100), "outside"),
@@ -1551,9 +1238,7 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
                 Some(b"must not arrive"),
             )
             .unwrap();
-        let (index, why) = access_error(tx.wait(DEADLINE));
-        assert_eq!(index, 1, "{reason}: the error names the bad entry");
-        assert!(why.contains(reason), "{why:?} should say {reason:?}");
+        assert_refused(&tx, 1, reason, reason);
         assert_eq!(b.access_refusals(), refusals + 1, "{reason}: counted");
         assert!(
             snapshot(&dst) == before,
@@ -1561,13 +1246,7 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
         );
     }
     assert_eq!(b.inline_served(), 0);
-    let tx = ab
-        .write(
-            &[Segment::new(&src, 0, 8192)],
-            &[RemoteSegment::new(good, 0, 8192)],
-            Some(b"landed"),
-        )
-        .unwrap();
+    let tx = write_one(&ab, &src, good, 8192, Some(b"landed"));
     assert_eq!(tx.wait(DEADLINE).unwrap(), 8192);
     assert_pattern(&dst, 0, 8192, 6, "a good inline write after the refusals");
     assert_eq!(wait_notifications(&b, 1), vec![b"landed".to_vec()]);
@@ -1590,15 +1269,7 @@ fn small_reads_come_back_inline_exactly() {
         let operations = small_operations(0x5ead, 300);
         let mut transfers = Vec::new();
         for blocks in &operations {
-            let total: usize = blocks.iter().map(|b| b.2).sum();
-            let local: Vec<Segment> = blocks
-                .iter()
-                .map(|&(_, at, len)| Segment::new(&back, at, len))
-                .collect();
-            let remote: Vec<RemoteSegment> = blocks
-                .iter()
-                .map(|&(s, at, len)| RemoteSegment::new([d0, d1][s], at as u64, len as u64))
-                .collect();
+            let (total, local, remote) = small_lists(&back, [d0, d1], blocks);
             transfers.push((total, ab.read(&local, &remote).unwrap()));
         }
         for (total, t) in &transfers {
@@ -1610,13 +1281,12 @@ fn small_reads_come_back_inline_exactly() {
             settled_snapshot(&s1),
             snapshot(&back),
         );
-        for &(which, offset, len) in operations.iter().flatten() {
-            let src = if which == 0 { &b0 } else { &b1 };
-            assert!(
-                got[offset..offset + len] == src[offset..offset + len],
-                "inline={inline}: block of {len} bytes at {offset} from source {which}"
-            );
-        }
+        assert_small_blocks(
+            &operations,
+            &got,
+            [&b0, &b1],
+            &format!("inline={inline}: read"),
+        );
         assert_eq!(b.inline_served(), if inline { 300 } else { 0 });
         let moved: u64 = transfers.iter().map(|(total, _)| *total as u64).sum();
         let expected = if inline { moved } else { 0 };
@@ -1646,20 +1316,13 @@ fn a_refused_inline_read_reads_nothing_and_the_connection_goes_on() {
             ],
         )
         .unwrap();
-    let (index, why) = access_error(rx.wait(DEADLINE));
-    assert_eq!(index, 1, "the error names the bad entry");
-    assert!(why.contains("key"), "{why:?}");
+    assert_refused(&rx, 1, "key", "inline read");
     assert_eq!(b.access_refusals(), refusals + 1);
     assert!(
         snapshot(&back).iter().all(|&x| x == 0xcc),
         "a refused read wrote"
     );
-    let rx = ab
-        .read(
-            &[Segment::new(&back, 0, 8192)],
-            &[RemoteSegment::new(good, 0, 8192)],
-        )
-        .unwrap();
+    let rx = read_one(&ab, &back, good, 8192);
     assert_eq!(rx.wait(DEADLINE).unwrap(), 8192);
     assert_pattern(&back, 0, 8192, 8, "a good inline read after the refusal");
     assert_eq!(b.inline_served(), 1);

@@ -13,7 +13,7 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use tcpx_runtime::{Descriptor, Endpoint, Error, Region, RemoteSegment, Segment};
+use tcpx_runtime::{Endpoint, Error, Region, RemoteSegment, Segment};
 
 /// A region of `len` bytes on `ep`, staged (emulated) or plain host memory, zeroed.
 fn region(ep: &Endpoint, staged: bool, len: usize) -> Region {
@@ -57,7 +57,10 @@ fn random_lists(local_staged: bool, remote_staged: bool, seed: u64) {
         region(&b, remote_staged, REGION),
         region(&b, remote_staged, REGION),
     ];
-    let d = [b.advertise(&t[0]).unwrap(), b.advertise(&t[1]).unwrap()];
+    let targets = [
+        (&t[0], b.advertise(&t[0]).unwrap()),
+        (&t[1], b.advertise(&t[1]).unwrap()),
+    ];
     for round in 0..8u64 {
         let small = round % 2 == 1;
         let total = if small {
@@ -68,55 +71,17 @@ fn random_lists(local_staged: bool, remote_staged: bool, seed: u64) {
         let max_block = if small { 4 << 10 } else { 96 << 10 };
         let pattern = seed * 100 + round;
         let src = filled(&a, local_staged, total, pattern);
-        let local_layout = random_layout(&mut rng, total, total, max_block);
-        let remote_layout = random_layout(&mut rng, total, REGION, max_block);
-        // Each block goes to one of the two regions, at its offset: the blocks of one
-        // region never overlap.
-        let which: Vec<usize> = remote_layout
-            .iter()
-            .map(|_| rng.below(2) as usize)
-            .collect();
-        let local: Vec<Segment<'_>> = local_layout
-            .iter()
-            .map(|&(o, l)| Segment::new(&src, o, l))
-            .collect();
-        let remote: Vec<RemoteSegment> = remote_layout
-            .iter()
-            .zip(&which)
-            .map(|(&(o, l), &w)| RemoteSegment::new(d[w], o as u64, l as u64))
-            .collect();
-        let tx = ab.write(&local, &remote, None).unwrap();
-        assert_eq!(
-            tx.wait(DEADLINE).unwrap(),
-            total as u64,
-            "{what}: write round {round}"
+        let round_what = format!("{what}: round {round}");
+        let back = random_lists_round(
+            &mut rng,
+            &ab,
+            targets,
+            &src,
+            [max_block; 3],
+            || region(&a, local_staged, total),
+            &round_what,
         );
-        let expected = snapshot(&src);
-        let got = [snapshot(&t[0]), snapshot(&t[1])];
-        let mut pos = 0;
-        for (&(o, l), &w) in remote_layout.iter().zip(&which) {
-            assert!(
-                got[w][o..o + l] == expected[pos..pos + l],
-                "{what}: write round {round}: block of {l} bytes at {o} in region {w}"
-            );
-            pos += l;
-        }
-
-        let back = region(&a, local_staged, total);
-        let back_layout = random_layout(&mut rng, total, total, max_block);
-        let local: Vec<Segment<'_>> = back_layout
-            .iter()
-            .map(|&(o, l)| Segment::new(&back, o, l))
-            .collect();
-        let rx = ab.read(&local, &remote).unwrap();
-        assert_eq!(
-            rx.wait(DEADLINE).unwrap(),
-            total as u64,
-            "{what}: read round {round}"
-        );
-        if let Err(at) = check(&snapshot(&back), pattern) {
-            panic!("{what}: read round {round}: differs at byte {at} of {total}");
-        }
+        verify_region(&back, total, pattern, &format!("{round_what}: read back"));
     }
     // Before issue 25 staged memory never packed (and this asserted (0, 0)): now the
     // small-block rounds' writes and reads travel packed, gathered and scattered through the
@@ -154,58 +119,28 @@ fn random_lists_host_initiator_staged_target() {
 }
 
 /// A staged target delivers each write's notification only once every byte of it landed:
-/// its chunks are retired only after their ring → memory copies completed.
+/// its chunks are retired only after their ring → memory copies completed. The check at a
+/// notification reads the region without waiting for it to settle: bytes still in flight
+/// there would be a notification ahead of its data.
 fn notifications_follow_their_data(local_staged: bool) {
     // Small chunks: each write is many staged chunks on every channel.
     let (a, b, ab, _ba) = pair(4, 16 << 10);
     const N: usize = 12;
     const LEN: usize = 1 << 20;
     let targets: Vec<Region> = (0..N).map(|_| region(&b, true, LEN)).collect();
-    let descriptors: Vec<Descriptor> = targets.iter().map(|r| b.advertise(r).unwrap()).collect();
     let sources: Vec<Region> = (0..N)
         .map(|i| filled(&a, local_staged, LEN, 500 + i as u64))
         .collect();
-    let order = std::thread::scope(|s| {
-        let checker = s.spawn(|| {
-            // At each delivery, the whole region of that write must already hold its data.
-            let mut order = Vec::new();
-            let deadline = Instant::now() + DEADLINE;
-            while order.len() < N + 1 && Instant::now() < deadline {
-                for (_, bytes) in b.notifications() {
-                    let text = String::from_utf8(bytes).unwrap();
-                    if let Some(i) = text.strip_prefix("done ") {
-                        let i: usize = i.parse().unwrap();
-                        if let Err(at) = check(&snapshot(&targets[i]), 500 + i as u64) {
-                            panic!("write {i} at its notification: byte {at} not landed yet");
-                        }
-                    }
-                    order.push(text);
-                }
-                std::thread::yield_now();
-            }
-            order
-        });
-        let mut transfers = Vec::new();
-        for i in 0..N {
-            let note = format!("done {i}");
-            transfers.push(
-                ab.write(
-                    &[Segment::new(&sources[i], 0, LEN)],
-                    &[RemoteSegment::new(descriptors[i], 0, LEN as u64)],
-                    Some(note.as_bytes()),
-                )
-                .unwrap(),
-            );
-        }
-        ab.notify(b"all sent").unwrap();
-        for t in &transfers {
-            assert_eq!(t.wait(DEADLINE).unwrap(), LEN as u64);
-        }
-        checker.join().unwrap()
-    });
-    let mut expected: Vec<String> = (0..N).map(|i| format!("done {i}")).collect();
-    expected.push("all sent".into());
-    assert_eq!(order, expected, "notifications in send order");
+    notifications_after_their_data(
+        (&b, &ab),
+        (&sources, &targets),
+        |d| vec![RemoteSegment::new(d, 0, LEN as u64)],
+        true,
+        |i| {
+            let what = format!("write {i} at its notification");
+            verify_region(&targets[i], LEN, 500 + i as u64, &what);
+        },
+    );
 }
 
 #[test]
@@ -241,9 +176,8 @@ fn a_remote_list_mixing_staged_and_host_memory_is_refused_and_changes_nothing() 
             Some(b"must not arrive"),
         )
         .unwrap();
-    let (index, why) = access_error(tx.wait(DEADLINE));
-    assert_eq!(index, 2, "the error names the first entry of other memory");
-    assert!(why.contains("mixes staged"), "{why:?}");
+    // The first entry of the other kind of memory is named.
+    assert_refused(&tx, 2, "mixes staged", "write");
     assert_eq!(b.access_refusals(), refusals + 1);
 
     // Read: host, staged → refused, nothing read.
@@ -257,9 +191,7 @@ fn a_remote_list_mixing_staged_and_host_memory_is_refused_and_changes_nothing() 
             ],
         )
         .unwrap();
-    let (index, why) = access_error(rx.wait(DEADLINE));
-    assert_eq!(index, 1);
-    assert!(why.contains("mixes staged"), "{why:?}");
+    assert_refused(&rx, 1, "mixes staged", "read");
     assert_eq!(b.access_refusals(), refusals + 2);
     assert!(
         snapshot(&back).iter().all(|&x| x == 0),
@@ -277,17 +209,9 @@ fn a_remote_list_mixing_staged_and_host_memory_is_refused_and_changes_nothing() 
 
     // The lanes are still in step: good writes to each kind land.
     for (d, r) in [(ds, &staged), (dh, &host)] {
-        let tx = ab
-            .write(
-                &[Segment::new(&src, 0, 256 << 10)],
-                &[RemoteSegment::new(d, 0, 256 << 10)],
-                None,
-            )
-            .unwrap();
+        let tx = write_one(&ab, &src, d, 256 << 10, None);
         assert_eq!(tx.wait(DEADLINE).unwrap(), 256 << 10);
-        if let Err(at) = check(&snapshot(r)[..256 << 10], 77) {
-            panic!("write after the refusal: differs at byte {at}");
-        }
+        verify_region(r, 256 << 10, 77, "write after the refusal");
     }
     assert!(ab.error().is_none());
 }
@@ -318,13 +242,7 @@ fn a_local_list_mixing_staged_and_host_memory_is_refused_up_front() {
         }
     }
     // Nothing was sent: the connection still works.
-    let tx = ab
-        .write(
-            &[Segment::new(&staged, 0, 4096)],
-            &[RemoteSegment::new(d, 0, 4096)],
-            None,
-        )
-        .unwrap();
+    let tx = write_one(&ab, &staged, d, 4096, None);
     assert_eq!(tx.wait(DEADLINE).unwrap(), 4096);
     assert_eq!(b.access_refusals(), 0);
 }
@@ -474,16 +392,14 @@ fn small_staged_operations_in_flight_mix_inline_and_comms_in_order() {
     // After every write above completed: one more to the first block lands over them.
     let last = write(N, &sources[N - 1], 0);
     assert_eq!(last.wait(DEADLINE).unwrap(), BLOCK as u64);
-    if let Err(at) = check(&snapshot(&target)[..BLOCK], 900 + N as u64 - 1) {
-        panic!("a write issued after the others must stay: differs at byte {at}");
-    }
-    let mut notes = Vec::new();
-    assert!(eventually(DEADLINE, || {
-        notes.extend(b.notifications().into_iter().map(|(_, n)| n));
-        notes.len() == N + 1
-    }));
+    let what = "a write issued after the others must stay";
+    verify_region(&target, BLOCK, 900 + N as u64 - 1, what);
     let expected: Vec<Vec<u8>> = (0..=N).map(|i| format!("w{i}").into_bytes()).collect();
-    assert_eq!(notes, expected, "notifications in order");
+    assert_eq!(
+        wait_notifications(&b, N + 1),
+        expected,
+        "notifications in order"
+    );
     assert!(ab.error().is_none());
 }
 
@@ -511,23 +427,19 @@ fn kv_list_between(
     let kv = region(&b, remote_staged, 2 * len);
     let d = b.advertise(&kv).unwrap();
     // Local blocks at even slots, remote at odd ones: nothing coalesces on either side.
-    let local: Vec<Segment<'_>> = (0..blocks)
-        .map(|i| Segment::new(&src, 2 * i * block, block))
-        .collect();
-    let remote: Vec<RemoteSegment> = (0..blocks)
-        .map(|i| RemoteSegment::new(d, ((2 * i + 1) * block) as u64, block as u64))
-        .collect();
+    let (even, odd) = (
+        every_other_block(blocks, block, 0),
+        every_other_block(blocks, block, 1),
+    );
+    let local = local_segments(&src, &even);
+    let remote = remote_segments(d, &odd);
     let before = ab.pack_stats();
     let tx = ab.write(&local, &remote, Some(b"kv ready")).unwrap();
     assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+    let sent = gather(&snapshot(&src), &even);
+    assert_blocks(&kv, &odd, &sent, &format!("{blocks} × {block}"));
     let got = snapshot(&kv);
-    let sent = snapshot(&src);
-    for i in 0..blocks {
-        let (at, from) = ((2 * i + 1) * block, 2 * i * block);
-        assert!(
-            got[at..at + block] == sent[from..from + block],
-            "block {i} of {blocks} × {block}"
-        );
+    for (i, &(at, _)) in odd.iter().enumerate() {
         assert!(
             got[at - block..at].iter().all(|&x| x == 0),
             "the gap before block {i} was written"
@@ -548,34 +460,17 @@ fn kv_list_between(
 
     // Read it back into the odd blocks of a fresh region.
     let back = region(&a, local_staged, 2 * len);
-    let local: Vec<Segment<'_>> = (0..blocks)
-        .map(|i| Segment::new(&back, (2 * i + 1) * block, block))
-        .collect();
+    let local = local_segments(&back, &odd);
     let rx = ab.read(&local, &remote).unwrap();
     assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64);
     assert_eq!(ab.pack_stats().packed_received, before.packed_received + 1);
-    let got = snapshot(&back);
-    for i in 0..blocks {
-        let (at, from) = ((2 * i + 1) * block, 2 * i * block);
-        assert!(
-            got[at..at + block] == sent[from..from + block],
-            "read block {i}"
-        );
-    }
+    assert_blocks(&back, &odd, &sent, "read");
 
     // An unpacked write behind them still pairs chunk for chunk.
     let one = filled(&a, local_staged, 3 * block, 77);
-    let tx = ab
-        .write(
-            &[Segment::new(&one, 0, 3 * block)],
-            &[RemoteSegment::new(d, 0, 3 * block as u64)],
-            None,
-        )
-        .unwrap();
+    let tx = write_one(&ab, &one, d, 3 * block, None);
     assert_eq!(tx.wait(DEADLINE).unwrap(), 3 * block as u64);
-    if let Err(at) = check(&snapshot(&kv)[..3 * block], 77) {
-        panic!("write after the packed ones: differs at byte {at}");
-    }
+    verify_region(&kv, 3 * block, 77, "write after the packed ones");
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
 
@@ -617,17 +512,11 @@ fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in
     let kv = filled(&b, true, 2 * len, 6);
     let d = b.advertise(&kv).unwrap();
     assert!(b.revoke(&d));
-    let local: Vec<Segment<'_>> = (0..BLOCKS)
-        .map(|i| Segment::new(&src, 2 * i * BLOCK, BLOCK))
-        .collect();
-    let remote: Vec<RemoteSegment> = (0..BLOCKS)
-        .map(|i| RemoteSegment::new(d, (2 * i * BLOCK) as u64, BLOCK as u64))
-        .collect();
+    let blocks = every_other_block(BLOCKS, BLOCK, 0);
+    let (local, remote) = (local_segments(&src, &blocks), remote_segments(d, &blocks));
     let before = snapshot(&kv);
     let tx = ab.write(&local, &remote, Some(b"never")).unwrap();
-    let (index, why) = access_error(tx.wait(DEADLINE));
-    assert_eq!(index, 0);
-    assert!(why.contains("revoked"), "{why}");
+    assert_refused(&tx, 0, "revoked", "packed write");
     assert!(
         snapshot(&kv) == before,
         "a refused write changed target memory"
@@ -637,17 +526,9 @@ fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in
 
     // The lanes are still in step.
     let d2 = b.advertise(&kv).unwrap();
-    let tx = ab
-        .write(
-            &[Segment::new(&src, 0, 5 * BLOCK)],
-            &[RemoteSegment::new(d2, 0, 5 * BLOCK as u64)],
-            None,
-        )
-        .unwrap();
+    let tx = write_one(&ab, &src, d2, 5 * BLOCK, None);
     assert_eq!(tx.wait(DEADLINE).unwrap(), 5 * BLOCK as u64);
-    if let Err(at) = check(&snapshot(&kv)[..5 * BLOCK], 5) {
-        panic!("write after the refusal: differs at byte {at}");
-    }
+    verify_region(&kv, 5 * BLOCK, 5, "write after the refusal");
     assert!(ab.error().is_none());
 }
 
@@ -657,14 +538,9 @@ fn a_lone_write_spreads_unless_either_side_stages() {
     // 8 channels, 512 KiB chunks, 8 engines a side: a lone 1 MiB write of host memory rides
     // 8 channels in 128 KiB pieces; with staged memory on either side it keeps its two whole
     // chunks (every staged piece costs a copy and an event).
-    let cfg = || {
-        let mut c = config(8, 512 << 10);
-        c.engines_per_device = Some(8);
-        c
-    };
-    let (a, b, ab, ba) = pair_with(cfg(), cfg());
+    let (a, b, ab, ba) = pair_with(spread_config(), spread_config());
     const MIB: usize = 1 << 20;
-    let mut before = vec![0u64; 8];
+    let mut totals = vec![0u64; 8];
     for (local_staged, remote_staged, pieces) in [
         (false, false, 8usize),
         (false, true, 2),
@@ -675,17 +551,7 @@ fn a_lone_write_spreads_unless_either_side_stages() {
         let src = filled(&a, local_staged, MIB, 40 + pieces as u64);
         let dst = region(&b, remote_staged, MIB);
         let d = b.advertise(&dst).unwrap();
-        let tx = ab
-            .write(
-                &[Segment::new(&src, 0, MIB)],
-                &[RemoteSegment::new(d, 0, MIB as u64)],
-                None,
-            )
-            .unwrap();
-        assert_eq!(tx.wait(DEADLINE).unwrap(), MIB as u64, "{what}");
-        let (got, now) = received_since(&ba.one_sided_stats(), &before);
-        before = now;
+        let got = lone_write_pieces((&ab, &ba), &src, (&dst, d), &mut totals, &what);
         assert_eq!(got, vec![(MIB / pieces) as u64; pieces], "{what}");
-        assert!(snapshot(&dst) == snapshot(&src), "{what}");
     }
 }

@@ -5,7 +5,10 @@
 use std::sync::Once;
 use std::time::Duration;
 
-use tcpx_runtime::{Backend, Backoff, Config, Connection, Endpoint, Region};
+use tcpx_runtime::{
+    Backend, Backoff, Config, Connection, Descriptor, Endpoint, Region, RemoteSegment, Segment,
+    Transfer,
+};
 
 /// Longest any single wait in these tests may take.
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -412,4 +415,272 @@ pub fn write_and_read_back(
         .expect("post read");
     assert_eq!(r.wait(DEADLINE).expect("read"), len as u64, "{what}: read");
     assert_pattern(&back, 0, len, seed, &format!("{what}: read back"));
+}
+
+// ---- One-sided scenarios shared by `onesided.rs` (host memory) and `onesided_staged.rs`
+// (staged memory): the same steps with each file's regions and checks passed in. ----
+
+/// A zeroed host region of `len` bytes on `ep`, advertised, and its descriptor: the target
+/// side of most one-sided scenarios.
+pub fn advertised_host(ep: &Endpoint, len: usize) -> (Region, Descriptor) {
+    let region = ep.alloc_host(len).expect("alloc_host");
+    let d = ep.advertise(&region).expect("advertise");
+    (region, d)
+}
+
+/// Posts the one-block write most one-sided scenarios issue: the first `len` bytes of
+/// `local` to the first `len` bytes behind `d`, with `note`.
+pub fn write_one(
+    conn: &Connection,
+    local: &Region,
+    d: Descriptor,
+    len: usize,
+    note: Option<&[u8]>,
+) -> Transfer {
+    conn.write(
+        &[Segment::new(local, 0, len)],
+        &[RemoteSegment::new(d, 0, len as u64)],
+        note,
+    )
+    .expect("post write")
+}
+
+/// Posts [`write_one`]'s read: the first `len` bytes behind `d` into the start of `local`.
+pub fn read_one(conn: &Connection, local: &Region, d: Descriptor, len: usize) -> Transfer {
+    conn.read(
+        &[Segment::new(local, 0, len)],
+        &[RemoteSegment::new(d, 0, len as u64)],
+    )
+    .expect("post read")
+}
+
+/// `blocks` (offset, len) of `region` as a local list, in the order given. Scenarios keep
+/// their lists as layouts, since the same layout then checks where the bytes landed.
+pub fn local_segments<'r>(region: &'r Region, blocks: &[(usize, usize)]) -> Vec<Segment<'r>> {
+    blocks
+        .iter()
+        .map(|&(o, l)| Segment::new(region, o, l))
+        .collect()
+}
+
+/// `blocks` (offset, len) behind `d` as a remote list, in the order given (see
+/// [`local_segments`] for why lists start out as layouts).
+pub fn remote_segments(d: Descriptor, blocks: &[(usize, usize)]) -> Vec<RemoteSegment> {
+    spread_remote_segments(&[d], blocks, &vec![0; blocks.len()])
+}
+
+/// `blocks` (offset, len) as a remote list over several advertised regions: block k behind
+/// `d[which[k]]`.
+pub fn spread_remote_segments(
+    d: &[Descriptor],
+    blocks: &[(usize, usize)],
+    which: &[usize],
+) -> Vec<RemoteSegment> {
+    assert_eq!(blocks.len(), which.len());
+    blocks
+        .iter()
+        .zip(which)
+        .map(|(&(o, l), &w)| RemoteSegment::new(d[w], o as u64, l as u64))
+        .collect()
+}
+
+/// `n` blocks of `block` bytes in every other slot of that size, from slot `first` (0 or 1):
+/// adjacent in the list but never in memory, so nothing coalesces and the packing and
+/// KV-list scenarios really move `n` separate runs.
+pub fn every_other_block(n: usize, block: usize, first: usize) -> Vec<(usize, usize)> {
+    (0..n).map(|i| ((2 * i + first) * block, block)).collect()
+}
+
+/// What a list of `blocks` (offset, len) of `bytes` carries: the blocks' bytes in list order,
+/// to check the blocks at the other end against with [`assert_blocks`].
+pub fn gather(bytes: &[u8], blocks: &[(usize, usize)]) -> Vec<u8> {
+    blocks
+        .iter()
+        .flat_map(|&(o, l)| bytes[o..o + l].iter().copied())
+        .collect()
+}
+
+/// Asserts that `stream` (what a list moved, in list order) sits in `blocks` (offset, len) of
+/// `dst`: stream byte k in the k-th byte of the blocks.
+pub fn assert_blocks(dst: &Region, blocks: &[(usize, usize)], stream: &[u8], what: &str) {
+    assert_spread_blocks(&[dst], blocks, &vec![0; blocks.len()], stream, what);
+}
+
+/// [`assert_blocks`] over several regions: block k in `regions[which[k]]` (each region
+/// snapshotted once, after the transfer).
+pub fn assert_spread_blocks(
+    regions: &[&Region],
+    blocks: &[(usize, usize)],
+    which: &[usize],
+    stream: &[u8],
+    what: &str,
+) {
+    assert_eq!(blocks.len(), which.len());
+    let got: Vec<Vec<u8>> = regions.iter().map(|r| snapshot(r)).collect();
+    let mut pos = 0;
+    for (i, (&(o, l), &w)) in blocks.iter().zip(which).enumerate() {
+        assert!(
+            got[w][o..o + l] == stream[pos..pos + l],
+            "{what}: block {i} ({l} bytes at {o} in region {w}) differs"
+        );
+        pos += l;
+    }
+}
+
+/// Waits for `t` and asserts the target refused it for `reason` (a word of the error),
+/// naming entry `index` of its remote list: the first check of every refusal scenario.
+pub fn assert_refused(t: &Transfer, index: usize, reason: &str, what: &str) {
+    let (at, why) = access_error(t.wait(DEADLINE));
+    assert_eq!(at, index, "{what}: the error names the bad entry");
+    assert!(
+        why.contains(reason),
+        "{what}: {why:?} should say {reason:?}"
+    );
+}
+
+/// Collects `ep`'s notifications until `n` arrived (at most [`DEADLINE`]); returns all that
+/// arrived, so a caller comparing them with what it expects also catches extra ones.
+pub fn wait_notifications(ep: &Endpoint, n: usize) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    assert!(
+        eventually(DEADLINE, || {
+            got.extend(ep.notifications().into_iter().map(|(_, b)| b));
+            got.len() >= n
+        }),
+        "only {} of {n} notifications arrived",
+        got.len()
+    );
+    got
+}
+
+/// The "a notification is never delivered before its data" scenario: write i sends all of
+/// `sources[i]` to the list `remote(d)` of `targets[i]` (`d` its descriptor, advertised by
+/// `target`) with note "done i", all issued back to back on `conn` (then, with `standalone`,
+/// a standalone "all sent", which must queue behind every one of them), while a thread
+/// collects `target`'s notifications and calls `landed(i)` the moment "done i" arrives: that
+/// check must already find all of write i's bytes. Every write moves all of its source and
+/// the notifications arrive in send order. The memory kinds, the remote lists and how a file
+/// checks its regions differ; the ordering promise under test does not.
+pub fn notifications_after_their_data(
+    (target, conn): (&Endpoint, &Connection),
+    (sources, targets): (&[Region], &[Region]),
+    remote: impl Fn(Descriptor) -> Vec<RemoteSegment>,
+    standalone: bool,
+    landed: impl Fn(usize) + Sync,
+) {
+    let n = sources.len();
+    assert_eq!(targets.len(), n);
+    let descriptors: Vec<Descriptor> = targets
+        .iter()
+        .map(|r| target.advertise(r).unwrap())
+        .collect();
+    let expected: Vec<String> = (0..n)
+        .map(|i| format!("done {i}"))
+        .chain(standalone.then(|| "all sent".to_string()))
+        .collect();
+    let order = std::thread::scope(|s| {
+        let checker = s.spawn(|| {
+            let mut order = Vec::new();
+            let deadline = std::time::Instant::now() + DEADLINE;
+            while order.len() < expected.len() && std::time::Instant::now() < deadline {
+                for (_, bytes) in target.notifications() {
+                    let text = String::from_utf8(bytes).unwrap();
+                    if let Some(i) = text.strip_prefix("done ") {
+                        landed(i.parse().unwrap());
+                    }
+                    order.push(text);
+                }
+                std::thread::yield_now();
+            }
+            order
+        });
+        let transfers: Vec<Transfer> = (0..n)
+            .map(|i| {
+                let local = [Segment::new(&sources[i], 0, sources[i].len())];
+                let note = Some(expected[i].as_bytes());
+                conn.write(&local, &remote(descriptors[i]), note).unwrap()
+            })
+            .collect();
+        if standalone {
+            conn.notify(b"all sent").unwrap();
+        }
+        for (t, src) in transfers.iter().zip(sources) {
+            assert_eq!(t.wait(DEADLINE).unwrap(), src.len() as u64);
+        }
+        checker.join().unwrap()
+    });
+    assert_eq!(order, expected, "notifications in send order");
+}
+
+/// One round of the random-descriptor-list scenario, run on host memory by `onesided.rs` and
+/// on staged memory by `onesided_staged.rs`: all of `src`, cut into random local blocks of at
+/// most `max_block[0]` bytes, is written to random blocks of at most `max_block[1]` spread
+/// over the two `targets` (each region's blocks at their own offsets, so they never overlap),
+/// every block checked; then the same remote list is read back into `back()` cut another way
+/// (blocks of at most `max_block[2]`). Returns that region for the caller to check against
+/// `src`'s pattern its own way. Draws from `rng` in a fixed order, so a seed is one layout.
+pub fn random_lists_round(
+    rng: &mut Rng,
+    ab: &Connection,
+    targets: [(&Region, Descriptor); 2],
+    src: &Region,
+    max_block: [usize; 3],
+    back: impl FnOnce() -> Region,
+    what: &str,
+) -> Region {
+    let total = src.len();
+    let local_layout = random_layout(rng, total, total, max_block[0]);
+    let remote_layout = random_layout(rng, total, targets[0].0.len(), max_block[1]);
+    let which: Vec<usize> = remote_layout
+        .iter()
+        .map(|_| rng.below(2) as usize)
+        .collect();
+    let remote = spread_remote_segments(&[targets[0].1, targets[1].1], &remote_layout, &which);
+    let tx = ab
+        .write(&local_segments(src, &local_layout), &remote, None)
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), total as u64, "{what}: write");
+    assert_spread_blocks(
+        &[targets[0].0, targets[1].0],
+        &remote_layout,
+        &which,
+        &snapshot(src),
+        &format!("{what}: write"),
+    );
+    let back = back();
+    let back_layout = random_layout(rng, total, total, max_block[2]);
+    let rx = ab
+        .read(&local_segments(&back, &back_layout), &remote)
+        .unwrap();
+    assert_eq!(rx.wait(DEADLINE).unwrap(), total as u64, "{what}: read");
+    back
+}
+
+/// A configuration whose transfers spread: 8 channels of 512 KiB chunks driven by 8 engines
+/// a side, so a transfer below 4 MiB alone on its connection is cut into pieces of at least
+/// 128 KiB over up to 8 channels, one-sided ones too.
+pub fn spread_config() -> Config {
+    let mut c = config(8, 512 << 10);
+    c.engines_per_device = Some(8);
+    c
+}
+
+/// Writes all of `src` alone on `ab` into `dst` (advertised as `d`), checks every byte landed,
+/// and returns the bytes each of `ba`'s one-sided channels received for it (channels with
+/// none left out): how the write was cut. `totals` carries those channels' byte counts from
+/// one call to the next.
+pub fn lone_write_pieces(
+    (ab, ba): (&Connection, &Connection),
+    src: &Region,
+    (dst, d): (&Region, Descriptor),
+    totals: &mut Vec<u64>,
+    what: &str,
+) -> Vec<u64> {
+    let len = src.len();
+    let tx = write_one(ab, src, d, len, None);
+    assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "{what}");
+    let (got, now) = received_since(&ba.one_sided_stats(), totals);
+    *totals = now;
+    assert!(snapshot(dst) == snapshot(src), "{what}");
+    got
 }
