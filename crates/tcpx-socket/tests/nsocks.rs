@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::ptr::null_mut;
 use std::sync::Once;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-use tcpx_sys::{ResultCode, HANDLE_SIZE};
+use tcpx_sys::ResultCode;
 
 const MIB: usize = 1 << 20;
 
@@ -22,10 +21,7 @@ fn four_sockets() -> &'static tcpx_sys::NetPlugin {
 #[test]
 fn handle_advertises_four_sockets() {
     let p = four_sockets();
-    let mut handle = [0u8; HANDLE_SIZE];
-    let mut listen = null_mut();
-    // SAFETY: valid buffer and out pointer.
-    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
+    let (handle, listen) = listen(p);
     assert_eq!(handle[7], 4);
     // SAFETY: live listen comm.
     ok(unsafe { p.close_listen(listen) });
@@ -63,40 +59,11 @@ fn dlopened_plugin_reads_its_own_environment() {
 fn peer_closing_mid_transfer_fails_the_receiver() {
     let p = four_sockets();
     let pair = pair(p, DevHandle::Null);
-    let len = 64 * MIB;
-    let mut src = register(p, pair.send, pattern(25, len));
-    let mut dst = register(p, pair.recv, vec![0; len]);
-    let s = isend(p, pair.send, &mut src, 0, len);
-    let r = irecv(p, pair.recv, &mut dst, 0, len);
-    // Only the sender makes progress: it fills the socket buffers (a few MiB per socket) and
-    // can never finish 64 MiB while nobody reads.
-    for _ in 0..4 {
-        assert_eq!(test(p, s), Ok(None));
-    }
-    // SAFETY: live comm and registration; the request in flight is abandoned.
-    unsafe {
-        ok(p.dereg_mr(pair.send, src.mh));
-        ok(p.close_send(pair.send));
-    }
-    let start = Instant::now();
-    let err = loop {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "receiver did not notice the close"
-        );
-        match test(p, r) {
-            Ok(None) => continue,
-            Ok(Some(n)) => panic!("a half-sent message completed with {n} bytes"),
-            Err(e) => break e,
-        }
-    };
+    let (r, dst) = close_sender_mid_message(&pair, 64 * MIB, 25);
+    let err = failure(p, r, Duration::from_secs(10), "a half-sent message");
     assert_eq!(err, ResultCode::REMOTE_ERROR);
     deregister(p, pair.recv, dst);
-    // SAFETY: live comms.
-    unsafe {
-        ok(p.close_recv(pair.recv));
-        ok(p.close_listen(pair.listen));
-    }
+    close_recv_and_listen(p, pair.recv, pair.listen);
 }
 
 #[test]
@@ -108,21 +75,14 @@ fn a_clean_close_after_complete_messages_fails_only_later_receives() {
     ok(unsafe { p.close_send(pair.send) });
     let mut dst = register(p, pair.recv, vec![0; 1000]);
     let r = irecv(p, pair.recv, &mut dst, 0, 1000);
-    let start = Instant::now();
-    let err = loop {
-        assert!(start.elapsed() < Duration::from_secs(10));
-        match test(p, r) {
-            Ok(None) => continue,
-            Ok(Some(n)) => panic!("received {n} bytes from a closed peer"),
-            Err(e) => break e,
-        }
-    };
+    let err = failure(
+        p,
+        r,
+        Duration::from_secs(10),
+        "a receive from a closed peer",
+    );
     assert_eq!(err, ResultCode::REMOTE_ERROR);
     assert!(logged(&["peer closed the connection", "never arrived"]));
     deregister(p, pair.recv, dst);
-    // SAFETY: live comms.
-    unsafe {
-        ok(p.close_recv(pair.recv));
-        ok(p.close_listen(pair.listen));
-    }
+    close_recv_and_listen(p, pair.recv, pair.listen);
 }

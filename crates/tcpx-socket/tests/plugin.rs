@@ -132,8 +132,7 @@ fn both_tables_are_exported_by_the_cdylib() {
 fn seventeenth_post_is_busy_until_a_request_completes() {
     let p = linked();
     let pair = pair(p, DevHandle::Null);
-    let mut src = register(p, pair.send, pattern(9, 17 * 100));
-    let mut dst = register(p, pair.recv, vec![0; 17 * 100]);
+    let (mut src, mut dst) = pair.buffers(9, 17 * 100);
     let sreqs: Vec<_> = (0..16)
         .map(|i| isend(p, pair.send, &mut src, i * 100, 100))
         .collect();
@@ -190,8 +189,7 @@ fn seventeenth_post_is_busy_until_a_request_completes() {
 fn test_is_legal_only_on_the_oldest_request() {
     let p = linked();
     let pair = pair(p, DevHandle::Null);
-    let mut src = register(p, pair.send, pattern(10, 200));
-    let mut dst = register(p, pair.recv, vec![0; 200]);
+    let (mut src, mut dst) = pair.buffers(10, 200);
     let s0 = isend(p, pair.send, &mut src, 0, 100);
     let s1 = isend(p, pair.send, &mut src, 100, 100);
     let r0 = irecv(p, pair.recv, &mut dst, 0, 100);
@@ -203,12 +201,7 @@ fn test_is_legal_only_on_the_oldest_request() {
         "oldest outstanding is #0"
     ]));
     // The comm is still usable: the misuse did not fail it.
-    let start = Instant::now();
-    for r in [s0, r0, s1, r1] {
-        while test(p, r).unwrap().is_none() {
-            assert!(start.elapsed() < DEADLINE);
-        }
-    }
+    complete_in_order(p, &[s0, r0, s1, r1]);
     assert_eq!(deregister(p, pair.send, src), deregister(p, pair.recv, dst));
     pair.close();
 }
@@ -223,8 +216,7 @@ fn consumption_is_required_with_a_preset_device_handle() {
     assert!(dh.handle.is_null());
     assert_eq!((dh.size, dh.needsProxyProgress), (0, 0));
 
-    let mut src = register(p, pair.send, pattern(11, 17 * 64));
-    let mut dst = register(p, pair.recv, vec![0; 17 * 64]);
+    let (mut src, mut dst) = pair.buffers(11, 17 * 64);
     let rreqs: Vec<_> = (0..16)
         .map(|i| irecv(p, pair.recv, &mut dst, i * 64, 64))
         .collect();
@@ -264,13 +256,7 @@ fn consumption_is_required_with_a_preset_device_handle() {
         ok(unsafe { p.irecv_consumed(pair.recv, 1, r) });
     }
     let s16 = isend(p, pair.send, &mut src, 16 * 64, 64);
-    let start = Instant::now();
-    while test(p, s16).unwrap().is_none() {
-        assert!(start.elapsed() < DEADLINE);
-    }
-    while test(p, r16).unwrap().is_none() {
-        assert!(start.elapsed() < DEADLINE);
-    }
+    complete_in_order(p, &[s16, r16]);
     // SAFETY: live comm, oldest completed request.
     ok(unsafe { p.irecv_consumed(pair.recv, 1, r16) });
     assert_eq!(deregister(p, pair.send, src), deregister(p, pair.recv, dst));
@@ -289,13 +275,7 @@ fn without_a_device_handle_test_releases_slots() {
         let mut src = register(p, pair.send, vec![1; 8]);
         let r = irecv(p, pair.recv, &mut dst, 0, 8);
         let s = isend(p, pair.send, &mut src, 0, 8);
-        let start = Instant::now();
-        while test(p, s).unwrap().is_none() {
-            assert!(start.elapsed() < DEADLINE);
-        }
-        while test(p, r).unwrap().is_none() {
-            assert!(start.elapsed() < DEADLINE);
-        }
+        complete_in_order(p, &[s, r]);
         // SAFETY: live comm and request.
         ok(unsafe { p.irecv_consumed(pair.recv, 1, r) });
         deregister(p, pair.send, src);
@@ -308,8 +288,7 @@ fn without_a_device_handle_test_releases_slots() {
 fn a_message_larger_than_the_posted_receive_is_an_error() {
     let p = linked();
     let pair = pair(p, DevHandle::Null);
-    let mut src = register(p, pair.send, pattern(13, 5000));
-    let mut dst = register(p, pair.recv, vec![0; 5000]);
+    let (mut src, mut dst) = pair.buffers(13, 5000);
     let s = isend(p, pair.send, &mut src, 0, 5000);
     let r = irecv(p, pair.recv, &mut dst, 0, 4000);
     let start = Instant::now();
@@ -331,22 +310,9 @@ fn a_message_larger_than_the_posted_receive_is_an_error() {
     // Every later call on the failed comm fails promptly.
     assert_eq!(test(p, r), Err(ResultCode::INVALID_USAGE));
     let mut req = null_mut();
-    let mut data = [dst.data.as_mut_ptr().cast::<c_void>()];
-    let mut sizes = [10];
-    let mut mhs = [dst.mh];
-    // SAFETY: one-entry arrays into the registered buffer.
-    let rc = unsafe {
-        p.irecv(
-            pair.recv,
-            1,
-            data.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            null_mut(),
-            mhs.as_mut_ptr(),
-            &mut req,
-        )
-    }
-    .unwrap();
+    let data = dst.data.as_mut_ptr().cast();
+    // SAFETY: ten bytes of the registered buffer, which outlives the (refused) request.
+    let rc = unsafe { irecv_raw(p, pair.recv, 1, data, 10, dst.mh, &mut req) };
     assert_eq!(rc, ResultCode::INVALID_USAGE);
     deregister(p, pair.send, src);
     deregister(p, pair.recv, dst);
@@ -357,42 +323,13 @@ fn a_message_larger_than_the_posted_receive_is_an_error() {
 fn peer_closing_mid_transfer_fails_the_receiver_promptly() {
     let p = linked();
     let pair = pair(p, DevHandle::Null);
-    let len = 64 * MIB;
-    let mut src = register(p, pair.send, pattern(14, len));
-    let mut dst = register(p, pair.recv, vec![0; len]);
-    let s = isend(p, pair.send, &mut src, 0, len);
-    let r = irecv(p, pair.recv, &mut dst, 0, len);
-    // Only the sender makes progress: it fills the socket buffers (a few MiB per socket) and
-    // can never finish 64 MiB while nobody reads.
-    for _ in 0..4 {
-        assert_eq!(test(p, s), Ok(None));
-    }
-    // SAFETY: live comm and registration; the request in flight is abandoned.
-    unsafe {
-        ok(p.dereg_mr(pair.send, src.mh));
-        ok(p.close_send(pair.send));
-    }
-    let start = Instant::now();
-    let err = loop {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "receiver did not notice the close"
-        );
-        match test(p, r) {
-            Ok(None) => continue,
-            Ok(Some(n)) => panic!("a half-sent message completed with {n} bytes"),
-            Err(e) => break e,
-        }
-    };
+    let (r, dst) = close_sender_mid_message(&pair, 64 * MIB, 14);
+    let err = failure(p, r, Duration::from_secs(10), "a half-sent message");
     assert_eq!(err, ResultCode::REMOTE_ERROR);
     assert!(logged(&["peer closed", "message #0", "of 67108864 bytes"]));
     assert_eq!(test(p, r), Err(ResultCode::REMOTE_ERROR));
     deregister(p, pair.recv, dst);
-    // SAFETY: live comms.
-    unsafe {
-        ok(p.close_recv(pair.recv));
-        ok(p.close_listen(pair.listen));
-    }
+    close_recv_and_listen(p, pair.recv, pair.listen);
 }
 
 #[test]
@@ -402,23 +339,9 @@ fn receiver_closing_fails_the_sender() {
     let len = 64 * MIB;
     let mut src = register(p, pair.send, pattern(15, len));
     let s = isend(p, pair.send, &mut src, 0, len);
-    // SAFETY: live comms.
-    unsafe {
-        ok(p.close_recv(pair.recv));
-        ok(p.close_listen(pair.listen));
-    }
-    let start = Instant::now();
-    let err = loop {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "sender did not notice the close"
-        );
-        match test(p, s) {
-            Ok(None) => continue,
-            Ok(Some(_)) => panic!("64 MiB cannot all fit in the socket buffers of a closed peer"),
-            Err(e) => break e,
-        }
-    };
+    close_recv_and_listen(p, pair.recv, pair.listen);
+    // 64 MiB cannot all fit in the socket buffers of a closed peer.
+    let err = failure(p, s, Duration::from_secs(10), "a send to a closed peer");
     assert_eq!(err, ResultCode::REMOTE_ERROR);
     deregister(p, pair.send, src);
     // SAFETY: live comm.
@@ -428,11 +351,8 @@ fn receiver_closing_fails_the_sender() {
 #[test]
 fn garbage_on_the_listen_port_is_refused_and_the_listener_survives() {
     let p = linked();
-    let mut handle = [0u8; HANDLE_SIZE];
-    let mut listen = null_mut();
-    // SAFETY: valid handle buffer and out pointer.
-    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
-    let port = u16::from_le_bytes([handle[8], handle[9]]);
+    let (mut handle, listen) = listen(p);
+    let port = handle_port(&handle);
     for garbage in [
         pattern(16, 24),
         pattern(17, 5000),
@@ -469,14 +389,7 @@ fn garbage_on_the_listen_port_is_refused_and_the_listener_survives() {
     }
     assert!(logged(&["not a tcpx-socket data socket"]));
     // A genuine connect still works.
-    let (send, recv, _) = connect_accept(p, listen, &mut handle, DevHandle::Null);
-    let pair = Pair {
-        p,
-        listen,
-        send,
-        recv,
-        dev_handle: None,
-    };
+    let pair = Pair::connect(p, listen, &mut handle, DevHandle::Null);
     transfer(&pair, &[1000, 4097], 18);
     pair.close();
 }
@@ -484,10 +397,7 @@ fn garbage_on_the_listen_port_is_refused_and_the_listener_survives() {
 #[test]
 fn corrupted_handles_are_refused_without_crashing() {
     let p = linked();
-    let mut good = [0u8; HANDLE_SIZE];
-    let mut listen = null_mut();
-    // SAFETY: valid handle buffer and out pointer.
-    ok(unsafe { p.listen(0, good.as_mut_ptr().cast(), &mut listen) });
+    let (mut good, listen) = listen(p);
     let mut cases: Vec<[u8; HANDLE_SIZE]> = (0..50)
         .map(|i| pattern(100 + i, HANDLE_SIZE).try_into().unwrap())
         .collect();
@@ -516,15 +426,7 @@ fn corrupted_handles_are_refused_without_crashing() {
     let rc = unsafe { p.connect(0, null_mut(), &mut send, null_mut()) }.unwrap();
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     // The listener is unaffected.
-    let (send, recv, _) = connect_accept(p, listen, &mut good, DevHandle::Null);
-    Pair {
-        p,
-        listen,
-        send,
-        recv,
-        dev_handle: None,
-    }
-    .close();
+    Pair::connect(p, listen, &mut good, DevHandle::Null).close();
 }
 
 #[test]
@@ -582,37 +484,13 @@ fn bad_buffers_and_arguments_are_refused() {
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     assert!(logged(&["outside its registration"]));
     // A registration of another comm.
-    let mut data = [reg.data.as_mut_ptr().cast::<c_void>()];
-    let mut sizes = [100];
-    let mut mhs = [reg.mh];
+    let data = reg.data.as_mut_ptr().cast();
     // SAFETY: refused: the registration belongs to the send comm.
-    let rc = unsafe {
-        p.irecv(
-            pair.recv,
-            1,
-            data.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            null_mut(),
-            mhs.as_mut_ptr(),
-            &mut req,
-        )
-    }
-    .unwrap();
+    let rc = unsafe { irecv_raw(p, pair.recv, 1, data, 100, reg.mh, &mut req) };
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     // n != 1.
-    // SAFETY: refused before reading the arrays beyond index 0.
-    let rc = unsafe {
-        p.irecv(
-            pair.recv,
-            2,
-            data.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            null_mut(),
-            mhs.as_mut_ptr(),
-            &mut req,
-        )
-    }
-    .unwrap();
+    // SAFETY: refused before reading the one-entry arrays beyond index 0.
+    let rc = unsafe { irecv_raw(p, pair.recv, 2, data, 100, reg.mh, &mut req) };
     assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
     // NULL comms, requests, wrong object kinds.
     // SAFETY: each must be refused.
@@ -715,59 +593,22 @@ fn zero_byte_messages_need_no_registration() {
     // SAFETY: zero-byte operations touch no memory.
     unsafe {
         ok(p.isend(pair.send, null_mut(), 0, 0, null_mut(), &mut s));
-        let mut data = [null_mut::<c_void>()];
-        let mut sizes = [0];
-        let mut mhs = [null_mut::<c_void>()];
-        ok(p.irecv(
-            pair.recv,
-            1,
-            data.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            null_mut(),
-            mhs.as_mut_ptr(),
-            &mut r,
-        ));
+        let rc = irecv_raw(p, pair.recv, 1, null_mut(), 0, null_mut(), &mut r);
+        assert_eq!(rc, ResultCode::SUCCESS);
     }
-    let start = Instant::now();
-    while test(p, s).unwrap().is_none() {
-        assert!(start.elapsed() < DEADLINE);
-    }
-    loop {
-        assert!(start.elapsed() < DEADLINE);
-        if let Some(n) = test(p, r).unwrap() {
-            assert_eq!(n, 0);
-            break;
-        }
-    }
+    let sizes = complete_in_order(p, &[s, r]);
+    assert_eq!(sizes[1], 0);
     pair.close();
 }
 
 /// A hand-made connector: a raw socket that sends a valid hello, then whatever `traffic` is.
 fn fake_peer_then_receive(traffic: &[u8], close: bool) -> Result<Option<usize>, ResultCode> {
-    use tcpx_socket::wire::Hello;
     let p = linked();
-    let mut handle = [0u8; HANDLE_SIZE];
-    let mut listen = null_mut();
-    // SAFETY: valid handle buffer and out pointer.
-    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
-    let port = u16::from_le_bytes([handle[8], handle[9]]);
-    let nonce = u64::from_le_bytes(handle[32..40].try_into().unwrap());
-    let mut raw = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let hello = Hello {
-        nsocks: 1,
-        index: 0,
-        nonce,
-        conn_id: 42,
-    }
-    .encode();
-    raw.write_all(&hello).unwrap();
-    let mut recv: *mut c_void = null_mut();
-    let start = Instant::now();
-    while recv.is_null() {
-        assert!(start.elapsed() < DEADLINE);
-        // SAFETY: live listen comm.
-        ok(unsafe { p.accept(listen, &mut recv, null_mut()) });
-    }
+    let RawPeer {
+        listen,
+        recv,
+        stream: mut raw,
+    } = raw_peer(p, 42);
     raw.write_all(traffic).unwrap();
     if close {
         drop(raw);
@@ -785,11 +626,7 @@ fn fake_peer_then_receive(traffic: &[u8], close: bool) -> Result<Option<usize>, 
         }
     };
     deregister(p, recv, dst);
-    // SAFETY: live comms, closed once.
-    unsafe {
-        ok(p.close_recv(recv));
-        ok(p.close_listen(listen));
-    }
+    close_recv_and_listen(p, recv, listen);
     outcome
 }
 
@@ -869,8 +706,7 @@ fn test_with_a_null_size_reports_completion() {
     let pair = pair(linked(), DevHandle::Null);
     let p = pair.p;
     let len = 100_000;
-    let mut src = register(p, pair.send, pattern(9, len));
-    let mut dst = register(p, pair.recv, vec![0u8; len]);
+    let (mut src, mut dst) = pair.buffers(9, len);
     let rreq = irecv(p, pair.recv, &mut dst, 0, len);
     let sreq = isend(p, pair.send, &mut src, 0, len);
     let start = std::time::Instant::now();
@@ -931,27 +767,16 @@ fn mixed_sizes() -> Vec<usize> {
 
 #[test]
 fn mixed_small_and_large_messages_interleaved() {
-    let p = linked();
-    for dh in [DevHandle::Null, DevHandle::Preset] {
-        let pair = pair(p, dh);
-        transfer(&pair, &mixed_sizes(), 31);
-        // A fixed uneven interleaving: receives run ahead of sends and lag behind them.
-        let steps: Vec<u8> = (0..3000u32).map(|i| ((i * 7 + i / 13) % 5) as u8).collect();
-        interleaved(&pair, &mixed_sizes(), 3, &steps, 32);
-        pair.close();
-    }
+    // A fixed uneven interleaving: receives run ahead of sends and lag behind them.
+    let steps: Vec<u8> = (0..3000u32).map(|i| ((i * 7 + i / 13) % 5) as u8).collect();
+    transfer_and_interleave(linked(), &mixed_sizes(), 3, &steps, 31);
 }
 
 #[test]
 fn receives_posted_after_the_sender_finished_find_their_messages() {
-    let p = linked();
-    for dh in [DevHandle::Null, DevHandle::Preset] {
-        let pair = pair(p, dh);
-        let mut sizes: Vec<usize> = (0..16).map(|k| [0, 1, 4096, 1000, 3][k % 5]).collect();
-        sizes.extend(mixed_sizes());
-        receive_late(&pair, &sizes, 33);
-        pair.close();
-    }
+    let mut sizes: Vec<usize> = (0..16).map(|k| [0, 1, 4096, 1000, 3][k % 5]).collect();
+    sizes.extend(mixed_sizes());
+    receive_late_in_each_mode(linked(), &sizes, 33);
 }
 
 /// Frames that arrive together are read ahead together: the good ones are delivered into their
@@ -960,29 +785,13 @@ fn receives_posted_after_the_sender_finished_find_their_messages() {
 #[test]
 fn a_bad_frame_read_ahead_behind_good_ones_fails_the_comm_and_lands_nowhere() {
     setup();
-    use tcpx_socket::wire::{FrameHeader, Hello};
+    use tcpx_socket::wire::FrameHeader;
     let p = linked();
-    let mut handle = [0u8; HANDLE_SIZE];
-    let mut listen = null_mut();
-    // SAFETY: valid handle buffer and out pointer.
-    ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
-    let port = u16::from_le_bytes([handle[8], handle[9]]);
-    let nonce = u64::from_le_bytes(handle[32..40].try_into().unwrap());
-    let mut raw = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let hello = Hello {
-        nsocks: 1,
-        index: 0,
-        nonce,
-        conn_id: 43,
-    };
-    raw.write_all(&hello.encode()).unwrap();
-    let mut recv: *mut c_void = null_mut();
-    let start = Instant::now();
-    while recv.is_null() {
-        assert!(start.elapsed() < DEADLINE);
-        // SAFETY: live listen comm.
-        ok(unsafe { p.accept(listen, &mut recv, null_mut()) });
-    }
+    let RawPeer {
+        listen,
+        recv,
+        stream: mut raw,
+    } = raw_peer(p, 43);
     let payloads = [pattern(40, 300), pattern(41, 5000)];
     let mut traffic = Vec::new();
     for (seq, body) in payloads.iter().enumerate() {
@@ -1033,23 +842,8 @@ fn a_bad_frame_read_ahead_behind_good_ones_fails_the_comm_and_lands_nowhere() {
     assert!(dst.data[300..8192].iter().all(|&b| b == 0));
     assert!(dst.data[8192 + 5000..].iter().all(|&b| b == 0));
     deregister(p, recv, dst);
-    // SAFETY: live comms, closed once.
-    unsafe {
-        ok(p.close_recv(recv));
-        ok(p.close_listen(listen));
-    }
+    close_recv_and_listen(p, recv, listen);
     drop(raw);
-}
-
-fn any_size() -> impl Strategy<Value = usize> {
-    prop_oneof![
-        1 => Just(0usize),
-        3 => 1usize..=64,
-        3 => prop_oneof![Just(4095usize), Just(4096), Just(4097)],
-        3 => 65usize..16 << 10,
-        2 => 16usize << 10..200 << 10,
-        1 => 200usize << 10..4 << 20,
-    ]
 }
 
 proptest! {
@@ -1058,16 +852,7 @@ proptest! {
     /// Random sizes and a random interleaving of posts, tests and consumptions, through the
     /// ABI: bytes in order, sizes reported, nothing written past a message (see `Schedule`).
     #[test]
-    fn random_sizes_and_interleavings_match_the_model(
-        consume: bool,
-        sizes in proptest::collection::vec(any_size(), 1..40),
-        slack in 0usize..3,
-        steps in proptest::collection::vec(any::<u8>(), 0..300),
-        seed: u64,
-    ) {
-        let dh = if consume { DevHandle::Preset } else { DevHandle::Null };
-        let pair = pair(linked(), dh);
-        interleaved(&pair, &sizes, slack, &steps, seed);
-        pair.close();
+    fn random_sizes_and_interleavings_match_the_model(schedule in random_schedule(200 << 10)) {
+        schedule.run(linked());
     }
 }

@@ -38,37 +38,15 @@ fn mixed_sizes() -> Vec<usize> {
 
 #[test]
 fn mixed_messages_over_three_sockets() {
-    let p = three_sockets();
-    for dh in [DevHandle::Null, DevHandle::Preset] {
-        let pair = pair(p, dh);
-        transfer(&pair, &mixed_sizes(), 51);
-        let steps: Vec<u8> = (0..5000u32).map(|i| ((i * 3 + i / 7) % 5) as u8).collect();
-        interleaved(&pair, &mixed_sizes(), 2, &steps, 52);
-        pair.close();
-    }
+    let steps: Vec<u8> = (0..5000u32).map(|i| ((i * 3 + i / 7) % 5) as u8).collect();
+    transfer_and_interleave(three_sockets(), &mixed_sizes(), 2, &steps, 51);
 }
 
 #[test]
 fn late_receives_over_three_sockets() {
-    let p = three_sockets();
-    for dh in [DevHandle::Null, DevHandle::Preset] {
-        let pair = pair(p, dh);
-        let mut sizes: Vec<usize> = (0..16).map(|k| [4096, 0, 1, 3000][k % 4]).collect();
-        sizes.extend(mixed_sizes().into_iter().take(100));
-        receive_late(&pair, &sizes, 53);
-        pair.close();
-    }
-}
-
-fn any_size() -> impl Strategy<Value = usize> {
-    prop_oneof![
-        1 => Just(0usize),
-        3 => 1usize..=64,
-        3 => prop_oneof![Just(4095usize), Just(4096), Just(4097)],
-        3 => 65usize..16 << 10,
-        2 => 16usize << 10..260 << 10,
-        1 => 260usize << 10..4 << 20,
-    ]
+    let mut sizes: Vec<usize> = (0..16).map(|k| [4096, 0, 1, 3000][k % 4]).collect();
+    sizes.extend(mixed_sizes().into_iter().take(100));
+    receive_late_in_each_mode(three_sockets(), &sizes, 53);
 }
 
 proptest! {
@@ -77,16 +55,7 @@ proptest! {
     /// Random sizes and a random interleaving of posts, tests and consumptions over three
     /// sockets: bytes in order, sizes reported, nothing written past a message.
     #[test]
-    fn random_sizes_and_interleavings_match_the_model(
-        consume: bool,
-        sizes in proptest::collection::vec(any_size(), 1..40),
-        slack in 0usize..3,
-        steps in proptest::collection::vec(any::<u8>(), 0..300),
-        seed: u64,
-    ) {
-        let dh = if consume { DevHandle::Preset } else { DevHandle::Null };
-        let pair = pair(three_sockets(), dh);
-        interleaved(&pair, &sizes, slack, &steps, seed);
-        pair.close();
+    fn random_sizes_and_interleavings_match_the_model(schedule in random_schedule(260 << 10)) {
+        schedule.run(three_sockets());
     }
 }

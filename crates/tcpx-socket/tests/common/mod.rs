@@ -4,11 +4,18 @@
 #![allow(dead_code)]
 
 use std::ffi::{c_char, c_int, c_ulong, c_void, CStr};
+use std::io::Write;
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::ptr::null_mut;
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
+use proptest::arbitrary::any;
+use proptest::collection::vec;
+use proptest::prop_oneof;
+use proptest::strategy::{Just, Strategy};
+use tcpx_socket::wire::Hello;
 use tcpx_sys::{
     logger, ncclNetDeviceHandle_v8_t, AbiVersion, NetPlugin, ResultCode, HANDLE_SIZE,
     NCCL_NET_DEVICE_UNPACK, NCCL_NET_DEVICE_UNPACK_VERSION, NCCL_PTR_HOST,
@@ -137,25 +144,25 @@ pub enum DevHandle {
     Preset,
 }
 
-/// Listens, then drives connect and accept until both comms exist.
-pub fn pair(p: &'static NetPlugin, dh: DevHandle) -> Pair {
+/// Listens on device 0 and returns the handle the plugin wrote and the listen comm: the first
+/// step of every connection, and of the tests that then connect with something else.
+pub fn listen(p: &NetPlugin) -> ([u8; HANDLE_SIZE], *mut c_void) {
     let mut handle = [0u8; HANDLE_SIZE];
     let mut listen = null_mut();
     // SAFETY: a 128-byte handle buffer and a valid out pointer.
     ok(unsafe { p.listen(0, handle.as_mut_ptr().cast(), &mut listen) });
     assert!(!listen.is_null());
-    let (send, recv, dev_handle) = connect_accept(p, listen, &mut handle, dh);
-    Pair {
-        p,
-        listen,
-        send,
-        recv,
-        dev_handle,
-    }
+    (handle, listen)
+}
+
+/// Listens, then drives connect and accept until both comms exist.
+pub fn pair(p: &'static NetPlugin, dh: DevHandle) -> Pair {
+    let (mut handle, listen) = listen(p);
+    Pair::connect(p, listen, &mut handle, dh)
 }
 
 /// Drives connect (re-passing the same handle buffer) and accept until both are ready.
-pub fn connect_accept(
+fn connect_accept(
     p: &'static NetPlugin,
     listen: *mut c_void,
     handle: &mut [u8; HANDLE_SIZE],
@@ -200,15 +207,105 @@ pub fn connect_accept(
 }
 
 impl Pair {
-    /// Closes both comms and the listener.
-    pub fn close(self) {
-        // SAFETY: live comms of this plugin, closed once.
-        unsafe {
-            ok(self.p.close_send(self.send));
-            ok(self.p.close_recv(self.recv));
-            ok(self.p.close_listen(self.listen));
+    /// Connects to an existing `listen` comm through `handle`: for the tests that use the
+    /// listener for something else first and then check that it still connects.
+    pub fn connect(
+        p: &'static NetPlugin,
+        listen: *mut c_void,
+        handle: &mut [u8; HANDLE_SIZE],
+        dh: DevHandle,
+    ) -> Pair {
+        let (send, recv, dev_handle) = connect_accept(p, listen, handle, dh);
+        Pair {
+            p,
+            listen,
+            send,
+            recv,
+            dev_handle,
         }
     }
+
+    /// Registers a `len`-byte send buffer of `pattern(seed, len)` and a zeroed receive buffer of
+    /// the same length: the usual start of a test that posts its own requests.
+    pub fn buffers(&self, seed: u64, len: usize) -> (Buf, Buf) {
+        (
+            register(self.p, self.send, pattern(seed, len)),
+            register(self.p, self.recv, vec![0; len]),
+        )
+    }
+
+    /// Closes both comms and the listener.
+    pub fn close(self) {
+        // SAFETY: a live send comm of this plugin, closed once.
+        ok(unsafe { self.p.close_send(self.send) });
+        close_recv_and_listen(self.p, self.recv, self.listen);
+    }
+}
+
+/// Closes a receive comm and then its listener: the end of a pair whose send side a test closed
+/// itself (to fail the receiver), or of a receiver accepted from a hand-made peer.
+pub fn close_recv_and_listen(p: &NetPlugin, recv: *mut c_void, listen: *mut c_void) {
+    // SAFETY: live comms of this plugin, closed once.
+    unsafe {
+        ok(p.close_recv(recv));
+        ok(p.close_listen(listen));
+    }
+}
+
+/// Tests `req` until it fails and returns the failure; `what` names the request in the panic
+/// when it completes instead, or when no failure comes within `limit`. The tests of broken peers
+/// and bad traffic all wait this way for the error they then check.
+#[track_caller]
+pub fn failure(p: &NetPlugin, req: *mut c_void, limit: Duration, what: &str) -> ResultCode {
+    let start = Instant::now();
+    loop {
+        assert!(
+            start.elapsed() < limit,
+            "{what}: no failure within {limit:?}"
+        );
+        match test(p, req) {
+            Ok(None) => continue,
+            Ok(Some(n)) => panic!("{what}: completed with {n} bytes"),
+            Err(e) => return e,
+        }
+    }
+}
+
+/// Tests each of `reqs` until done, in order, all within one [`DEADLINE`], and returns their
+/// sizes: the drain at the end of the tests that post a few requests by hand.
+#[track_caller]
+pub fn complete_in_order(p: &NetPlugin, reqs: &[*mut c_void]) -> Vec<usize> {
+    let start = Instant::now();
+    reqs.iter()
+        .map(|&r| loop {
+            assert!(start.elapsed() < DEADLINE, "a request did not complete");
+            if let Some(n) = test(p, r).unwrap() {
+                break n;
+            }
+        })
+        .collect()
+}
+
+/// Posts one `len`-byte message each way on `pair`, too large for the socket buffers, lets only
+/// the sender make progress (so it is stuck mid-message), then deregisters and closes the send
+/// comm with the message in flight. Returns the receive request, which must now fail, and its
+/// buffer. Shared by the tests of a peer vanishing mid-message, with one socket and several.
+pub fn close_sender_mid_message(pair: &Pair, len: usize, seed: u64) -> (*mut c_void, Buf) {
+    let p = pair.p;
+    let (mut src, mut dst) = pair.buffers(seed, len);
+    let s = isend(p, pair.send, &mut src, 0, len);
+    let r = irecv(p, pair.recv, &mut dst, 0, len);
+    // Nobody reads, so the sender fills the socket buffers (a few MiB per socket) and can never
+    // finish.
+    for _ in 0..4 {
+        assert_eq!(test(p, s), Ok(None));
+    }
+    // SAFETY: live comm and registration; the request in flight is abandoned.
+    unsafe {
+        ok(p.dereg_mr(pair.send, src.mh));
+        ok(p.close_send(pair.send));
+    }
+    (r, dst)
 }
 
 /// A registered host buffer.
@@ -293,6 +390,42 @@ pub fn irecv(p: &NetPlugin, comm: *mut c_void, b: &mut Buf, off: usize, len: usi
         )
     });
     req
+}
+
+/// Calls irecv of `n` receives with one-entry arrays (`data`, `size`, `mh`) and NULL tags, and
+/// returns its code: for the tests of what the plugin refuses, which [`irecv`] (it asserts
+/// success) cannot post.
+///
+/// # Safety
+///
+/// As for `NetPlugin::irecv` with one-entry arrays: `data` lies in the registration `mh` for
+/// `size` bytes and outlives the request, unless the plugin refuses the call before touching it
+/// (as it must when `n` is not 1: the arrays hold one entry).
+pub unsafe fn irecv_raw(
+    p: &NetPlugin,
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut c_void,
+    size: c_int,
+    mh: *mut c_void,
+    req: &mut *mut c_void,
+) -> ResultCode {
+    let mut data = [data];
+    let mut sizes = [size];
+    let mut mhs = [mh];
+    // SAFETY: the caller's contract; the arrays live across the call.
+    unsafe {
+        p.irecv(
+            comm,
+            n,
+            data.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            null_mut(),
+            mhs.as_mut_ptr(),
+            req,
+        )
+    }
+    .unwrap()
 }
 
 /// One `test`: Ok(Some(size)) when done.
@@ -614,4 +747,141 @@ pub fn receive_late(pair: &Pair, sizes: &[usize], seed: u64) {
         s.step(Step::Consume);
     }
     s.finish();
+}
+
+/// The TCP port of a listen handle (bytes 8..10, little-endian), for the tests that connect to
+/// the listener with a raw socket instead of the plugin.
+pub fn handle_port(handle: &[u8; HANDLE_SIZE]) -> u16 {
+    u16::from_le_bytes([handle[8], handle[9]])
+}
+
+/// A receive comm accepted from a hand-made connector: a raw socket that sent a valid hello and
+/// can then write any bytes, for the tests of traffic the plugin itself never sends.
+pub struct RawPeer {
+    /// The listen comm the raw socket connected to.
+    pub listen: *mut c_void,
+    /// The receive comm accepted from it.
+    pub recv: *mut c_void,
+    /// The raw socket, past its hello.
+    pub stream: TcpStream,
+}
+
+/// Listens on device 0, connects a raw socket that says hello as connection `conn_id`, and
+/// accepts it.
+pub fn raw_peer(p: &NetPlugin, conn_id: u64) -> RawPeer {
+    let (handle, listen) = listen(p);
+    let nonce = u64::from_le_bytes(handle[32..40].try_into().unwrap());
+    let mut stream = TcpStream::connect(("127.0.0.1", handle_port(&handle))).unwrap();
+    let hello = Hello {
+        nsocks: 1,
+        index: 0,
+        nonce,
+        conn_id,
+    };
+    stream.write_all(&hello.encode()).unwrap();
+    let mut recv: *mut c_void = null_mut();
+    let start = Instant::now();
+    while recv.is_null() {
+        assert!(start.elapsed() < DEADLINE, "the raw peer was not accepted");
+        // SAFETY: a live listen comm; NULL device handle slot.
+        ok(unsafe { p.accept(listen, &mut recv, null_mut()) });
+    }
+    RawPeer {
+        listen,
+        recv,
+        stream,
+    }
+}
+
+/// The device-handle modes of real callers, under which the data-path tests run: NULL (NCCL
+/// with a HOST device) and a preset UNPACK handle (consumption required).
+pub const CALLER_MODES: [DevHandle; 2] = [DevHandle::Null, DevHandle::Preset];
+
+/// On a fresh pair of `p` per caller mode, moves `sizes` with [`transfer`] (seed `seed`), then
+/// again one step at a time with [`interleaved`] under `steps` and `slack` (seed `seed + 1`):
+/// the fixed mixed-size scenario that each socket count runs.
+pub fn transfer_and_interleave(
+    p: &'static NetPlugin,
+    sizes: &[usize],
+    slack: usize,
+    steps: &[u8],
+    seed: u64,
+) {
+    for dh in CALLER_MODES {
+        let pair = pair(p, dh);
+        transfer(&pair, sizes, seed);
+        interleaved(&pair, sizes, slack, steps, seed + 1);
+        pair.close();
+    }
+}
+
+/// [`receive_late`] of `sizes` on a fresh pair of `p` per caller mode.
+pub fn receive_late_in_each_mode(p: &'static NetPlugin, sizes: &[usize], seed: u64) {
+    for dh in CALLER_MODES {
+        let pair = pair(p, dh);
+        receive_late(&pair, sizes, seed);
+        pair.close();
+    }
+}
+
+/// Sizes for random schedules: empty, tiny, a page and its neighbours, and two bands of larger
+/// ones split at `split` bytes, so that each test binary puts the split where its data path
+/// changes behaviour.
+pub fn any_size(split: usize) -> impl Strategy<Value = usize> {
+    prop_oneof![
+        1 => Just(0usize),
+        3 => 1usize..=64,
+        3 => prop_oneof![Just(4095usize), Just(4096), Just(4097)],
+        3 => 65usize..16 << 10,
+        2 => 16usize << 10..split,
+        1 => split..4usize << 20,
+    ]
+}
+
+/// A random schedule for [`interleaved`], with or without consumption.
+#[derive(Clone, Debug)]
+pub struct RandomSchedule {
+    /// Preset device handle (consumption required) rather than NULL.
+    pub consume: bool,
+    /// Message sizes, in order.
+    pub sizes: Vec<usize>,
+    /// Spare, poisoned bytes after each receive.
+    pub slack: usize,
+    /// Steps taken before the drain, each picking a [`Step`] mod 5.
+    pub steps: Vec<u8>,
+    /// Seed of the sent bytes.
+    pub seed: u64,
+}
+
+/// Up to 39 messages of [`any_size`]`(split)`, up to 2 bytes of receive slack and up to 299
+/// steps: the property test that each socket count runs.
+pub fn random_schedule(split: usize) -> impl Strategy<Value = RandomSchedule> {
+    (
+        any::<bool>(),
+        vec(any_size(split), 1..40),
+        0usize..3,
+        vec(any::<u8>(), 0..300),
+        any::<u64>(),
+    )
+        .prop_map(|(consume, sizes, slack, steps, seed)| RandomSchedule {
+            consume,
+            sizes,
+            slack,
+            steps,
+            seed,
+        })
+}
+
+impl RandomSchedule {
+    /// Runs the schedule on a fresh pair of `p` (every message checked, see [`Schedule`]).
+    pub fn run(&self, p: &'static NetPlugin) {
+        let dh = if self.consume {
+            DevHandle::Preset
+        } else {
+            DevHandle::Null
+        };
+        let pair = pair(p, dh);
+        interleaved(&pair, &self.sizes, self.slack, &self.steps, self.seed);
+        pair.close();
+    }
 }
