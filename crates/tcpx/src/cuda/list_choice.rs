@@ -53,6 +53,18 @@ fn kernel_wins(kernel_ns: u32, engines_ns: u32) -> bool {
     u64::from(kernel_ns) * KERNEL_SHARE.1 <= u64::from(engines_ns) * KERNEL_SHARE.0
 }
 
+/// The way lists with these average times go, probes aside: what [`ListChooser::pick`]
+/// settles on, for reports of what it measured.
+pub(crate) fn preferred(engines: Duration, kernel: Duration) -> Method {
+    // The averages are kept as u32 ns, so this is exact for what `averages` returns.
+    let ns = |d: Duration| u32::try_from(d.as_nanos()).unwrap_or(u32::MAX);
+    if kernel_wins(ns(kernel), ns(engines)) {
+        Method::Kernel
+    } else {
+        Method::Engines
+    }
+}
+
 /// The weight of a new sample in a way's running average: 1 / 2^`SHIFT`.
 const SHIFT: u32 = 2;
 
@@ -293,6 +305,12 @@ mod tests {
             .count();
         assert!(kernels <= 400 / PROBE_EVERY as usize + 1, "{kernels}");
         assert!(kernel_wins(75, 100) && !kernel_wins(76, 100));
+        // What reports call the choice is what `pick` does.
+        let (engines, kernel) = chooser.averages(Direction::ToDevice, 16);
+        assert_eq!(
+            preferred(engines.unwrap(), kernel.unwrap()),
+            Method::Engines
+        );
     }
 
     #[test]
@@ -336,7 +354,7 @@ mod tests {
                 Method::Engines => batch,
                 Method::Kernel => kernel,
             });
-            let cheaper = if 4 * kernel <= 3 * batch { Method::Kernel } else { Method::Engines };
+            let cheaper = preferred(Duration::from_nanos(batch), Duration::from_nanos(kernel));
             let dearer = ways[2 * WARM_UP as usize..].iter().filter(|w| **w != cheaper).count();
             prop_assert!(dearer <= 640 / PROBE_EVERY as usize + 1);
             let (b, k) = chooser.averages(Direction::ToDevice, copies);
