@@ -246,6 +246,7 @@ fn bad_options_exit_2_with_one_line_naming_the_flag() {
         (&["onesided", "--depth", "0"], "--depth"),
         (&["onesided", "--op", "fly"], "--op"),
         (&["latency", "--sizes", "0"], "--sizes"),
+        (&["latency", "--gap-us", "99999999999"], "--gap-us"),
     ];
     for (args, flag) in cases {
         let out = run(args);

@@ -616,6 +616,19 @@ fn check_timeout(secs: u64) -> Result<Duration, Failure> {
     Ok(Duration::from_secs(secs))
 }
 
+/// Longest pause `--gap-us` takes: past it no engine or loop is still awake to measure, and a
+/// typo (a pause of hours per transfer) would look like a hang.
+const MAX_GAP_US: u64 = 10_000_000;
+
+fn check_gap(us: u64) -> Result<Duration, Failure> {
+    if us > MAX_GAP_US {
+        return Err(bad(format!(
+            "--gap-us {us}: at most {MAX_GAP_US} (10 s) of idle before each transfer"
+        )));
+    }
+    Ok(Duration::from_micros(us))
+}
+
 fn check_chunk(text: &str) -> Result<u32, Failure> {
     let n = check_size("--chunk", text, 1)?;
     u32::try_from(n).map_err(|_| bad(format!("--chunk {text}: must be below 4GiB")))
@@ -1011,7 +1024,7 @@ fn kv_plan(k: &KvCommon, bind: SocketAddr) -> Result<(Config, kv::Plan), Failure
                 k.gap_us
             )));
         } else {
-            Duration::from_micros(k.gap_us)
+            check_gap(k.gap_us)?
         },
         channels: link.channels,
         chunk: link.chunk,
@@ -1403,7 +1416,7 @@ fn latency(args: LatencyArgs) -> Result<(), Failure> {
         ),
         backend: backend_choice(args.plugin.as_deref(), Backend::Builtin).map_err(usage)?,
         timeout: check_timeout(args.timeout)?,
-        gap: Duration::from_micros(args.gap_us),
+        gap: check_gap(args.gap_us)?,
     };
     let mut json = json_file(args.json.as_ref())?;
     println!(
