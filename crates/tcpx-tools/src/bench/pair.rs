@@ -114,9 +114,27 @@ impl Sweep {
             chunk: self.chunk,
             channels: self.channels,
             timeout: self.timeout,
-            // The stack cycles its messages through the first `size` bytes of every slot.
-            footprint: Units::new(self, size).messages.min(self.slots()) * size,
+            // The stack cycles its messages through `places(size)` places of `size` bytes.
+            footprint: Units::new(self, size).messages.min(self.places(size)) * size,
         }
+    }
+
+    /// Places of `size` bytes that messages of that size cycle through, on each side: one
+    /// per message in flight (submissions in flight × messages per submission), as many as
+    /// the slots hold at most ([`Slots::place`]; batches of many small messages can have more
+    /// in flight than that). So no two messages in flight share bytes, as in an application,
+    /// and a size is measured over the same memory whatever other sizes the sweep has. (Messages once cycled through one place per slot, and a sweep's
+    /// slot count follows its largest size: 1 MiB messages in the issue's sweep up to 256 MiB
+    /// went 16 at a time into each of four 1 MiB places, a 4 MiB footprint that raw TCP
+    /// moved from the CPU's caches, where `--sizes 1MiB` alone cycled through 64 MiB.)
+    pub fn places(&self, size: usize) -> usize {
+        let size = size.max(1);
+        let max = self.sizes.iter().copied().max().unwrap_or(1).max(size);
+        let capacity = self.slots().saturating_mul((max / size).max(1));
+        let in_flight = self
+            .in_flight_for(size)
+            .saturating_mul(self.batch_for(size));
+        in_flight.clamp(1, capacity.max(1))
     }
 
     /// Message slots each side allocates: one per message in flight at the deepest size,
@@ -310,16 +328,16 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         .iter()
         .flat_map(|&s| std::iter::repeat_n(s, sweep.rounds()))
     {
+        let plan = Units::new(sweep, size);
         if sweep.verify {
             // A message that never lands must not pass for one that did.
             let poison = vec![0u8; size];
-            for i in 0..slots.len() {
-                let (region, at) = slots.slot(i);
+            for p in 0..plan.places {
+                let (region, at) = plan.place(&slots, p);
                 region.write(at, &poison)?;
             }
         }
         ctl.send([0, 0, 0])?;
-        let plan = Units::new(sweep, size);
         // The costs counted are those of the timed part, as on the client: from the last
         // warm-up unit received on.
         let mut probe = (plan.warmup_units == 0).then(|| Probe::start(endpoint));
@@ -351,10 +369,10 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
             .finish(endpoint);
         ctl.send([1, work.page_faults, work.registrations])?;
         if sweep.verify {
-            // After DONE: the client's clock has stopped. Every slot holds the last message
-            // that landed in it (all of them did: total >= 8 >= slots or every slot was used).
-            for i in 0..total.min(slots.len()) {
-                let (region, at) = slots.slot(i);
+            // After DONE: the client's clock has stopped. Every place used holds the last
+            // message that landed in it.
+            for p in 0..total.min(plan.places) {
+                let (region, at) = plan.place(&slots, p);
                 verify_slot(region, at, size)?;
             }
         }
@@ -406,6 +424,17 @@ pub fn drive(
     let baseline_addr = rawtcp::baseline_addr(peer.control_addr);
     let mut rows = Vec::with_capacity(sweep.sizes.len());
     for &size in &sweep.sizes {
+        if sweep.verify {
+            // Every place starts its message with the pattern's first byte (the slots hold
+            // the pattern from each slot's start, so places past it hold later bytes).
+            let plan = Units::new(sweep, size);
+            let mut message = vec![0u8; size];
+            fill_pattern(&mut message);
+            for p in 0..plan.places {
+                let (region, at) = plan.place(&slots, p);
+                region.write(at, &message)?;
+            }
+        }
         let mut rounds = Vec::with_capacity(sweep.rounds());
         for _ in 0..sweep.rounds() {
             ctl.recv::<3>("the server's READY")?;
@@ -564,6 +593,8 @@ fn send_size(
 /// last one short), `depth` of them in flight. Both roles derive the same units.
 struct Units {
     size: usize,
+    /// Places this size's messages cycle through ([`Sweep::places`]).
+    places: usize,
     k: usize,
     messages: usize,
     units: usize,
@@ -576,11 +607,13 @@ impl Units {
         let k = sweep.batch_for(size);
         let depth = sweep.in_flight_for(size);
         let iters = sweep.iters_for(size);
+        let places = sweep.places(size);
         if k == 1 {
             let warmup = sweep.warmup_for(size);
             let messages = warmup + iters;
             return Self {
                 size,
+                places,
                 k,
                 messages,
                 units: messages,
@@ -596,6 +629,7 @@ impl Units {
         let units = warmup_units + timed_units;
         Self {
             size,
+            places,
             k,
             messages: units * k,
             units,
@@ -614,7 +648,12 @@ impl Units {
         (self.messages - u * self.k).min(self.k)
     }
 
-    /// Posts unit `u`: message `m` uses slot `m % slots`, as one call per message does.
+    /// Where message `m` lives: place `m % places` ([`Sweep::places`]).
+    fn place<'s>(&self, slots: &'s Slots, m: usize) -> (&'s Region, usize) {
+        slots.place(m % self.places, self.size)
+    }
+
+    /// Posts unit `u`: message `m` uses place `m % places`, as one call per message does.
     fn post(
         &self,
         conn: &Connection,
@@ -624,7 +663,7 @@ impl Units {
     ) -> tcpx_runtime::Result<Transfer> {
         let first = u * self.k;
         if self.k == 1 {
-            let (region, at) = slots.slot(first);
+            let (region, at) = self.place(slots, first);
             return match direction {
                 Direction::Send => conn.send(region, at, self.size),
                 Direction::Recv => conn.recv(region, at, self.size),
@@ -632,7 +671,7 @@ impl Units {
         }
         let segments: Vec<Segment<'_>> = (first..first + self.messages_in(u))
             .map(|m| {
-                let (region, at) = slots.slot(m);
+                let (region, at) = self.place(slots, m);
                 Segment::new(region, at, self.size)
             })
             .collect();
@@ -664,14 +703,32 @@ impl Slots {
         self.count == 0
     }
 
-    /// The region and offset of message `m`'s slot (`m % len`).
-    pub fn slot(&self, m: usize) -> (&Region, usize) {
-        let i = m % self.count.max(1);
+    /// The region and offset of slot `i % len` (`max` bytes).
+    pub fn slot(&self, i: usize) -> (&Region, usize) {
+        let i = i % self.count.max(1);
         match self.regions.as_slice() {
             [one] => (one, i * self.max),
             many => (&many[i], 0),
         }
     }
+
+    /// The region and offset of place `p` for messages of `size` bytes: places go round the
+    /// slots first (consecutive messages in different slots, as one place per slot did),
+    /// then on to the next `size` bytes of each. `p` below the slots' capacity at that size
+    /// (`len × (max / size)`, which [`Sweep::places`] keeps to) stays inside its slot.
+    pub fn place(&self, p: usize, size: usize) -> (&Region, usize) {
+        let (slot, offset) = place_in_slots(p, size, self.count, self.max);
+        let (region, at) = self.slot(slot);
+        (region, at + offset)
+    }
+}
+
+/// [`Slots::place`] as numbers: the slot of place `p` for `size`-byte messages among `count`
+/// slots of `max` bytes, and the offset in it.
+fn place_in_slots(p: usize, size: usize, count: usize, max: usize) -> (usize, usize) {
+    let count = count.max(1);
+    let per_slot = (max / size.max(1)).max(1);
+    (p % count, (p / count % per_slot) * size)
 }
 
 /// One buffer per message in flight (`depth`, capped at 1 GiB in all), each its own region
@@ -859,6 +916,79 @@ mod tests {
             ..sweep()
         };
         assert_eq!(one_region.fingerprint(), base.fingerprint());
+    }
+
+    /// The issue's large-size sweep: four slots of 256 MiB.
+    fn large() -> Sweep {
+        Sweep {
+            sizes: vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
+            min_bytes: 2 << 30,
+            ..sweep()
+        }
+    }
+
+    #[test]
+    fn a_size_cycles_through_as_many_places_as_a_sweep_of_it_alone() {
+        let issue = large();
+        assert_eq!(issue.slots(), 4);
+        for size in [1usize << 20, 4 << 20, 16 << 20] {
+            let alone = Sweep {
+                sizes: vec![size],
+                ..large()
+            };
+            assert_eq!(issue.places(size), alone.places(size), "{size}");
+            assert_eq!(issue.places(size), issue.depth_for(size), "{size}");
+        }
+        // 1 MiB: a window per channel, 64 messages, no longer 16 to each of four places.
+        assert_eq!(issue.places(1 << 20), 64);
+        // Where 1 GiB binds, the slots' capacity: four 256 MiB messages.
+        assert_eq!(issue.places(256 << 20), 4);
+        // Batches count their messages, up to what the slots hold (one per submission in
+        // flight: 128 here, against 8 × 1024 messages).
+        let batched = Sweep {
+            sizes: vec![16 << 10, 64 << 10],
+            batch: 1024,
+            ..sweep()
+        };
+        assert_eq!(batched.slots(), batched.depth_for(16 << 10));
+        assert_eq!(batched.places(16 << 10), batched.slots() * 4);
+        assert!(
+            batched.in_flight_for(16 << 10) * batched.batch_for(16 << 10) > 4 * batched.slots()
+        );
+    }
+
+    proptest::proptest! {
+        /// Places stay inside their slots, no two share a byte, and there are never more
+        /// than the slots hold nor more than the messages in flight need.
+        #[test]
+        fn places_are_disjoint_and_inside_the_slots(
+            sizes in proptest::collection::vec(1usize..(64 << 20), 1..5),
+            depth in proptest::option::of(1usize..2048),
+            batch in proptest::sample::select(vec![1usize, 4, 64]),
+        ) {
+            let sweep = Sweep { sizes: sizes.clone(), depth, batch, ..sweep() };
+            let count = sweep.slots();
+            let max = sizes.iter().copied().max().unwrap_or(1);
+            for &size in &sizes {
+                let places = sweep.places(size);
+                proptest::prop_assert!(places >= 1);
+                proptest::prop_assert!(places <= count * (max / size).max(1));
+                proptest::prop_assert!(
+                    places <= (sweep.in_flight_for(size) * sweep.batch_for(size)).max(1)
+                );
+                let mut spans: Vec<(usize, usize)> = (0..places)
+                    .map(|p| {
+                        let (slot, offset) = place_in_slots(p, size, count, max);
+                        assert!(slot < count && offset + size <= max);
+                        (slot * max + offset, slot * max + offset + size)
+                    })
+                    .collect();
+                spans.sort_unstable();
+                for pair in spans.windows(2) {
+                    proptest::prop_assert!(pair[0].1 <= pair[1].0, "{:?} overlap", pair);
+                }
+            }
+        }
     }
 
     #[test]
