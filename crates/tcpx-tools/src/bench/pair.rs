@@ -121,7 +121,7 @@ impl Sweep {
 
     /// Places of `size` bytes that messages of that size cycle through, on each side: one
     /// per message in flight (submissions in flight × messages per submission), as many as
-    /// the slots hold at most ([`Slots::place`]; batches of many small messages can have more
+    /// the slots hold at most ([`Slots::places`]; batches of many small messages can have more
     /// in flight than that). So no two messages in flight share bytes, as in an application,
     /// and a size is measured over the same memory whatever other sizes the sweep has. (Messages once cycled through one place per slot, and a sweep's
     /// slot count follows its largest size: 1 MiB messages in the sweep up to 256 MiB
@@ -329,11 +329,12 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         .flat_map(|&s| std::iter::repeat_n(s, sweep.rounds()))
     {
         let plan = Units::new(sweep, size);
+        let places = slots.places(size, plan.places);
         if sweep.verify {
             // A message that never lands must not pass for one that did.
             let poison = vec![0u8; size];
-            for p in 0..plan.places {
-                let (region, at) = plan.place(&slots, p);
+            for p in 0..places.len() {
+                let (region, at) = places.get(p);
                 region.write(at, &poison)?;
             }
         }
@@ -348,7 +349,7 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
             while posted < plan.units && inflight.len() < plan.depth {
                 let messages = plan.messages_in(posted);
                 inflight.push_back((
-                    plan.post(&conn, &slots, posted, Direction::Recv)?,
+                    plan.post(&conn, &places, posted, Direction::Recv)?,
                     messages * size,
                 ));
                 posted += 1;
@@ -371,8 +372,8 @@ pub fn serve(endpoint: &Endpoint, baseline: &TcpListener, sweep: &Sweep) -> Resu
         if sweep.verify {
             // After DONE: the client's clock has stopped. Every place used holds the last
             // message that landed in it.
-            for p in 0..total.min(plan.places) {
-                let (region, at) = plan.place(&slots, p);
+            for p in 0..total.min(places.len()) {
+                let (region, at) = places.get(p);
                 verify_slot(region, at, size)?;
             }
         }
@@ -427,11 +428,11 @@ pub fn drive(
         if sweep.verify {
             // Every place starts its message with the pattern's first byte (the slots hold
             // the pattern from each slot's start, so places past it hold later bytes).
-            let plan = Units::new(sweep, size);
+            let places = slots.places(size, Units::new(sweep, size).places);
             let mut message = vec![0u8; size];
             fill_pattern(&mut message);
-            for p in 0..plan.places {
-                let (region, at) = plan.place(&slots, p);
+            for p in 0..places.len() {
+                let (region, at) = places.get(p);
                 region.write(at, &message)?;
             }
         }
@@ -534,6 +535,7 @@ fn send_size(
     sweep: &Sweep,
 ) -> Result<(Duration, Vec<Duration>, TimedWork, usize), Failure> {
     let plan = Units::new(sweep, size);
+    let places = slots.places(size, plan.places);
     // Small messages are timed one in `LATENCY_SAMPLE_EVERY`: two clock reads per message
     // were a sixth of the submitting thread's time at 4 KiB, which the stack would be charged.
     let sample_every = if size < LATENCY_SAMPLE_BELOW {
@@ -552,7 +554,7 @@ fn send_size(
     let warm_units = plan.warmup_units;
     while done < warm_units.min(plan.units) {
         while posted < warm_units && inflight.len() < plan.depth {
-            inflight.push_back((plan.post(conn, slots, posted, Direction::Send)?, None));
+            inflight.push_back((plan.post(conn, &places, posted, Direction::Send)?, None));
             posted += 1;
         }
         let (t, _) = inflight.pop_front().expect("non-empty");
@@ -564,7 +566,7 @@ fn send_size(
     while done < plan.units {
         while posted < plan.units && inflight.len() < plan.depth {
             let started = (posted % sample_every == 0).then(Instant::now);
-            inflight.push_back((plan.post(conn, slots, posted, Direction::Send)?, started));
+            inflight.push_back((plan.post(conn, &places, posted, Direction::Send)?, started));
             posted += 1;
         }
         let (t, started) = inflight.pop_front().expect("non-empty");
@@ -648,22 +650,17 @@ impl Units {
         (self.messages - u * self.k).min(self.k)
     }
 
-    /// Where message `m` lives: place `m % places` ([`Sweep::places`]).
-    fn place<'s>(&self, slots: &'s Slots, m: usize) -> (&'s Region, usize) {
-        slots.place(m % self.places, self.size)
-    }
-
     /// Posts unit `u`: message `m` uses place `m % places`, as one call per message does.
     fn post(
         &self,
         conn: &Connection,
-        slots: &Slots,
+        places: &Places<'_>,
         u: usize,
         direction: Direction,
     ) -> tcpx_runtime::Result<Transfer> {
         let first = u * self.k;
         if self.k == 1 {
-            let (region, at) = self.place(slots, first);
+            let (region, at) = places.get(first);
             return match direction {
                 Direction::Send => conn.send(region, at, self.size),
                 Direction::Recv => conn.recv(region, at, self.size),
@@ -671,7 +668,7 @@ impl Units {
         }
         let segments: Vec<Segment<'_>> = (first..first + self.messages_in(u))
             .map(|m| {
-                let (region, at) = self.place(slots, m);
+                let (region, at) = places.get(m);
                 Segment::new(region, at, self.size)
             })
             .collect();
@@ -712,18 +709,55 @@ impl Slots {
         }
     }
 
-    /// The region and offset of place `p` for messages of `size` bytes: places go round the
-    /// slots first (consecutive messages in different slots, as one place per slot did),
-    /// then on to the next `size` bytes of each. `p` below the slots' capacity at that size
-    /// (`len × (max / size)`, which [`Sweep::places`] keeps to) stays inside its slot.
-    pub fn place(&self, p: usize, size: usize) -> (&Region, usize) {
-        let (slot, offset) = place_in_slots(p, size, self.count, self.max);
-        let (region, at) = self.slot(slot);
-        (region, at + offset)
+    /// The first `count` places for messages of `size` bytes ([`Sweep::places`]), laid out
+    /// round the slots first (consecutive messages in different slots, as one place per slot
+    /// did), then on to the next `size` bytes of each. A count above the slots' capacity at
+    /// that size (`len × (max / size)`) wraps onto places already listed.
+    pub fn places(&self, size: usize, count: usize) -> Places<'_> {
+        let spots = (0..count.max(1))
+            .map(|p| {
+                let (slot, offset) = place_in_slots(p, size, self.count, self.max);
+                match self.regions.len() {
+                    1 => (0, slot * self.max + offset),
+                    _ => (slot, offset),
+                }
+            })
+            .collect();
+        Places {
+            regions: &self.regions,
+            spots,
+        }
     }
 }
 
-/// [`Slots::place`] as numbers: the slot of place `p` for `size`-byte messages among `count`
+/// Where the places of one size lie ([`Slots::places`]): each message looks its place up
+/// instead of working it out, so that the loop that posts small messages — whose time is
+/// the stack's — pays one division per message, as before places.
+pub struct Places<'s> {
+    regions: &'s [Region],
+    /// (index into `regions`, offset) of each place.
+    spots: Vec<(usize, usize)>,
+}
+
+impl<'s> Places<'s> {
+    /// Places listed (at least one).
+    pub fn len(&self) -> usize {
+        self.spots.len()
+    }
+
+    /// Whether none are (never).
+    pub fn is_empty(&self) -> bool {
+        self.spots.is_empty()
+    }
+
+    /// The region and offset of message `m`'s place (`m % len`).
+    pub fn get(&self, m: usize) -> (&'s Region, usize) {
+        let (region, at) = self.spots[m % self.spots.len()];
+        (&self.regions[region], at)
+    }
+}
+
+/// Where place `p` lies, as numbers ([`Slots::places`]): the slot of place `p` for `size`-byte messages among `count`
 /// slots of `max` bytes, and the offset in it.
 fn place_in_slots(p: usize, size: usize, count: usize, max: usize) -> (usize, usize) {
     let count = count.max(1);
