@@ -816,36 +816,18 @@ fn checked_len(local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<u64> {
     }
     let mut len = 0u64;
     for (i, s) in local.iter().enumerate() {
-        if s.len == 0
-            || s.offset
-                .checked_add(s.len)
-                .is_none_or(|end| end > s.region.len())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "local segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
-                     outside it)",
-                s.len,
-                s.offset,
-                s.region.len()
-            )));
-        }
+        check_segment(
+            "local",
+            i,
+            s.offset as u64,
+            s.len as u64,
+            s.region.len() as u64,
+        )?;
         len += s.len as u64;
     }
     let mut remote_len = 0u64;
     for (i, r) in remote.iter().enumerate() {
-        if r.len == 0
-            || r.offset
-                .checked_add(r.len)
-                .is_none_or(|end| end > r.descriptor.len())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "remote segment {i}: {} bytes at offset {} in a region of {} bytes (empty or \
-                     outside it)",
-                r.len,
-                r.offset,
-                r.descriptor.len()
-            )));
-        }
+        check_segment("remote", i, r.offset, r.len, r.descriptor.len())?;
         remote_len = remote_len.checked_add(r.len).ok_or_else(|| {
             Error::InvalidArgument("the remote list's total overflows u64".into())
         })?;
@@ -856,6 +838,18 @@ fn checked_len(local: &[Segment<'_>], remote: &[RemoteSegment]) -> Result<u64> {
         )));
     }
     Ok(len)
+}
+
+/// Segment `i` of the `side` list: `len` bytes at `offset` in a region of `region_len`,
+/// non-empty and inside it.
+fn check_segment(side: &str, i: usize, offset: u64, len: u64, region_len: u64) -> Result<()> {
+    if len == 0 || offset.checked_add(len).is_none_or(|end| end > region_len) {
+        return Err(Error::InvalidArgument(format!(
+            "{side} segment {i}: {len} bytes at offset {offset} in a region of {region_len} \
+             bytes (empty or outside it)"
+        )));
+    }
+    Ok(())
 }
 
 /// The remote list as it travels.
