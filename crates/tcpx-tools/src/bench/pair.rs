@@ -121,12 +121,13 @@ impl Sweep {
 
     /// Places of `size` bytes that messages of that size cycle through, on each side: one
     /// per message in flight (submissions in flight × messages per submission), as many as
-    /// the slots hold at most ([`Slots::places`]; batches of many small messages can have more
-    /// in flight than that). So no two messages in flight share bytes, as in an application,
-    /// and a size is measured over the same memory whatever other sizes the sweep has. (Messages once cycled through one place per slot, and a sweep's
-    /// slot count follows its largest size: 1 MiB messages in the sweep up to 256 MiB
-    /// went 16 at a time into each of four 1 MiB places, a 4 MiB footprint that raw TCP
-    /// moved from the CPU's caches, where `--sizes 1MiB` alone cycled through 64 MiB.)
+    /// the slots hold at most ([`Slots::places`]; batches of many small messages can have
+    /// more in flight than that). So no two messages in flight share bytes, as in an
+    /// application, and a size is measured over the same memory whatever other sizes the
+    /// sweep has. (Messages once cycled through one place per slot, and a sweep's slot count
+    /// follows its largest size: 1 MiB messages in the sweep up to 256 MiB went 16 at
+    /// a time into each of four 1 MiB places, a 4 MiB footprint that raw TCP moved from the
+    /// CPU's caches, where `--sizes 1MiB` alone cycled through 64 MiB.)
     pub fn places(&self, size: usize) -> usize {
         let size = size.max(1);
         let max = self.sizes.iter().copied().max().unwrap_or(1).max(size);
