@@ -107,15 +107,15 @@ impl Sweep {
     /// The raw-TCP baseline of one size: the messages the stack's clock covers, over
     /// `channels` streams.
     fn streams(&self, size: usize) -> StreamPlan {
-        let messages = Units::new(self, size).timed_messages();
+        let units = Units::new(self, size);
         StreamPlan {
             size,
-            messages,
+            messages: units.timed_messages(),
             chunk: self.chunk,
             channels: self.channels,
             timeout: self.timeout,
-            // The stack cycles its messages through `places(size)` places of `size` bytes.
-            footprint: Units::new(self, size).messages.min(self.places(size)) * size,
+            // The stack cycles its messages through `places` places of `size` bytes.
+            footprint: units.messages.min(units.places) * size,
         }
     }
 
