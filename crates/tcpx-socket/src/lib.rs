@@ -88,6 +88,10 @@ pub use device::{
     MAX_NSOCKS, READ_BATCH_ENV,
 };
 pub use fault::{faults_injected, FAULT_ENV, NO_SIZES_ENV};
+/// Least part the plugin reads straight into its receive, reading only the next header
+/// after it (see `recv`): a layer that wants the bytes behind a short message to land
+/// straight in their receives pads that message to this length.
+pub use recv::DIRECT_MIN as DIRECT_READ_MIN;
 pub use table::{ncclNetPlugin_v7, ncclNetPlugin_v8, pending_connects, PluginTable};
 
 /// The plugin's name, as reported in its tables.

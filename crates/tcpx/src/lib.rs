@@ -68,9 +68,11 @@ pub use packed::PackedRanges;
 pub use tcpx_socket::{interfaces, Interface};
 
 /// The built-in kernel-TCP plugin's switches and counters, for tools and tests that drive it
-/// (size reporting off, fault injection, devmem emulation) without depending on `tcpx-socket`
-/// themselves.
+/// (size reporting off, fault injection, devmem emulation) or fit its reads (the padding of
+/// eager frames) without depending on `tcpx-socket` themselves.
 pub mod builtin {
-    pub use tcpx_socket::{faults_injected, DEVMEM_ENV, FAULT_ENV, NO_SIZES_ENV, PLUGIN_NAME};
+    pub use tcpx_socket::{
+        faults_injected, DEVMEM_ENV, DIRECT_READ_MIN, FAULT_ENV, NO_SIZES_ENV, PLUGIN_NAME,
+    };
 }
 pub use tcpx_sys::{AbiVersion, ResultCode};
