@@ -30,6 +30,7 @@
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //! | `TCPX_INLINE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
+//! | `TCPX_INLINE_LONE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages while the connection has no other one-sided operation in flight (`0`: only `TCPX_INLINE_BYTES` applies; at most 64 KiB) ([`Config::inline_lone_bytes`]) | 64 KiB |
 //! | `TCPX_INLINE_GPU_BYTES` | the same for one-sided operations touching GPU memory, while the connection has at most one other operation pending ([`Config::inline_gpu_bytes`]) | 64 KiB |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
@@ -96,6 +97,13 @@ pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 /// Default [`Config::inline_bytes`]: one-sided writes and reads of up to 8 KiB of host memory
 /// travel inline (docs/RESULTS.md, twenty-second session).
 pub const DEFAULT_INLINE_BYTES: u32 = 8 << 10;
+
+/// Default [`Config::inline_lone_bytes`]: one-sided operations of up to 64 KiB of host memory
+/// travel inline while the connection has nothing else in flight (docs/RESULTS.md,
+/// thirtieth session: on an H200, one at a time, 16 KiB writes and reads 0.76–0.88 GB/s
+/// against 0.37–0.44 through the comms and 64 KiB 1.39–1.71 against 0.88–1.20; p50 of a
+/// lone 16 / 32 / 64 KiB write 21 / 29 / 45–48 µs against 35–51 / 50–70 / 47–74).
+pub const DEFAULT_INLINE_LONE_BYTES: u32 = 64 << 10;
 
 /// Default [`Config::inline_gpu_bytes`]: one-sided operations touching GPU memory of up to
 /// 64 KiB travel inline while the connection has at most one other operation pending
@@ -261,6 +269,17 @@ pub struct Config {
     /// never. At most [`tcpx_proto::control::rma::MAX_INLINE`]. Only the initiator's value
     /// matters. Default [`DEFAULT_INLINE_BYTES`].
     pub inline_bytes: u32,
+    /// One-sided operations of host memory whose total is at most this many bytes also
+    /// travel inline, as those under [`Config::inline_bytes`] do, but only while the
+    /// connection has no other one-sided operation in flight (none waiting for its answer,
+    /// no read still receiving): a lone write or read then costs a copy on each side and one
+    /// control message each way instead of a job, plugin requests and an engine hand-off on
+    /// each side (16–64 KiB about half of what the comms take, one at a time). With more in
+    /// flight the comms, which spread and pipeline the bytes, carry more: 64 KiB operations
+    /// all inline at depth 32 moved 3.7 against 12.7 GB/s. `0`: only
+    /// [`Config::inline_bytes`] applies. At most [`tcpx_proto::control::rma::MAX_INLINE`].
+    /// Only the initiator's value matters. Default [`DEFAULT_INLINE_LONE_BYTES`].
+    pub inline_lone_bytes: u32,
     /// The same for one-sided operations with GPU memory on either side (a staged region
     /// counts as GPU memory): at most this many bytes in all travel inline, copied by one
     /// synchronous GPU copy on each side, but only while the connection has fewer than two
@@ -314,6 +333,7 @@ impl Default for Config {
             eager_bytes: None,
             eager_detach: DEFAULT_EAGER_DETACH,
             inline_bytes: DEFAULT_INLINE_BYTES,
+            inline_lone_bytes: DEFAULT_INLINE_LONE_BYTES,
             inline_gpu_bytes: DEFAULT_INLINE_GPU_BYTES,
             pack_buffers: DEFAULT_PACK_BUFFERS,
             gpu_index: None,
@@ -438,6 +458,9 @@ impl Config {
         if let Some((name, v)) = get(&["TCPX_INLINE_BYTES"]) {
             b = b.inline_bytes(parse_size(name, &v)?);
         }
+        if let Some((name, v)) = get(&["TCPX_INLINE_LONE_BYTES"]) {
+            b = b.inline_lone_bytes(parse_size(name, &v)?);
+        }
         if let Some((name, v)) = get(&["TCPX_INLINE_GPU_BYTES"]) {
             b = b.inline_gpu_bytes(parse_size(name, &v)?);
         }
@@ -496,6 +519,7 @@ impl Config {
         }
         for (name, value) in [
             ("inline_bytes", self.inline_bytes),
+            ("inline_lone_bytes", self.inline_lone_bytes),
             ("inline_gpu_bytes", self.inline_gpu_bytes),
         ] {
             if value as usize > tcpx_proto::control::rma::MAX_INLINE {
@@ -625,6 +649,14 @@ impl ConfigBuilder {
     /// Largest one-sided write carried inline; 0: none (see [`Config::inline_bytes`]).
     pub fn inline_bytes(mut self, bytes: u32) -> Self {
         self.config.inline_bytes = bytes;
+        self
+    }
+
+    /// Largest one-sided operation of host memory carried inline while the connection has
+    /// at most one other operation pending; 0: only [`Config::inline_bytes`] (see
+    /// [`Config::inline_lone_bytes`]).
+    pub fn inline_lone_bytes(mut self, bytes: u32) -> Self {
+        self.config.inline_lone_bytes = bytes;
         self
     }
 
@@ -769,6 +801,23 @@ mod tests {
             0
         );
         assert!(from(&[("TCPX_INLINE_GPU_BYTES", "65537")]).is_err());
+        assert_eq!(
+            Config::default().inline_lone_bytes,
+            DEFAULT_INLINE_LONE_BYTES
+        );
+        assert_eq!(
+            from(&[("TCPX_INLINE_LONE_BYTES", "32K")])
+                .unwrap()
+                .inline_lone_bytes,
+            32768
+        );
+        assert_eq!(
+            from(&[("TCPX_INLINE_LONE_BYTES", "0")])
+                .unwrap()
+                .inline_lone_bytes,
+            0
+        );
+        assert!(from(&[("TCPX_INLINE_LONE_BYTES", "65537")]).is_err());
     }
 
     #[test]

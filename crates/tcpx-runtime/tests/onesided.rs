@@ -503,7 +503,11 @@ fn scattered_small_blocks_are_written_and_read_packed_exactly() {
 fn a_short_list_alone_on_its_connection_goes_unpacked_and_a_long_one_packs() {
     loopback();
     // 2 channels × a window of 16: up to 32 runs ride the channels unpacked when alone.
-    let (a, b, ab, _ba) = pair(2, 128 << 10);
+    // Lone operations of up to 64 KiB would go inline (`inline_lone_bytes`): off here, so
+    // that the two-block round takes the comms this rule is about.
+    let mut initiator = config(2, 128 << 10);
+    initiator.inline_lone_bytes = 0;
+    let (a, b, ab, _ba) = pair_with(initiator, config(2, 128 << 10));
     const BLOCK: usize = 16 << 10;
     let (dst, d) = advertised_host(&b, 2 * BLOCK * 64);
     for (round, n) in [(0u64, 2usize), (1, 32), (2, 33), (3, 64)] {
@@ -1030,6 +1034,7 @@ fn inline_pair(inline: bool) -> (Endpoint, Endpoint, Connection, Connection) {
     let mut initiator = config(4, 64 << 10);
     if !inline {
         initiator.inline_bytes = 0;
+        initiator.inline_lone_bytes = 0;
     }
     pair_with(initiator, config(4, 64 << 10))
 }
@@ -1251,6 +1256,67 @@ fn a_refused_inline_write_changes_nothing_and_the_connection_goes_on() {
     assert_pattern(&dst, 0, 8192, 6, "a good inline write after the refusals");
     assert_eq!(wait_notifications(&b, 1), vec![b"landed".to_vec()]);
     assert_eq!(b.inline_served(), 1);
+}
+
+/// Lone host operations past `inline_bytes` (8 KiB) and up to `inline_lone_bytes` (64 KiB)
+/// travel inline, writes and reads, one block or two, and land exactly; one byte more takes
+/// the comms; with `inline_lone_bytes` off the same lone operations take the comms too.
+#[test]
+fn lone_host_operations_up_to_the_lone_limit_travel_inline() {
+    loopback();
+    for lone_limit in [64 << 10, 0] {
+        let mut initiator = config(4, 64 << 10);
+        initiator.inline_lone_bytes = lone_limit;
+        let (a, b, ab, _ba) = pair_with(initiator, config(4, 64 << 10));
+        const LEN: usize = 1 << 20;
+        let (dst, d) = advertised_host(&b, LEN);
+        let back = a.alloc_host(LEN).unwrap();
+        let mut at = 0usize;
+        for (i, &len) in [(8 << 10) + 1, 16 << 10, 40_000, 64 << 10, (64 << 10) + 1]
+            .iter()
+            .enumerate()
+        {
+            let src = source(&a, len, 900 + i as u64);
+            // Every other operation in two blocks at two places of the target.
+            let half = len / 2;
+            let remote = if i % 2 == 0 {
+                vec![RemoteSegment::new(d, at as u64, len as u64)]
+            } else {
+                vec![
+                    RemoteSegment::new(d, at as u64, half as u64),
+                    RemoteSegment::new(d, (at + half + 4096) as u64, (len - half) as u64),
+                ]
+            };
+            let served = b.inline_served();
+            let tx = ab
+                .write(&[Segment::new(&src, 0, len)], &remote, None)
+                .unwrap();
+            assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "write of {len}");
+            let rx = ab.read(&[Segment::new(&back, at, len)], &remote).unwrap();
+            assert_eq!(rx.wait(DEADLINE).unwrap(), len as u64, "read of {len}");
+            let inline = lone_limit > 0 && len <= lone_limit as usize;
+            assert_eq!(
+                b.inline_served() - served,
+                if inline { 2 } else { 0 },
+                "lone limit {lone_limit}: a write and a read of {len} bytes"
+            );
+            let expected = snapshot(&src);
+            let (landed, read) = (snapshot(&dst), snapshot(&back));
+            let mut got = Vec::with_capacity(len);
+            for r in &remote {
+                got.extend_from_slice(&landed[r.offset as usize..(r.offset + r.len) as usize]);
+            }
+            assert!(
+                got == expected,
+                "lone limit {lone_limit}: write of {len} bytes"
+            );
+            assert!(
+                read[at..at + len] == expected[..],
+                "lone limit {lone_limit}: read of {len} bytes"
+            );
+            at += len + 8192;
+        }
+    }
 }
 
 /// Small reads into host memory (1 B up to the inline threshold, one block or several from

@@ -95,6 +95,13 @@
 //! like any refusal. Target memory the application holds a CPU slice of when the bytes land
 //! fails the connection, as a receive into it does.
 //!
+//! A lone operation of host memory goes inline up to [`crate::Config::inline_lone_bytes`]
+//! (64 KiB by default): while the connection has no other one-sided operation in flight
+//! (none waiting for its answer, no read through the comms still receiving), two copies and
+//! a control message each way cost about half of what the comms take at 16–64 KiB (a lone
+//! 32 KiB write 29 µs p50 against 50–70 on an H200, docs/RESULTS.md, thirtieth session),
+//! while with several in flight the one control stream carries less than the channels.
+//!
 //! A read of at most the same size asks for its data inline (`ReadRequest` flag bit 2): the
 //! target, when the request reaches the head of its items, reads the bytes and answers
 //! `ReadInline` with them; the initiator's control loop copies them into the read's memory

@@ -88,9 +88,47 @@ pub(crate) struct PendingOp {
 /// comms pipeline theirs. Measured on an H200 (docs/RESULTS.md, twenty-third session),
 /// inline carries more at depth 1 and 2 (4 KiB 0.13 / 0.20 against 0.05 / 0.17 GB/s, 64 KiB
 /// 0.84 / 1.50 against 0.55 / 1.22) and less from depth 4 (4 KiB reads 0.20 against 0.30,
-/// 64 KiB writes 1.64 against 2.43; depth 128 4 KiB 0.37 against 0.93). Host memory costs
-/// no GPU copy and always goes inline up to [`Config::inline_bytes`].
+/// 64 KiB writes 1.64 against 2.43; depth 128 4 KiB 0.37 against 0.93).
 pub(crate) const GPU_INLINE_MAX_PENDING: usize = 2;
+
+/// Host operations past [`Config::inline_bytes`], up to [`Config::inline_lone_bytes`], go
+/// inline only while fewer than this many one-sided operations of the connection wait for
+/// their answer and no read through the comms is still receiving: only when nothing else is
+/// in flight. Their bytes then cross one control stream and a copy
+/// on each side's control loop where the comms spread and pipeline them over the channels.
+/// Measured on an H200 (docs/RESULTS.md, thirtieth session): inline at depth 1 moved 16 KiB
+/// at 0.74–0.75 GB/s against 0.24–0.27 through the comms and 64 KiB at 1.38–1.62 against
+/// 0.63–0.79, but with one other operation pending (depth 2) 64 KiB at 2.1–2.5 against
+/// 3.2–3.4, and reads at depth 2 lost as much to a rule that did not see a read still
+/// receiving. Host memory up to [`Config::inline_bytes`] always goes inline.
+pub(crate) const HOST_LONE_MAX_PENDING: usize = 1;
+
+/// What a connection has in flight when an operation is posted ([`Rma::in_flight`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct InFlight {
+    /// One-sided operations waiting for their answer.
+    answers: usize,
+    /// The latest read through the comms was answered and is still receiving its bytes.
+    reading: bool,
+}
+
+/// The largest operation (bytes in all) that goes inline under `config`, for GPU memory on
+/// either side or not, with `in_flight` what the connection has in flight (see
+/// [`GPU_INLINE_MAX_PENDING`] and [`HOST_LONE_MAX_PENDING`]); `None`: none does.
+/// `in_flight` is asked only when it decides: it takes the pending table's lock.
+fn inline_limit(config: &Config, gpu: bool, in_flight: impl FnOnce() -> InFlight) -> Option<u32> {
+    if gpu {
+        return (in_flight().answers < GPU_INLINE_MAX_PENDING).then_some(config.inline_gpu_bytes);
+    }
+    if config.inline_lone_bytes > config.inline_bytes && {
+        let now = in_flight();
+        now.answers < HOST_LONE_MAX_PENDING && !now.reading
+    } {
+        Some(config.inline_lone_bytes)
+    } else {
+        Some(config.inline_bytes)
+    }
+}
 
 #[derive(Default)]
 struct Pending {
@@ -99,6 +137,10 @@ struct Pending {
     /// closed): new operations fail at once with it.
     closed: Option<Error>,
     last_sweep: Option<Instant>,
+    /// The completion of the latest read posted through the comms. Its entry leaves `ops`
+    /// at `ReadData`, while its bytes still travel: whether this has finished tells a lone
+    /// operation from one behind a read ([`Rma::in_flight`]).
+    last_read: Option<Arc<Completion>>,
 }
 
 /// A local list and a remote list checked, coalesced and registered (or, staged, left to the
@@ -172,6 +214,16 @@ impl Rma {
     /// Operations initiated here and not answered yet.
     pub(crate) fn pending_count(&self) -> usize {
         self.pending().ops.len()
+    }
+
+    /// What the connection has in flight: operations waiting for an answer, and whether the
+    /// latest read through the comms is still receiving (answered, so no longer among them).
+    fn in_flight(&self) -> InFlight {
+        let pending = self.pending();
+        InFlight {
+            answers: pending.ops.len(),
+            reading: matches!(&pending.last_read, Some(c) if !c.is_finished()),
+        }
     }
 
     fn usable(&self) -> Result<()> {
@@ -352,6 +404,9 @@ impl Rma {
         let mut pending = self.pending();
         if let Some(e) = &pending.closed {
             return Err(e.clone());
+        }
+        if matches!(op.kind, PendingKind::Read { .. }) {
+            pending.last_read = Some(op.completion.clone());
         }
         pending.ops.insert(op_id, op);
         Ok(())
@@ -642,14 +697,19 @@ impl Rma {
 
     /// Whether an operation on these lists carries its data in control messages: of memory
     /// this side can copy (host, or CUDA through its GPU's small copier; the target's control
-    /// loop copies host and CUDA memory alike), at most [`Config::inline_bytes`] in all, or
-    /// when either side is GPU memory (staged included) at most
-    /// [`Config::inline_gpu_bytes`] and while fewer than [`GPU_INLINE_MAX_PENDING`]
-    /// operations of the connection are pending.
+    /// loop copies host and CUDA memory alike), and at most [`inline_limit`] bytes in all:
+    /// [`Config::inline_bytes`] of host memory, or [`Config::inline_lone_bytes`] while no
+    /// other operation of the connection is pending; when either side is GPU memory (staged
+    /// included), [`Config::inline_gpu_bytes`] while fewer than [`GPU_INLINE_MAX_PENDING`]
+    /// are.
     fn goes_inline(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> bool {
-        let most = self.config.inline_bytes.max(self.config.inline_gpu_bytes);
-        // Stops at the first segment past the larger limit: a long list of large blocks costs
-        // nothing more on its way to the comms.
+        let c = &self.config;
+        let most = c
+            .inline_bytes
+            .max(c.inline_lone_bytes)
+            .max(c.inline_gpu_bytes);
+        // Stops at the first segment past the largest limit: a long list of large blocks
+        // costs nothing more on its way to the comms.
         let Some(total) = local.iter().try_fold(0u64, |total, s| {
             total
                 .checked_add(s.len as u64)
@@ -662,14 +722,9 @@ impl Rma {
             .iter()
             .any(|s| s.region.kind() == cuda || s.region.is_staged())
             || remote.iter().any(|r| r.descriptor.kind() == cuda);
-        let limit = if gpu {
-            self.config.inline_gpu_bytes
-        } else {
-            self.config.inline_bytes
-        };
-        total <= u64::from(limit)
-            && local.iter().all(|s| super::inline::copyable(s.region))
-            && (!gpu || self.pending_count() < GPU_INLINE_MAX_PENDING)
+        local.iter().all(|s| super::inline::copyable(s.region))
+            && inline_limit(c, gpu, || self.in_flight())
+                .is_some_and(|limit| total <= u64::from(limit))
     }
 
     /// See [`crate::Connection::notify`].
@@ -874,4 +929,65 @@ fn check_batch(payload: usize, entries: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(inline: u32, lone: u32, gpu: u32) -> Config {
+        Config::builder()
+            .inline_bytes(inline)
+            .inline_lone_bytes(lone)
+            .inline_gpu_bytes(gpu)
+            .build()
+            .expect("valid limits")
+    }
+
+    /// The rule against its statement: host memory up to `inline_bytes` always, up to
+    /// `inline_lone_bytes` while nothing else is pending; GPU memory up to `inline_gpu_bytes`
+    /// while at most one other operation is; and the pending table is looked at only when
+    /// it decides.
+    #[test]
+    fn lone_operations_go_inline_up_to_their_own_limits() {
+        let c = limits(8 << 10, 64 << 10, 32 << 10);
+        for answers in 0..4usize {
+            for reading in [false, true] {
+                let now = InFlight { answers, reading };
+                let alone = answers == 0 && !reading;
+                assert_eq!(
+                    inline_limit(&c, false, || now),
+                    Some(if alone { 64 << 10 } else { 8 << 10 }),
+                    "host, {now:?}"
+                );
+                assert_eq!(
+                    inline_limit(&c, true, || now),
+                    (answers <= 1).then_some(32 << 10),
+                    "GPU, {now:?}"
+                );
+            }
+        }
+        // A lone limit at or under `inline_bytes` changes nothing, and costs no lock.
+        for lone in [0, 4 << 10, 8 << 10] {
+            let c = limits(8 << 10, lone, 64 << 10);
+            let looked = std::cell::Cell::new(false);
+            let limit = inline_limit(&c, false, || {
+                looked.set(true);
+                InFlight::default()
+            });
+            assert_eq!(limit, Some(8 << 10), "lone limit {lone}");
+            assert!(
+                !looked.get(),
+                "lone limit {lone}: the pending table was locked"
+            );
+        }
+        // Everything off: host operations never inline past `inline_bytes` = 0.
+        let off = limits(0, 0, 0);
+        let busy = InFlight {
+            answers: 5,
+            reading: false,
+        };
+        assert_eq!(inline_limit(&off, false, InFlight::default), Some(0));
+        assert_eq!(inline_limit(&off, true, || busy), None);
+    }
 }

@@ -132,7 +132,8 @@ struct Bench {
 
 fn config(o: &Options) -> Result<Config> {
     // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 measures
-    // the unpacked path, TCPX_INLINE_BYTES=0 / TCPX_INLINE_GPU_BYTES=0 small operations
+    // the unpacked path, TCPX_INLINE_BYTES=0 / TCPX_INLINE_LONE_BYTES=0 /
+    // TCPX_INLINE_GPU_BYTES=0 small operations
     // through the comms, TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads
     // wait, in the same build); everything else from the flags.
     let env = Config::from_env()?;
@@ -148,6 +149,7 @@ fn config(o: &Options) -> Result<Config> {
         .pack_below(env.pack_below)
         .pack_buffers(env.pack_buffers)
         .inline_bytes(env.inline_bytes)
+        .inline_lone_bytes(env.inline_lone_bytes)
         .inline_gpu_bytes(env.inline_gpu_bytes)
         .build()?;
     Ok(config)
@@ -236,10 +238,12 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
     );
     eprintln!(
         "# inline: the target served {} operations with their data in control messages \
-         (TCPX_INLINE_BYTES: up to {} bytes of host memory; TCPX_INLINE_GPU_BYTES: up to {} \
-         with GPU memory, while at most one other operation is pending)",
+         (TCPX_INLINE_BYTES: up to {} bytes of host memory; while at most one other \
+         operation is pending, TCPX_INLINE_LONE_BYTES: up to {} of host memory and \
+         TCPX_INLINE_GPU_BYTES: up to {} with GPU memory)",
         bench.target.inline_served(),
         bench.initiator.config().inline_bytes,
+        bench.initiator.config().inline_lone_bytes,
         bench.initiator.config().inline_gpu_bytes
     );
     Ok(())
