@@ -30,7 +30,7 @@
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection | 8 |
 //! | `TCPX_INLINE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
-//! | `TCPX_INLINE_LONE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages while the connection has no other one-sided operation in flight (`0`: only `TCPX_INLINE_BYTES` applies; at most 64 KiB) ([`Config::inline_lone_bytes`]) | 64 KiB |
+//! | `TCPX_INLINE_LONE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages while the connection has no other one-sided operation in flight (`0`: only `TCPX_INLINE_BYTES` applies; at most 64 KiB) ([`Config::inline_lone_bytes`]) | 32 KiB |
 //! | `TCPX_INLINE_GPU_BYTES` | the same for one-sided operations touching GPU memory, while the connection has at most one other operation pending ([`Config::inline_gpu_bytes`]) | 64 KiB |
 //!
 //! The plugin's own variables (`NCCL_GPUDIRECTTCPX_*`, `NCCL_*`, `TCPX_SOCKET_*`) are not read
@@ -98,12 +98,14 @@ pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
 /// travel inline (docs/RESULTS.md, twenty-second session).
 pub const DEFAULT_INLINE_BYTES: u32 = 8 << 10;
 
-/// Default [`Config::inline_lone_bytes`]: one-sided operations of up to 64 KiB of host memory
-/// travel inline while the connection has nothing else in flight (docs/RESULTS.md,
-/// thirtieth session: on an H200, one at a time, 16 KiB writes and reads 0.76–0.88 GB/s
-/// against 0.37–0.44 through the comms and 64 KiB 1.39–1.71 against 0.88–1.20; p50 of a
-/// lone 16 / 32 / 64 KiB write 21 / 29 / 45–48 µs against 35–51 / 50–70 / 47–74).
-pub const DEFAULT_INLINE_LONE_BYTES: u32 = 64 << 10;
+/// Default [`Config::inline_lone_bytes`]: one-sided operations of up to 32 KiB of host memory
+/// travel inline while the connection has nothing else in flight. Measured on an H200
+/// (docs/RESULTS.md, thirtieth session) with UCCL's own `benchmark_uccl.py` over `tcpx.p2p`,
+/// two processes, one operation at a time: 12–24 KiB writes 21.6–28.4 µs against 27.9–32.8
+/// through the comms, reads 19.1–25.9 against 29.3–42.6; 32 KiB level to a sixth faster;
+/// from 48 KiB the comms, whose pieces ride several channels at once, are as fast or faster
+/// (64 KiB writes 42.9–52.6 inline against 42.1–42.3).
+pub const DEFAULT_INLINE_LONE_BYTES: u32 = 32 << 10;
 
 /// Default [`Config::inline_gpu_bytes`]: one-sided operations touching GPU memory of up to
 /// 64 KiB travel inline while the connection has at most one other operation pending
@@ -274,9 +276,10 @@ pub struct Config {
     /// connection has no other one-sided operation in flight (none waiting for its answer,
     /// no read still receiving): a lone write or read then costs a copy on each side and one
     /// control message each way instead of a job, plugin requests and an engine hand-off on
-    /// each side (16–64 KiB about half of what the comms take, one at a time). With more in
-    /// flight the comms, which spread and pipeline the bytes, carry more: 64 KiB operations
-    /// all inline at depth 32 moved 3.7 against 12.7 GB/s. `0`: only
+    /// each side (12–24 KiB a quarter to a third faster than the comms, one at a time, in
+    /// two processes). Past about 32 KiB the comms, which spread a lone operation's bytes
+    /// over several channels, are as fast; and with more in flight they pipeline the bytes
+    /// and carry more: 64 KiB operations all inline at depth 32 moved 3.7 against 12.7 GB/s. `0`: only
     /// [`Config::inline_bytes`] applies. At most [`tcpx_proto::control::rma::MAX_INLINE`].
     /// Only the initiator's value matters. Default [`DEFAULT_INLINE_LONE_BYTES`].
     pub inline_lone_bytes: u32,

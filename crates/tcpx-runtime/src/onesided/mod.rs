@@ -96,11 +96,13 @@
 //! fails the connection, as a receive into it does.
 //!
 //! A lone operation of host memory goes inline up to [`crate::Config::inline_lone_bytes`]
-//! (64 KiB by default): while the connection has no other one-sided operation in flight
+//! (32 KiB by default): while the connection has no other one-sided operation in flight
 //! (none waiting for its answer, no read through the comms still receiving), two copies and
-//! a control message each way cost about half of what the comms take at 16–64 KiB (a lone
-//! 32 KiB write 29 µs p50 against 50–70 on an H200, docs/RESULTS.md, thirtieth session),
-//! while with several in flight the one control stream carries less than the channels.
+//! a control message each way cost a quarter to a third less than the comms at 12–24 KiB
+//! (UCCL's benchmark over `tcpx.p2p`, two processes on an H200: a 16 KiB read 19.5–23.4 µs
+//! against 32.5–34.0, docs/RESULTS.md, thirtieth session); past about 32 KiB the comms, which
+//! spread a lone operation over several channels, are as fast, and with several in flight
+//! the one control stream carries less than the channels.
 //!
 //! A read of at most the same size asks for its data inline (`ReadRequest` flag bit 2): the
 //! target, when the request reaches the head of its items, reads the bytes and answers

@@ -94,13 +94,13 @@ pub(crate) const GPU_INLINE_MAX_PENDING: usize = 2;
 /// Host operations past [`Config::inline_bytes`], up to [`Config::inline_lone_bytes`], go
 /// inline only while fewer than this many one-sided operations of the connection wait for
 /// their answer and no read through the comms is still receiving: only when nothing else is
-/// in flight. Their bytes then cross one control stream and a copy
-/// on each side's control loop where the comms spread and pipeline them over the channels.
-/// Measured on an H200 (docs/RESULTS.md, thirtieth session): inline at depth 1 moved 16 KiB
-/// at 0.74–0.75 GB/s against 0.24–0.27 through the comms and 64 KiB at 1.38–1.62 against
-/// 0.63–0.79, but with one other operation pending (depth 2) 64 KiB at 2.1–2.5 against
-/// 3.2–3.4, and reads at depth 2 lost as much to a rule that did not see a read still
-/// receiving. Host memory up to [`Config::inline_bytes`] always goes inline.
+/// in flight. Their bytes then cross one control stream and a copy on each side's control
+/// loop, where the comms spread and pipeline them over the channels. Measured on an H200
+/// (docs/RESULTS.md, thirtieth session, one process holding both endpoints): inline at
+/// depth 1 moved 16 KiB at 0.74–0.75 GB/s against 0.24–0.27 through the comms, but with one
+/// other operation pending (depth 2) 64 KiB at 2.1–2.5 against 3.2–3.4, and reads at depth
+/// 2 lost as much to a rule that did not see a read still receiving. Host memory up to
+/// [`Config::inline_bytes`] always goes inline.
 pub(crate) const HOST_LONE_MAX_PENDING: usize = 1;
 
 /// What a connection has in flight when an operation is posted ([`Rma::in_flight`]).
