@@ -780,47 +780,33 @@ mod tests {
     }
 
     #[test]
-    fn inline_writes_come_from_the_environment_and_are_capped() {
-        assert_eq!(Config::default().inline_bytes, DEFAULT_INLINE_BYTES);
-        assert_eq!(
-            from(&[("TCPX_INLINE_BYTES", "4K")]).unwrap().inline_bytes,
-            4096
-        );
-        assert_eq!(from(&[("TCPX_INLINE_BYTES", "0")]).unwrap().inline_bytes, 0);
-        assert!(from(&[("TCPX_INLINE_BYTES", "64K")]).is_ok());
-        assert!(from(&[("TCPX_INLINE_BYTES", "65537")]).is_err());
-        assert!(from(&[("TCPX_INLINE_BYTES", "some")]).is_err());
-        assert_eq!(Config::default().inline_gpu_bytes, DEFAULT_INLINE_GPU_BYTES);
-        assert_eq!(
-            from(&[("TCPX_INLINE_GPU_BYTES", "16K")])
-                .unwrap()
-                .inline_gpu_bytes,
-            16384
-        );
-        assert_eq!(
-            from(&[("TCPX_INLINE_GPU_BYTES", "0")])
-                .unwrap()
-                .inline_gpu_bytes,
-            0
-        );
-        assert!(from(&[("TCPX_INLINE_GPU_BYTES", "65537")]).is_err());
-        assert_eq!(
-            Config::default().inline_lone_bytes,
-            DEFAULT_INLINE_LONE_BYTES
-        );
-        assert_eq!(
-            from(&[("TCPX_INLINE_LONE_BYTES", "32K")])
-                .unwrap()
-                .inline_lone_bytes,
-            32768
-        );
-        assert_eq!(
-            from(&[("TCPX_INLINE_LONE_BYTES", "0")])
-                .unwrap()
-                .inline_lone_bytes,
-            0
-        );
-        assert!(from(&[("TCPX_INLINE_LONE_BYTES", "65537")]).is_err());
+    fn inline_limits_come_from_the_environment_and_are_capped() {
+        type Field = fn(&Config) -> u32;
+        let limits: [(&str, Field, u32); 3] = [
+            (
+                "TCPX_INLINE_BYTES",
+                |c| c.inline_bytes,
+                DEFAULT_INLINE_BYTES,
+            ),
+            (
+                "TCPX_INLINE_LONE_BYTES",
+                |c| c.inline_lone_bytes,
+                DEFAULT_INLINE_LONE_BYTES,
+            ),
+            (
+                "TCPX_INLINE_GPU_BYTES",
+                |c| c.inline_gpu_bytes,
+                DEFAULT_INLINE_GPU_BYTES,
+            ),
+        ];
+        for (name, field, default) in limits {
+            assert_eq!(field(&Config::default()), default, "{name}");
+            assert_eq!(field(&from(&[(name, "4K")]).unwrap()), 4096, "{name}");
+            assert_eq!(field(&from(&[(name, "0")]).unwrap()), 0, "{name}");
+            assert_eq!(field(&from(&[(name, "64K")]).unwrap()), 65536, "{name}");
+            assert!(from(&[(name, "65537")]).is_err(), "{name} over 64 KiB");
+            assert!(from(&[(name, "some")]).is_err(), "{name} not a size");
+        }
     }
 
     #[test]
