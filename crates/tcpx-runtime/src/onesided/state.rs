@@ -112,21 +112,28 @@ struct InFlight {
     reading: bool,
 }
 
-/// The largest operation (bytes in all) that goes inline under `config`, for GPU memory on
-/// either side or not, with `in_flight` what the connection has in flight (see
-/// [`GPU_INLINE_MAX_PENDING`] and [`HOST_LONE_MAX_PENDING`]); `None`: none does.
-/// `in_flight` is asked only when it decides: it takes the pending table's lock.
-fn inline_limit(config: &Config, gpu: bool, in_flight: impl FnOnce() -> InFlight) -> Option<u32> {
+/// Whether an operation of `total` bytes goes inline by its size under `config`, for GPU
+/// memory on either side or not, with `in_flight` what the connection has in flight (see
+/// [`GPU_INLINE_MAX_PENDING`] and [`HOST_LONE_MAX_PENDING`]). `in_flight` is asked only
+/// when the answer depends on it, since it takes the pending table's lock, which the control
+/// loop also takes: never for a host operation within [`Config::inline_bytes`] or one too
+/// large for any limit.
+fn inline_by_size(
+    config: &Config,
+    gpu: bool,
+    total: u64,
+    in_flight: impl FnOnce() -> InFlight,
+) -> bool {
     if gpu {
-        return (in_flight().answers < GPU_INLINE_MAX_PENDING).then_some(config.inline_gpu_bytes);
+        return total <= u64::from(config.inline_gpu_bytes)
+            && in_flight().answers < GPU_INLINE_MAX_PENDING;
     }
-    if config.inline_lone_bytes > config.inline_bytes && {
+    if total <= u64::from(config.inline_bytes) {
+        return true;
+    }
+    total <= u64::from(config.inline_lone_bytes) && {
         let now = in_flight();
         now.answers < HOST_LONE_MAX_PENDING && !now.reading
-    } {
-        Some(config.inline_lone_bytes)
-    } else {
-        Some(config.inline_bytes)
     }
 }
 
@@ -697,7 +704,7 @@ impl Rma {
 
     /// Whether an operation on these lists carries its data in control messages: of memory
     /// this side can copy (host, or CUDA through its GPU's small copier; the target's control
-    /// loop copies host and CUDA memory alike), and at most [`inline_limit`] bytes in all:
+    /// loop copies host and CUDA memory alike), and small enough ([`inline_by_size`]):
     /// [`Config::inline_bytes`] of host memory, or [`Config::inline_lone_bytes`] while no
     /// other operation of the connection is pending; when either side is GPU memory (staged
     /// included), [`Config::inline_gpu_bytes`] while fewer than [`GPU_INLINE_MAX_PENDING`]
@@ -723,8 +730,7 @@ impl Rma {
             .any(|s| s.region.kind() == cuda || s.region.is_staged())
             || remote.iter().any(|r| r.descriptor.kind() == cuda);
         local.iter().all(|s| super::inline::copyable(s.region))
-            && inline_limit(c, gpu, || self.in_flight())
-                .is_some_and(|limit| total <= u64::from(limit))
+            && inline_by_size(c, gpu, total, || self.in_flight())
     }
 
     /// See [`crate::Connection::notify`].
@@ -945,49 +951,63 @@ mod tests {
     }
 
     /// The rule against its statement: host memory up to `inline_bytes` always, up to
-    /// `inline_lone_bytes` while nothing else is pending; GPU memory up to `inline_gpu_bytes`
-    /// while at most one other operation is; and the pending table is looked at only when
-    /// it decides.
+    /// `inline_lone_bytes` while nothing else is in flight; GPU memory up to
+    /// `inline_gpu_bytes` while at most one other operation waits for its answer; and the
+    /// pending table is looked at only when the answer depends on it.
     #[test]
     fn lone_operations_go_inline_up_to_their_own_limits() {
-        let c = limits(8 << 10, 64 << 10, 32 << 10);
+        let c = limits(8 << 10, 32 << 10, 64 << 10);
+        let sizes = [
+            1u64,
+            8 << 10,
+            (8 << 10) + 1,
+            32 << 10,
+            (32 << 10) + 1,
+            64 << 10,
+            1 << 20,
+        ];
         for answers in 0..4usize {
             for reading in [false, true] {
                 let now = InFlight { answers, reading };
                 let alone = answers == 0 && !reading;
-                assert_eq!(
-                    inline_limit(&c, false, || now),
-                    Some(if alone { 64 << 10 } else { 8 << 10 }),
-                    "host, {now:?}"
-                );
-                assert_eq!(
-                    inline_limit(&c, true, || now),
-                    (answers <= 1).then_some(32 << 10),
-                    "GPU, {now:?}"
-                );
+                for total in sizes {
+                    let host = total <= 8 << 10 || (total <= 32 << 10 && alone);
+                    assert_eq!(
+                        inline_by_size(&c, false, total, || now),
+                        host,
+                        "host, {total} bytes, {now:?}"
+                    );
+                    let gpu = total <= 64 << 10 && answers <= 1;
+                    assert_eq!(
+                        inline_by_size(&c, true, total, || now),
+                        gpu,
+                        "GPU, {total} bytes, {now:?}"
+                    );
+                }
             }
         }
-        // A lone limit at or under `inline_bytes` changes nothing, and costs no lock.
-        for lone in [0, 4 << 10, 8 << 10] {
-            let c = limits(8 << 10, lone, 64 << 10);
+        // No lock where the size alone decides: a host operation within `inline_bytes`, one
+        // past every limit, or any past the lone limit when that is at or under
+        // `inline_bytes`.
+        let untouched = |c: &Config, gpu: bool, total: u64| {
             let looked = std::cell::Cell::new(false);
-            let limit = inline_limit(&c, false, || {
+            inline_by_size(c, gpu, total, || {
                 looked.set(true);
                 InFlight::default()
             });
-            assert_eq!(limit, Some(8 << 10), "lone limit {lone}");
-            assert!(
-                !looked.get(),
-                "lone limit {lone}: the pending table was locked"
-            );
-        }
-        // Everything off: host operations never inline past `inline_bytes` = 0.
-        let off = limits(0, 0, 0);
-        let busy = InFlight {
-            answers: 5,
-            reading: false,
+            !looked.get()
         };
-        assert_eq!(inline_limit(&off, false, InFlight::default), Some(0));
-        assert_eq!(inline_limit(&off, true, || busy), None);
+        assert!(untouched(&c, false, 4096));
+        assert!(untouched(&c, false, 1 << 20));
+        assert!(untouched(&c, true, 1 << 20));
+        for lone in [0, 4 << 10, 8 << 10] {
+            let c = limits(8 << 10, lone, 64 << 10);
+            assert!(!inline_by_size(&c, false, (8 << 10) + 1, InFlight::default));
+            assert!(untouched(&c, false, (8 << 10) + 1), "lone limit {lone}");
+        }
+        // Everything off: nothing past 0 bytes goes inline.
+        let off = limits(0, 0, 0);
+        assert!(!inline_by_size(&off, false, 1, InFlight::default));
+        assert!(!inline_by_size(&off, true, 1, InFlight::default));
     }
 }
