@@ -238,9 +238,9 @@ pub fn run(o: &Options, mut on_row: impl FnMut(&Row)) -> Result<()> {
     );
     eprintln!(
         "# inline: the target served {} operations with their data in control messages \
-         (TCPX_INLINE_BYTES: up to {} bytes of host memory; while at most one other \
-         operation is pending, TCPX_INLINE_LONE_BYTES: up to {} of host memory and \
-         TCPX_INLINE_GPU_BYTES: up to {} with GPU memory)",
+         (TCPX_INLINE_BYTES: up to {} bytes of host memory; TCPX_INLINE_LONE_BYTES: up to {} \
+         of host memory while nothing else is in flight; TCPX_INLINE_GPU_BYTES: up to {} with \
+         GPU memory while at most one other operation is pending)",
         bench.target.inline_served(),
         bench.initiator.config().inline_bytes,
         bench.initiator.config().inline_lone_bytes,
