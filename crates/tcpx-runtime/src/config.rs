@@ -279,9 +279,10 @@ pub struct Config {
     /// each side (12–24 KiB a quarter to a third faster than the comms, one at a time, in
     /// two processes). Past about 32 KiB the comms, which spread a lone operation's bytes
     /// over several channels, are as fast; and with more in flight they pipeline the bytes
-    /// and carry more: 64 KiB operations all inline at depth 32 moved 3.7 against 12.7 GB/s. `0`: only
-    /// [`Config::inline_bytes`] applies. At most [`tcpx_proto::control::rma::MAX_INLINE`].
-    /// Only the initiator's value matters. Default [`DEFAULT_INLINE_LONE_BYTES`].
+    /// and carry more: 64 KiB operations all inline at depth 32 moved 3.7 against 12.7
+    /// GB/s. `0`: only [`Config::inline_bytes`] applies. At most
+    /// [`tcpx_proto::control::rma::MAX_INLINE`]. Only the initiator's value matters. Default
+    /// [`DEFAULT_INLINE_LONE_BYTES`].
     pub inline_lone_bytes: u32,
     /// The same for one-sided operations with GPU memory on either side (a staged region
     /// counts as GPU memory): at most this many bytes in all travel inline, copied by one
@@ -656,7 +657,7 @@ impl ConfigBuilder {
     }
 
     /// Largest one-sided operation of host memory carried inline while the connection has
-    /// at most one other operation pending; 0: only [`Config::inline_bytes`] (see
+    /// nothing else in flight; 0: only [`Config::inline_bytes`] (see
     /// [`Config::inline_lone_bytes`]).
     pub fn inline_lone_bytes(mut self, bytes: u32) -> Self {
         self.config.inline_lone_bytes = bytes;

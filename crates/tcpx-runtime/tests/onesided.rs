@@ -503,8 +503,8 @@ fn scattered_small_blocks_are_written_and_read_packed_exactly() {
 fn a_short_list_alone_on_its_connection_goes_unpacked_and_a_long_one_packs() {
     loopback();
     // 2 channels × a window of 16: up to 32 runs ride the channels unpacked when alone.
-    // Lone operations of up to 64 KiB would go inline (`inline_lone_bytes`): off here, so
-    // that the two-block round takes the comms this rule is about.
+    // Lone operations of up to 32 KiB go inline by default (`inline_lone_bytes`): off here,
+    // so that the two-block round (32 KiB) takes the comms this rule is about.
     let mut initiator = config(2, 128 << 10);
     initiator.inline_lone_bytes = 0;
     let (a, b, ab, _ba) = pair_with(initiator, config(2, 128 << 10));

@@ -77,10 +77,10 @@ pub(crate) const READ_AHEAD: usize = 128 << 10;
 /// to this length (so that the read after it takes only the next header, and the detached
 /// bytes go straight into their receives), and in a stream of 64 KiB messages (about seven
 /// per frame) 32 KiB pads added 6.6 % to the payload's bytes, 8 KiB pads add 1.7 %: bytes a
-/// real NIC would carry for nothing. 8 KiB is above a frame of one 4 KiB message (a ping-pong of those still reads
-/// each in one `recv`). On loopback (H200, docs/RESULTS.md, thirtieth session, four calls
-/// of four to six alternations) 64 KiB moved 24.0 against 22.5 GB/s, higher in three calls
-/// and level in one; 4 and 16 KiB and the 4 KiB round trip level.
+/// real NIC would carry for nothing. 8 KiB is above a frame of one 4 KiB message (a
+/// ping-pong of those still reads each in one `recv`). On loopback (H200, docs/RESULTS.md,
+/// thirtieth session, four calls of four to six alternations) 64 KiB moved 24.0 against 22.5
+/// GB/s, higher in three calls and level in one; 4 and 16 KiB and the 4 KiB round trip level.
 pub const DIRECT_MIN: usize = 8 << 10;
 const _: () = assert!(DIRECT_MIN <= READ_AHEAD && FRAME_LEN < DIRECT_MIN);
 

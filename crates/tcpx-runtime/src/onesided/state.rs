@@ -705,10 +705,10 @@ impl Rma {
     /// Whether an operation on these lists carries its data in control messages: of memory
     /// this side can copy (host, or CUDA through its GPU's small copier; the target's control
     /// loop copies host and CUDA memory alike), and small enough ([`inline_by_size`]):
-    /// [`Config::inline_bytes`] of host memory, or [`Config::inline_lone_bytes`] while no
-    /// other operation of the connection is pending; when either side is GPU memory (staged
+    /// [`Config::inline_bytes`] of host memory, or [`Config::inline_lone_bytes`] while the
+    /// connection has nothing else in flight; when either side is GPU memory (staged
     /// included), [`Config::inline_gpu_bytes`] while fewer than [`GPU_INLINE_MAX_PENDING`]
-    /// are.
+    /// operations wait for their answer.
     fn goes_inline(&self, local: &[Segment<'_>], remote: &[RemoteSegment]) -> bool {
         let c = &self.config;
         let most = c
