@@ -198,6 +198,10 @@ struct Inbox {
     matched: Vec<(u64, Posted, Early)>,
     /// Receives ever posted on this channel: the next one's place in its lane.
     accepted: u64,
+    /// Receives ever queued in `posted`: what [`Share::posted_total`] publishes, counted
+    /// here so that publishing it is a plain store, not a locked read-modify-write of a line
+    /// the engine reads (see [`Eager::recv`]).
+    queued_ever: u64,
     /// Regions of receives the engine is done with (see [`HANDED_BACK`]).
     spent: Vec<Region>,
     /// The deadline of the oldest waiting receive.
@@ -516,7 +520,14 @@ impl Eager {
             }
             None => {
                 inbox.posted.push_back((seq, posted));
-                share.posted_total.fetch_add(1, Ordering::Release);
+                inbox.queued_ever += 1;
+                // A plain store: only the thread holding the inbox lock writes the count. A
+                // locked increment was the receiving thread's largest single stall at 4 KiB
+                // (`scripts/perf/small_profile.sh`), waiting for the entry's line and its own
+                // to come back from the engine's core; the unlock now waits for both at once.
+                share
+                    .posted_total
+                    .store(inbox.queued_ever, Ordering::Release);
                 inbox.posted.len() == 1
             }
         };

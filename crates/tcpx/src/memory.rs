@@ -13,6 +13,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
+
 use tcpx_sys::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -207,11 +209,26 @@ unsafe impl Memory for ForeignMemory {
 
 const CPU_ACCESS: isize = -1;
 
+/// Three cache lines, each with one kind of traffic: the `Arc`'s counts in front (every
+/// clone and drop writes them), the memory's handle (read for every check and copy, written
+/// never) and the state (written twice by every copy and every transfer in flight).
+///
+/// Why apart: the engines copy small messages in and out of application memory, each copy
+/// counted in `state`, while the application thread reads the handle for every message it
+/// posts (its length, for the bounds check). On one line, every copy an engine made evicted
+/// the line the application's next posting read: a miss per message on the thread that sets
+/// the rate of small messages (`scripts/perf/small_profile.sh`, 4 KiB: the length read was a
+/// fourteenth of `Connection::recv`'s samples).
+#[repr(C, align(128))]
 struct Shared {
     memory: Box<dyn Memory>,
     /// `n >= 0`: operations in flight; `CPU_ACCESS`: a slice is out.
-    state: AtomicIsize,
+    state: CachePadded<AtomicIsize>,
 }
+
+// The handle and the state on lines of their own, after the `Arc`'s counts (see `Shared`).
+const _: () = assert!(std::mem::align_of::<Shared>() >= 128);
+const _: () = assert!(std::mem::offset_of!(Shared, state) >= 128);
 
 /// Shared, access-checked memory: what registrations and requests hold. Cheap to clone.
 #[derive(Clone)]
@@ -236,7 +253,7 @@ impl SharedMemory {
         Self {
             shared: Arc::new(Shared {
                 memory: Box::new(memory),
-                state: AtomicIsize::new(0),
+                state: CachePadded::new(AtomicIsize::new(0)),
             }),
         }
     }
