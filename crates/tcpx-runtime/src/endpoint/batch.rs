@@ -79,7 +79,7 @@ pub(crate) fn submit(
     let lease = if staged || in_place {
         None
     } else {
-        Some(cx.pool.for_receiver()?)
+        Some(cx.pool.for_receiver(total)?)
     };
     // The engines copy the blocks of a packed batch chunk by chunk; the plugin never sees
     // them, so they are not registered.
@@ -90,7 +90,7 @@ pub(crate) fn submit(
     let pieces = match &lease {
         Some(lease) => smallvec::smallvec![cx.carrier.region_piece(
             lease.region(),
-            0,
+            lease.offset(),
             total,
             direction,
             false

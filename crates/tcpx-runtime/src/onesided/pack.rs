@@ -16,11 +16,13 @@
 //!   not scattered (the contiguous schedule is the same either way: the lanes stay in step).
 //! - Pack buffers ([`PACK_BYTES`] each) come from a per-connection pool, allocated on first
 //!   use up to [`crate::Config::pack_buffers`] and registered once per direction on the RMA
-//!   link (the registration is cached on the link by region). A sender finding the pool
-//!   empty falls back to the unpacked transfer (counted in [`PackStats::fallbacks`]); a
-//!   receiver must follow the sender, so it allocates a one-off buffer past the pool
+//!   link (the registration is cached on the link by region). A batch leases only the
+//!   [`PACK_SLICE`]s its bytes need, consecutive in one buffer, so one buffer carries 32
+//!   lists of 32 × 4 KiB in flight at once. A sender finding no room falls back to the
+//!   unpacked transfer (counted in [`PackStats::fallbacks`]); a receiver must follow the
+//!   sender, so it allocates a one-off buffer of the batch's size past the pool
 //!   ([`PackStats::overflows`]), bounded by what the peer's own pool lets it send.
-//! - A buffer goes back to the pool only once the job using it finished: a sender's lease is
+//! - Space goes back to the pool only once the job using it finished: a sender's lease is
 //!   held next to its job ([`PackPool::hold`]) and reclaimed when the job is done; a lease of
 //!   a job that may still run (the connection failed) is poisoned and never reused.
 
@@ -114,19 +116,62 @@ struct Counters {
     buffers: AtomicU64,
 }
 
+/// Bytes of one slice of a pack buffer: leases are cut in whole slices. A batch takes as
+/// many consecutive slices of one buffer as its bytes need, so a buffer carries many small
+/// batches at once. Leasing whole buffers, eight buffers let eight batches of 32 × 4 KiB
+/// (128 KiB each) be in flight: at depth 32 the rest went unpacked, one plugin request per
+/// block, or, on the receiving side, through one-off 4 MiB buffers (`tcpx-bench kv`, two
+/// processes, 32 × 4 KiB writes at depth 32: 0.44–0.48 GB/s, p50 9 ms, against 11–12 GB/s
+/// for the same bytes contiguous; docs/RESULTS.md, thirty-second session).
+pub const PACK_SLICE: u64 = 64 << 10;
+
+/// Slices per pack buffer: one bit each of [`Buffer::used`].
+const SLICES: u32 = (PACK_BYTES / PACK_SLICE) as u32;
+const _: () = assert!(SLICES == u64::BITS && PACK_BYTES % PACK_SLICE == 0);
+
+/// Slices a batch of `len` bytes takes (at least one).
+fn slices_for(len: u64) -> u32 {
+    len.div_ceil(PACK_SLICE).max(1) as u32
+}
+
+/// The bits of `count` slices from slice `first` on.
+fn slice_bits(first: u32, count: u32) -> u64 {
+    let run = if count >= u64::BITS {
+        u64::MAX
+    } else {
+        (1u64 << count) - 1
+    };
+    run << first
+}
+
+/// The first slice of the lowest run of `count` free slices in `used`, if any.
+fn free_run(used: u64, count: u32) -> Option<u32> {
+    if count == 0 || count > SLICES {
+        return None;
+    }
+    (0..=SLICES - count).find(|&first| used & slice_bits(first, count) == 0)
+}
+
+/// One pooled pack buffer and which of its slices are leased.
+struct Buffer {
+    region: Region,
+    /// Leased (or poisoned) slices, one bit each.
+    used: u64,
+}
+
 struct PoolInner {
-    free: Mutex<Vec<Region>>,
-    /// Returned buffers whose last request the engines had not yet retired when the job's
-    /// completion was seen (the engine finishes a job before it drops the request's hold on
-    /// the memory): free again once idle. Dropping them instead made the pool allocate, and
-    /// fault in, a fresh 4 MiB buffer for about every other batch.
-    cooling: Mutex<Vec<Region>>,
-    /// Pooled buffers alive (free or leased).
+    /// The pooled buffers, in the order they were made (a lease names its buffer by index;
+    /// buffers leave only with the pool).
+    buffers: Mutex<Vec<Buffer>>,
+    /// Pooled buffers alive or being made (at most the pool's cap).
     pooled: AtomicUsize,
 }
 
-/// Longest a taker waits for a cooling buffer to go idle before it allocates a one-off one.
-const COOLING_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+impl PoolInner {
+    fn buffers(&self) -> MutexGuard<'_, Vec<Buffer>> {
+        self.buffers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// Most pack buffers the process keeps from closed connections for later ones (64 MiB).
 const SPARE_BUFFERS: usize = 16;
@@ -136,34 +181,19 @@ const SPARE_BUFFERS: usize = 16;
 /// re-created connections (agents re-made under the same names, say) do not pay again.
 static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
 
-impl PoolInner {
-    /// Moves cooling buffers that went idle to the free list.
-    fn warm_up_cooled(&self) {
-        let mut cooling = self.cooling.lock().unwrap_or_else(|p| p.into_inner());
-        if cooling.is_empty() {
-            return;
-        }
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        cooling.retain(|region| {
-            let idle = region.memory().in_flight() == 0;
-            if idle {
-                free.push(region.clone());
-            }
-            !idle
-        });
-    }
-}
-
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        let mut free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
-        free.append(self.cooling.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let buffers = std::mem::take(self.buffers.get_mut().unwrap_or_else(|p| p.into_inner()));
         let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
-        for region in free {
-            // Idle (nothing in flight) and no longer the pool's: the next connection may have
-            // it. Its old registrations, if any, are released with their link.
-            if spare.len() < SPARE_BUFFERS && region.memory().in_flight() == 0 {
-                spare.push(region.memory().clone());
+        for buffer in buffers {
+            // Nothing leased or poisoned in it, nothing in flight, and no longer the pool's:
+            // the next connection may have it. Its old registrations, if any, are released
+            // with their link.
+            if spare.len() < SPARE_BUFFERS
+                && buffer.used == 0
+                && buffer.region.memory().in_flight() == 0
+            {
+                spare.push(buffer.region.memory().clone());
             }
         }
     }
@@ -178,20 +208,37 @@ pub(crate) struct PackPool {
     counters: Counters,
 }
 
-/// A pack buffer in use; back to the pool on drop (unless poisoned or one-off).
+/// Where a pooled lease lies: which buffer of which pool, and its slices (kept small: a
+/// lease travels inside the control loop's items).
+struct Slices {
+    pool: Weak<PoolInner>,
+    buffer: u32,
+    first: u8,
+    count: u8,
+}
+
+/// Pack space in use: `len` bytes at [`PackLease::offset`] in [`PackLease::region`]. Its
+/// slices go back to the pool on drop, unless poisoned; a one-off buffer is freed.
 pub(crate) struct PackLease {
     region: Region,
-    pool: Option<Weak<PoolInner>>,
+    slices: Option<Slices>,
     poisoned: bool,
 }
 
 impl PackLease {
-    /// The buffer.
+    /// The buffer the space lies in.
     pub(crate) fn region(&self) -> &Region {
         &self.region
     }
 
-    /// Never reuse this buffer: a job that may still post on it is not known to be done.
+    /// Where the space starts in [`Self::region`].
+    pub(crate) fn offset(&self) -> usize {
+        self.slices
+            .as_ref()
+            .map_or(0, |s| (u64::from(s.first) * PACK_SLICE) as usize)
+    }
+
+    /// Never reuse this space: a job that may still post on it is not known to be done.
     pub(crate) fn poison(mut self) {
         self.poisoned = true;
     }
@@ -199,25 +246,25 @@ impl PackLease {
 
 impl Drop for PackLease {
     fn drop(&mut self) {
-        let Some(pool) = self.pool.take().and_then(|w| w.upgrade()) else {
+        // A poisoned lease keeps its slices: the job that may still use them holds the
+        // buffer's memory alive, and the pool never hands them out again.
+        if self.poisoned {
+            return;
+        }
+        let Some(slices) = self.slices.take() else {
             return;
         };
-        if self.poisoned {
-            pool.pooled.fetch_sub(1, Ordering::AcqRel);
+        let Some(pool) = slices.pool.upgrade() else {
             return;
+        };
+        // The lease's job finished (a sender's lease is held until then, a receiver's until
+        // its item was handled): the plugin is done with these bytes. A request's hold on
+        // the memory, which the engine drops just after, only counts it in flight; other
+        // batches' requests use other slices of the same buffer at the same time anyway.
+        let mut buffers = pool.buffers();
+        if let Some(buffer) = buffers.get_mut(slices.buffer as usize) {
+            buffer.used &= !slice_bits(u32::from(slices.first), u32::from(slices.count));
         }
-        // A buffer with a request still in flight is never reused before it is idle.
-        if self.region.memory().in_flight() > 0 {
-            pool.cooling
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(self.region.clone());
-            return;
-        }
-        pool.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(self.region.clone());
     }
 }
 
@@ -227,8 +274,7 @@ impl PackPool {
         Self {
             cap,
             inner: Arc::new(PoolInner {
-                free: Mutex::new(Vec::new()),
-                cooling: Mutex::new(Vec::new()),
+                buffers: Mutex::new(Vec::new()),
                 pooled: AtomicUsize::new(0),
             }),
             held: Mutex::new(Vec::new()),
@@ -263,18 +309,24 @@ impl PackPool {
         drop(done);
     }
 
-    /// A pooled buffer: a free one, or a new one while fewer than the cap are alive.
-    fn pooled(&self) -> Result<Option<PackLease>> {
+    /// Pooled space for `len` bytes (at most [`PACK_BYTES`]): free slices of a pooled
+    /// buffer, or a new buffer while fewer than the cap are alive.
+    fn pooled(&self, len: u64) -> Result<Option<PackLease>> {
+        if len > PACK_BYTES {
+            return Err(Error::Internal(format!(
+                "a packed batch of {len} bytes is larger than a pack buffer ({PACK_BYTES})"
+            )));
+        }
         self.reclaim();
-        self.inner.warm_up_cooled();
-        let reused = self
-            .inner
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        if let Some(region) = reused {
-            return Ok(Some(self.lease(region, true)));
+        let count = slices_for(len);
+        {
+            let mut buffers = self.inner.buffers();
+            for (index, buffer) in buffers.iter_mut().enumerate() {
+                if let Some(first) = free_run(buffer.used, count) {
+                    buffer.used |= slice_bits(first, count);
+                    return Ok(Some(self.lease(&buffer.region, index, first, count)));
+                }
+            }
         }
         let grown = self
             .inner
@@ -286,60 +338,61 @@ impl PackPool {
         if !grown {
             return Ok(None);
         }
-        match allocate() {
-            Ok(region) => {
-                self.counters.buffers.fetch_add(1, Ordering::Relaxed);
-                Ok(Some(self.lease(region, true)))
-            }
+        // Made outside the lock: other batches take slices of the buffers there meanwhile.
+        let region = match allocate(PACK_BYTES as usize) {
+            Ok(region) => region,
             Err(e) => {
                 self.inner.pooled.fetch_sub(1, Ordering::AcqRel);
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        let mut buffers = self.inner.buffers();
+        buffers.push(Buffer {
+            region: region.clone(),
+            used: slice_bits(0, count),
+        });
+        Ok(Some(self.lease(&region, buffers.len() - 1, 0, count)))
     }
 
-    fn lease(&self, region: Region, pooled: bool) -> PackLease {
+    fn lease(&self, region: &Region, buffer: usize, first: u32, count: u32) -> PackLease {
+        // A pool holds at most `cap` buffers (a handful) of 64 slices.
         PackLease {
-            region,
-            pool: pooled.then(|| Arc::downgrade(&self.inner)),
+            region: region.clone(),
+            slices: Some(Slices {
+                pool: Arc::downgrade(&self.inner),
+                buffer: buffer as u32,
+                first: first as u8,
+                count: count as u8,
+            }),
             poisoned: false,
         }
     }
 
-    /// A buffer for a data sender (or a read initiator offering to receive packed), or
-    /// `None` when every pooled buffer is in use: the caller goes unpacked.
-    pub(crate) fn for_sender(&self) -> Result<Option<PackLease>> {
-        let lease = self.pooled()?;
+    /// Space for a data sender's `len` bytes (or a read initiator's, offering to receive
+    /// packed), or `None` when the pool has none: the caller goes unpacked.
+    pub(crate) fn for_sender(&self, len: u64) -> Result<Option<PackLease>> {
+        let lease = self.pooled(len)?;
         if lease.is_none() {
             self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
         }
         Ok(lease)
     }
 
-    /// A buffer for a receiver that must follow a packing sender: pooled if one is free or
-    /// the pool may grow, else a one-off buffer dropped after use.
-    pub(crate) fn for_receiver(&self) -> Result<PackLease> {
-        // A cooling buffer is idle within microseconds (its job is done; the engine only has
-        // to retire the request): waiting that long beats allocating and registering a
-        // one-off 4 MiB buffer, which a stream of batches would otherwise do every time.
-        let deadline = std::time::Instant::now() + COOLING_WAIT;
-        loop {
-            if let Some(lease) = self.pooled()? {
-                return Ok(lease);
-            }
-            let cooling = !self
-                .inner
-                .cooling
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty();
-            if !cooling || std::time::Instant::now() >= deadline {
-                break;
-            }
-            std::thread::yield_now();
+    /// Space for a receiver's `len` bytes, which must follow a packing sender: pooled if
+    /// the pool has room or may grow, else a one-off buffer of `len` bytes dropped after use.
+    /// (The sender's own pool bounds what it has in flight, so with equal pools this is rare.)
+    pub(crate) fn for_receiver(&self, len: u64) -> Result<PackLease> {
+        if let Some(lease) = self.pooled(len)? {
+            return Ok(lease);
         }
         self.counters.overflows.fetch_add(1, Ordering::Relaxed);
-        Ok(self.lease(allocate()?, false))
+        // At most PACK_BYTES (checked by `pooled`): it fits a usize.
+        Ok(PackLease {
+            region: allocate(len.max(1) as usize)?,
+            slices: None,
+            poisoned: false,
+        })
     }
 
     /// Grows the pool to `count` buffers (at most its cap) now, handing each new one to
@@ -351,14 +404,31 @@ impl PackPool {
         mut prepare: impl FnMut(&Region) -> Result<()>,
     ) -> Result<usize> {
         let mut made = Vec::new();
-        while self.inner.pooled.load(Ordering::Acquire) < count.min(self.cap) {
-            let Some(lease) = self.pooled()? else { break };
-            made.push(lease);
+        while self
+            .inner
+            .pooled
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < count.min(self.cap)).then_some(n + 1)
+            })
+            .is_ok()
+        {
+            match allocate(PACK_BYTES as usize) {
+                Ok(region) => {
+                    self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+                    self.inner.buffers().push(Buffer {
+                        region: region.clone(),
+                        used: 0,
+                    });
+                    made.push(region);
+                }
+                Err(e) => {
+                    self.inner.pooled.fetch_sub(1, Ordering::AcqRel);
+                    return Err(e);
+                }
+            }
         }
-        let result = made.iter().try_for_each(|lease| prepare(lease.region()));
-        // Back to the free list (the leases' drop), prepared or not.
-        drop(made);
-        result.map(|()| self.inner.pooled.load(Ordering::Acquire))
+        made.iter().try_for_each(&mut prepare)?;
+        Ok(self.inner.pooled.load(Ordering::Acquire))
     }
 
     /// Counts a packed transfer sent.
@@ -386,12 +456,15 @@ impl PackPool {
     }
 }
 
-fn allocate() -> Result<Region> {
-    if let Some(memory) = SPARE.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-        return Ok(Region::new(memory));
+/// Host memory of `len` bytes for packing: a whole buffer from the spare list when one is
+/// asked for and there, else fresh.
+fn allocate(len: usize) -> Result<Region> {
+    if len == PACK_BYTES as usize {
+        if let Some(memory) = SPARE.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(Region::new(memory));
+        }
     }
-    // PACK_BYTES is 4 MiB: it fits a usize.
-    let memory = SharedMemory::host(PACK_BYTES as usize)
+    let memory = SharedMemory::host(len)
         .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
     Ok(Region::new(memory))
 }
@@ -464,19 +537,175 @@ mod tests {
     #[test]
     fn a_full_pool_says_so_and_refills_on_drop() {
         let pool = PackPool::new(1);
-        let a = pool.for_sender().unwrap().expect("first buffer");
-        assert!(pool.for_sender().unwrap().is_none());
-        let overflow = pool.for_receiver().unwrap();
+        let whole = pool.for_sender(PACK_BYTES).unwrap().expect("first buffer");
+        assert!(pool.for_sender(1).unwrap().is_none(), "every slice leased");
+        let overflow = pool.for_receiver(4096).unwrap();
+        assert_eq!(
+            (overflow.offset(), overflow.region().len()),
+            (0, 4096),
+            "a one-off buffer has the batch's size"
+        );
         drop(overflow);
-        drop(a);
-        let again = pool.for_sender().unwrap().expect("returned buffer");
-        again.poison();
-        let fresh = pool
-            .for_sender()
+        drop(whole);
+        let again = pool
+            .for_sender(PACK_BYTES)
             .unwrap()
-            .expect("a poisoned buffer frees its slot");
-        drop(fresh);
+            .expect("returned slices");
+        again.poison();
+        assert!(
+            pool.for_sender(1).unwrap().is_none(),
+            "a poisoned lease's slices are never handed out again"
+        );
         let s = pool.stats();
-        assert_eq!((s.fallbacks, s.overflows, s.buffers), (1, 1, 2));
+        assert_eq!((s.fallbacks, s.overflows, s.buffers), (2, 1, 1));
+        assert!(
+            pool.for_sender(PACK_BYTES + 1).is_err(),
+            "past a pack buffer"
+        );
+    }
+
+    #[test]
+    fn small_batches_share_one_buffer_side_by_side() {
+        // 32 lists of 32 × 4 KiB in flight: one buffer holds them all.
+        let pool = PackPool::new(1);
+        let batch = 128 << 10;
+        let mut leases: Vec<PackLease> = (0..32)
+            .map(|i| {
+                pool.for_sender(batch)
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("batch {i} found no room"))
+            })
+            .collect();
+        let offsets: Vec<usize> = leases.iter().map(PackLease::offset).collect();
+        let expected: Vec<usize> = (0..32).map(|i| i * batch as usize).collect();
+        assert_eq!(offsets, expected);
+        assert!(leases
+            .iter()
+            .all(|l| l.region().memory().same_as(leases[0].region().memory())));
+        assert!(pool.for_sender(1).unwrap().is_none(), "the buffer is full");
+        // The fifth batch's space is free again once its lease is dropped.
+        drop(leases.remove(5));
+        let next = pool.for_sender(batch).unwrap().expect("freed slices");
+        assert_eq!(next.offset(), 5 * batch as usize);
+        assert_eq!(pool.stats().buffers, 1);
+    }
+
+    #[test]
+    fn free_runs_are_found_lowest_first() {
+        assert_eq!(free_run(0, 1), Some(0));
+        assert_eq!(free_run(0, SLICES), Some(0));
+        assert_eq!(free_run(1, SLICES), None);
+        assert_eq!(free_run(0b1011, 2), Some(4));
+        assert_eq!(free_run(0b1011, 1), Some(2));
+        assert_eq!(free_run(u64::MAX, 1), None);
+        assert_eq!(free_run(u64::MAX >> 1, 1), Some(63));
+        assert_eq!(free_run(0, 0), None);
+        assert_eq!(slice_bits(62, 2), 0b11 << 62);
+        assert_eq!(slice_bits(0, 64), u64::MAX);
+        assert_eq!(
+            (slices_for(0), slices_for(1), slices_for(PACK_SLICE + 1)),
+            (1, 1, 2)
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Ask for this many bytes, as a sender (`false`) or a receiver (`true`).
+        Take(u64, bool),
+        /// Drop the live lease at this index (modulo the live count).
+        Drop(usize),
+        /// Poison the live lease at this index.
+        Poison(usize),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let len = prop_oneof![
+            3 => 1u64..=(256 << 10),
+            1 => 1u64..=PACK_BYTES,
+        ];
+        prop_oneof![
+            4 => (len, any::<bool>()).prop_map(|(l, r)| Step::Take(l, r)),
+            3 => any::<usize>().prop_map(Step::Drop),
+            1 => any::<usize>().prop_map(Step::Poison),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Against a model of which bytes of which buffer are taken (by live leases and by
+        /// poisoned ones, which keep theirs for ever): a lease never overlaps another, lies
+        /// on slice boundaries inside its buffer, and the pool answers "none" (a sender
+        /// falls back, a receiver gets a one-off buffer) only when it is at its cap and no
+        /// buffer has room for the batch.
+        #[test]
+        fn leases_never_overlap_and_fall_back_only_when_full(
+            cap in 0usize..=2,
+            steps in proptest::collection::vec(step(), 1..60),
+        ) {
+            let pool = PackPool::new(cap);
+            // (buffer address, first byte, end) of every lease that holds pool space.
+            let mut live: Vec<(PackLease, usize, usize, usize)> = Vec::new();
+            let mut poisoned: Vec<(usize, usize, usize)> = Vec::new();
+            let mut buffers: Vec<usize> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Take(len, receiver) => {
+                        let taken: Vec<(usize, usize, usize)> = live
+                            .iter()
+                            .map(|&(_, b, s, e)| (b, s, e))
+                            .chain(poisoned.iter().copied())
+                            .collect();
+                        let slices = slices_for(len) as usize * PACK_SLICE as usize;
+                        let room = buffers.iter().any(|&b| {
+                            (0..=(PACK_BYTES as usize - slices))
+                                .step_by(PACK_SLICE as usize)
+                                .any(|at| !taken.iter().any(|&(tb, ts, te)| {
+                                    tb == b && ts < at + slices && at < te
+                                }))
+                        });
+                        let full = buffers.len() >= cap && !room;
+                        let overflows = pool.stats().overflows;
+                        let lease = if receiver {
+                            let lease = pool.for_receiver(len).unwrap();
+                            let one_off = pool.stats().overflows > overflows;
+                            proptest::prop_assert_eq!(one_off, full);
+                            (!one_off).then_some(lease)
+                        } else {
+                            let lease = pool.for_sender(len).unwrap();
+                            proptest::prop_assert_eq!(lease.is_none(), full);
+                            lease
+                        };
+                        if let Some(lease) = lease {
+                            let base = lease.region().memory().as_ptr() as usize;
+                            proptest::prop_assert_eq!(lease.region().len(), PACK_BYTES as usize);
+                            let (start, end) = (lease.offset(), lease.offset() + slices);
+                            proptest::prop_assert_eq!(start % PACK_SLICE as usize, 0);
+                            proptest::prop_assert!(end <= PACK_BYTES as usize);
+                            proptest::prop_assert!(
+                                !taken.iter().any(|&(b, s, e)| b == base && s < end && start < e),
+                                "{len} bytes at {start} overlap a lease"
+                            );
+                            if !buffers.contains(&base) {
+                                buffers.push(base);
+                            }
+                            live.push((lease, base, start, end));
+                        }
+                    }
+                    Step::Drop(i) if !live.is_empty() => {
+                        drop(live.remove(i % live.len()));
+                    }
+                    Step::Poison(i) if !live.is_empty() => {
+                        let (lease, b, s, e) = live.remove(i % live.len());
+                        lease.poison();
+                        poisoned.push((b, s, e));
+                    }
+                    Step::Drop(_) | Step::Poison(_) => {}
+                }
+                proptest::prop_assert!(buffers.len() <= cap);
+                proptest::prop_assert_eq!(pool.stats().buffers, buffers.len() as u64);
+            }
+        }
     }
 }

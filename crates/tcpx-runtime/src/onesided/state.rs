@@ -330,8 +330,19 @@ impl Rma {
         let runs = plan.pieces.len().max(plan.remote_lens.len());
         let cap = PackSide::cap(local, far);
         (worth_packing(plan.len, runs, self.config.pack_below, cap)
-            && (runs > self.lone_unpacked_runs() || self.pending_count() > 0))
-            .then_some(local)
+            && (runs > self.lone_unpacked_runs() || !self.alone()))
+        .then_some(local)
+    }
+
+    /// Whether the connection has no other one-sided operation in flight: none waits for its
+    /// answer, and the latest read is not still receiving its bytes. A read leaves the
+    /// pending table at its answer (`ReadData`), long before its data is in; judged by the
+    /// table alone, a stream of reads looked idle whenever the target had answered the one
+    /// before, and 32 × 4 KiB reads at depth 32 went unpacked, one request per block (two of
+    /// 32 packed in `small_packed_lists_in_flight_share_one_pack_buffer`).
+    fn alone(&self) -> bool {
+        let now = self.in_flight();
+        now.answers == 0 && !now.reading
     }
 
     /// Runs a batch alone on the connection may have and still go unpacked: its pieces then
@@ -364,7 +375,7 @@ impl Rma {
             Some(lease) => {
                 smallvec::smallvec![self.carrier.region_piece(
                     lease.region(),
-                    0,
+                    lease.offset(),
                     len,
                     direction,
                     false
@@ -403,7 +414,7 @@ impl Rma {
                 && remote
                     .iter()
                     .any(|r| r.descriptor.kind() == tcpx::MemoryKind::Cuda))
-            && self.pending_count() == 0
+            && self.alone()
     }
 
     /// Registers `op` unless the connection can no longer answer it.
@@ -442,7 +453,7 @@ impl Rma {
         let mut packed = side.is_some();
         let staged = side == Some(PackSide::Staged);
         let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
-            let lease = self.pack.for_sender()?;
+            let lease = self.pack.for_sender(plan.len)?;
             packed = lease.is_some();
             lease
         } else {
@@ -599,7 +610,7 @@ impl Rma {
         let side = self.pack_side(remote, &plan);
         let mut offered = side.is_some();
         let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
-            let pack = self.pack.for_sender()?.map(|lease| ReadPack {
+            let pack = self.pack.for_sender(plan.len)?.map(|lease| ReadPack {
                 lease,
                 parts: local_parts(local),
             });

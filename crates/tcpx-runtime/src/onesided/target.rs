@@ -100,7 +100,7 @@ pub(crate) enum TargetItem {
     /// finishing; complete it once the job is done (the watcher never waits on data).
     Complete {
         job: Arc<Job>,
-        op: PendingOp,
+        op: Box<PendingOp>,
         refusal: Option<Refusal>,
     },
 }
@@ -489,7 +489,7 @@ impl Rma {
                         )?];
                         (own, None)
                     }
-                    _ => (Pieces::new(), Some((self.pack.for_receiver()?, parts))),
+                    _ => (Pieces::new(), Some((self.pack.for_receiver(total)?, parts))),
                 };
                 let (pieces, schedule) = self.packed_job_parts(
                     pack.as_ref().map(|(lease, _)| lease),
@@ -687,7 +687,7 @@ impl Rma {
             // Unstaged (checked above): registered pieces.
             (self.pieces(entries, regions, Direction::Send)?.0, None)
         } else {
-            let Some(lease) = self.pack.for_sender()? else {
+            let Some(lease) = self.pack.for_sender(total)? else {
                 return Ok(None);
             };
             (Pieces::new(), Some((lease, parts)))
@@ -860,7 +860,13 @@ impl Rma {
         if job.is_finished() {
             complete_write(&self.link, &job, op, refusal, Duration::ZERO);
         } else {
-            items.push_back(TargetItem::Complete { job, op, refusal });
+            // Boxed: rare (the answer came before the engine retired the sends), and the
+            // operation would make every item of the queue as large as itself.
+            items.push_back(TargetItem::Complete {
+                job,
+                op: Box::new(op),
+                refusal,
+            });
         }
         Ok(())
     }
@@ -1204,7 +1210,7 @@ fn handle(rma: &Rma, item: TargetItem, answers: &mut Answers) {
             }
         }
         TargetItem::Complete { job, op, refusal } => {
-            complete_write(&rma.link, &job, op, refusal, rma.config.wait_spin)
+            complete_write(&rma.link, &job, *op, refusal, rma.config.wait_spin)
         }
         TargetItem::Write {
             job,
