@@ -533,25 +533,73 @@ fn a_refused_packed_write_past_a_pack_buffer_is_discarded_and_keeps_the_lanes_in
 }
 
 #[test]
-fn a_lone_write_spreads_unless_either_side_stages() {
+fn a_lone_write_spreads_whatever_memory_either_side_has() {
     loopback();
-    // 8 channels, 512 KiB chunks, 8 engines a side: a lone 1 MiB write of host memory rides
-    // 8 channels in 128 KiB pieces; with staged memory on either side it keeps its two whole
-    // chunks (every staged piece costs a copy and an event).
+    // 8 channels, 512 KiB chunks, 8 engines a side: a lone 1 MiB write rides 8 channels in
+    // 128 KiB pieces, host or staged memory on either side (staged pieces each cost a copy,
+    // and the copies overlap on the lanes).
     let (a, b, ab, ba) = pair_with(spread_config(), spread_config());
     const MIB: usize = 1 << 20;
     let mut totals = vec![0u64; 8];
-    for (local_staged, remote_staged, pieces) in [
-        (false, false, 8usize),
-        (false, true, 2),
-        (true, false, 2),
-        (true, true, 2),
-    ] {
+    for (i, (local_staged, remote_staged)) in
+        [(false, false), (false, true), (true, false), (true, true)]
+            .into_iter()
+            .enumerate()
+    {
         let what = format!("{} → {}", label(local_staged), label(remote_staged));
-        let src = filled(&a, local_staged, MIB, 40 + pieces as u64);
+        let src = filled(&a, local_staged, MIB, 40 + i as u64);
         let dst = region(&b, remote_staged, MIB);
         let d = b.advertise(&dst).unwrap();
         let got = lone_write_pieces((&ab, &ba), &src, (&dst, d), &mut totals, &what);
-        assert_eq!(got, vec![(MIB / pieces) as u64; pieces], "{what}");
+        assert_eq!(got, vec![(MIB / 8) as u64; 8], "{what}");
     }
+}
+
+/// A lone one-sided operation on staged memory rides every channel in pieces, as a host one
+/// does (its copies, sends and receives then overlap on every lane instead of going one after
+/// the other through one ring slot), and lands exactly: a write from staged memory into
+/// staged memory, a read back, and two writes in flight together.
+#[test]
+fn a_lone_staged_operation_rides_every_channel() {
+    loopback();
+    let (a, b, ab, ba) = pair_with(spread_config(), spread_config());
+    assert_eq!(ab.peer_info().spread, 8);
+    const MIB: usize = 1 << 20;
+    let src = filled(&a, true, MIB, 41);
+    let dst = region(&b, true, MIB);
+    let d = b.advertise(&dst).expect("advertise a staged region");
+    let (_, mut totals) = received_since(&ba.one_sided_stats(), &[0; 8]);
+    let got = lone_write_pieces((&ab, &ba), &src, (&dst, d), &mut totals, "staged write");
+    assert_eq!(
+        got,
+        vec![(MIB / 8) as u64; 8],
+        "a lone staged write's pieces"
+    );
+    // Read it back into staged memory: the target's sends are cut the same way.
+    let back = region(&a, true, MIB);
+    let (_, before) = received_since(&ab.one_sided_stats(), &[0; 8]);
+    let rx = ab
+        .read(
+            &[Segment::new(&back, 0, MIB)],
+            &[RemoteSegment::new(d, 0, MIB as u64)],
+        )
+        .expect("read");
+    assert_eq!(rx.wait(DEADLINE).unwrap(), MIB as u64);
+    let (got, _) = received_since(&ab.one_sided_stats(), &before);
+    assert_eq!(
+        got,
+        vec![(MIB / 8) as u64; 8],
+        "a lone staged read's pieces"
+    );
+    assert!(snapshot(&back) == snapshot(&src), "staged read back");
+    // Two writes at once (the second finds the first in flight: not alone); both land.
+    let other = filled(&a, true, MIB, 42);
+    let first = write_one(&ab, &src, d, MIB, None);
+    let second_dst = region(&b, true, MIB);
+    let d2 = b.advertise(&second_dst).expect("advertise");
+    let second = write_one(&ab, &other, d2, MIB, None);
+    assert_eq!(first.wait(DEADLINE).unwrap(), MIB as u64);
+    assert_eq!(second.wait(DEADLINE).unwrap(), MIB as u64);
+    assert!(snapshot(&second_dst) == snapshot(&other), "second write");
+    assert!(snapshot(&dst) == snapshot(&src), "first write");
 }
