@@ -176,7 +176,8 @@ struct Common {
     /// stream on the wire), at most 4 MiB per batch, for messages of up to 64 KiB (larger
     /// ones still go one per call). The way to move many small messages at wire speed
     /// (batches of 1–4 MiB do best: 1024 for 4 KiB messages); `--depth` then counts
-    /// batches in flight (default: two per channel, with as many pack buffers unless
+    /// batches in flight (default: enough to fill every channel's window, as many as two
+    /// pack buffers per channel hold — batches share a buffer in 64 KiB slices — unless
     /// TCPX_PACK_BUFFERS says otherwise), and p50/p99 are per batch.
     #[arg(long, default_value_t = 1)]
     batch: usize,
