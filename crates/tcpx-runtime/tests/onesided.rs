@@ -619,6 +619,71 @@ fn an_exhausted_pack_pool_falls_back_and_every_write_still_lands() {
     }
 }
 
+/// `n` lists of `blocks` 4 KiB blocks written from `a` into `dst` (advertised as `d`, at
+/// least `n × 2 × blocks` slots of 4 KiB): every source holds its blocks in every other slot
+/// (scattered, so the sender needs pack space), and list i fills every other slot of its own
+/// stretch of the target, in reverse order when `reverse` (nothing coalesces). All are
+/// posted before any is waited for; each must report its length and land exactly. Returns
+/// the target lists, the bytes each carried, and the sources' block layout.
+fn write_scattered_lists(
+    (a, ab): (&Endpoint, &Connection),
+    (dst, d): (&Region, Descriptor),
+    (n, blocks): (usize, usize),
+    seed: u64,
+    reverse: bool,
+) -> ScatteredLists {
+    const BLOCK: usize = 4096;
+    let sources: Vec<Region> = (0..n)
+        .map(|i| source(a, 2 * BLOCK * blocks, seed + i as u64))
+        .collect();
+    let local_blocks = every_other_block(blocks, BLOCK, 0);
+    let streams: Vec<Vec<u8>> = sources
+        .iter()
+        .map(|src| gather(&snapshot(src), &local_blocks))
+        .collect();
+    let lists: Vec<Vec<(usize, usize)>> = (0..n)
+        .map(|i| {
+            let mut list: Vec<(usize, usize)> = (0..blocks)
+                .map(|k| ((i * blocks + k) * 2 * BLOCK, BLOCK))
+                .collect();
+            if reverse {
+                list.reverse();
+            }
+            list
+        })
+        .collect();
+    let transfers: Vec<_> = (0..n)
+        .map(|i| {
+            let local = local_segments(&sources[i], &local_blocks);
+            ab.write(&local, &remote_segments(d, &lists[i]), None)
+                .unwrap()
+        })
+        .collect();
+    for (i, t) in transfers.iter().enumerate() {
+        assert_eq!(
+            t.wait(DEADLINE).unwrap(),
+            (BLOCK * blocks) as u64,
+            "write {i}"
+        );
+    }
+    for i in 0..n {
+        assert_blocks(dst, &lists[i], &streams[i], &format!("write {i}"));
+    }
+    ScatteredLists {
+        lists,
+        streams,
+        local_blocks,
+    }
+}
+
+/// What [`write_scattered_lists`] wrote: each list's target blocks and bytes, and where the
+/// blocks lay in each source.
+struct ScatteredLists {
+    lists: Vec<Vec<(usize, usize)>>,
+    streams: Vec<Vec<u8>>,
+    local_blocks: Vec<(usize, usize)>,
+}
+
 fn exhausted_pool_round(sender_buffers: usize) {
     let with = |c: tcpx_runtime::Config, buffers: usize| tcpx_runtime::Config {
         pack_buffers: buffers,
@@ -629,38 +694,9 @@ fn exhausted_pool_round(sender_buffers: usize) {
         with(config(2, 128 << 10), 1),
     );
     const N: usize = 8;
-    const BLOCK: usize = 4096;
     const BLOCKS: usize = 1024;
-    let (dst, d) = advertised_host(&b, N * 2 * BLOCK * BLOCKS);
-    // Scattered on both sides (every other 4 KiB slot), so the sender needs a buffer.
-    let sources: Vec<Region> = (0..N)
-        .map(|i| source(&a, 2 * BLOCK * BLOCKS, 500 + i as u64))
-        .collect();
-    let local_blocks = every_other_block(BLOCKS, BLOCK, 0);
-    let streams: Vec<Vec<u8>> = sources
-        .iter()
-        .map(|src| gather(&snapshot(src), &local_blocks))
-        .collect();
-    let lists: Vec<Vec<(usize, usize)>> = (0..N)
-        .map(|i| {
-            (0..BLOCKS)
-                .map(|k| ((i * BLOCKS + k) * 2 * BLOCK, BLOCK))
-                .collect()
-        })
-        .collect();
-    let transfers: Vec<_> = (0..N)
-        .map(|i| {
-            let local = local_segments(&sources[i], &local_blocks);
-            ab.write(&local, &remote_segments(d, &lists[i]), None)
-                .unwrap()
-        })
-        .collect();
-    for t in &transfers {
-        assert_eq!(t.wait(DEADLINE).unwrap(), (BLOCK * BLOCKS) as u64);
-    }
-    for i in 0..N {
-        assert_blocks(&dst, &lists[i], &streams[i], &format!("write {i}"));
-    }
+    let (dst, d) = advertised_host(&b, N * 2 * 4096 * BLOCKS);
+    let _ = write_scattered_lists((&a, &ab), (&dst, d), (N, BLOCKS), 500, false);
     let s = ab.pack_stats();
     if sender_buffers == 0 {
         assert_eq!((s.packed_sent, s.fallbacks), (0, N as u64), "{s:?}");
@@ -696,41 +732,11 @@ fn small_packed_lists_in_flight_share_one_pack_buffer() {
     const BLOCK: usize = 4096;
     const BLOCKS: usize = 32;
     let (dst, d) = advertised_host(&b, N * 2 * BLOCK * BLOCKS);
-    // Scattered on both sides (every other 4 KiB slot), so each side needs pack space.
-    let local_blocks = every_other_block(BLOCKS, BLOCK, 0);
-    let sources: Vec<Region> = (0..N)
-        .map(|i| source(&a, 2 * BLOCK * BLOCKS, 900 + i as u64))
-        .collect();
-    let streams: Vec<Vec<u8>> = sources
-        .iter()
-        .map(|src| gather(&snapshot(src), &local_blocks))
-        .collect();
-    // List i: every other slot of its own stretch, in reverse order (nothing coalesces).
-    let lists: Vec<Vec<(usize, usize)>> = (0..N)
-        .map(|i| {
-            (0..BLOCKS)
-                .rev()
-                .map(|k| ((i * BLOCKS + k) * 2 * BLOCK, BLOCK))
-                .collect()
-        })
-        .collect();
-    let writes: Vec<_> = (0..N)
-        .map(|i| {
-            let local = local_segments(&sources[i], &local_blocks);
-            ab.write(&local, &remote_segments(d, &lists[i]), None)
-                .unwrap()
-        })
-        .collect();
-    for (i, t) in writes.iter().enumerate() {
-        assert_eq!(
-            t.wait(DEADLINE).unwrap(),
-            (BLOCK * BLOCKS) as u64,
-            "write {i}"
-        );
-    }
-    for i in 0..N {
-        assert_blocks(&dst, &lists[i], &streams[i], &format!("write {i}"));
-    }
+    let ScatteredLists {
+        lists,
+        streams,
+        local_blocks,
+    } = write_scattered_lists((&a, &ab), (&dst, d), (N, BLOCKS), 900, true);
     // Read every list back, all in flight, into scattered blocks of fresh regions.
     let backs: Vec<Region> = (0..N)
         .map(|_| a.alloc_host(2 * BLOCK * BLOCKS).unwrap())
