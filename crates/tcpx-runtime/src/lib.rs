@@ -97,7 +97,9 @@ pub use endpoint::{Connection, Endpoint, EnginePlan, Segment};
 pub use error::{Direction, Error, LocalErrorKind, Result};
 pub use ipc::{IpcDescriptor, LocalAddr, LocalConnection, LocalInfo, LocalRoute};
 pub use metrics::{ChannelMetrics, ConnectionMetrics, Metrics};
-pub use onesided::{Descriptor, PackStats, RemoteSegment, PACK_BYTES, PACK_SLICE};
+pub use onesided::{
+    batches_per_pack_buffer, Descriptor, PackStats, RemoteSegment, PACK_BYTES, PACK_SLICE,
+};
 pub use registry::Region;
 pub use rendezvous::{Group, MemoryStore, Store, StoreError};
 pub use stats::{ChannelStats, InlineStats};

@@ -178,7 +178,7 @@ pub(crate) mod state;
 pub(crate) mod target;
 
 pub use descriptor::{Descriptor, DescriptorError, RemoteSegment};
-pub use pack::{PackStats, PACK_BYTES, PACK_SLICE};
+pub use pack::{batches_per_pack_buffer, PackStats, PACK_BYTES, PACK_SLICE};
 pub use wire::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 
 /// What the one-sided half of every connection shares with its endpoint: the regions it

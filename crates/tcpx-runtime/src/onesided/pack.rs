@@ -134,6 +134,13 @@ fn slices_for(len: u64) -> u32 {
     len.div_ceil(PACK_SLICE).max(1) as u32
 }
 
+/// Batches of `bytes` (at most [`PACK_BYTES`]) one pack buffer holds at once, each in the
+/// whole [`PACK_SLICE`]s it takes (at least one batch): what a window of batches in flight
+/// needs of [`crate::Config::pack_buffers`].
+pub fn batches_per_pack_buffer(bytes: u64) -> usize {
+    (SLICES / slices_for(bytes.min(PACK_BYTES))) as usize
+}
+
 /// The bits of `count` slices from slice `first` on.
 fn slice_bits(first: u32, count: u32) -> u64 {
     let run = if count >= u64::BITS {
@@ -576,6 +583,7 @@ mod tests {
                     .unwrap_or_else(|| panic!("batch {i} found no room"))
             })
             .collect();
+        assert_eq!(batches_per_pack_buffer(batch), 32);
         let offsets: Vec<usize> = leases.iter().map(PackLease::offset).collect();
         let expected: Vec<usize> = (0..32).map(|i| i * batch as usize).collect();
         assert_eq!(offsets, expected);

@@ -32,6 +32,11 @@ use super::stats;
 
 pub use super::failure::{exit, peer_failure, Failure};
 
+/// Batches of `bytes` one pack buffer holds at once (the runtime's slicing).
+fn batches_per_buffer(bytes: usize) -> usize {
+    tcpx_runtime::batches_per_pack_buffer(bytes as u64)
+}
+
 /// The sweep both roles run; both must be given the same values.
 #[derive(Clone, Debug)]
 pub struct Sweep {
@@ -179,29 +184,22 @@ impl Sweep {
 
     /// Submissions in flight at `size`: messages ([`Sweep::depth_for`]) one per call, else
     /// batches — `--depth` if given, else enough to fill the channels' windows, at most as
-    /// many as the pooled pack buffers hold at once ([`Sweep::batches_per_buffer`]).
+    /// many as the pooled pack buffers hold at once
+    /// ([`tcpx_runtime::batches_per_pack_buffer`]).
     pub fn in_flight_for(&self, size: usize) -> usize {
         let k = self.batch_for(size);
         if k == 1 {
             return self.depth_for(size);
         }
         self.depth.unwrap_or_else(|| {
-            let room = self.pack_buffers.max(1) * Self::batches_per_buffer(size * k);
+            let room = self.pack_buffers.max(1) * batches_per_buffer(size * k);
             self.window_fill(size * k).clamp(1, room)
         })
     }
 
-    /// Batches of `bytes` one pack buffer holds at once: a batch takes whole
-    /// [`tcpx_runtime::PACK_SLICE`]s of one buffer (at least one batch).
-    pub fn batches_per_buffer(bytes: usize) -> usize {
-        let slice = tcpx_runtime::PACK_SLICE as usize;
-        let slices = bytes.max(1).div_ceil(slice);
-        ((tcpx_runtime::PACK_BYTES as usize / slice) / slices).max(1)
-    }
-
     /// Pack buffers a window of `batches` batches of `bytes` needs (what to reserve).
     pub fn buffers_for(batches: usize, bytes: usize) -> usize {
-        batches.div_ceil(Self::batches_per_buffer(bytes))
+        batches.div_ceil(batches_per_buffer(bytes))
     }
 
     /// Submissions of `bytes` each that fill every channel's window (channels × window
@@ -924,20 +922,20 @@ mod tests {
         s.batch = 1024;
         // 4 MiB batches take a whole buffer each: as many in flight as buffers.
         assert_eq!(s.batch_for(4 << 10), 1024);
-        assert_eq!(Sweep::batches_per_buffer(4 << 20), 1);
+        assert_eq!(batches_per_buffer(4 << 20), 1);
         assert_eq!(s.in_flight_for(4 << 10), 8);
         assert_eq!(Sweep::buffers_for(8, 4 << 20), 8);
         // 128 KiB batches share buffers (two slices each): the windows' 8 × 16 requests.
         s.batch = 32;
-        assert_eq!(Sweep::batches_per_buffer(128 << 10), 32);
+        assert_eq!(batches_per_buffer(128 << 10), 32);
         assert_eq!(s.in_flight_for(4 << 10), 128);
         assert_eq!(Sweep::buffers_for(128, 128 << 10), 4);
         // One pack buffer caps 128 KiB batches at 32 in flight.
         s.pack_buffers = 1;
         assert_eq!(s.in_flight_for(4 << 10), 32);
         // A batch a slice and a byte long takes two slices.
-        assert_eq!(Sweep::batches_per_buffer((64 << 10) + 1), 32);
-        assert_eq!(Sweep::batches_per_buffer(1), 64);
+        assert_eq!(batches_per_buffer((64 << 10) + 1), 32);
+        assert_eq!(batches_per_buffer(1), 64);
     }
 
     #[test]
