@@ -507,7 +507,7 @@ pub fn assert_blocks(dst: &Region, blocks: &[(usize, usize)], stream: &[u8], wha
 }
 
 /// [`assert_blocks`] over several regions: block k in `regions[which[k]]` (each region
-/// snapshotted once, after the transfer).
+/// snapshotted once, after the transfer, once no engine holds it: [`settled_snapshot`]).
 pub fn assert_spread_blocks(
     regions: &[&Region],
     blocks: &[(usize, usize)],
@@ -516,7 +516,7 @@ pub fn assert_spread_blocks(
     what: &str,
 ) {
     assert_eq!(blocks.len(), which.len());
-    let got: Vec<Vec<u8>> = regions.iter().map(|r| snapshot(r)).collect();
+    let got: Vec<Vec<u8>> = regions.iter().map(|r| settled_snapshot(r)).collect();
     let mut pos = 0;
     for (i, (&(o, l), &w)) in blocks.iter().zip(which).enumerate() {
         assert!(
