@@ -28,6 +28,7 @@ fn info() -> EndpointInfo {
         gpu_index: Some(3),
         spread: 8,
         eager_bytes: 64 << 10,
+        spread_two_sided: true,
     }
 }
 

@@ -13,7 +13,7 @@
 //! | 4 | CRC-32 (IEEE) of all preceding bytes |
 //!
 //! Format version 2 added `gpu_index` (inside `EndpointInfo`) and the secret, version 4
-//! `eager_bytes` (inside `EndpointInfo`). Whoever holds
+//! `eager_bytes`, version 5 `spread_two_sided` (both inside `EndpointInfo`). Whoever holds
 //! the blob can connect to an endpoint that requires the secret: share it like a password.
 //!
 //! The checksum catches blobs damaged in copy-paste or truncated by a transport; the text
@@ -30,7 +30,7 @@ use crate::wire::{Reader, TooLong, WireError, Writer};
 pub const METADATA_MAGIC: [u8; 4] = *b"TXMD";
 
 /// Format version of the blob.
-pub const METADATA_VERSION: u8 = 4;
+pub const METADATA_VERSION: u8 = 5;
 
 /// Largest blob accepted or produced, in bytes (hex text is twice as long).
 pub const MAX_METADATA_BYTES: usize = 4096;
@@ -93,6 +93,7 @@ pub enum MetadataError {
 ///         gpu_index: Some(0),
 ///         spread: 4,
 ///         eager_bytes: 4096,
+///         spread_two_sided: true,
 ///     },
 ///     control_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)), 7400),
 ///     secret: Secret::from_bytes([7; 16]),
@@ -267,6 +268,7 @@ mod tests {
                 gpu_index: None,
                 spread: 1,
                 eager_bytes: 0,
+                spread_two_sided: true,
             },
             control_addr: "[::1]:9000".parse().unwrap(),
             secret: Secret::from_bytes([3; crate::control::message::SECRET_BYTES]),

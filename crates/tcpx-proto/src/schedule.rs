@@ -28,8 +28,11 @@
 //! the chunk size and `W`, which both peers know (the runtime agrees `W` in the handshake:
 //! the smaller of the two sides' engine counts, because pieces beyond the threads that move
 //! them only add requests; on a 2-core box that is 1, and spreading is off). Both peers must
-//! also agree *whether* a transfer spreads: the runtime spreads only one-sided operations
-//! whose request says so (see `Rma::spreads` in the runtime).
+//! also agree *whether* a transfer spreads: the runtime spreads one-sided operations whose
+//! request says so (see `Rma::spreads` in the runtime), and two-sided transfers on connections
+//! where both sides announced it in the handshake, with a coarser floor
+//! ([`TWO_SIDED_SPREAD_FLOOR_BYTES`], [`Schedule::spread_over_floor`]): a two-sided transfer
+//! carries no flag, so every one of them is cut alike, the lone ones and the streams.
 //!
 //! The union of boundaries is symmetric, so the sender (local = its list, remote = the
 //! receiver's) and the receiver (the other way round) compute the same chunks in the same
@@ -69,6 +72,16 @@ pub const MAX_CHUNK_BYTES: u32 = i32::MAX as u32;
 /// saves: on 16 cores a lone 1 MiB message over 8 channels took 40–49 µs in 128 KiB pieces,
 /// 70 µs in 256 KiB pieces and 100–121 µs in the default two 512 KiB chunks.
 pub const SPREAD_FLOOR_BYTES: u32 = 128 * 1024;
+
+/// Smallest piece a two-sided transfer is spread into ([`Schedule::spread_over_floor`]).
+///
+/// Coarser than [`SPREAD_FLOOR_BYTES`] because a two-sided transfer cannot say whether it is
+/// alone (the receiver posts its pieces before anything arrives), so streams are cut the same
+/// way as lone transfers. Measured on 16 cores per peer, two processes (issue 25,
+/// thirty-third session): at 256 KiB a lone 1 MiB send took 64–73 µs against 112–140 in two
+/// 512 KiB chunks and streams of 512 KiB–2 MiB held their rate; at 128 KiB the lone send took
+/// 32–40 µs but streams of 1 MiB lost a quarter (four times the requests).
+pub const TWO_SIDED_SPREAD_FLOOR_BYTES: u32 = 256 * 1024;
 
 /// Spread cuts are multiples of this (TCPX wants 4 KiB-aligned buffers).
 const SPREAD_ALIGN: u64 = 4096;
@@ -226,8 +239,21 @@ impl Schedule {
     /// transfer*. A width of 0 or 1, or a chunk size at or below [`SPREAD_FLOOR_BYTES`],
     /// changes nothing. Both peers must spread by the same width, before rotating.
     #[must_use]
-    pub fn spread_over(mut self, width: u16) -> Self {
-        let cut = spread_cut(self.total_len, self.chunk_bytes, width.min(self.channels));
+    pub fn spread_over(self, width: u16) -> Self {
+        self.spread_over_floor(width, SPREAD_FLOOR_BYTES)
+    }
+
+    /// [`Schedule::spread_over`] with pieces of at least `floor` bytes (rounded up to 4 KiB;
+    /// [`TWO_SIDED_SPREAD_FLOOR_BYTES`] for two-sided transfers): a transfer then rides at
+    /// most `ceil(L / floor)` channels. A chunk size at or below the floor changes nothing.
+    #[must_use]
+    pub fn spread_over_floor(mut self, width: u16, floor: u32) -> Self {
+        let cut = spread_cut(
+            self.total_len,
+            self.chunk_bytes,
+            width.min(self.channels),
+            floor,
+        );
         if cut == self.cut_bytes {
             return self;
         }
@@ -370,13 +396,14 @@ impl<'a> IntoIterator for &'a Schedule {
 }
 
 /// The cut that spreads `total` bytes over `width` channels (see [`Schedule::spread_over`]).
-fn spread_cut(total: u64, chunk_bytes: u32, width: u16) -> u32 {
-    if width <= 1 || chunk_bytes <= SPREAD_FLOOR_BYTES {
+fn spread_cut(total: u64, chunk_bytes: u32, width: u16, floor: u32) -> u32 {
+    let floor = u64::from(floor).div_ceil(SPREAD_ALIGN) * SPREAD_ALIGN;
+    if width <= 1 || u64::from(chunk_bytes) <= floor {
         return chunk_bytes;
     }
     let share = total.div_ceil(u64::from(width)).div_ceil(SPREAD_ALIGN) * SPREAD_ALIGN;
     // Between the floor and `chunk_bytes` (a u32), whatever the total.
-    share.clamp(u64::from(SPREAD_FLOOR_BYTES), u64::from(chunk_bytes)) as u32
+    share.clamp(floor, u64::from(chunk_bytes)) as u32
 }
 
 fn checked_sum(lens: &[u64]) -> Result<u64, ScheduleError> {
@@ -561,6 +588,42 @@ mod tests {
                 .unwrap()
                 .spread_over(8),
             Schedule::contiguous(1 << 20, 512 << 10, 2).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_two_sided_spread_keeps_pieces_of_its_floor() {
+        const K: u32 = 1024;
+        let cut = |len: u64| {
+            let s = Schedule::contiguous(len, 512 * K, 8)
+                .unwrap()
+                .spread_over_floor(8, TWO_SIDED_SPREAD_FLOOR_BYTES);
+            lens(&s)
+        };
+        // 1 MiB: four 256 KiB pieces (not eight of 128 KiB, not two of 512 KiB).
+        assert_eq!(cut(1 << 20), [256 * K; 4]);
+        // 2 MiB: every channel, 256 KiB each; 3 MiB: every channel, 384 KiB each.
+        assert_eq!(cut(2 << 20), [256 * K; 8]);
+        assert_eq!(cut(3 << 20), [384 * K; 8]);
+        // 512 KiB: two pieces; 256 KiB and less: one, as before.
+        assert_eq!(cut(512 << 10), [256 * K; 2]);
+        assert_eq!(cut(256 << 10), [256 * K]);
+        assert_eq!(cut(100 << 10), [100 * K]);
+        // 4 MiB and more: whole chunks, as without spreading.
+        assert_eq!(cut(4 << 20), [512 * K; 8]);
+        // A floor at or above the chunk size changes nothing; a floor not a multiple of
+        // 4 KiB is rounded up to one.
+        let s = Schedule::contiguous(1 << 20, 256 * K, 8).unwrap();
+        assert_eq!(s.clone().spread_over_floor(8, 256 * K), s);
+        let odd = Schedule::contiguous(1 << 20, 512 * K, 8)
+            .unwrap()
+            .spread_over_floor(8, 200 * K + 1);
+        assert_eq!(odd.cut_bytes(), 204 * K);
+        // The default floor is `spread_over`'s.
+        let s = Schedule::contiguous(1 << 20, 512 * K, 8).unwrap();
+        assert_eq!(
+            s.clone().spread_over_floor(8, SPREAD_FLOOR_BYTES),
+            s.spread_over(8)
         );
     }
 

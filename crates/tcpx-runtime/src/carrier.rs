@@ -426,8 +426,9 @@ impl Carrier {
 /// fails the connection (both applications disagree on what this transfer is).
 pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64]) {
     let link = &job.link;
-    // Two-sided transfers never spread: the receiver posts without knowing how busy the
-    // sender is, and staged memory pays per chunk (see `Link::schedule`).
+    // Vectored transfers keep whole chunks: contiguous two-sided ones spread on connections
+    // that agreed to (`Link::two_sided_schedule`), but a list's pieces are already cut at
+    // both sides' segment boundaries, and staged memory pays per piece.
     match link.schedule(&job.local_lens(), remote, false) {
         Ok(schedule) => {
             job.set_schedule(schedule.rotated(job.seq));

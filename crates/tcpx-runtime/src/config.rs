@@ -24,6 +24,7 @@
 //! | `TCPX_PIN` | pin engine threads (`0`/`1`) | `1` |
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
 //! | `TCPX_SPREAD` | most channels a lone one-sided operation is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
+//! | `TCPX_SPREAD_TWO_SIDED` | cut two-sided transfers smaller than `TCPX_SPREAD` chunks into pieces of at least 256 KiB over the channels, when both sides do (`0`/`1`; [`Config::spread_two_sided`]) | `1` |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB |
@@ -212,10 +213,23 @@ pub struct Config {
     /// than two in 512 KiB chunks
     /// ([`Schedule::spread_over`](crate::schedule::Schedule::spread_over)); a connection uses
     /// the smaller of both sides' values. The initiator spreads an operation only when none
-    /// other of the connection is in flight and neither side stages it; two-sided transfers
-    /// never spread. `None`: this endpoint's engine count (pieces beyond the threads that
-    /// move them only add requests). `Some(1)` keeps whole chunks.
+    /// other of the connection is in flight; two-sided transfers spread by
+    /// [`Config::spread_two_sided`]. `None`: this endpoint's engine count (pieces beyond the
+    /// threads that move them only add requests). `Some(1)` keeps whole chunks.
     pub spread: Option<u16>,
+    /// Whether two-sided transfers smaller than [`Config::spread`] chunks are cut into pieces
+    /// of at least 256 KiB over the channels
+    /// ([`TWO_SIDED_SPREAD_FLOOR_BYTES`](crate::schedule::TWO_SIDED_SPREAD_FLOOR_BYTES)): a
+    /// 1 MiB send rides four channels instead of two. A connection spreads them only when
+    /// both sides say so (both must cut alike, and a two-sided transfer cannot say whether
+    /// it is alone: every one is cut, streams included).
+    ///
+    /// Measured on an H200 host, 16 cores per peer (issue 25, thirty-third session): a lone
+    /// host 1 MiB send 64–73 µs against 112–140, 2 MiB 65–73 against 118–145, streams of host
+    /// messages level; GPU memory staged through a host-memory plugin: lone 1 MiB 126–138 µs
+    /// against 179–192, but streams of 1–2 MiB GPU messages 7–13 % slower (a copy per piece).
+    /// `false` keeps whole chunks.
+    pub spread_two_sided: bool,
     /// One-sided batches of host memory whose blocks average fewer bytes than this (after
     /// merging contiguous ones) travel packed: gathered into one contiguous pack buffer,
     /// sent as one transfer, scattered on arrival (see [`crate::onesided`]). `0` never packs.
@@ -333,6 +347,7 @@ impl Default for Config {
             pin_engines: true,
             engines_per_device: None,
             spread: None,
+            spread_two_sided: true,
             pack_below: DEFAULT_PACK_BELOW,
             pack_lone_runs: None,
             eager_bytes: None,
@@ -447,6 +462,9 @@ impl Config {
         }
         if let Some((name, v)) = get(&["TCPX_SPREAD"]) {
             b = b.spread(parse_num(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_SPREAD_TWO_SIDED"]) {
+            b = b.spread_two_sided(parse_bool(name, &v)?);
         }
         if let Some((name, v)) = get(&["TCPX_PACK_BELOW"]) {
             b = b.pack_below(parse_size(name, &v)?);
@@ -624,6 +642,12 @@ impl ConfigBuilder {
     /// [`Config::spread`].
     pub fn spread(mut self, channels: u16) -> Self {
         self.config.spread = Some(channels);
+        self
+    }
+
+    /// [`Config::spread_two_sided`].
+    pub fn spread_two_sided(mut self, spread: bool) -> Self {
+        self.config.spread_two_sided = spread;
         self
     }
 

@@ -18,7 +18,7 @@ use crate::control::ControlError;
 use crate::error::Error;
 use crate::metrics::EndpointCounters;
 use crate::registry::RegistrationCache;
-use crate::schedule::{Schedule, ScheduleError};
+use crate::schedule::{Schedule, ScheduleError, TWO_SIDED_SPREAD_FLOOR_BYTES};
 use crate::stats::ChannelCounters;
 
 /// A signal that wakes an engine (cheap to copy; sent best-effort).
@@ -65,6 +65,8 @@ pub(crate) struct Link {
     /// How many channels a lone small transfer is spread over (agreed with the peer; see
     /// [`Schedule::spread_over`]).
     spread: u16,
+    /// Whether two-sided transfers are spread too (both sides announced it).
+    spread_two_sided: bool,
     pub(crate) timeout: Duration,
     failed: AtomicBool,
     failure: OnceLock<Error>,
@@ -103,6 +105,17 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// How a link cuts transfers smaller than its channels' worth of chunks, as agreed with the
+/// peer in the handshake (both sides must cut alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Spread {
+    /// Most channels a spread transfer rides (1: whole chunks).
+    pub(crate) width: u16,
+    /// Whether two-sided transfers spread too ([`crate::Config::spread_two_sided`] on both
+    /// sides), not only the lone one-sided operations that ask for it.
+    pub(crate) two_sided: bool,
+}
+
 static NEXT_LINK_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Link {
@@ -110,7 +123,7 @@ impl Link {
         peer: SocketAddr,
         channels: u16,
         chunk_bytes: u32,
-        spread: u16,
+        spread: Spread,
         timeout: Duration,
         engines: Vec<Box<dyn Wake>>,
         events: Option<Arc<EndpointCounters>>,
@@ -120,7 +133,8 @@ impl Link {
             peer,
             channels,
             chunk_bytes,
-            spread,
+            spread: spread.width,
+            spread_two_sided: spread.two_sided,
             timeout,
             failed: AtomicBool::new(false),
             failure: OnceLock::new(),
@@ -152,6 +166,19 @@ impl Link {
         let width = if spread { self.spread } else { 1 };
         Schedule::vectored(local_lens, remote_lens, self.chunk_bytes, self.channels)
             .map(|s| s.spread_over(width))
+    }
+
+    /// The schedule of a contiguous two-sided transfer of `len` bytes (before rotation):
+    /// spread over the agreed width in pieces of at least
+    /// [`TWO_SIDED_SPREAD_FLOOR_BYTES`] when both sides announced it, whole chunks otherwise.
+    pub(crate) fn two_sided_schedule(&self, len: u64) -> Result<Schedule, ScheduleError> {
+        let width = if self.spread_two_sided {
+            self.spread
+        } else {
+            1
+        };
+        Schedule::contiguous(len, self.chunk_bytes, self.channels)
+            .map(|s| s.spread_over_floor(width, TWO_SIDED_SPREAD_FLOOR_BYTES))
     }
 
     /// The width a spread transfer of this link is cut over (1: spreading changes nothing).

@@ -49,6 +49,7 @@ fn hello_bytes() -> Vec<u8> {
         gpu_index: None,
         spread: 1,
         eager_bytes: 0,
+        spread_two_sided: true,
     };
     let mut out = Vec::new();
     Message::hello(info).encode(&mut out).unwrap();

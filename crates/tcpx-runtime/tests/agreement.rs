@@ -204,3 +204,65 @@ fn peers_with_different_chunk_sizes_use_the_smaller() {
         drop((ab, ba, a, b));
     }
 }
+
+/// A two-sided transfer smaller than the agreed width's worth of chunks is cut into pieces of
+/// at least 256 KiB over the channels when both sides spread two-sided transfers (the
+/// default), and keeps whole chunks when either side does not: both sides cut every transfer
+/// alike, so the bytes land whole either way — a lone message, a length that is not a
+/// multiple of 4 KiB, and a stream of mixed sizes with receives posted before and after their
+/// sends.
+#[test]
+fn two_sided_transfers_spread_only_when_both_sides_say_so() {
+    loopback();
+    for (mine, theirs) in [(true, true), (true, false), (false, true)] {
+        let with = |spread: bool| {
+            let mut c = spread_config();
+            c.spread_two_sided = spread;
+            c
+        };
+        let (a, b, ab, ba) = pair_with(with(mine), with(theirs));
+        let what = format!("spreading {mine} / {theirs}");
+        assert_eq!(ba.peer_info().spread_two_sided, mine, "{what}: announced");
+        let both = mine && theirs;
+        let mut totals = vec![0u64; usize::from(ba.channels())];
+
+        // A lone 1 MiB message: four 256 KiB pieces, or two whole 512 KiB chunks.
+        let (src, dst) = (source(&a, MIB, 21), b.alloc_host(MIB).unwrap());
+        send_verified(&ab, &ba, &src, &dst, MIB, 21);
+        let (pieces, now) = received_since(&ba.stats(), &totals);
+        totals = now;
+        let expected = if both {
+            vec![256 * KIB as u64; 4]
+        } else {
+            vec![512 * KIB as u64; 2]
+        };
+        assert_eq!(pieces, expected, "{what}: a lone 1 MiB message");
+
+        // 2 MiB and a bit: every channel in 260 KiB pieces, or five chunks.
+        let len = 2 * MIB + 5_000;
+        let (src, dst) = (source(&b, len, 22), a.alloc_host(len).unwrap());
+        let (_, before) = received_since(&ab.stats(), &vec![0; totals.len()]);
+        send_verified(&ba, &ab, &src, &dst, len, 22);
+        let (pieces, _) = received_since(&ab.stats(), &before);
+        assert_eq!(
+            pieces.len(),
+            if both { 8 } else { 5 },
+            "{what}: channels of a {len}-byte message: {pieces:?}"
+        );
+        assert_eq!(pieces.iter().sum::<u64>(), len as u64, "{what}");
+
+        // A stream of mixed sizes in flight together, both ways.
+        let sizes: Vec<usize> = (0..16)
+            .map(|i| [MIB, 700 * KIB, 2 * MIB + 5_000, 300 * KIB][i % 4])
+            .collect();
+        let stride = 2 * MIB + 8 * KIB;
+        let (src, far) = (
+            source(&a, 16 * stride, 23),
+            b.alloc_host(16 * stride).unwrap(),
+        );
+        let back = a.alloc_host(16 * stride).unwrap();
+        exchange_verified((&ab, &ba), (&src, &far), &sizes, stride, &what);
+        exchange_verified((&ba, &ab), (&far, &back), &sizes, stride, &what);
+        drop((ab, ba, a, b));
+    }
+}

@@ -32,6 +32,7 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
         proptest::option::of(any::<u32>()),
         any::<u16>(),
         0u32..=tcpx_proto::eager::EAGER_MAX_MESSAGE,
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -44,6 +45,7 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
                 gpu_index,
                 spread,
                 eager_bytes,
+                spread_two_sided,
             )| {
                 EndpointInfo {
                     ip,
@@ -55,6 +57,7 @@ fn endpoint_info() -> impl Strategy<Value = EndpointInfo> {
                     gpu_index,
                     spread,
                     eager_bytes,
+                    spread_two_sided,
                 }
             },
         )

@@ -32,6 +32,7 @@ fn info(channels: u16) -> EndpointInfo {
         gpu_index: None,
         spread: 1,
         eager_bytes: 0,
+        spread_two_sided: true,
     }
 }
 

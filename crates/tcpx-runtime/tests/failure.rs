@@ -163,6 +163,7 @@ fn incompatible_peers_are_refused_naming_both_values() {
         gpu_index: None,
         spread: 1,
         eager_bytes: 0,
+        spread_two_sided: true,
     };
     for (info, wanted) in [
         (

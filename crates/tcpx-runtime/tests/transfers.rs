@@ -346,27 +346,35 @@ fn several_engines_per_device_share_the_channels() {
 }
 
 #[test]
-fn two_sided_transfers_keep_whole_chunks_whatever_the_spread() {
+fn two_sided_transfers_spread_over_the_agreed_width_in_pieces_of_its_floor() {
     loopback();
-    // 8 channels of 512 KiB chunks, 8 engines a side: the connection agrees a spread width of
-    // 8 (what one-sided lone operations use), yet a two-sided 1 MiB message stays two chunks:
-    // its receiver posts without knowing whether the sender's message is alone.
+    // 8 channels of 512 KiB chunks: the connection agrees a spread width of the smaller
+    // engine count. A two-sided transfer is cut over that width in pieces of at least 256 KiB
+    // (`TWO_SIDED_SPREAD_FLOOR_BYTES`, coarser than a lone one-sided operation's 128 KiB: its
+    // receiver posts without knowing whether the sender's message is alone, so streams are
+    // cut the same way).
     let cfg = |engines: usize| {
         let mut c = config(8, 512 * KIB as u32);
         c.engines_per_device = Some(engines);
         c
     };
-    for (engines_a, engines_b) in [(8, 8), (8, 4), (1, 8)] {
+    let k = |n: usize| (n * KIB) as u64;
+    for (engines_a, engines_b, one_mib, two_mib) in [
+        (8, 8, vec![k(256); 4], vec![k(256); 8]),
+        (8, 4, vec![k(256); 4], vec![k(512); 4]),
+        (1, 8, vec![k(512); 2], vec![k(512); 4]),
+    ] {
         let (a, b, ab, ba) = pair_with(cfg(engines_a), cfg(engines_b));
         assert_eq!(ba.peer_info().spread, engines_a as u16);
         assert_eq!(ab.peer_info().spread, engines_b as u16);
-        let (_, before) = received_since(&ba.stats(), &[0; 8]);
-        roundtrip(&a, &b, &ab, &ba, MIB, 900 + engines_b as u64);
-        let (got, _) = received_since(&ba.stats(), &before);
-        assert_eq!(
-            got,
-            vec![(MIB / 2) as u64; 2],
-            "engines {engines_a} and {engines_b}"
-        );
+        for (len, expected) in [(MIB, one_mib), (2 * MIB, two_mib)] {
+            let (_, before) = received_since(&ba.stats(), &[0; 8]);
+            roundtrip(&a, &b, &ab, &ba, len, 900 + engines_b as u64);
+            let (got, _) = received_since(&ba.stats(), &before);
+            assert_eq!(
+                got, expected,
+                "{len} bytes, engines {engines_a} and {engines_b}"
+            );
+        }
     }
 }

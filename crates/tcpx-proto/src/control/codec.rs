@@ -96,8 +96,10 @@ pub const MAGIC: [u8; 4] = *b"TXCP";
 /// carry its data inline ([`crate::control::rma::WriteRequest::inline`]), and a read be answered
 /// with its data (`ReadInline`), likewise. Version 7: inline operations may name GPU memory on
 /// the target (a version 6 target refuses them with `UnsupportedMemory`, failing operations
-/// that a version 7 initiator sends inline); the handshake refuses the mix instead.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// that a version 7 initiator sends inline); the handshake refuses the mix instead. Version 8:
+/// `EndpointInfo` says whether a side spreads two-sided transfers, and two connected sides that
+/// both do cut them finer (a version 7 peer would cut the same transfer differently).
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;

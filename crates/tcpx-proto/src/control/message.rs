@@ -22,12 +22,13 @@
 //!
 //! `EndpointInfo` is: ip (u8 family tag 4 or 6, then 4 or 16 bytes), gpu_pci (u8 0 = none,
 //! 1 = present then str16), channels u16, plugin_name str16, abi_version u8, chunk_bytes u32,
-//! gpu_index (u8 0 = none, 1 = present then u32), spread u16, eager_bytes u32 (protocol
-//! version 2 added
+//! gpu_index (u8 0 = none, 1 = present then u32), spread u16, eager_bytes u32,
+//! spread_two_sided u8 (0 / 1) (protocol version 2 added
 //! `gpu_index` and the `Hello` secret, version 3 `spread`, version 4 `eager_bytes`; version 5
 //! changed no message here, only eager frames: detached messages; version 6 added inline data
 //! to `WriteRequest`, the inline flag to `ReadRequest` and `ReadInline`; version 7 changed no
-//! message, only what inline operations may name: GPU memory).
+//! message, only what inline operations may name: GPU memory; version 8
+//! `spread_two_sided`).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects
@@ -108,6 +109,12 @@ pub struct EndpointInfo {
     /// ([`crate::eager`]), at most [`crate::eager::EAGER_MAX_MESSAGE`]; 0: none. Both sides
     /// use the smaller value (0 if either is 0).
     pub eager_bytes: u32,
+    /// Whether this side cuts its two-sided transfers smaller than `spread` chunks into
+    /// pieces over the channels
+    /// ([`Schedule::spread_over_floor`](crate::schedule::Schedule::spread_over_floor) with
+    /// [`TWO_SIDED_SPREAD_FLOOR_BYTES`](crate::schedule::TWO_SIDED_SPREAD_FLOOR_BYTES)).
+    /// Both sides cut a transfer alike, so a connection spreads them only when both say so.
+    pub spread_two_sided: bool,
 }
 
 /// Bytes in a [`Secret`].
@@ -203,6 +210,7 @@ impl EndpointInfo {
         }
         w.u16(self.spread);
         w.u32(self.eager_bytes);
+        w.u8(u8::from(self.spread_two_sided));
         Ok(())
     }
 
@@ -240,6 +248,16 @@ impl EndpointInfo {
                 why: "larger than the eager path's largest message (64 KiB)",
             });
         }
+        let spread_two_sided = match r.u8("spread_two_sided")? {
+            0 => false,
+            1 => true,
+            _ => {
+                return Err(WireError::Invalid {
+                    field: "spread_two_sided",
+                    why: "neither 0 nor 1",
+                })
+            }
+        };
         Ok(Self {
             ip,
             gpu_pci,
@@ -250,6 +268,7 @@ impl EndpointInfo {
             gpu_index,
             spread,
             eager_bytes,
+            spread_two_sided,
         })
     }
 }
@@ -583,6 +602,7 @@ mod tests {
             gpu_index: Some(3),
             spread: 8,
             eager_bytes: 0,
+            spread_two_sided: true,
         }
     }
 
@@ -599,6 +619,34 @@ mod tests {
             Some(secret),
         );
         assert_eq!(roundtrip(&msg), msg);
+    }
+
+    #[test]
+    fn the_two_sided_spread_flag_is_zero_or_one() {
+        let msg = Message::hello(EndpointInfo {
+            spread_two_sided: false,
+            ..info()
+        });
+        assert_eq!(roundtrip(&msg), msg);
+        let mut wire = Vec::new();
+        msg.encode(&mut wire).unwrap();
+        let mut input = &wire[..];
+        let mut frame = Decoder::new().decode(&mut input).unwrap().unwrap();
+        // The payload ends with the flag, then the secret's presence byte (none).
+        let at = frame.payload.len() - 2;
+        assert_eq!(frame.payload[at..], [0, 0]);
+        frame.payload[at] = 2;
+        let err = Message::decode(&frame).unwrap_err();
+        assert!(
+            matches!(
+                err.source,
+                WireError::Invalid {
+                    field: "spread_two_sided",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

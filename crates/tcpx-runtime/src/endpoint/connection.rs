@@ -27,7 +27,7 @@ use crate::engine::job::{staging_of, Job};
 use crate::engine::stage::Staging;
 use crate::engine::{Command, NewChannel};
 use crate::error::{Direction, Error, Result};
-use crate::link::{Link, Wake};
+use crate::link::{Link, Spread, Wake};
 use crate::onesided::pack::PackPool;
 use crate::onesided::state::Rma;
 use crate::onesided::RemoteSegment;
@@ -106,12 +106,16 @@ impl Connection {
         // From what both sides announced (their engines, `Config::spread` and channels), not
         // from `used_slots`: both must cut a spread transfer alike, and only one of them may
         // see the other as sharing its cores (see `engine_plan`).
-        let spread = shared
-            .info
-            .spread
-            .min(established.peer_info.spread)
-            .min(channels)
-            .max(1);
+        let spread = Spread {
+            width: shared
+                .info
+                .spread
+                .min(established.peer_info.spread)
+                .min(channels)
+                .max(1),
+            // Both must cut every two-sided transfer alike.
+            two_sided: shared.info.spread_two_sided && established.peer_info.spread_two_sided,
+        };
         let link = Arc::new(Link::new(
             peer,
             channels,
@@ -657,9 +661,9 @@ impl Connection {
         if vectored {
             self.pair_segments(&job);
         } else {
-            match self.link.schedule(&[job.len], &[job.len], false) {
+            match self.link.two_sided_schedule(job.len) {
                 // Rotating by the sequence number spreads a stream of small transfers over
-                // every channel; the peer rotates its matching transfer the same way.
+                // every channel; the peer cuts and rotates its matching transfer the same way.
                 Ok(schedule) => job.set_schedule(schedule.rotated(seq)),
                 Err(e) => job.fail(Error::InvalidArgument(e.to_string())),
             }

@@ -214,6 +214,7 @@ impl Endpoint {
                 .min(config.channels),
             // Eager frames are host buffers the plugin sends from and receives into.
             eager_bytes: if host_ok { config.eager_limit() } else { 0 },
+            spread_two_sided: config.spread_two_sided,
         };
         let metadata = EndpointMetadata {
             info: info.clone(),

@@ -338,6 +338,7 @@ mod tests {
             gpu_index: None,
             spread: 1,
             eager_bytes: 0,
+            spread_two_sided: true,
         }
     }
 
