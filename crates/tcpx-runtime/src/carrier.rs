@@ -426,10 +426,9 @@ impl Carrier {
 /// fails the connection (both applications disagree on what this transfer is).
 pub(crate) fn apply_segments(job: &Arc<Job>, remote: &[u64]) {
     let link = &job.link;
-    // Vectored transfers keep whole chunks: contiguous two-sided ones spread on connections
-    // that agreed to (`Link::two_sided_schedule`), but a list's pieces are already cut at
-    // both sides' segment boundaries, and staged memory pays per piece.
-    match link.schedule(&job.local_lens(), remote, false) {
+    // Cut as a contiguous two-sided transfer of the same total is (spread on connections
+    // that agreed to), and at both sides' segment boundaries besides.
+    match link.two_sided_schedule(&job.local_lens(), remote) {
         Ok(schedule) => {
             job.set_schedule(schedule.rotated(job.seq));
             link.wake_engines(Signal::Wake);

@@ -222,7 +222,8 @@ pub struct Config {
     /// ([`TWO_SIDED_SPREAD_FLOOR_BYTES`](crate::schedule::TWO_SIDED_SPREAD_FLOOR_BYTES)): a
     /// 1 MiB send rides four channels instead of two. A connection spreads them only when
     /// both sides say so (both must cut alike, and a two-sided transfer cannot say whether
-    /// it is alone: every one is cut, streams included).
+    /// it is alone: every one is cut, streams included). Vectored transfers too; batches
+    /// ([`Connection::send_batch`](crate::Connection::send_batch)) keep whole chunks.
     ///
     /// Measured on an H200 host, 16 cores per peer (issue 25, thirty-third session): a lone
     /// host 1 MiB send 64–73 µs against 112–140, 2 MiB 65–73 against 118–145, streams of host

@@ -168,16 +168,22 @@ impl Link {
             .map(|s| s.spread_over(width))
     }
 
-    /// The schedule of a contiguous two-sided transfer of `len` bytes (before rotation):
-    /// spread over the agreed width in pieces of at least
-    /// [`TWO_SIDED_SPREAD_FLOOR_BYTES`] when both sides announced it, whole chunks otherwise.
-    pub(crate) fn two_sided_schedule(&self, len: u64) -> Result<Schedule, ScheduleError> {
+    /// The schedule of a two-sided transfer (before rotation), `local_lens` against the
+    /// peer's `remote_lens` (one length each for a contiguous transfer): spread over the
+    /// agreed width in pieces of at least [`TWO_SIDED_SPREAD_FLOOR_BYTES`] when both sides
+    /// announced it, whole chunks otherwise. Both sides cut alike: each passes its own list
+    /// first, and the cut depends only on the total.
+    pub(crate) fn two_sided_schedule(
+        &self,
+        local_lens: &[u64],
+        remote_lens: &[u64],
+    ) -> Result<Schedule, ScheduleError> {
         let width = if self.spread_two_sided {
             self.spread
         } else {
             1
         };
-        Schedule::contiguous(len, self.chunk_bytes, self.channels)
+        Schedule::vectored(local_lens, remote_lens, self.chunk_bytes, self.channels)
             .map(|s| s.spread_over_floor(width, TWO_SIDED_SPREAD_FLOOR_BYTES))
     }
 

@@ -251,6 +251,43 @@ fn two_sided_transfers_spread_only_when_both_sides_say_so() {
         );
         assert_eq!(pieces.iter().sum::<u64>(), len as u64, "{what}");
 
+        // A vectored 1 MiB: three segments sent (300, 500, 224 KiB), two received (512 KiB
+        // each). The cut (256 KiB, or whole 512 KiB chunks) runs from the start of each piece
+        // between both sides' boundaries (300, 212, 288, 224 KiB): six chunks, or four.
+        let (src, dst) = (source(&a, MIB, 24), b.alloc_host(MIB).unwrap());
+        let (_, before) = received_since(&ba.stats(), &totals);
+        let rx = ba
+            .recv_vectored(&[
+                Segment::new(&dst, 0, 512 * KIB),
+                Segment::new(&dst, 512 * KIB, 512 * KIB),
+            ])
+            .unwrap();
+        let tx = ab
+            .send_vectored(&[
+                Segment::new(&src, 0, 300 * KIB),
+                Segment::new(&src, 300 * KIB, 500 * KIB),
+                Segment::new(&src, 800 * KIB, 224 * KIB),
+            ])
+            .unwrap();
+        assert_eq!(
+            tx.wait(DEADLINE).unwrap(),
+            MIB as u64,
+            "{what}: vectored send"
+        );
+        assert_eq!(
+            rx.wait(DEADLINE).unwrap(),
+            MIB as u64,
+            "{what}: vectored recv"
+        );
+        assert_pattern(&dst, 0, MIB, 24, &format!("{what}: vectored"));
+        let (pieces, now) = received_since(&ba.stats(), &before);
+        totals = now;
+        assert_eq!(
+            pieces.len(),
+            if both { 6 } else { 4 },
+            "{what}: channels of a vectored 1 MiB: {pieces:?}"
+        );
+
         // A stream of mixed sizes in flight together, both ways.
         let sizes: Vec<usize> = (0..16)
             .map(|i| [MIB, 700 * KIB, 2 * MIB + 5_000, 300 * KIB][i % 4])

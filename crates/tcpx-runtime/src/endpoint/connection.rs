@@ -661,7 +661,7 @@ impl Connection {
         if vectored {
             self.pair_segments(&job);
         } else {
-            match self.link.two_sided_schedule(job.len) {
+            match self.link.two_sided_schedule(&[job.len], &[job.len]) {
                 // Rotating by the sequence number spreads a stream of small transfers over
                 // every channel; the peer cuts and rotates its matching transfer the same way.
                 Ok(schedule) => job.set_schedule(schedule.rotated(seq)),
