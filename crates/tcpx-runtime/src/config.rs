@@ -228,7 +228,8 @@ pub struct Config {
     /// Measured on an H200 host, 16 cores per peer (issue 25, thirty-third session): a lone
     /// host 1 MiB send 64–73 µs against 112–140, 2 MiB 65–73 against 118–145, streams of host
     /// messages level; GPU memory staged through a host-memory plugin: lone 1 MiB 126–138 µs
-    /// against 179–192, but streams of 1–2 MiB GPU messages 7–13 % slower (a copy per piece).
+    /// against 179–192, but streams of 1–2 MiB GPU messages 7–9 % slower with a GPU per peer
+    /// (a copy per piece, and half the bytes in a window of 16 requests).
     /// `false` keeps whole chunks.
     pub spread_two_sided: bool,
     /// One-sided batches of host memory whose blocks average fewer bytes than this (after
