@@ -18,7 +18,7 @@ use crate::control::ControlError;
 use crate::error::Error;
 use crate::metrics::EndpointCounters;
 use crate::registry::RegistrationCache;
-use crate::schedule::{Schedule, ScheduleError, TWO_SIDED_SPREAD_FLOOR_BYTES};
+use crate::schedule::{Schedule, ScheduleError, SPREAD_FLOOR_BYTES, TWO_SIDED_SPREAD_FLOOR_BYTES};
 use crate::stats::ChannelCounters;
 
 /// A signal that wakes an engine (cheap to copy; sent best-effort).
@@ -62,11 +62,9 @@ pub(crate) struct Link {
     /// The largest chunk of this link's schedules (plugin requests carry at most this):
     /// the smaller of both sides' chunk sizes, as both compute from the two `Hello`s.
     pub(crate) chunk_bytes: u32,
-    /// How many channels a lone small transfer is spread over (agreed with the peer; see
-    /// [`Schedule::spread_over`]).
-    spread: u16,
-    /// Whether two-sided transfers are spread too (both sides announced it).
-    spread_two_sided: bool,
+    /// How transfers smaller than the channels' worth of chunks are cut (agreed with the
+    /// peer; see [`Schedule::spread_over`]).
+    spread: Spread,
     pub(crate) timeout: Duration,
     failed: AtomicBool,
     failure: OnceLock<Error>,
@@ -133,8 +131,7 @@ impl Link {
             peer,
             channels,
             chunk_bytes,
-            spread: spread.width,
-            spread_two_sided: spread.two_sided,
+            spread,
             timeout,
             failed: AtomicBool::new(false),
             failure: OnceLock::new(),
@@ -163,9 +160,7 @@ impl Link {
         remote_lens: &[u64],
         spread: bool,
     ) -> Result<Schedule, ScheduleError> {
-        let width = if spread { self.spread } else { 1 };
-        Schedule::vectored(local_lens, remote_lens, self.chunk_bytes, self.channels)
-            .map(|s| s.spread_over(width))
+        self.cut(local_lens, remote_lens, spread, SPREAD_FLOOR_BYTES)
     }
 
     /// The schedule of a two-sided transfer (before rotation), `local_lens` against the
@@ -178,18 +173,32 @@ impl Link {
         local_lens: &[u64],
         remote_lens: &[u64],
     ) -> Result<Schedule, ScheduleError> {
-        let width = if self.spread_two_sided {
-            self.spread
-        } else {
-            1
-        };
+        let spread = self.spread.two_sided;
+        self.cut(
+            local_lens,
+            remote_lens,
+            spread,
+            TWO_SIDED_SPREAD_FLOOR_BYTES,
+        )
+    }
+
+    /// `local_lens` against `remote_lens` in the link's chunks, cut over the agreed width in
+    /// pieces of at least `floor` with `spread`.
+    fn cut(
+        &self,
+        local_lens: &[u64],
+        remote_lens: &[u64],
+        spread: bool,
+        floor: u32,
+    ) -> Result<Schedule, ScheduleError> {
+        let width = if spread { self.spread.width } else { 1 };
         Schedule::vectored(local_lens, remote_lens, self.chunk_bytes, self.channels)
-            .map(|s| s.spread_over_floor(width, TWO_SIDED_SPREAD_FLOOR_BYTES))
+            .map(|s| s.spread_over_floor(width, floor))
     }
 
     /// The width a spread transfer of this link is cut over (1: spreading changes nothing).
     pub(crate) fn spread_width(&self) -> u16 {
-        self.spread
+        self.spread.width
     }
 
     /// Ties `a` and `b` together: from now on failing either fails both (see `partner`).
