@@ -66,3 +66,11 @@ cargo xtask bench --netns --sizes 1MiB,8MiB --iters 20 --verify
 # server, then a verified client run; the server's fd and thread counts must not move.
 section "hostile connections against tcpx-bench server (scripts/ci/hostile.sh)"
 scripts/ci/hostile.sh
+
+# The issue-25 acceptance rows (scripts/perf/issue25_rows.py) in their smoke form: a few MiB per
+# point, every row's commands and JSON fields exercised (host, one-sided, latency, and NIXL's
+# agents through the venv `cargo xtask nixl --test` made), over 127.0.0.1. Its figures mean
+# nothing on this box and nothing is asserted on them; a command that fails fails the step.
+section "issue-25 rows, smoke run (scripts/perf/issue25_rows.py --quick)"
+target/nixl/venv/bin/python scripts/perf/issue25_rows.py --quick \
+    --only host,onesided,latency,nixl --nixl-bundle target/nixl --nixl-module nixl_cu12

@@ -55,7 +55,11 @@ impl Server {
 
     /// `role` is `["server"]` or `["kv", "server"]`.
     fn start_role(role: &[&str], args: &[&str]) -> Self {
-        let port = free_ports();
+        Self::start_at(role, free_ports(), args)
+    }
+
+    /// As [`Server::start_role`], bound to `port` (0: the kernel picks one).
+    fn start_at(role: &[&str], port: u16, args: &[&str]) -> Self {
         let bind = format!("127.0.0.1:{port}");
         let mut child = bench()
             .args(role)
@@ -156,6 +160,46 @@ fn one_time_costs_are_paid_before_the_timer_starts() {
             "{faults} page faults inside the timed window: {row}"
         );
         assert_eq!(row["verified"], true, "{row}");
+    }
+}
+
+/// A server bound to port 0 (the kernel picks a free one, as a launcher of several servers
+/// wants) listens for the raw-TCP baseline next to the port it got, where clients look: its
+/// baseline had gone to port 1, and every client failed at the baseline. Both roles, with
+/// the baseline's figures in the rows.
+#[test]
+fn a_server_on_port_zero_serves_its_baseline_next_to_the_port_it_got() {
+    for role in [&["server"][..], &["kv", "server"][..]] {
+        let (args, client): (&[&str], Vec<&str>) = if role.len() == 1 {
+            (
+                &["--sizes", "64KiB", "--iters", "8", "--min-bytes", "1MiB"],
+                vec!["client"],
+            )
+        } else {
+            (
+                &["--shapes", "4x16KiB", "--min-bytes", "1MiB"],
+                vec!["kv", "client"],
+            )
+        };
+        let server = Server::start_at(role, 0, args);
+        let json = tmp(&format!("port-zero-{}.json", role.len()));
+        let out = bench()
+            .args(&client)
+            .args(["--peer", &server.peer, "--json"])
+            .arg(&json)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{role:?}: {}", text(&out.stderr));
+        let (code, err) = server.wait();
+        assert_eq!(code, Some(0), "{role:?} server: {err}");
+        let rows = json_rows(&json);
+        let _ = std::fs::remove_file(json);
+        assert!(!rows.is_empty(), "{role:?}: no rows");
+        for row in &rows {
+            let baseline = row["baseline_gbps"].as_f64().unwrap_or(0.0);
+            assert!(baseline > 0.0, "{role:?}: no baseline figure in {row}");
+        }
     }
 }
 

@@ -786,18 +786,25 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
 /// Starts a server's endpoint on `config` (peers must present the secret of the metadata it
 /// prints), binds the raw-TCP baseline listener on the control port + 1 and prints the
 /// metadata line launchers wait for.
+///
+/// The baseline follows the port the endpoint actually bound, which its metadata carries, not
+/// the one asked for: with `--bind 127.0.0.1:0` (the kernel picks a free port, as a launcher
+/// running several servers wants) the baseline had gone to port 1 while clients dialled the
+/// picked port + 1, and every run failed at its baseline.
 fn start_server(config: Config, bind: SocketAddr) -> Result<(Endpoint, TcpListener), Failure> {
-    let baseline_addr = tcpx_tools::bench::rawtcp::baseline_addr(bind);
-    let baseline = TcpListener::bind(baseline_addr)
-        .with_context(|| format!("bind the baseline listener {baseline_addr}"))?;
     // Only a client holding the metadata this server prints may connect (issue 14 item 2):
     // a stranger who merely finds the port is refused without disturbing the wait.
     let endpoint = Endpoint::new(Config {
         require_secret: true,
         ..config
     })?;
-    let hex = endpoint
-        .metadata()
+    let metadata = endpoint.metadata();
+    // On the address asked for (`0.0.0.0` stays every interface), at the bound port + 1.
+    let bound = SocketAddr::new(bind.ip(), metadata.control_addr.port());
+    let baseline_addr = tcpx_tools::bench::rawtcp::baseline_addr(bound);
+    let baseline = TcpListener::bind(baseline_addr)
+        .with_context(|| format!("bind the baseline listener {baseline_addr}"))?;
+    let hex = metadata
         .to_hex()
         .map_err(|e| anyhow::anyhow!("encode metadata: {e}"))?;
     let mut out = std::io::stdout().lock();
