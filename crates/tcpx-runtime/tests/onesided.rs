@@ -228,6 +228,61 @@ fn dropped_transfers_keep_both_sides_in_step_and_mix_with_two_sided_traffic() {
     assert_pattern(&dst, 0, 8 << 20, 11, "after detached writes");
 }
 
+/// Adjacent remote segments of one region travel as one entry of the request (the target
+/// checks them as one run), and a refusal of such an entry still says where: it names the
+/// first segment of the run and which segments the run covered. Writes and reads, through
+/// the comms (64 KiB) and inline (4 KiB).
+#[test]
+fn a_refused_run_of_adjacent_segments_names_its_segments() {
+    loopback();
+    let (a, b, ab, _ba) = pair(2, 256 << 10);
+    let dst = b.alloc_host(4 << 20).unwrap();
+    let good = b.advertise(&dst).unwrap();
+    // Claims 64 MiB of a 4 MiB region: segments past 4 MiB are out of bounds.
+    let long = with_len(good, 64 << 20);
+    let src = source(&a, 1 << 20, 5);
+    let back = a.alloc_host(1 << 20).unwrap();
+    for piece in [64u64 << 10, 4 << 10] {
+        let end = 4u64 << 20;
+        // Segment 0 alone (not adjacent to the run), then 1..=3 adjacent, the last one past
+        // the region's end.
+        let remote = [
+            RemoteSegment::new(good, 0, piece),
+            RemoteSegment::new(long, end - 2 * piece, piece),
+            RemoteSegment::new(long, end - piece, piece),
+            RemoteSegment::new(long, end, piece),
+        ];
+        let len = (4 * piece) as usize;
+        let tx = ab
+            .write(&[Segment::new(&src, 0, len)], &remote, None)
+            .unwrap();
+        assert_refused(&tx, 1, "segments 1..=3", "a write of a run");
+        let rx = ab.read(&[Segment::new(&back, 0, len)], &remote).unwrap();
+        assert_refused(&rx, 1, "segments 1..=3", "a read of a run");
+        // The same run inside the region lands whole.
+        let inside = [
+            RemoteSegment::new(good, end - 3 * piece, piece),
+            RemoteSegment::new(good, end - 2 * piece, piece),
+            RemoteSegment::new(good, end - piece, piece),
+        ];
+        let len = (3 * piece) as usize;
+        let tx = ab
+            .write(&[Segment::new(&src, 0, len)], &inside, None)
+            .unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+        let mut landed = vec![0u8; len];
+        dst.read((end - 3 * piece) as usize, &mut landed).unwrap();
+        let mut sent = vec![0u8; len];
+        src.read(0, &mut sent).unwrap();
+        assert!(
+            landed == sent,
+            "a run of adjacent segments landed wrong ({piece} B pieces)"
+        );
+    }
+    assert_eq!(b.access_refusals(), 4);
+    assert!(ab.error().is_none());
+}
+
 #[test]
 fn invalid_local_arguments_are_refused_before_anything_moves() {
     loopback();
@@ -257,13 +312,19 @@ fn invalid_local_arguments_are_refused_before_anything_moves() {
         bad(ab.read(&[Segment::new(&src, 1 << 20, 1)], &[r(0, 1)])),
         "local out of range"
     );
-    // A batch too large for one control message is refused with a clear error.
-    let many: Vec<_> = (0..40_000u64).map(|i| r(i * 16, 16)).collect();
+    // A batch too large for one control message is refused with a clear error (segments
+    // apart from one another: adjacent ones travel as one entry, below).
+    let many: Vec<_> = (0..40_000u64).map(|i| r(i * 24, 16)).collect();
     let local = [Segment::new(&src, 0, 40_000 * 16)];
     match ab.write(&local, &many, None) {
         Err(Error::InvalidArgument(what)) => assert!(what.contains("split the batch"), "{what}"),
         other => panic!("expected a batch-size error, got {other:?}"),
     }
+    // The same count of segments, each where the one before ends, is one run of the region:
+    // its request carries one entry, and the write lands.
+    let adjacent: Vec<_> = (0..40_000u64).map(|i| r(i * 16, 16)).collect();
+    let tx = ab.write(&local, &adjacent, None).unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), 40_000 * 16);
     // Nothing was sent: a good write goes through.
     let tx = ab
         .write(&[Segment::new(&src, 0, 4096)], &[r(0, 4096)], None)

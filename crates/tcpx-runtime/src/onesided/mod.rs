@@ -7,6 +7,8 @@
 //! - [`wire`]: the request / answer payloads of the control messages 0x0100–0x0105 (defined
 //!   in [`crate::control::rma`], re-exported here);
 //! - `coalesce`: merging list entries contiguous in one region (both sides, identically);
+//! - `remote_runs`: the remote list as a request carries it, adjacent segments of one region
+//!   (same key) merged by the initiator, and the map that names a refused entry's segments;
 //! - `pack`: moving batches of small scattered blocks as one contiguous transfer through
 //!   pack buffers ([`PackStats`]);
 //! - `state`: a connection's one-sided state and the initiator's calls;
@@ -174,6 +176,7 @@ pub(crate) mod adverts;
 pub(crate) mod inbox;
 pub(crate) mod inline;
 pub(crate) mod pack;
+pub(crate) mod remote_runs;
 pub(crate) mod state;
 pub(crate) mod target;
 

@@ -11,6 +11,7 @@ use super::descriptor::RemoteSegment;
 use super::pack::{
     host_parts, packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part,
 };
+use super::remote_runs::{remote_entries, SegmentMap};
 use super::OneSidedShared;
 use crate::carrier::{Carrier, JobSpec};
 use crate::config::Config;
@@ -79,6 +80,9 @@ pub(crate) struct PendingOp {
     pub(crate) completion: Arc<Completion>,
     pub(crate) len: u64,
     pub(crate) deadline: Instant,
+    /// From the request's entries back to the application's remote segments (a refusal
+    /// names an entry).
+    pub(crate) segments: SegmentMap,
 }
 
 /// Operations touching GPU memory go inline only while fewer than this many one-sided
@@ -158,6 +162,8 @@ struct Plan {
     staging: Option<Staging>,
     local_lens: Vec<u64>,
     entries: Vec<RemoteEntry>,
+    /// From `entries` back to the caller's remote segments.
+    segments: SegmentMap,
     remote_lens: Vec<u64>,
     len: u64,
 }
@@ -273,13 +279,14 @@ impl Rma {
             direction,
             staging.is_some(),
         )?;
-        let entries = remote_entries(remote);
+        let (entries, segments) = remote_entries(remote);
         let remote_lens = remote_lens(&entries);
         Ok(Plan {
             local_lens: pieces.iter().map(|p| p.len).collect(),
             pieces,
             staging,
             entries,
+            segments,
             remote_lens,
             len,
         })
@@ -514,6 +521,7 @@ impl Rma {
             completion: completion.clone(),
             len: plan.len,
             deadline: Instant::now() + self.link.timeout,
+            segments: plan.segments,
         };
         if let Err(e) = self.add_pending(op_id, op) {
             job.fail(e.clone());
@@ -559,9 +567,10 @@ impl Rma {
         super::inline::gather(local, &mut data)
             .map_err(|e| Error::InvalidArgument(format!("one-sided write: {e}")))?;
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let (entries, segments) = remote_entries(remote);
         let request = WriteRequest {
             op_id,
-            entries: remote_entries(remote),
+            entries,
             // The data is one run, whatever the local list was.
             local_lens: vec![len],
             notification: notification.map(<[u8]>::to_vec),
@@ -580,6 +589,7 @@ impl Rma {
             completion: completion.clone(),
             len,
             deadline: Instant::now() + self.link.timeout,
+            segments,
         };
         self.add_pending(op_id, op)?;
         // No job: the data is in the request, so the order rule of the comms does not apply,
@@ -646,6 +656,7 @@ impl Rma {
             completion: completion.clone(),
             len: plan.len,
             deadline: Instant::now() + self.link.timeout,
+            segments: plan.segments,
         };
         self.add_pending(op_id, op)?;
         let sent = self.writer.post(&Message::ReadRequest(request));
@@ -677,9 +688,10 @@ impl Rma {
         }
         let len = checked_len(local, remote)?;
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let (entries, segments) = remote_entries(remote);
         let request = ReadRequest {
             op_id,
-            entries: remote_entries(remote),
+            entries,
             local_lens: vec![len],
             pack: false,
             spread: false,
@@ -699,6 +711,7 @@ impl Rma {
             completion: completion.clone(),
             len,
             deadline: Instant::now() + self.link.timeout,
+            segments,
         };
         self.add_pending(op_id, op)?;
         if let Err(e) = self.writer.post(&Message::ReadRequest(request)) {
@@ -861,12 +874,14 @@ pub(crate) fn remote_lens(entries: &[RemoteEntry]) -> Vec<u64> {
         .collect()
 }
 
-/// The access error an initiator reports for a refusal.
-pub(crate) fn access_error(link: &Link, refusal: Refusal) -> Error {
+/// The access error an initiator reports for a refusal of the request `segments` maps back
+/// to the application's remote list.
+pub(crate) fn access_error(link: &Link, refusal: Refusal, segments: &SegmentMap) -> Error {
+    let (descriptor, reason) = segments.name(&refusal);
     Error::Access {
         peer: link.peer,
-        descriptor: refusal.index as usize,
-        reason: refusal.reason.to_string(),
+        descriptor,
+        reason,
     }
 }
 
@@ -927,23 +942,12 @@ fn check_segment(side: &str, i: usize, offset: u64, len: u64, region_len: u64) -
 }
 
 /// The remote list as it travels.
-fn remote_entries(remote: &[RemoteSegment]) -> Vec<RemoteEntry> {
-    remote
-        .iter()
-        .map(|r| RemoteEntry {
-            region_id: r.descriptor.region_id(),
-            key: r.descriptor.key(),
-            offset: r.offset,
-            len: r.len,
-        })
-        .collect()
-}
-
 fn check_batch(payload: usize, entries: usize) -> Result<()> {
     if payload > MAX_PAYLOAD as usize {
         return Err(Error::InvalidArgument(format!(
-            "a batch of {entries} remote segments needs a {payload}-byte request; one request \
-             carries at most {MAX_PAYLOAD} bytes (about {} segments): split the batch",
+            "a batch of {entries} remote entries (its segments, adjacent ones merged) needs a \
+             {payload}-byte request; one request carries at most {MAX_PAYLOAD} bytes (about {} \
+             entries): split the batch",
             (MAX_PAYLOAD as usize - 64) / (crate::control::rma::ENTRY_BYTES + 8)
         )));
     }

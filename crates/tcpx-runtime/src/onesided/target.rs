@@ -120,7 +120,8 @@ impl Rma {
             Message::ReadData { op_id, packed } => self.on_read_data(op_id, packed),
             Message::ReadRefused { op_id, refusal } => {
                 let op = self.answered(op_id, "ReadRefused")?;
-                op.completion.finish(Err(access_error(&self.link, refusal)));
+                op.completion
+                    .finish(Err(access_error(&self.link, refusal, &op.segments)));
                 Ok(())
             }
             Message::ReadInline { op_id, data } => self.on_read_inline(op_id, data),
@@ -847,7 +848,7 @@ impl Rma {
             // Nothing of this side's to wait for: the data left in the request.
             PendingKind::InlineWrite => {
                 let outcome = match refusal {
-                    Some(refusal) => Err(access_error(&self.link, refusal)),
+                    Some(refusal) => Err(access_error(&self.link, refusal, &op.segments)),
                     None => Ok(op.len),
                 };
                 op.completion.finish(outcome);
@@ -902,7 +903,7 @@ fn complete_write(
     let left = job.deadline.saturating_duration_since(Instant::now()) + ACK_GRACE;
     let sent = Transfer::new(job.completion.clone(), Direction::Send, job.len, spin).wait(left);
     let outcome = match (refusal, sent) {
-        (Some(refusal), _) => Err(access_error(link, refusal)),
+        (Some(refusal), _) => Err(access_error(link, refusal, &op.segments)),
         (None, Ok(_)) => Ok(op.len),
         (None, Err(e)) => Err(e),
     };
