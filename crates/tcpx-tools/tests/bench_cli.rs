@@ -116,17 +116,28 @@ fn tmp(name: &str) -> std::path::PathBuf {
 /// Runs `tcpx-bench server` and `client` with `args` on both sides; both must succeed.
 /// Returns the client's JSON rows and its standard output.
 fn server_client_rows(args: &[&str], json_name: &str) -> (Vec<serde_json::Value>, String) {
-    let server = Server::start(args);
+    client_rows(Server::start(args), &["client"], args, json_name)
+}
+
+/// Runs the client `role` (`["client"]` or `["kv", "client"]`) with `args` against `server`;
+/// both must succeed. Returns the client's JSON rows and its standard output.
+fn client_rows(
+    server: Server,
+    role: &[&str],
+    args: &[&str],
+    json_name: &str,
+) -> (Vec<serde_json::Value>, String) {
     let json = tmp(json_name);
     let out = bench()
-        .args(["client", "--peer", &server.peer, "--json"])
+        .args(role)
+        .args(["--peer", &server.peer, "--json"])
         .arg(&json)
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.status.success(), "{role:?}: {}", text(&out.stderr));
     let (code, err) = server.wait();
-    assert_eq!(code, Some(0), "server: {err}");
+    assert_eq!(code, Some(0), "{role:?}'s server: {err}");
     let rows = json_rows(&json);
     let _ = std::fs::remove_file(json);
     (rows, text(&out.stdout))
@@ -182,19 +193,8 @@ fn a_server_on_port_zero_serves_its_baseline_next_to_the_port_it_got() {
             )
         };
         let server = Server::start_at(role, 0, args);
-        let json = tmp(&format!("port-zero-{}.json", role.len()));
-        let out = bench()
-            .args(&client)
-            .args(["--peer", &server.peer, "--json"])
-            .arg(&json)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{role:?}: {}", text(&out.stderr));
-        let (code, err) = server.wait();
-        assert_eq!(code, Some(0), "{role:?} server: {err}");
-        let rows = json_rows(&json);
-        let _ = std::fs::remove_file(json);
+        let name = format!("port-zero-{}.json", role.len());
+        let (rows, _) = client_rows(server, &client, args, &name);
         assert!(!rows.is_empty(), "{role:?}: no rows");
         for row in &rows {
             let baseline = row["baseline_gbps"].as_f64().unwrap_or(0.0);
