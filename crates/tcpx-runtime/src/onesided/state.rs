@@ -941,7 +941,7 @@ fn check_segment(side: &str, i: usize, offset: u64, len: u64, region_len: u64) -
     Ok(())
 }
 
-/// The remote list as it travels.
+/// Refuses a request too large for one control frame, saying how large it is and what fits.
 fn check_batch(payload: usize, entries: usize) -> Result<()> {
     if payload > MAX_PAYLOAD as usize {
         return Err(Error::InvalidArgument(format!(
