@@ -2,9 +2,11 @@
 //! sockets on 127.0.0.1 only. Each test names the issue item it guards.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use tcpx_runtime::control::EndpointMetadata;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tcpx-bench");
 
@@ -29,22 +31,11 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Two free consecutive loopback ports (control, baseline).
-fn free_ports() -> u16 {
-    for _ in 0..100 {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        if port < 65535 && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no two consecutive free ports on 127.0.0.1");
-}
-
 /// A running server and the metadata it printed.
 struct Server {
     child: Child,
     peer: String,
+    /// The control port the server got (its raw-TCP baseline listens on the next one).
     port: u16,
 }
 
@@ -53,14 +44,11 @@ impl Server {
         Self::start_role(&["server"], args)
     }
 
-    /// `role` is `["server"]` or `["kv", "server"]`.
+    /// `role` is `["server"]` or `["kv", "server"]`. The server binds port 0 and the test
+    /// learns the port from its metadata: picking two free ports first and handing them over
+    /// raced with every other test's connections on a busy CI host.
     fn start_role(role: &[&str], args: &[&str]) -> Self {
-        Self::start_at(role, free_ports(), args)
-    }
-
-    /// As [`Server::start_role`], bound to `port` (0: the kernel picks one).
-    fn start_at(role: &[&str], port: u16, args: &[&str]) -> Self {
-        let bind = format!("127.0.0.1:{port}");
+        let bind = "127.0.0.1:0";
         let mut child = bench()
             .args(role)
             .args(["--bind", &bind])
@@ -70,14 +58,22 @@ impl Server {
             .spawn()
             .expect("start server");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = lines
-            .next()
-            .expect("server prints its metadata")
-            .expect("utf-8");
+        let Some(line) = lines.next() else {
+            // Say why: the server's own error is the whole diagnosis.
+            let status = child.wait().unwrap();
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("server on {bind} exited ({status}) before its metadata: {err}");
+        };
+        let line = line.expect("utf-8");
         let peer = line
             .strip_prefix("TCPX-BENCH-METADATA ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_string();
+        let port = EndpointMetadata::from_hex(&peer)
+            .expect("the server's metadata decodes")
+            .control_addr
+            .port();
         Self { child, peer, port }
     }
 
@@ -192,7 +188,7 @@ fn a_server_on_port_zero_serves_its_baseline_next_to_the_port_it_got() {
                 vec!["kv", "client"],
             )
         };
-        let server = Server::start_at(role, 0, args);
+        let server = Server::start_role(role, args);
         let name = format!("port-zero-{}.json", role.len());
         let (rows, _) = client_rows(server, &client, args, &name);
         assert!(!rows.is_empty(), "{role:?}: no rows");
@@ -929,9 +925,8 @@ fn kv_bad_options_and_mismatched_processes_are_refused() {
     }
 
     let missing = "/nonexistent/libnccl-net-missing.so";
-    let port = free_ports();
     let out = bench()
-        .args(["kv", "server", "--bind", &format!("127.0.0.1:{port}")])
+        .args(["kv", "server", "--bind", "127.0.0.1:0"])
         .args(["--timeout", "1", "--plugin", missing])
         .output()
         .unwrap();

@@ -6,7 +6,6 @@
 #![cfg(feature = "etcd")]
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,28 +38,17 @@ fn etcd_or_skip(test: &str) -> Option<LocalEtcd> {
     Some(LocalEtcd::start().expect("start a local etcd"))
 }
 
-/// Two free consecutive loopback ports (control, baseline).
-fn free_ports() -> u16 {
-    for _ in 0..100 {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        if port < 65535 && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no two consecutive free ports on 127.0.0.1");
-}
-
 /// A server process, killed if the test fails before it exits.
 struct Server(Option<Child>);
 
 impl Server {
-    /// Starts `tcpx-bench ROLE --bind 127.0.0.1:PORT ARGS` and waits for its metadata line
+    /// Starts `tcpx-bench ROLE --bind 127.0.0.1:0 ARGS` and waits for its metadata line
     /// (it publishes right after printing it).
     fn start(role: &[&str], args: &[&str]) -> Self {
         let mut child = bench()
             .args(role)
-            .args(["--bind", &format!("127.0.0.1:{}", free_ports())])
+            // Port 0: the server picks a free pair itself (see `start_server`).
+            .args(["--bind", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
