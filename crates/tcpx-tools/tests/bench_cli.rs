@@ -51,7 +51,7 @@ impl Server {
         let bind = "127.0.0.1:0";
         let mut child = bench()
             .args(role)
-            .args(["--bind", &bind])
+            .args(["--bind", bind])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
