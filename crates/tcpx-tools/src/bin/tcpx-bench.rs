@@ -223,7 +223,8 @@ impl StoreArgs {
 
 #[derive(Args, Debug)]
 struct ServerArgs {
-    /// Control address (the baseline listens on its port + 1).
+    /// Control address (the raw-TCP baseline listens on its port + 1). Port 0 picks a free
+    /// pair of ports; the metadata line carries the one picked.
     #[arg(long, default_value = "127.0.0.1:7700")]
     bind: SocketAddr,
     #[command(flatten)]
@@ -262,7 +263,8 @@ enum KvRole {
 
 #[derive(Args, Debug)]
 struct KvServerArgs {
-    /// Control address (the raw-TCP baseline listens on its port + 1).
+    /// Control address (the raw-TCP baseline listens on its port + 1). Port 0 picks a free
+    /// pair of ports; the metadata line carries the one picked.
     #[arg(long, default_value = "127.0.0.1:7700")]
     bind: SocketAddr,
     #[command(flatten)]
