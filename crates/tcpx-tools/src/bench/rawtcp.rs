@@ -99,6 +99,49 @@ pub fn baseline_addr(control: SocketAddr) -> SocketAddr {
     SocketAddr::new(control.ip(), control.port().wrapping_add(1))
 }
 
+/// How many times a server bound to port 0 lets the kernel pick again when the port after
+/// its pick is taken.
+pub const BASELINE_PICKS: usize = 32;
+
+/// Opens a server's control side with `open` (which returns it and the port it bound) and
+/// binds the raw-TCP baseline listener on `requested`'s IP at that port + 1.
+///
+/// With port 0 asked for, the port after the kernel's pick may be taken: Linux gives
+/// `bind(0)` odd ports and `connect()` even ones, so the neighbour is where a busy host's
+/// outgoing connections sit (a CI run lost a test to it). Then the control side is dropped
+/// and opened again, up to [`BASELINE_PICKS`] times. A port the user named is never moved:
+/// its neighbour being taken is an error naming the address.
+pub fn open_beside_baseline<T>(
+    requested: SocketAddr,
+    mut open: impl FnMut() -> Result<(T, u16)>,
+) -> Result<(T, TcpListener)> {
+    let mut attempt = 1;
+    loop {
+        let (control, port) = open()?;
+        let Some(next) = port.checked_add(1) else {
+            bail!("the control port {port} leaves no port after it for the raw-TCP baseline");
+        };
+        let baseline = SocketAddr::new(requested.ip(), next);
+        match TcpListener::bind(baseline) {
+            Ok(listener) => return Ok((control, listener)),
+            Err(e)
+                if requested.port() == 0
+                    && attempt < BASELINE_PICKS
+                    && e.kind() == ErrorKind::AddrInUse =>
+            {
+                tracing::debug!(%baseline, attempt, "baseline port taken; picking again");
+                drop(control);
+                attempt += 1;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("bind the baseline listener {baseline} (attempt {attempt})")
+                })
+            }
+        }
+    }
+}
+
 /// Bytes each baseline stream carries for `messages` messages of `size`: the stack's own
 /// schedule (chunks of `chunk`, rotated per message over `channels`), so that small messages
 /// go whole on one stream each, as they do through the stack, instead of in slivers.
@@ -466,6 +509,126 @@ pub fn receive(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A control side bound to a port the kernel picked, as the endpoint's listener is; it
+    /// counts its drops.
+    #[derive(Debug)]
+    struct Pick {
+        listener: TcpListener,
+        _neighbour: Option<TcpListener>,
+        drops: std::rc::Rc<std::cell::Cell<usize>>,
+    }
+
+    impl Drop for Pick {
+        fn drop(&mut self) {
+            self.drops.set(self.drops.get() + 1);
+        }
+    }
+
+    type Drops = std::rc::Rc<std::cell::Cell<usize>>;
+
+    fn pick(drops: &Drops) -> (Pick, u16) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let drops = drops.clone();
+        let pick = Pick {
+            listener,
+            _neighbour: None,
+            drops,
+        };
+        (pick, port)
+    }
+
+    /// A pick whose neighbour this test holds itself (so that nobody can free it meanwhile).
+    fn blocked_pick(drops: &Drops) -> (Pick, u16) {
+        for _ in 0..100 {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            if let Ok(neighbour) = TcpListener::bind(("127.0.0.1", port + 1)) {
+                let pick = Pick {
+                    listener,
+                    _neighbour: Some(neighbour),
+                    drops: drops.clone(),
+                };
+                return (pick, port);
+            }
+        }
+        panic!("no pick with a free neighbour to hold");
+    }
+
+    /// Port 0: a pick whose neighbour is taken is dropped and the kernel picks again; the
+    /// baseline ends up right after the control port that is kept.
+    #[test]
+    fn a_taken_neighbour_of_a_picked_port_is_picked_around() {
+        let requested: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let drops = Drops::default();
+        let mut first_port = None;
+        let mut opened = 0;
+        let (kept, listener) = open_beside_baseline(requested, || {
+            opened += 1;
+            if opened == 1 {
+                let (blocked, port) = blocked_pick(&drops);
+                first_port = Some(port);
+                Ok((blocked, port))
+            } else {
+                // Later picks may meet a taken neighbour too (other tests run beside this
+                // one): the loop then simply goes on.
+                Ok(pick(&drops))
+            }
+        })
+        .unwrap();
+        let port = kept.listener.local_addr().unwrap().port();
+        assert!(opened >= 2, "the blocked pick was kept");
+        assert_ne!(Some(port), first_port);
+        assert_eq!(listener.local_addr().unwrap().port(), port + 1);
+        assert_eq!(drops.get(), opened - 1, "every pick given up was closed");
+    }
+
+    /// A named port is never moved: its taken neighbour is an error naming the address, after
+    /// one attempt.
+    #[test]
+    fn a_named_port_with_a_taken_neighbour_is_an_error() {
+        let drops = Drops::default();
+        let (blocked, port) = blocked_pick(&drops);
+        let requested = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut slot = Some(blocked);
+        let mut opened = 0;
+        let e = open_beside_baseline(requested, || {
+            opened += 1;
+            Ok((slot.take().expect("opened once"), port))
+        })
+        .unwrap_err();
+        assert_eq!(opened, 1);
+        assert_eq!(drops.get(), 1);
+        let text = format!("{e:#}");
+        assert!(text.contains(&format!("127.0.0.1:{}", port + 1)), "{text}");
+        assert!(text.contains("attempt 1"), "{text}");
+    }
+
+    /// Port 0 with every pick blocked gives up after [`BASELINE_PICKS`] and says so; port
+    /// 65535 has no neighbour (never port 0, which would be any port); an error opening the
+    /// control side ends the loop at once.
+    #[test]
+    fn picking_again_is_bounded_and_open_errors_pass_through() {
+        let requested: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let drops = Drops::default();
+        let mut opened = 0;
+        let e = open_beside_baseline(requested, || {
+            opened += 1;
+            Ok(blocked_pick(&drops))
+        })
+        .unwrap_err();
+        assert_eq!(opened, BASELINE_PICKS);
+        assert_eq!(drops.get(), BASELINE_PICKS);
+        assert!(
+            format!("{e:#}").contains(&format!("attempt {BASELINE_PICKS}")),
+            "{e:#}"
+        );
+        let e = open_beside_baseline(requested, || Ok(((), 65535))).unwrap_err();
+        assert!(e.to_string().contains("no port after it"), "{e}");
+        let e = open_beside_baseline::<()>(requested, || Err(anyhow!("no endpoint"))).unwrap_err();
+        assert_eq!(e.to_string(), "no endpoint");
+    }
 
     #[test]
     fn baseline_plan_matches_the_stack_schedule() {

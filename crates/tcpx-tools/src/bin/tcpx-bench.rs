@@ -793,42 +793,19 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
 /// the one asked for: with `--bind 127.0.0.1:0` (the kernel picks a free port, as a launcher
 /// running several servers wants) the baseline had gone to port 1 while clients dialled the
 /// picked port + 1, and every run failed at its baseline.
-///
-/// With port 0 the port next to the kernel's pick may be taken (by a connection's ephemeral
-/// port on a busy host: CI saw it), so the server lets the kernel pick again, a bounded number
-/// of times. A port the user named is never moved: its neighbour being taken is an error.
+/// With port 0 the port after the kernel's pick may be taken; see
+/// [`tcpx_tools::bench::rawtcp::open_beside_baseline`].
 fn start_server(config: Config, bind: SocketAddr) -> Result<(Endpoint, TcpListener), Failure> {
-    const PICKS: usize = 32;
-    let mut attempt = 1;
-    let (endpoint, baseline) = loop {
+    let (endpoint, baseline) = tcpx_tools::bench::rawtcp::open_beside_baseline(bind, || {
         // Only a client holding the metadata this server prints may connect (issue 14 item
         // 2): a stranger who merely finds the port is refused without disturbing the wait.
         let endpoint = Endpoint::new(Config {
             require_secret: true,
             ..config.clone()
         })?;
-        // On the address asked for (`0.0.0.0` stays every interface), at the bound port + 1.
-        let bound = SocketAddr::new(bind.ip(), endpoint.metadata().control_addr.port());
-        let baseline_addr = tcpx_tools::bench::rawtcp::baseline_addr(bound);
-        match TcpListener::bind(baseline_addr) {
-            Ok(baseline) => break (endpoint, baseline),
-            Err(e)
-                if bind.port() == 0
-                    && attempt < PICKS
-                    && e.kind() == std::io::ErrorKind::AddrInUse =>
-            {
-                tracing::debug!(%baseline_addr, attempt, "baseline port taken; picking again");
-                attempt += 1;
-            }
-            Err(e) => {
-                return Err(anyhow::Error::new(e)
-                    .context(format!(
-                        "bind the baseline listener {baseline_addr} (attempt {attempt})"
-                    ))
-                    .into())
-            }
-        }
-    };
+        let port = endpoint.metadata().control_addr.port();
+        Ok((endpoint, port))
+    })?;
     let metadata = endpoint.metadata();
     let hex = metadata
         .to_hex()
