@@ -4,11 +4,11 @@
 //! shared [`run_pairs`](super::pairs::run_pairs) routine. This file holds the trait, the local
 //! launcher and shell quoting; `netns.rs` and `ssh.rs` hold the other two.
 
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::process::Proc;
 
@@ -52,7 +52,8 @@ pub trait Launcher {
     fn server_ip(&self) -> String;
 
     /// The default port base when the user gave none; all of `base .. base + 2 * slots` must be
-    /// usable on node A.
+    /// usable on node A. 0: every server binds port 0 and picks a free pair of ports itself
+    /// (its metadata line carries the one it got).
     fn default_port_base(&self, slots: u16) -> Result<u16>;
 
     /// Variables every benchmark process gets from this launcher (e.g. the NICs it may use).
@@ -117,8 +118,10 @@ impl Launcher for Local {
         Ipv4Addr::LOCALHOST.to_string()
     }
 
-    fn default_port_base(&self, slots: u16) -> Result<u16> {
-        free_port_base(slots)
+    fn default_port_base(&self, _slots: u16) -> Result<u16> {
+        // Each server picks its own pair: ports found free here and handed over would race
+        // with the host's other connections until the servers bound them.
+        Ok(0)
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -169,25 +172,6 @@ pub fn read_result(path: &str) -> Result<String> {
     })
 }
 
-/// Finds `base` such that every port of `base .. base + 2 * slots` is free on 127.0.0.1.
-pub fn free_port_base(slots: u16) -> Result<u16> {
-    let span = 2 * slots.max(1);
-    for _ in 0..64 {
-        let probe = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
-        let base = probe.local_addr()?.port();
-        drop(probe);
-        let Some(end) = base.checked_add(span) else {
-            continue;
-        };
-        let all_free = (base..end)
-            .all(|p| TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, p)).is_ok());
-        if all_free {
-            return Ok(base);
-        }
-    }
-    bail!("found no {span} consecutive free ports on 127.0.0.1; pass --port BASE")
-}
-
 /// Quotes `word` for a POSIX shell (unchanged when it needs no quoting).
 pub fn quote(word: &str) -> String {
     let plain = !word.is_empty()
@@ -222,11 +206,5 @@ mod tests {
         assert_eq!(quote("it's"), r"'it'\''s'");
         assert_eq!(quote(""), "''");
         assert_eq!(quote_all(&["echo", "$x"]), "echo '$x'");
-    }
-
-    #[test]
-    fn free_ports() {
-        let base = free_port_base(2).unwrap();
-        assert!(base.checked_add(4).is_some());
     }
 }

@@ -213,7 +213,7 @@ fn binary(opts: &Options, root: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// One pair per GPU (ports `base + 2 * gpu`), one pair for all GPUs (`--single-process`), or
+/// One pair per GPU (ports `base + 2 * gpu`; base 0: every server picks its own), one pair for all GPUs (`--single-process`), or
 /// one pair without `--gpu`.
 fn plan_pairs(opts: &Options, launcher: &dyn Launcher) -> Result<Vec<Pair>> {
     let highest = opts
@@ -227,6 +227,10 @@ fn plan_pairs(opts: &Options, launcher: &dyn Launcher) -> Result<Vec<Pair>> {
         None => launcher.default_port_base(slots)?,
     };
     let port = |slot: u32| -> Result<u16> {
+        if base == 0 {
+            // Every server picks a free pair itself (see `Launcher::default_port_base`).
+            return Ok(0);
+        }
         u16::try_from(u32::from(base) + 2 * slot)
             .ok()
             .filter(|p| *p < u16::MAX)

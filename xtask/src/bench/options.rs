@@ -18,7 +18,7 @@ Ctrl-C.
 
 MODES
   (none)                 Both ends on this machine over loopback, with the built-in socket
-                         plugin pinned to `lo` (server --bind 127.0.0.1:<free port>).
+                         plugin pinned to `lo` (server --bind 127.0.0.1:0: a free pair of ports).
                          Defaults: --sizes 4KiB..64MiB --iters 200 (seconds once built).
   --netns                Two \"nodes\" on this machine: network namespaces tcpx-a-<pid> (servers)
                          and tcpx-b-<pid> (clients), joined by five veth pairs: eth0 (control,
@@ -42,7 +42,8 @@ OPTIONS
   --single-process       With --gpus: one server and one client process for all GPUs
                          (`--gpu LIST` is passed to both; needs a tcpx-bench that drives
                          several GPUs from one process).
-  --port BASE            Port base (default: a free one on loopback, 50000 otherwise).
+  --port BASE            Port base (default: 50000; on loopback every server binds port 0
+                         and picks a free pair itself).
   --copy                 --nodes: copy the binary to the nodes even where it already is.
   --server-addr IP       --nodes: the address of A that B connects to (default: A's ssh
                          address when it is an IP or localhost, else the first of `hostname -I`
