@@ -29,7 +29,7 @@ args=(--channels "$channels" --sizes "$size" --min-bytes 1GiB --rounds "${ROUNDS
 args+=(${EXTRA_ARGS:-})
 # `exec`: run in the background, the function is a subshell, and `$!` must be the bench itself.
 on_cpus() { local cpus=$1; shift; if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi; }
-on_cpus "${SERVER_CPUS:-}" "$bench" server --bind 127.0.0.1:9830 "${args[@]}" >"$out/server.log" 2>&1 &
+on_cpus "${SERVER_CPUS:-}" "$bench" server --bind 127.0.0.1:0 "${args[@]}" >"$out/server.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do grep -q TCPX-BENCH-METADATA "$out/server.log" && break; sleep 0.1; done
 meta=$(grep -o 'TCPX-BENCH-METADATA [0-9a-fA-F]*' "$out/server.log" | awk '{print $2}')
