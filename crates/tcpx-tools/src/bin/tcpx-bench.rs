@@ -793,6 +793,7 @@ fn settings(c: &Common, bind: SocketAddr) -> Result<(Config, Sweep), Failure> {
 /// the one asked for: with `--bind 127.0.0.1:0` (the kernel picks a free port, as a launcher
 /// running several servers wants) the baseline had gone to port 1 while clients dialled the
 /// picked port + 1, and every run failed at its baseline.
+///
 /// With port 0 the port after the kernel's pick may be taken; see
 /// [`tcpx_tools::bench::rawtcp::open_beside_baseline`].
 fn start_server(config: Config, bind: SocketAddr) -> Result<(Endpoint, TcpListener), Failure> {
