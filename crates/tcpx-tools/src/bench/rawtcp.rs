@@ -118,10 +118,10 @@ pub fn open_beside_baseline<T>(
     let mut attempt = 1;
     loop {
         let (control, port) = open()?;
-        let Some(next) = port.checked_add(1) else {
+        if port == u16::MAX {
             bail!("the control port {port} leaves no port after it for the raw-TCP baseline");
-        };
-        let baseline = SocketAddr::new(requested.ip(), next);
+        }
+        let baseline = baseline_addr(SocketAddr::new(requested.ip(), port));
         match TcpListener::bind(baseline) {
             Ok(listener) => return Ok((control, listener)),
             Err(e)
@@ -527,31 +527,22 @@ mod tests {
 
     type Drops = std::rc::Rc<std::cell::Cell<usize>>;
 
-    fn pick(drops: &Drops) -> (Pick, u16) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let drops = drops.clone();
-        let pick = Pick {
-            listener,
-            _neighbour: None,
-            drops,
-        };
-        (pick, port)
-    }
-
-    /// A pick whose neighbour this test holds itself (so that nobody can free it meanwhile).
-    fn blocked_pick(drops: &Drops) -> (Pick, u16) {
+    /// A pick; with `hold_neighbour`, one whose neighbour this test holds itself (so that
+    /// nobody can free it meanwhile).
+    fn pick(drops: &Drops, hold_neighbour: bool) -> (Pick, u16) {
         for _ in 0..100 {
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
             let port = listener.local_addr().unwrap().port();
-            if let Ok(neighbour) = TcpListener::bind(("127.0.0.1", port + 1)) {
-                let pick = Pick {
-                    listener,
-                    _neighbour: Some(neighbour),
-                    drops: drops.clone(),
-                };
-                return (pick, port);
+            let neighbour = TcpListener::bind(("127.0.0.1", port + 1)).ok();
+            if hold_neighbour && neighbour.is_none() {
+                continue;
             }
+            let pick = Pick {
+                listener,
+                _neighbour: neighbour.filter(|_| hold_neighbour),
+                drops: drops.clone(),
+            };
+            return (pick, port);
         }
         panic!("no pick with a free neighbour to hold");
     }
@@ -567,13 +558,13 @@ mod tests {
         let (kept, listener) = open_beside_baseline(requested, || {
             opened += 1;
             if opened == 1 {
-                let (blocked, port) = blocked_pick(&drops);
+                let (blocked, port) = pick(&drops, true);
                 first_port = Some(port);
                 Ok((blocked, port))
             } else {
                 // Later picks may meet a taken neighbour too (other tests run beside this
                 // one): the loop then simply goes on.
-                Ok(pick(&drops))
+                Ok(pick(&drops, false))
             }
         })
         .unwrap();
@@ -589,7 +580,7 @@ mod tests {
     #[test]
     fn a_named_port_with_a_taken_neighbour_is_an_error() {
         let drops = Drops::default();
-        let (blocked, port) = blocked_pick(&drops);
+        let (blocked, port) = pick(&drops, true);
         let requested = SocketAddr::from(([127, 0, 0, 1], port));
         let mut slot = Some(blocked);
         let mut opened = 0;
@@ -615,7 +606,7 @@ mod tests {
         let mut opened = 0;
         let e = open_beside_baseline(requested, || {
             opened += 1;
-            Ok(blocked_pick(&drops))
+            Ok(pick(&drops, true))
         })
         .unwrap_err();
         assert_eq!(opened, BASELINE_PICKS);
