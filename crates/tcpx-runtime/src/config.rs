@@ -25,7 +25,8 @@
 //! | `TCPX_ENGINES_PER_NIC` | engine threads per device | auto (see [`Config::engines_per_device`]) |
 //! | `TCPX_SPREAD` | most channels a lone one-sided operation is cut over (`1`: whole chunks; [`Config::spread`]) | the engine count |
 //! | `TCPX_SPREAD_TWO_SIDED` | cut two-sided transfers smaller than `TCPX_SPREAD` chunks into pieces of at least 256 KiB over the channels, when both sides do (`0`/`1`; [`Config::spread_two_sided`]) | `1` |
-//! | `TCPX_PACK_BELOW` | pack one-sided batches whose average block is smaller (`0`: never) | 64 KiB |
+//! | `TCPX_PACK_BELOW` | pack one-sided batches of host memory on both sides whose average block is smaller (`0`: never) ([`Config::pack_below`]) | 32 KiB |
+//! | `TCPX_PACK_STAGED_BELOW` | pack one-sided batches with staged GPU memory on either side whose average block is smaller (`0`: never) ([`Config::pack_staged_below`]) | 512 KiB |
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB |
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
@@ -90,10 +91,20 @@ impl std::str::FromStr for Backoff {
     }
 }
 
-/// Default [`Config::pack_below`]. Measured on loopback (docs/RESULTS-onesided.md): packed
-/// scattered blocks beat unpacked ones clearly at 4–32 KiB, break even around 64 KiB, and
-/// lose from 128 KiB (the extra memcpy costs more than the plugin requests it saves).
-pub const DEFAULT_PACK_BELOW: u32 = 64 << 10;
+/// Default [`Config::pack_below`]. First measured on loopback (docs/RESULTS-onesided.md):
+/// packed scattered blocks beat unpacked ones at 4–32 KiB, broke even around 64 KiB and lost
+/// from 128 KiB (the extra memcpy costs more than the plugin requests it saves). With the
+/// engines of issue 25 unpacked lists got cheaper: on an H200 host (docs/RESULTS.md,
+/// thirty-sixth session, alternated) 16 KiB blocks still move 2–10 % faster packed, 32 KiB
+/// blocks 2–11 % faster unpacked; so host lists pack below 32 KiB.
+pub const DEFAULT_PACK_BELOW: u32 = 32 << 10;
+
+/// Default [`Config::pack_staged_below`]. GPU memory staged through a host-memory plugin
+/// pays a ring copy per block unpacked; packed, each chunk is one copy list. Measured on an
+/// H200 host (docs/RESULTS.md, thirty-sixth session, alternated, GPU 0 → GPU 1): packed
+/// lists of 64 KiB blocks moved 6–23 % more, of 128 KiB 11–13 %, of 256 KiB 11–14 %; 32 KiB
+/// blocks unpacked lost 40 %. Blocks of 256 KiB are the largest measured.
+pub const DEFAULT_PACK_STAGED_BELOW: u32 = 512 << 10;
 
 /// Default [`Config::inline_bytes`]: one-sided writes and reads of up to 8 KiB of host memory
 /// travel inline (docs/RESULTS.md, twenty-second session).
@@ -232,11 +243,18 @@ pub struct Config {
     /// (a copy per piece, and half the bytes in a window of 16 requests).
     /// `false` keeps whole chunks.
     pub spread_two_sided: bool,
-    /// One-sided batches of host memory whose blocks average fewer bytes than this (after
-    /// merging contiguous ones) travel packed: gathered into one contiguous pack buffer,
-    /// sent as one transfer, scattered on arrival (see [`crate::onesided`]). `0` never packs.
-    /// Only the data sender's value matters (it decides; the receiver follows).
+    /// One-sided batches of host memory (on both sides) whose blocks average fewer bytes
+    /// than this (after merging contiguous ones) travel packed: gathered into one contiguous
+    /// pack buffer, sent as one transfer, scattered on arrival (see [`crate::onesided`]).
+    /// `0` never packs them. Only the data sender's value matters (it decides; the receiver
+    /// follows), except that the target of a read from host memory cannot tell whether the
+    /// reader's memory is staged: it takes the reader's offer below the larger of this and
+    /// [`Config::pack_staged_below`] (the reader offers only by its own rule).
     pub pack_below: u32,
+    /// The same for batches with GPU memory staged through a host-memory plugin on either
+    /// side: unpacked, each block costs a ring copy of its own, so larger blocks pack
+    /// ([`DEFAULT_PACK_STAGED_BELOW`]). `0` never packs them.
+    pub pack_staged_below: u32,
     /// A batch worth packing ([`Config::pack_below`]) that is alone on its connection (no
     /// other one-sided operation in flight) packs only when it has more runs than this.
     /// `None`: channels × window, the pieces the connection can have in flight at once.
@@ -351,6 +369,7 @@ impl Default for Config {
             spread: None,
             spread_two_sided: true,
             pack_below: DEFAULT_PACK_BELOW,
+            pack_staged_below: DEFAULT_PACK_STAGED_BELOW,
             pack_lone_runs: None,
             eager_bytes: None,
             eager_detach: DEFAULT_EAGER_DETACH,
@@ -470,6 +489,9 @@ impl Config {
         }
         if let Some((name, v)) = get(&["TCPX_PACK_BELOW"]) {
             b = b.pack_below(parse_size(name, &v)?);
+        }
+        if let Some((name, v)) = get(&["TCPX_PACK_STAGED_BELOW"]) {
+            b = b.pack_staged_below(parse_size(name, &v)?);
         }
         if let Some((name, v)) = get(&["TCPX_PACK_LONE_RUNS"]) {
             b = b.pack_lone_runs(parse_num(name, &v)?);
@@ -659,6 +681,13 @@ impl ConfigBuilder {
         self
     }
 
+    /// Packing threshold for one-sided batches with staged GPU memory (see
+    /// [`Config::pack_staged_below`]).
+    pub fn pack_staged_below(mut self, bytes: u32) -> Self {
+        self.config.pack_staged_below = bytes;
+        self
+    }
+
     /// Runs past which a batch alone on its connection packs (see [`Config::pack_lone_runs`]).
     pub fn pack_lone_runs(mut self, runs: usize) -> Self {
         self.config.pack_lone_runs = Some(runs);
@@ -793,17 +822,29 @@ mod tests {
 
     #[test]
     fn packing_knobs_come_from_the_environment() {
-        let c = from(&[("TCPX_PACK_BELOW", "16K"), ("TCPX_PACK_BUFFERS", "3")]).unwrap();
-        assert_eq!((c.pack_below, c.pack_buffers), (16 << 10, 3));
-        let off = from(&[("TCPX_PACK_BELOW", "0")]).unwrap();
-        assert_eq!(off.pack_below, 0);
+        let c = from(&[
+            ("TCPX_PACK_BELOW", "16K"),
+            ("TCPX_PACK_STAGED_BELOW", "1M"),
+            ("TCPX_PACK_BUFFERS", "3"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.pack_below, c.pack_staged_below, c.pack_buffers),
+            (16 << 10, 1 << 20, 3)
+        );
+        let off = from(&[("TCPX_PACK_BELOW", "0"), ("TCPX_PACK_STAGED_BELOW", "0")]).unwrap();
+        assert_eq!((off.pack_below, off.pack_staged_below), (0, 0));
+        assert!(from(&[("TCPX_PACK_STAGED_BELOW", "big")]).is_err());
         let always = from(&[("TCPX_PACK_LONE_RUNS", "0")]).unwrap();
         assert_eq!(always.pack_lone_runs, Some(0));
         assert!(from(&[("TCPX_PACK_LONE_RUNS", "many")]).is_err());
         assert!(from(&[("TCPX_PACK_BUFFERS", "65")]).is_err());
         assert!(from(&[("TCPX_PACK_BELOW", "lots")]).is_err());
         let d = Config::default();
-        assert_eq!((d.pack_below, d.pack_buffers), (64 << 10, 8));
+        assert_eq!(
+            (d.pack_below, d.pack_staged_below, d.pack_buffers),
+            (32 << 10, 512 << 10, 8)
+        );
         assert_eq!(d.pack_lone_runs, None);
     }
 

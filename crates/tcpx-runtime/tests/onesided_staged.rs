@@ -491,6 +491,50 @@ fn scattered_lists_between_host_and_staged_memory_pack_both_ways() {
 }
 
 #[test]
+fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
+    loopback();
+    // 64 × 64 KiB (4 MiB, one pack buffer; more runs than a lone batch keeps unpacked on 3
+    // channels): at or past the host threshold (32 KiB), below the staged one (512 KiB).
+    // Staged memory on either side pays a ring copy per block unpacked, so these pack, both
+    // ways; a read served from host memory takes the staged reader's offer.
+    for (local_staged, remote_staged) in [(true, true), (false, true), (true, false)] {
+        kv_list_between(local_staged, remote_staged, 64, 64 << 10, 64 << 10);
+    }
+    // The same list of host memory on both sides goes unpacked (one request per block, no
+    // copy), and its 16 KiB half-blocks pack; every byte lands either way.
+    let (a, b, ab, _ba) = pair(3, 64 << 10);
+    for (block, packs) in [(64 << 10, false), (32 << 10, false), (16 << 10, true)] {
+        let blocks = (4 << 20) / block;
+        let len = blocks * block;
+        let src = filled(&a, false, 2 * len, block as u64);
+        let kv = region(&b, false, 2 * len);
+        let d = b.advertise(&kv).unwrap();
+        let (even, odd) = (
+            every_other_block(blocks, block, 0),
+            every_other_block(blocks, block, 1),
+        );
+        let before = ab.pack_stats();
+        let tx = ab
+            .write(
+                &local_segments(&src, &even),
+                &remote_segments(d, &odd),
+                None,
+            )
+            .unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+        let sent = gather(&snapshot(&src), &even);
+        assert_blocks(&kv, &odd, &sent, &format!("host {blocks} × {block}"));
+        let after = ab.pack_stats();
+        assert_eq!(
+            after.packed_sent - before.packed_sent,
+            u64::from(packs),
+            "host {blocks} × {block}: packed? {after:?}"
+        );
+    }
+    assert!(ab.error().is_none() && b.access_refusals() == 0);
+}
+
+#[test]
 fn blocks_smaller_than_a_chunk_and_not_dividing_it_pack_exactly() {
     loopback();
     // 3000-byte blocks cross every chunk boundary of 16 KiB chunks: a chunk covers parts of

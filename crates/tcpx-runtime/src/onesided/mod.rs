@@ -48,8 +48,9 @@
 //! Coalescing cannot help blocks that are not adjacent (paged KV caches): each would be one
 //! plugin request, and at 4 KiB the per-request cost dominates (0.25–0.33 of two-sided on
 //! loopback). So the data sender packs a batch of host memory whose blocks average fewer
-//! than [`crate::Config::pack_below`] bytes (default 64 KiB, measured) and that fits one
-//! pack buffer ([`PACK_BYTES`]): both sides then use the contiguous schedule of the total
+//! than [`crate::Config::pack_below`] bytes (default 32 KiB, measured; staged GPU memory on
+//! either side: [`crate::Config::pack_staged_below`], 512 KiB) and that fits one
+//! pack buffer ([`PACK_BYTES`]; staged on both sides: no cap): both sides then use the contiguous schedule of the total
 //! (the flag travels in `WriteRequest`, and for reads in `ReadData` after the initiator
 //! offered in `ReadRequest`), and a side whose list is scattered gathers into / scatters
 //! from a pooled, registered pack buffer (a side whose list is one run uses it in place).

@@ -69,6 +69,19 @@ pub(crate) enum PackSide {
 }
 
 impl PackSide {
+    /// The packing threshold of a batch between `a` and `b` under `config`: a batch touching
+    /// staged memory on either side pays a ring copy per block unpacked, where packed its
+    /// chunks are gathered or scattered as one copy list each, so it packs larger blocks
+    /// ([`crate::Config::pack_staged_below`]) than a batch of host memory on both sides, whose
+    /// pack costs a memcpy the unpacked path does not make ([`crate::Config::pack_below`]).
+    pub(crate) fn threshold(a: PackSide, b: PackSide, config: &crate::Config) -> u32 {
+        if a == PackSide::Staged || b == PackSide::Staged {
+            config.pack_staged_below
+        } else {
+            config.pack_below
+        }
+    }
+
     /// The largest batch both sides can pack.
     pub(crate) fn cap(a: PackSide, b: PackSide) -> u64 {
         if a == PackSide::Host || b == PackSide::Host {
@@ -498,6 +511,34 @@ pub(crate) fn host_parts(parts: &[Part]) -> Result<HostParts> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staged_memory_on_either_side_takes_the_staged_threshold() {
+        let config = crate::Config::builder()
+            .pack_below(32 << 10)
+            .pack_staged_below(512 << 10)
+            .build()
+            .unwrap();
+        use PackSide::{Host, Staged};
+        assert_eq!(PackSide::threshold(Host, Host, &config), 32 << 10);
+        for (a, b) in [(Host, Staged), (Staged, Host), (Staged, Staged)] {
+            assert_eq!(PackSide::threshold(a, b, &config), 512 << 10, "{a:?} {b:?}");
+        }
+        // 64 × 64 KiB: a host list goes unpacked, a staged one packs.
+        let (total, runs) = (4 << 20, 64);
+        assert!(!worth_packing(
+            total,
+            runs,
+            PackSide::threshold(Host, Host, &config),
+            PACK_BYTES
+        ));
+        assert!(worth_packing(
+            total,
+            runs,
+            PackSide::threshold(Host, Staged, &config),
+            PACK_BYTES
+        ));
+    }
 
     #[test]
     fn the_rule_packs_small_blocks_only() {

@@ -313,7 +313,9 @@ impl Rma {
     /// (the peer runs the same plugin, so it stages its CUDA regions too; a target that does
     /// not still takes the stream through rings, see `target`). Batches are capped at a
     /// pack buffer when either side is host memory. CUDA memory a plugin takes directly
-    /// never packs on this side (no GPU pack buffer).
+    /// never packs on this side (no GPU pack buffer). A batch with staged memory on either
+    /// side packs below [`crate::Config::pack_staged_below`], one of host memory on both
+    /// below [`crate::Config::pack_below`] ([`PackSide::threshold`]).
     fn pack_side(&self, remote: &[RemoteSegment], plan: &Plan) -> Option<PackSide> {
         let local = if plan.staging.is_some() {
             PackSide::Staged
@@ -336,7 +338,8 @@ impl Rma {
         };
         let runs = plan.pieces.len().max(plan.remote_lens.len());
         let cap = PackSide::cap(local, far);
-        (worth_packing(plan.len, runs, self.config.pack_below, cap)
+        let below = PackSide::threshold(local, far, &self.config);
+        (worth_packing(plan.len, runs, below, cap)
             && (runs > self.lone_unpacked_runs() || !self.alone()))
         .then_some(local)
     }

@@ -643,9 +643,8 @@ impl Rma {
         let total = self.packed_total(entries, peer_lens, op_id)?;
         let own_runs = coalesce(entries.iter().map(|e| (e.region_id, e.offset, e.len))).len();
         let runs = own_runs.max(peer_lens.len());
-        let pack_below = self.config.pack_below;
         if let Some(staging) = Self::packed_staging(regions) {
-            if !worth_packing(total, runs, pack_below, u64::MAX) {
+            if !worth_packing(total, runs, self.config.pack_staged_below, u64::MAX) {
                 return Ok(None);
             }
             let (pieces, staging) =
@@ -675,7 +674,12 @@ impl Rma {
                 pack: None,
             }));
         }
-        if !worth_packing(total, runs, pack_below, PACK_BYTES)
+        // Host memory here: the reader offered by its own rule, below the staged threshold
+        // when its memory is staged, below the host one when it is host memory, and the
+        // request does not say which. So an offer is taken below the larger of the two:
+        // the reader already declined whatever its side would lose by.
+        let below = self.config.pack_below.max(self.config.pack_staged_below);
+        if !worth_packing(total, runs, below, PACK_BYTES)
             || regions
                 .iter()
                 .any(|r| r.is_staged() || r.memory().kind() != tcpx::MemoryKind::Host)

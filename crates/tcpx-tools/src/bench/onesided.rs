@@ -131,8 +131,8 @@ struct Bench {
 }
 
 fn config(o: &Options) -> Result<Config> {
-    // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 measures
-    // the unpacked path, TCPX_INLINE_BYTES=0 / TCPX_INLINE_LONE_BYTES=0 /
+    // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 and
+    // TCPX_PACK_STAGED_BELOW=0 measure the unpacked paths, TCPX_INLINE_BYTES=0 / TCPX_INLINE_LONE_BYTES=0 /
     // TCPX_INLINE_GPU_BYTES=0 small operations
     // through the comms, TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads
     // wait, in the same build); everything else from the flags.
@@ -147,6 +147,7 @@ fn config(o: &Options) -> Result<Config> {
         .idle_linger(env.idle_linger)
         .wait_spin(env.wait_spin)
         .pack_below(env.pack_below)
+        .pack_staged_below(env.pack_staged_below)
         .pack_buffers(env.pack_buffers)
         .inline_bytes(env.inline_bytes)
         .inline_lone_bytes(env.inline_lone_bytes)
