@@ -27,7 +27,7 @@
 //! | `TCPX_SPREAD_TWO_SIDED` | cut two-sided transfers smaller than `TCPX_SPREAD` chunks into pieces of at least 256 KiB over the channels, when both sides do (`0`/`1`; [`Config::spread_two_sided`]) | `1` |
 //! | `TCPX_PACK_BELOW` | pack one-sided batches of host memory on both sides whose average block is smaller (`0`: never) ([`Config::pack_below`]) | 32 KiB |
 //! | `TCPX_PACK_STAGED_BELOW` | pack one-sided batches with staged GPU memory on either side whose average block is smaller (`0`: never) ([`Config::pack_staged_below`]) | 512 KiB |
-//! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window |
+//! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window; with staged GPU memory 4 × channels |
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB |
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
 //! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection (batches share them in 64 KiB slices) | 8 |
@@ -105,6 +105,11 @@ pub const DEFAULT_PACK_BELOW: u32 = 32 << 10;
 /// lists of 64 KiB blocks moved 6–23 % more, of 128 KiB 11–13 %, of 256 KiB 11–14 %; 32 KiB
 /// blocks unpacked lost 40 %. Blocks of 256 KiB are the largest measured.
 pub const DEFAULT_PACK_STAGED_BELOW: u32 = 512 << 10;
+
+/// Runs per channel past which a one-sided list touching staged GPU memory packs even when it
+/// is alone on its connection, unless [`Config::pack_lone_runs`] says otherwise (measured:
+/// see there).
+pub const STAGED_LONE_RUNS_PER_CHANNEL: usize = 4;
 
 /// Default [`Config::inline_bytes`]: one-sided writes and reads of up to 8 KiB of host memory
 /// travel inline (docs/RESULTS.md, twenty-second session).
@@ -257,7 +262,13 @@ pub struct Config {
     pub pack_staged_below: u32,
     /// A batch worth packing ([`Config::pack_below`]) that is alone on its connection (no
     /// other one-sided operation in flight) packs only when it has more runs than this.
-    /// `None`: channels × window, the pieces the connection can have in flight at once.
+    /// `None`: for host memory on both sides channels × window, the pieces the connection can
+    /// have in flight at once; with staged GPU memory on either side
+    /// [`STAGED_LONE_RUNS_PER_CHANNEL`] per channel, since each unpacked piece pays a ring
+    /// copy of its own (GPU 0 → 1 between two processes, one list at a time, docs/RESULTS.md
+    /// thirty-sixth session: 64 × 64 KiB p50 438–498 µs packed against 676–708 unpacked,
+    /// 128 × 64 KiB 734–883 against 1105–1152, 64 × 256 KiB 1110–1166 against 1390–1441;
+    /// but 8 × 64 KiB 177–256 against 119–127 and 16 × 16 KiB 195–443 against 114–128).
     ///
     /// Alone, a short list of small blocks is faster unpacked: its pieces ride every channel
     /// in parallel with no copy, where packed they are gathered, carried in one chunk on one

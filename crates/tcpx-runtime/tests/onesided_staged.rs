@@ -535,6 +535,45 @@ fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
 }
 
 #[test]
+fn a_lone_list_touching_staged_memory_packs_past_four_runs_per_channel() {
+    loopback();
+    // 3 channels: a lone staged list goes unpacked up to 12 runs and packs from 13, where a
+    // lone host list (window 16) stays unpacked up to 48 runs.
+    let (a, b, ab, _ba) = pair(3, 64 << 10);
+    const BLOCK: usize = 16 << 10;
+    for (staged, runs, packs) in [
+        (true, 12, false),
+        (true, 13, true),
+        (false, 13, false),
+        (false, 48, false),
+        (false, 49, true),
+    ] {
+        let what = format!("{} × {runs} alone", label(staged));
+        let len = runs * BLOCK;
+        let src = filled(&a, staged, 2 * len, runs as u64);
+        let kv = region(&b, staged, 2 * len);
+        let d = b.advertise(&kv).unwrap();
+        let (even, odd) = (
+            every_other_block(runs, BLOCK, 0),
+            every_other_block(runs, BLOCK, 1),
+        );
+        let before = ab.pack_stats().packed_sent;
+        let tx = ab
+            .write(
+                &local_segments(&src, &even),
+                &remote_segments(d, &odd),
+                None,
+            )
+            .unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "{what}");
+        assert_blocks(&kv, &odd, &gather(&snapshot(&src), &even), &what);
+        let packed = ab.pack_stats().packed_sent - before;
+        assert_eq!(packed, u64::from(packs), "{what}: packed {packed}");
+    }
+    assert!(ab.error().is_none() && b.access_refusals() == 0);
+}
+
+#[test]
 fn blocks_smaller_than_a_chunk_and_not_dividing_it_pack_exactly() {
     loopback();
     // 3000-byte blocks cross every chunk boundary of 16 KiB chunks: a chunk covers parts of

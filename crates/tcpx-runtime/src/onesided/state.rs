@@ -340,7 +340,7 @@ impl Rma {
         let cap = PackSide::cap(local, far);
         let below = PackSide::threshold(local, far, &self.config);
         (worth_packing(plan.len, runs, below, cap)
-            && (runs > self.lone_unpacked_runs() || !self.alone()))
+            && (runs > self.lone_unpacked_runs(local, far) || !self.alone()))
         .then_some(local)
     }
 
@@ -355,12 +355,18 @@ impl Rma {
         now.answers == 0 && !now.reading
     }
 
-    /// Runs a batch alone on the connection may have and still go unpacked: its pieces then
-    /// ride the channels in parallel with no copy (see [`crate::Config::pack_lone_runs`]).
-    fn lone_unpacked_runs(&self) -> usize {
-        self.config
-            .pack_lone_runs
-            .unwrap_or(usize::from(self.link.channels) * self.config.window)
+    /// Runs a batch between `local` and `far` alone on the connection may have and still go
+    /// unpacked: its pieces then ride the channels in parallel with no copy (see
+    /// [`crate::Config::pack_lone_runs`]); fewer where a side is staged, since there every
+    /// unpacked piece is a ring copy of its own.
+    fn lone_unpacked_runs(&self, local: PackSide, far: PackSide) -> usize {
+        let channels = usize::from(self.link.channels);
+        let staged = local == PackSide::Staged || far == PackSide::Staged;
+        self.config.pack_lone_runs.unwrap_or(if staged {
+            channels * crate::config::STAGED_LONE_RUNS_PER_CHANNEL
+        } else {
+            channels * self.config.window
+        })
     }
 
     /// The packed form of a batch: the contiguous schedule, and this side's pieces — the
