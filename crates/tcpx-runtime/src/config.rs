@@ -266,9 +266,9 @@ pub struct Config {
     /// have in flight at once; with staged GPU memory on either side
     /// [`STAGED_LONE_RUNS_PER_CHANNEL`] per channel, since each unpacked piece pays a ring
     /// copy of its own (GPU 0 → 1 between two processes, one list at a time, docs/RESULTS.md
-    /// thirty-sixth session: 64 × 64 KiB p50 438–498 µs packed against 676–708 unpacked,
-    /// 128 × 64 KiB 734–883 against 1105–1152, 64 × 256 KiB 1110–1166 against 1390–1441;
-    /// but 8 × 64 KiB 177–256 against 119–127 and 16 × 16 KiB 195–443 against 114–128).
+    /// thirty-sixth session, medians of four writes' p50: 64 × 64 KiB 490 µs packed against
+    /// 692 unpacked, 128 × 64 KiB 766 against 1150, 64 × 256 KiB 1158 against 1420; but
+    /// 8 × 64 KiB 221 against 122 and 16 × 16 KiB 339 against 117).
     ///
     /// Alone, a short list of small blocks is faster unpacked: its pieces ride every channel
     /// in parallel with no copy, where packed they are gathered, carried in one chunk on one
