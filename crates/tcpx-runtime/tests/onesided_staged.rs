@@ -490,6 +490,37 @@ fn scattered_lists_between_host_and_staged_memory_pack_both_ways() {
     kv_list_between(true, false, 512, 4 << 10, 64 << 10);
 }
 
+/// Writes `blocks` blocks of `block` bytes from the even block slots of fresh `staged` (else
+/// host) memory on `a` into the odd ones of an advertised region of the same kind on `b`,
+/// checks every byte, and returns how many transfers travelled packed (0 or 1).
+fn write_every_other(
+    (a, b, ab): (&Endpoint, &Endpoint, &tcpx_runtime::Connection),
+    staged: bool,
+    blocks: usize,
+    block: usize,
+) -> u64 {
+    let what = format!("{} {blocks} × {block}", label(staged));
+    let len = blocks * block;
+    let src = filled(a, staged, 2 * len, (blocks * block) as u64);
+    let kv = region(b, staged, 2 * len);
+    let d = b.advertise(&kv).unwrap();
+    let (even, odd) = (
+        every_other_block(blocks, block, 0),
+        every_other_block(blocks, block, 1),
+    );
+    let before = ab.pack_stats().packed_sent;
+    let tx = ab
+        .write(
+            &local_segments(&src, &even),
+            &remote_segments(d, &odd),
+            None,
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "{what}");
+    assert_blocks(&kv, &odd, &gather(&snapshot(&src), &even), &what);
+    ab.pack_stats().packed_sent - before
+}
+
 #[test]
 fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
     loopback();
@@ -504,31 +535,11 @@ fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
     // copy), and its 16 KiB half-blocks pack; every byte lands either way.
     let (a, b, ab, _ba) = pair(3, 64 << 10);
     for (block, packs) in [(64 << 10, false), (32 << 10, false), (16 << 10, true)] {
-        let blocks = (4 << 20) / block;
-        let len = blocks * block;
-        let src = filled(&a, false, 2 * len, block as u64);
-        let kv = region(&b, false, 2 * len);
-        let d = b.advertise(&kv).unwrap();
-        let (even, odd) = (
-            every_other_block(blocks, block, 0),
-            every_other_block(blocks, block, 1),
-        );
-        let before = ab.pack_stats();
-        let tx = ab
-            .write(
-                &local_segments(&src, &even),
-                &remote_segments(d, &odd),
-                None,
-            )
-            .unwrap();
-        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
-        let sent = gather(&snapshot(&src), &even);
-        assert_blocks(&kv, &odd, &sent, &format!("host {blocks} × {block}"));
-        let after = ab.pack_stats();
+        let packed = write_every_other((&a, &b, &ab), false, (4 << 20) / block, block);
         assert_eq!(
-            after.packed_sent - before.packed_sent,
+            packed,
             u64::from(packs),
-            "host {blocks} × {block}: packed? {after:?}"
+            "host lists of {block}-byte blocks"
         );
     }
     assert!(ab.error().is_none() && b.access_refusals() == 0);
@@ -548,27 +559,13 @@ fn a_lone_list_touching_staged_memory_packs_past_four_runs_per_channel() {
         (false, 48, false),
         (false, 49, true),
     ] {
-        let what = format!("{} × {runs} alone", label(staged));
-        let len = runs * BLOCK;
-        let src = filled(&a, staged, 2 * len, runs as u64);
-        let kv = region(&b, staged, 2 * len);
-        let d = b.advertise(&kv).unwrap();
-        let (even, odd) = (
-            every_other_block(runs, BLOCK, 0),
-            every_other_block(runs, BLOCK, 1),
+        let packed = write_every_other((&a, &b, &ab), staged, runs, BLOCK);
+        assert_eq!(
+            packed,
+            u64::from(packs),
+            "{} × {runs} alone: packed {packed}",
+            label(staged)
         );
-        let before = ab.pack_stats().packed_sent;
-        let tx = ab
-            .write(
-                &local_segments(&src, &even),
-                &remote_segments(d, &odd),
-                None,
-            )
-            .unwrap();
-        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "{what}");
-        assert_blocks(&kv, &odd, &gather(&snapshot(&src), &even), &what);
-        let packed = ab.pack_stats().packed_sent - before;
-        assert_eq!(packed, u64::from(packs), "{what}: packed {packed}");
     }
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
