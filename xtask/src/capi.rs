@@ -323,7 +323,14 @@ fn test(out: &Path) -> Result<()> {
         "--child-silent-after-fork=no",
         "--quiet",
     ])
-    // No suppressions: the test program, the runtime and the socket plugin run clean.
+    // One suppression, for a leak inside hwloc's PCI component on some hosts (see the file);
+    // the test program, the runtime and the socket plugin run clean without any.
+    .arg(format!(
+        "--suppressions={}",
+        workspace_root()
+            .join("crates/tcpx-capi/tests/c/valgrind.supp")
+            .display()
+    ))
     .arg(out.join("capi_test"))
     .arg("--valgrind");
     with_etcd(&mut vg);
