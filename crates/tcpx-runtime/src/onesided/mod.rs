@@ -49,11 +49,12 @@
 //! plugin request, and at 4 KiB the per-request cost dominates (0.25–0.33 of two-sided on
 //! loopback). So the data sender packs a batch of host memory whose blocks average fewer
 //! than [`crate::Config::pack_below`] bytes (default 32 KiB, measured; staged GPU memory on
-//! either side: [`crate::Config::pack_staged_below`], 512 KiB) and that fits one
-//! pack buffer ([`PACK_BYTES`]; staged on both sides: no cap): both sides then use the contiguous schedule of the total
-//! (the flag travels in `WriteRequest`, and for reads in `ReadData` after the initiator
-//! offered in `ReadRequest`), and a side whose list is scattered gathers into / scatters
-//! from a pooled, registered pack buffer (a side whose list is one run uses it in place).
+//! either side: [`crate::Config::pack_staged_below`], 512 KiB) and that fits one pack buffer
+//! ([`PACK_BYTES`]; staged on both sides: no cap): both sides then use the contiguous
+//! schedule of the total (the flag travels in `WriteRequest`, and for reads in `ReadData`
+//! after the initiator offered in `ReadRequest`), and a side whose list is scattered gathers
+//! into / scatters from a pooled, registered pack buffer (a side whose list is one run uses
+//! it in place).
 //! The copies run in the engines, chunk by chunk: each chunk's blocks are gathered into the
 //! pack buffer just before its send and scattered out of it once its receive is done, on
 //! the engine of the chunk's channel (see `engine::job::HostParts`), so a packed job

@@ -1,10 +1,12 @@
 //! Packing small scattered blocks: a one-sided batch of many small host-memory blocks travels
 //! as one contiguous transfer through pack buffers, instead of one plugin request per block.
 //!
-//! - The data sender decides ([`worth_packing`], [`crate::Config::pack_below`]) and its
-//!   engines gather the blocks into a pack buffer, chunk by chunk, as they send; the flag travels in its marker (`WriteRequest`
-//!   for writes; for reads the initiator *offers* in `ReadRequest` and the target decides in
-//!   `ReadData`), so both sides derive the same contiguous schedule ([`packed_schedule`]).
+//! - The data sender decides ([`worth_packing`] under [`crate::Config::pack_below`], or
+//!   [`crate::Config::pack_staged_below`] when a side is staged: [`PackSide::threshold`])
+//!   and its engines gather the blocks into a pack buffer, chunk by chunk, as they send; the
+//!   flag travels in its marker (`WriteRequest` for writes; for reads the initiator *offers*
+//!   in `ReadRequest` and the target decides in `ReadData`), so both sides derive the same
+//!   contiguous schedule ([`packed_schedule`]).
 //! - Each side copies only if its own list is scattered: a side whose list is one run
 //!   already sends from / receives into it in place (the wire only needs both sides to cut
 //!   the total alike), so a contiguous staging buffer against scattered KV blocks costs one
