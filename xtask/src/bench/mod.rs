@@ -213,8 +213,8 @@ fn binary(opts: &Options, root: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// One pair per GPU (ports `base + 2 * gpu`; base 0: every server picks its own), one pair for all GPUs (`--single-process`), or
-/// one pair without `--gpu`.
+/// One pair per GPU (ports `base + 2 * gpu`; base 0: every server picks its own), one pair
+/// for all GPUs (`--single-process`), or one pair without `--gpu`.
 fn plan_pairs(opts: &Options, launcher: &dyn Launcher) -> Result<Vec<Pair>> {
     let highest = opts
         .gpus

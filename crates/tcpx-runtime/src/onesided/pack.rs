@@ -77,11 +77,17 @@ impl PackSide {
     /// ([`crate::Config::pack_staged_below`]) than a batch of host memory on both sides, whose
     /// pack costs a memcpy the unpacked path does not make ([`crate::Config::pack_below`]).
     pub(crate) fn threshold(a: PackSide, b: PackSide, config: &crate::Config) -> u32 {
-        if a == PackSide::Staged || b == PackSide::Staged {
+        if PackSide::either_staged(a, b) {
             config.pack_staged_below
         } else {
             config.pack_below
         }
+    }
+
+    /// Whether either side of a batch is staged: each unpacked piece then costs a ring copy,
+    /// which both the packing threshold and the lone-batch rule weigh.
+    pub(crate) fn either_staged(a: PackSide, b: PackSide) -> bool {
+        a == PackSide::Staged || b == PackSide::Staged
     }
 
     /// The largest batch both sides can pack.

@@ -361,12 +361,13 @@ impl Rma {
     /// unpacked piece is a ring copy of its own.
     fn lone_unpacked_runs(&self, local: PackSide, far: PackSide) -> usize {
         let channels = usize::from(self.link.channels);
-        let staged = local == PackSide::Staged || far == PackSide::Staged;
-        self.config.pack_lone_runs.unwrap_or(if staged {
-            channels * crate::config::STAGED_LONE_RUNS_PER_CHANNEL
-        } else {
-            channels * self.config.window
-        })
+        self.config
+            .pack_lone_runs
+            .unwrap_or(if PackSide::either_staged(local, far) {
+                channels * crate::config::STAGED_LONE_RUNS_PER_CHANNEL
+            } else {
+                channels * self.config.window
+            })
     }
 
     /// The packed form of a batch: the contiguous schedule, and this side's pieces — the

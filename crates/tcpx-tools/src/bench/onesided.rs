@@ -132,10 +132,10 @@ struct Bench {
 
 fn config(o: &Options) -> Result<Config> {
     // Packing, inline and idle knobs come from the environment (TCPX_PACK_BELOW=0 and
-    // TCPX_PACK_STAGED_BELOW=0 measure the unpacked paths, TCPX_INLINE_BYTES=0 / TCPX_INLINE_LONE_BYTES=0 /
-    // TCPX_INLINE_GPU_BYTES=0 small operations
-    // through the comms, TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads
-    // wait, in the same build); everything else from the flags.
+    // TCPX_PACK_STAGED_BELOW=0 measure the unpacked paths, TCPX_INLINE_BYTES=0 /
+    // TCPX_INLINE_LONE_BYTES=0 / TCPX_INLINE_GPU_BYTES=0 small operations through the comms,
+    // TCPX_BACKOFF / TCPX_ENGINE_LINGER_US / TCPX_WAIT_SPIN_US how threads wait, in the same
+    // build); everything else from the flags.
     let env = Config::from_env()?;
     let config = Config::builder()
         .backend(o.backend.clone())
