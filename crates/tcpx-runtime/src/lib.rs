@@ -98,7 +98,8 @@ pub use error::{Direction, Error, LocalErrorKind, Result};
 pub use ipc::{IpcDescriptor, LocalAddr, LocalConnection, LocalInfo, LocalRoute};
 pub use metrics::{ChannelMetrics, ConnectionMetrics, Metrics};
 pub use onesided::{
-    batches_per_pack_buffer, Descriptor, PackStats, RemoteSegment, PACK_BYTES, PACK_SLICE,
+    batches_per_pack_buffer, Descriptor, PackStats, RemoteSegment, PACKED_HOST_MAX_BYTES,
+    PACK_BYTES, PACK_SLICE,
 };
 pub use registry::Region;
 pub use rendezvous::{Group, MemoryStore, Store, StoreError};

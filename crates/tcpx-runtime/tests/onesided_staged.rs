@@ -546,6 +546,40 @@ fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
 }
 
 #[test]
+fn lists_past_a_pack_buffer_touching_host_memory_pack_across_buffers() {
+    loopback();
+    // 640 × 16 KiB = 10 MiB: a host side gathers into (or scatters out of) three pack
+    // buffers, whose boundaries fall on 64 KiB chunks; written and read back, both ways
+    // between host and staged memory and between host memory on both sides.
+    for (local_staged, remote_staged) in [(false, true), (true, false), (false, false)] {
+        kv_list_between(local_staged, remote_staged, 640, 16 << 10, 64 << 10);
+    }
+    // Chunks of 768 KiB do not divide a 4 MiB buffer: the stream's cut over three buffers
+    // would differ from the peer's over one, so a host list past a buffer goes unpacked
+    // (and lands), while one within a buffer still packs.
+    let (a, b, ab, _ba) = pair(3, 768 << 10);
+    for (blocks, packs) in [(640, false), (128, true)] {
+        let packed = write_every_other((&a, &b, &ab), false, blocks, 16 << 10);
+        assert_eq!(
+            packed,
+            u64::from(packs),
+            "{blocks} × 16 KiB, 768 KiB chunks"
+        );
+    }
+    // A pool of two buffers packs lists of up to two (8 MiB), not more.
+    let config = || tcpx_runtime::Config {
+        pack_buffers: 2,
+        ..common::config(3, 64 << 10)
+    };
+    let (a, b, ab, _ba) = common::pair_with(config(), config());
+    for (blocks, packs) in [(512, true), (640, false)] {
+        let packed = write_every_other((&a, &b, &ab), false, blocks, 16 << 10);
+        assert_eq!(packed, u64::from(packs), "{blocks} × 16 KiB, two buffers");
+    }
+    assert!(ab.error().is_none() && b.access_refusals() == 0);
+}
+
+#[test]
 fn a_lone_list_touching_staged_memory_packs_past_four_runs_per_channel() {
     loopback();
     // 3 channels: a lone staged list goes unpacked up to 12 runs and packs from 13, where a

@@ -98,8 +98,11 @@ pub const MAGIC: [u8; 4] = *b"TXCP";
 /// the target (a version 6 target refuses them with `UnsupportedMemory`, failing operations
 /// that a version 7 initiator sends inline); the handshake refuses the mix instead. Version 8:
 /// `EndpointInfo` says whether a side spreads two-sided transfers, and two connected sides that
-/// both do cut them finer (a version 7 peer would cut the same transfer differently).
-pub const PROTOCOL_VERSION: u16 = 8;
+/// both do cut them finer (a version 7 peer would cut the same transfer differently). Version
+/// 9: a packed one-sided transfer into or out of host memory may carry up to 64 MiB (several
+/// pack buffers), where a version 8 target takes more than 4 MiB as a protocol violation and
+/// fails the connection mid-stream; the handshake refuses the mix instead.
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 12;

@@ -28,7 +28,8 @@
 //! changed no message here, only eager frames: detached messages; version 6 added inline data
 //! to `WriteRequest`, the inline flag to `ReadRequest` and `ReadInline`; version 7 changed no
 //! message, only what inline operations may name: GPU memory; version 8
-//! `spread_two_sided`).
+//! `spread_two_sided`; version 9 changed no message, only how large a packed transfer of host
+//! memory may be).
 //! A `str16` is a u16 byte length then UTF-8 bytes.
 //!
 //! Decoding checks every length against the bytes present before allocating, rejects

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use crate::carrier::{Carrier, JobSpec};
 use crate::engine::job::staging_of;
 use crate::error::{Direction, Error, Result};
-use crate::onesided::pack::{host_parts, packed_schedule, PackPool, Part};
+use crate::onesided::pack::{host_parts, lease_pieces, packed_schedule, PackPool, Part};
 use crate::onesided::PACK_BYTES;
 use crate::registry::Segment;
 use crate::transfer::Transfer;
@@ -79,7 +79,7 @@ pub(crate) fn submit(
     let lease = if staged || in_place {
         None
     } else {
-        Some(cx.pool.for_receiver(total)?)
+        Some(cx.pool.for_receiver(total, false)?)
     };
     // The engines copy the blocks of a packed batch chunk by chunk; the plugin never sees
     // them, so they are not registered.
@@ -88,13 +88,8 @@ pub(crate) fn submit(
         None => None,
     };
     let pieces = match &lease {
-        Some(lease) => smallvec::smallvec![cx.carrier.region_piece(
-            lease.region(),
-            lease.offset(),
-            total,
-            direction,
-            false
-        )?],
+        // Within one pack buffer (checked above): one piece.
+        Some(lease) => lease_pieces(cx.carrier, lease, direction)?,
         // Staged: every part stays a piece; the lanes gather or scatter them per chunk.
         None if staged => parts
             .iter()

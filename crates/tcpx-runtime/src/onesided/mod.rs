@@ -49,12 +49,15 @@
 //! plugin request, and at 4 KiB the per-request cost dominates (0.25–0.33 of two-sided on
 //! loopback). So the data sender packs a batch of host memory whose blocks average fewer
 //! than [`crate::Config::pack_below`] bytes (default 32 KiB, measured; staged GPU memory on
-//! either side: [`crate::Config::pack_staged_below`], 512 KiB) and that fits one pack buffer
-//! ([`PACK_BYTES`]; staged on both sides: no cap): both sides then use the contiguous
-//! schedule of the total (the flag travels in `WriteRequest`, and for reads in `ReadData`
-//! after the initiator offered in `ReadRequest`), and a side whose list is scattered gathers
-//! into / scatters from a pooled, registered pack buffer (a side whose list is one run uses
-//! it in place).
+//! either side: [`crate::Config::pack_staged_below`], 512 KiB) and that fits its pool's pack
+//! buffers ([`PACK_BYTES`] each, up to [`PACKED_HOST_MAX_BYTES`] in several; staged on both
+//! sides: no cap): both sides then use the contiguous schedule of the total (the flag travels
+//! in `WriteRequest`, and for reads in `ReadData` after the initiator offered in
+//! `ReadRequest`), and a side whose list is scattered gathers into / scatters from pooled,
+//! registered pack buffers (a side whose list is one run uses it in place). A stream in
+//! several buffers is cut over them by that side's own schedule, which cuts it as the peer's
+//! contiguous one does because each buffer holds whole chunks; where the chunk size does not
+//! divide a buffer, a host side packs one buffer's worth at most.
 //! The copies run in the engines, chunk by chunk: each chunk's blocks are gathered into the
 //! pack buffer just before its send and scattered out of it once its receive is done, on
 //! the engine of the chunk's channel (see `engine::job::HostParts`), so a packed job
@@ -72,7 +75,7 @@
 //! `engine::stage`. Before this, a KV list of 1024 × 16 KiB GPU blocks was 1024
 //! chunks with a copy and an event each, and moved at 0.3 × the speed of 64 × 1 MiB. With no
 //! pack buffer on a staged side, a batch of staged ↔ staged memory has no size cap (one with a
-//! host side still fits [`PACK_BYTES`]); an initiator packs toward CUDA descriptors only when
+//! host side fits that side's pack buffers); an initiator packs toward CUDA descriptors only when
 //! its own endpoint stages CUDA memory (same plugin on both ends: the target stages too). A
 //! target takes a packed write into CUDA memory through its rings in any case, and discards a
 //! refused one past a pack buffer chunk by chunk, as an unpacked one. CUDA memory a plugin
@@ -183,7 +186,7 @@ pub(crate) mod state;
 pub(crate) mod target;
 
 pub use descriptor::{Descriptor, DescriptorError, RemoteSegment};
-pub use pack::{batches_per_pack_buffer, PackStats, PACK_BYTES, PACK_SLICE};
+pub use pack::{batches_per_pack_buffer, PackStats, PACKED_HOST_MAX_BYTES, PACK_BYTES, PACK_SLICE};
 pub use wire::{ReadRequest, Refusal, RefusalReason, RemoteEntry, WriteRequest, MAX_NOTIFICATION};
 
 /// What the one-sided half of every connection shares with its endpoint: the regions it

@@ -20,7 +20,8 @@
 //!   use up to [`crate::Config::pack_buffers`] and registered once per direction on the RMA
 //!   link (the registration is cached on the link by region). A batch leases only the
 //!   [`PACK_SLICE`]s its bytes need, consecutive in one buffer, so one buffer carries 32
-//!   lists of 32 × 4 KiB in flight at once. A sender finding no room falls back to the
+//!   lists of 32 × 4 KiB in flight at once; a batch past a buffer takes whole free buffers
+//!   and slices of one more for the rest ([`PACKED_HOST_MAX_BYTES`] at most), all or none. A sender finding no room falls back to the
 //!   unpacked transfer (counted in [`PackStats::fallbacks`]); a receiver must follow the
 //!   sender, so it allocates a one-off buffer of the batch's size past the pool
 //!   ([`PackStats::overflows`]), bounded by what the peer's own pool lets it send.
@@ -35,14 +36,36 @@ use tcpx::SharedMemory;
 
 use crate::link::Link;
 
-use crate::engine::job::{HostParts, Job};
-use crate::error::{Error, Result};
+use crate::carrier::Carrier;
+use crate::engine::job::{HostParts, Job, Pieces};
+use crate::error::{Direction, Error, Result};
 use crate::registry::Region;
 use crate::schedule::Schedule;
 
-/// Bytes of one pack buffer, and the most a packed transfer may carry (both sides know it:
-/// a packed request past it is a protocol violation). 1024 blocks of 4 KiB fit.
+/// Bytes of one pack buffer (1024 blocks of 4 KiB), and the most a two-sided batch carries.
+/// A packed one-sided transfer of host memory past it spans several buffers of its pool, up
+/// to [`PACKED_HOST_MAX_BYTES`].
 pub const PACK_BYTES: u64 = 4 << 20;
+
+/// The most a packed one-sided transfer may carry into or out of host memory (both sides know
+/// it: a packed request past it into host memory is a protocol violation): sixteen pack
+/// buffers. A side packs what spans as many buffers as its pool may hold
+/// ([`crate::Config::pack_buffers`], eight by default: 32 MiB); a receiver whose pool has no
+/// room follows with a one-off buffer, as for one buffer's worth. Staged memory has no cap.
+///
+/// Why several buffers: a KV list of 1024 × 16 KiB blocks in GPU memory on one side and host
+/// memory on the other (a cache in host memory serving GPUs, or the other way round) could
+/// not pack while a host side was capped at one buffer, and moved at a quarter of the same
+/// list between two GPUs (docs/RESULTS.md, thirty-seventh session).
+pub const PACKED_HOST_MAX_BYTES: u64 = 16 * PACK_BYTES;
+
+/// Whether a packed stream of `len` bytes cut at `cut` bytes may lie in several pack buffers:
+/// every buffer boundary (a multiple of [`PACK_BYTES`]) must fall on a chunk boundary, so
+/// that the side's schedule over its buffers cuts the stream exactly as the peer's schedule
+/// over one contiguous stream does. True for any length within one buffer.
+pub(crate) fn spans_buffers(len: u64, cut: u32) -> bool {
+    len <= PACK_BYTES || (cut > 0 && PACK_BYTES % u64::from(cut) == 0)
+}
 
 /// Whether a data sender packs a batch of `total` bytes cut into `runs` pieces (the larger
 /// of both sides' merged run counts, which sets the number of plugin requests unpacked):
@@ -90,10 +113,11 @@ impl PackSide {
         a == PackSide::Staged || b == PackSide::Staged
     }
 
-    /// The largest batch both sides can pack.
-    pub(crate) fn cap(a: PackSide, b: PackSide) -> u64 {
+    /// The largest batch both sides can pack, `host` when either side is host memory (what
+    /// its pack buffers hold: see [`PACKED_HOST_MAX_BYTES`]).
+    pub(crate) fn cap(a: PackSide, b: PackSide, host: u64) -> u64 {
         if a == PackSide::Host || b == PackSide::Host {
-            PACK_BYTES
+            host
         } else {
             u64::MAX
         }
@@ -245,25 +269,54 @@ struct Slices {
     count: u8,
 }
 
-/// Pack space in use: `len` bytes at [`PackLease::offset`] in [`PackLease::region`]. Its
-/// slices go back to the pool on drop, unless poisoned; a one-off buffer is freed.
-pub(crate) struct PackLease {
+/// One stretch of a lease: `len` bytes of one buffer, at its slices' start (a one-off
+/// buffer: at 0).
+struct Span {
     region: Region,
     slices: Option<Slices>,
+    len: u64,
+}
+
+impl Span {
+    fn offset(&self) -> usize {
+        self.slices
+            .as_ref()
+            .map_or(0, |s| (u64::from(s.first) * PACK_SLICE) as usize)
+    }
+
+    /// Hands the span's slices back to its pool.
+    fn release(&mut self) {
+        let Some(slices) = self.slices.take() else {
+            return;
+        };
+        let Some(pool) = slices.pool.upgrade() else {
+            return;
+        };
+        let mut buffers = pool.buffers();
+        if let Some(buffer) = buffers.get_mut(slices.buffer as usize) {
+            buffer.used &= !slice_bits(u32::from(slices.first), u32::from(slices.count));
+        }
+    }
+}
+
+/// Pack space in use: the packed stream in order, one span per buffer — one span for a batch
+/// within a pack buffer, whole buffers and then the rest for a larger one. Its slices go back
+/// to the pool on drop, unless poisoned; a one-off buffer is freed.
+pub(crate) struct PackLease {
+    spans: smallvec::SmallVec<[Span; 1]>,
     poisoned: bool,
 }
 
 impl PackLease {
-    /// The buffer the space lies in.
-    pub(crate) fn region(&self) -> &Region {
-        &self.region
+    /// The stream's stretches in order: the buffer, where the stretch starts in it, and its
+    /// bytes.
+    pub(crate) fn spans(&self) -> impl Iterator<Item = (&Region, usize, u64)> + '_ {
+        self.spans.iter().map(|s| (&s.region, s.offset(), s.len))
     }
 
-    /// Where the space starts in [`Self::region`].
-    pub(crate) fn offset(&self) -> usize {
-        self.slices
-            .as_ref()
-            .map_or(0, |s| (u64::from(s.first) * PACK_SLICE) as usize)
+    /// Bytes of each stretch, in stream order: the lengths a schedule of the lease cuts.
+    pub(crate) fn span_lens(&self) -> smallvec::SmallVec<[u64; 1]> {
+        self.spans.iter().map(|s| s.len).collect()
     }
 
     /// Never reuse this space: a job that may still post on it is not known to be done.
@@ -279,19 +332,12 @@ impl Drop for PackLease {
         if self.poisoned {
             return;
         }
-        let Some(slices) = self.slices.take() else {
-            return;
-        };
-        let Some(pool) = slices.pool.upgrade() else {
-            return;
-        };
         // The lease's job finished (a sender's lease is held until then, a receiver's until
         // its item was handled): the plugin is done with these bytes. A request's hold on
         // the memory, which the engine drops just after, only counts it in flight; other
         // batches' requests use other slices of the same buffer at the same time anyway.
-        let mut buffers = pool.buffers();
-        if let Some(buffer) = buffers.get_mut(slices.buffer as usize) {
-            buffer.used &= !slice_bits(u32::from(slices.first), u32::from(slices.count));
+        for span in &mut self.spans {
+            span.release();
         }
     }
 }
@@ -337,22 +383,44 @@ impl PackPool {
         drop(done);
     }
 
-    /// Pooled space for `len` bytes (at most [`PACK_BYTES`]): free slices of a pooled
-    /// buffer, or a new buffer while fewer than the cap are alive.
+    /// Pooled space for `len` bytes (at most [`PACKED_HOST_MAX_BYTES`]): within a pack
+    /// buffer, free slices of one; past it, whole free buffers and slices of one more for the
+    /// rest. `None` (nothing kept) when the pool at its cap has no room for all of it.
     fn pooled(&self, len: u64) -> Result<Option<PackLease>> {
-        if len > PACK_BYTES {
+        if len > PACKED_HOST_MAX_BYTES {
             return Err(Error::Internal(format!(
-                "a packed batch of {len} bytes is larger than a pack buffer ({PACK_BYTES})"
+                "a packed batch of {len} bytes is larger than {PACKED_HOST_MAX_BYTES} bytes"
             )));
         }
         self.reclaim();
+        let mut lease = PackLease {
+            spans: smallvec::SmallVec::new(),
+            poisoned: false,
+        };
+        let mut left = len;
+        loop {
+            let part = left.min(PACK_BYTES);
+            // Not all of it: dropping `lease` hands back the spans already taken.
+            let Some(span) = self.span(part)? else {
+                return Ok(None);
+            };
+            lease.spans.push(span);
+            left -= part;
+            if left == 0 {
+                return Ok(Some(lease));
+            }
+        }
+    }
+
+    /// Pooled space for `len` bytes of one buffer (at most [`PACK_BYTES`]).
+    fn span(&self, len: u64) -> Result<Option<Span>> {
         let count = slices_for(len);
         {
             let mut buffers = self.inner.buffers();
             for (index, buffer) in buffers.iter_mut().enumerate() {
                 if let Some(first) = free_run(buffer.used, count) {
                     buffer.used |= slice_bits(first, count);
-                    return Ok(Some(self.lease(&buffer.region, index, first, count)));
+                    return Ok(Some(self.lease(&buffer.region, index, first, count, len)));
                 }
             }
         }
@@ -380,12 +448,12 @@ impl PackPool {
             region: region.clone(),
             used: slice_bits(0, count),
         });
-        Ok(Some(self.lease(&region, buffers.len() - 1, 0, count)))
+        Ok(Some(self.lease(&region, buffers.len() - 1, 0, count, len)))
     }
 
-    fn lease(&self, region: &Region, buffer: usize, first: u32, count: u32) -> PackLease {
+    fn lease(&self, region: &Region, buffer: usize, first: u32, count: u32, len: u64) -> Span {
         // A pool holds at most `cap` buffers (a handful) of 64 slices.
-        PackLease {
+        Span {
             region: region.clone(),
             slices: Some(Slices {
                 pool: Arc::downgrade(&self.inner),
@@ -393,12 +461,13 @@ impl PackPool {
                 first: first as u8,
                 count: count as u8,
             }),
-            poisoned: false,
+            len,
         }
     }
 
     /// Space for a data sender's `len` bytes (or a read initiator's, offering to receive
-    /// packed), or `None` when the pool has none: the caller goes unpacked.
+    /// packed), or `None` when the pool has none: the caller goes unpacked. Past a pack
+    /// buffer the caller checked [`spans_buffers`] (its cap says so: `Rma::host_pack_cap`).
     pub(crate) fn for_sender(&self, len: u64) -> Result<Option<PackLease>> {
         let lease = self.pooled(len)?;
         if lease.is_none() {
@@ -407,18 +476,32 @@ impl PackPool {
         Ok(lease)
     }
 
-    /// Space for a receiver's `len` bytes, which must follow a packing sender: pooled if
-    /// the pool has room or may grow, else a one-off buffer of `len` bytes dropped after use.
-    /// (The sender's own pool bounds what it has in flight, so with equal pools this is rare.)
-    pub(crate) fn for_receiver(&self, len: u64) -> Result<PackLease> {
-        if let Some(lease) = self.pooled(len)? {
-            return Ok(lease);
+    /// Space for a receiver's `len` bytes (at most [`PACKED_HOST_MAX_BYTES`]), which must
+    /// follow a packing sender: pooled if the pool has room or may grow (in several buffers
+    /// only when `spans` allows it: [`spans_buffers`]), else a one-off buffer of `len` bytes
+    /// dropped after use. (The sender's own pool bounds what it has in flight, so with equal
+    /// pools this is rare.)
+    pub(crate) fn for_receiver(&self, len: u64, spans: bool) -> Result<PackLease> {
+        if len > PACKED_HOST_MAX_BYTES {
+            return Err(Error::Internal(format!(
+                "a packed batch of {len} bytes is larger than {PACKED_HOST_MAX_BYTES} bytes"
+            )));
+        }
+        if len <= PACK_BYTES || spans {
+            if let Some(lease) = self.pooled(len)? {
+                return Ok(lease);
+            }
         }
         self.counters.overflows.fetch_add(1, Ordering::Relaxed);
-        // At most PACK_BYTES (checked by `pooled`): it fits a usize.
-        Ok(PackLease {
+        // At most PACKED_HOST_MAX_BYTES (checked above): it fits a usize.
+        let mut spans = smallvec::SmallVec::new();
+        spans.push(Span {
             region: allocate(len.max(1) as usize)?,
             slices: None,
+            len,
+        });
+        Ok(PackLease {
+            spans,
             poisoned: false,
         })
     }
@@ -497,6 +580,18 @@ fn allocate(len: usize) -> Result<Region> {
     Ok(Region::new(memory))
 }
 
+/// The job pieces of `lease`: its stretches in stream order, registered for `direction`.
+pub(crate) fn lease_pieces(
+    carrier: &Carrier,
+    lease: &PackLease,
+    direction: Direction,
+) -> Result<Pieces> {
+    lease
+        .spans()
+        .map(|(region, offset, len)| carrier.region_piece(region, offset, len, direction, false))
+        .collect()
+}
+
 /// One block of a packed batch on this side: `len` bytes at `offset` in `region`.
 pub(crate) struct Part {
     pub(crate) region: Region,
@@ -519,6 +614,18 @@ pub(crate) fn host_parts(parts: &[Part]) -> Result<HostParts> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl PackLease {
+        /// The buffer of the first stretch.
+        fn region(&self) -> &Region {
+            &self.spans[0].region
+        }
+
+        /// Where the first stretch starts in its buffer.
+        fn offset(&self) -> usize {
+            self.spans[0].offset()
+        }
+    }
 
     #[test]
     fn staged_memory_on_either_side_takes_the_staged_threshold() {
@@ -572,7 +679,7 @@ mod tests {
     #[test]
     fn staged_sides_pack_past_a_pack_buffer() {
         use PackSide::{Host, Staged};
-        let cap = PackSide::cap(Staged, Staged);
+        let cap = PackSide::cap(Staged, Staged, PACKED_HOST_MAX_BYTES);
         // A KV list of 1024 × 16 KiB GPU blocks: packed, though 4 × a pack buffer.
         assert!(worth_packing(16 << 20, 1024, 64 << 10, cap));
         assert!(
@@ -580,12 +687,19 @@ mod tests {
             "256 KiB blocks"
         );
         for (a, b) in [(Host, Staged), (Staged, Host), (Host, Host)] {
-            assert_eq!(PackSide::cap(a, b), PACK_BYTES, "{a:?} / {b:?}");
+            assert_eq!(PackSide::cap(a, b, PACK_BYTES), PACK_BYTES, "{a:?} / {b:?}");
             assert!(!worth_packing(
                 16 << 20,
                 1024,
                 64 << 10,
-                PackSide::cap(a, b)
+                PackSide::cap(a, b, PACK_BYTES)
+            ));
+            // A host side whose buffers hold whole chunks packs across several.
+            assert!(worth_packing(
+                16 << 20,
+                1024,
+                64 << 10,
+                PackSide::cap(a, b, PACKED_HOST_MAX_BYTES)
             ));
         }
     }
@@ -595,7 +709,7 @@ mod tests {
         let pool = PackPool::new(1);
         let whole = pool.for_sender(PACK_BYTES).unwrap().expect("first buffer");
         assert!(pool.for_sender(1).unwrap().is_none(), "every slice leased");
-        let overflow = pool.for_receiver(4096).unwrap();
+        let overflow = pool.for_receiver(4096, false).unwrap();
         assert_eq!(
             (overflow.offset(), overflow.region().len()),
             (0, 4096),
@@ -615,9 +729,81 @@ mod tests {
         let s = pool.stats();
         assert_eq!((s.fallbacks, s.overflows, s.buffers), (2, 1, 1));
         assert!(
-            pool.for_sender(PACK_BYTES + 1).is_err(),
-            "past a pack buffer"
+            pool.for_sender(PACKED_HOST_MAX_BYTES + 1).is_err(),
+            "past the most a packed transfer carries"
         );
+    }
+
+    #[test]
+    fn a_batch_past_a_buffer_takes_whole_buffers_or_nothing() {
+        let pool = PackPool::new(4);
+        let ten = pool
+            .for_sender(10 << 20)
+            .unwrap()
+            .expect("three buffers of four");
+        let spans: Vec<(usize, u64)> = ten.spans().map(|(_, off, len)| (off, len)).collect();
+        assert_eq!(spans, [(0, PACK_BYTES), (0, PACK_BYTES), (0, 2 << 20)]);
+        let regions: Vec<&Region> = ten.spans().map(|(r, _, _)| r).collect();
+        assert!(
+            !regions[0].memory().same_as(regions[1].memory())
+                && !regions[1].memory().same_as(regions[2].memory()),
+            "one buffer per stretch"
+        );
+        assert_eq!(
+            ten.span_lens().as_slice(),
+            [PACK_BYTES, PACK_BYTES, 2 << 20]
+        );
+        // 8 MiB needs two whole buffers: the pool grows to its cap (one) and has no second,
+        // so nothing is kept — the new buffer's space is free for the next batch.
+        assert!(pool.for_sender(8 << 20).unwrap().is_none());
+        let whole = pool
+            .for_sender(PACK_BYTES)
+            .unwrap()
+            .expect("the fourth buffer");
+        assert_eq!(pool.stats().buffers, 4);
+        // The rest of the third buffer still holds a small batch.
+        let small = pool
+            .for_sender(1 << 20)
+            .unwrap()
+            .expect("slices after 2 MiB");
+        assert_eq!(small.offset(), 2 << 20);
+        drop((whole, small));
+        drop(ten);
+        let again = pool
+            .for_sender(16 << 20)
+            .unwrap()
+            .expect("every buffer free");
+        assert_eq!(again.spans().count(), 4);
+        drop(again);
+        // A receiver follows a sender past its pool with one buffer of the batch's size, and
+        // with one also where its buffers may not hold whole chunks.
+        let _held = pool
+            .for_sender(16 << 20)
+            .unwrap()
+            .expect("every buffer free");
+        let overflow = pool.for_receiver(10 << 20, true).unwrap();
+        let spans: Vec<(usize, u64)> = overflow.spans().map(|(_, o, l)| (o, l)).collect();
+        assert_eq!(spans, [(0, 10 << 20)]);
+        assert_eq!(overflow.region().len(), 10 << 20);
+        drop(_held);
+        let refused = pool.for_receiver(10 << 20, false).unwrap();
+        assert_eq!(
+            refused.spans().count(),
+            1,
+            "buffers must not split the chunks"
+        );
+        let s = pool.stats();
+        assert_eq!((s.fallbacks, s.overflows), (1, 2));
+    }
+
+    #[test]
+    fn buffers_hold_a_stream_only_in_whole_chunks() {
+        assert!(spans_buffers(PACK_BYTES, 3 << 20), "one buffer: any cut");
+        assert!(spans_buffers(16 << 20, 512 << 10));
+        assert!(spans_buffers(16 << 20, 4 << 20));
+        assert!(!spans_buffers(16 << 20, 3 << 20));
+        assert!(!spans_buffers(16 << 20, 384 << 10));
+        assert!(!spans_buffers(16 << 20, 0));
     }
 
     #[test]
@@ -725,7 +911,7 @@ mod tests {
                         let full = buffers.len() >= cap && !room;
                         let overflows = pool.stats().overflows;
                         let lease = if receiver {
-                            let lease = pool.for_receiver(len).unwrap();
+                            let lease = pool.for_receiver(len, false).unwrap();
                             let one_off = pool.stats().overflows > overflows;
                             proptest::prop_assert_eq!(one_off, full);
                             (!one_off).then_some(lease)

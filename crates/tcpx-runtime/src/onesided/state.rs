@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
 use super::pack::{
-    host_parts, packed_schedule, worth_packing, PackLease, PackPool, PackSide, Part,
+    host_parts, lease_pieces, packed_schedule, spans_buffers, worth_packing, PackLease, PackPool,
+    PackSide, Part, PACKED_HOST_MAX_BYTES, PACK_BYTES,
 };
 use super::remote_runs::{remote_entries, SegmentMap};
 use super::OneSidedShared;
@@ -316,7 +317,7 @@ impl Rma {
     /// never packs on this side (no GPU pack buffer). A batch with staged memory on either
     /// side packs below [`crate::Config::pack_staged_below`], one of host memory on both
     /// below [`crate::Config::pack_below`] ([`PackSide::threshold`]).
-    fn pack_side(&self, remote: &[RemoteSegment], plan: &Plan) -> Option<PackSide> {
+    fn pack_side(&self, remote: &[RemoteSegment], plan: &Plan, spread: bool) -> Option<PackSide> {
         let local = if plan.staging.is_some() {
             PackSide::Staged
         } else if plan
@@ -337,11 +338,31 @@ impl Rma {
             return None;
         };
         let runs = plan.pieces.len().max(plan.remote_lens.len());
-        let cap = PackSide::cap(local, far);
+        let cap = PackSide::cap(local, far, self.host_pack_cap(plan.len, spread));
         let below = PackSide::threshold(local, far, &self.config);
         (worth_packing(plan.len, runs, below, cap)
             && (runs > self.lone_unpacked_runs(local, far) || !self.alone()))
         .then_some(local)
+    }
+
+    /// The largest packed transfer of `len` bytes a host side takes (see
+    /// [`super::pack::PACKED_HOST_MAX_BYTES`]): as many pack buffers as the pool may hold
+    /// when the stream's chunks fit them whole ([`spans_buffers`]: a chunk size that does not
+    /// divide a buffer would cut the stream differently over several buffers than the peer
+    /// cuts it over one), else one.
+    pub(crate) fn host_pack_cap(&self, len: u64, spread: bool) -> u64 {
+        let spans = len <= PACK_BYTES
+            || packed_schedule(len, &self.link, 0, spread)
+                .is_ok_and(|s| spans_buffers(len, s.cut_bytes()));
+        if spans {
+            // One buffer's worth at least: a pool too small for it counts the batch as a
+            // fallback (`PackStats::fallbacks`), as it always has.
+            PACKED_HOST_MAX_BYTES
+                .min(PACK_BYTES.saturating_mul(self.config.pack_buffers as u64))
+                .max(PACK_BYTES)
+        } else {
+            PACK_BYTES
+        }
     }
 
     /// Whether the connection has no other one-sided operation in flight: none waits for its
@@ -390,13 +411,29 @@ impl Rma {
             // them out), so the list stays as it is, however scattered.
             None if staged => own,
             Some(lease) => {
-                smallvec::smallvec![self.carrier.region_piece(
-                    lease.region(),
-                    lease.offset(),
-                    len,
-                    direction,
-                    false
-                )?]
+                let pieces = lease_pieces(&self.carrier, lease, direction)?;
+                if pieces.len() > 1 {
+                    // Several buffers: this side's schedule runs over them, and cuts the
+                    // stream as the peer's contiguous one does (the buffers hold whole
+                    // chunks: `spans_buffers`).
+                    let spans = self
+                        .link
+                        .schedule(&lease.span_lens(), &[len], spread)
+                        .map(|s| s.rotated(op_id))
+                        .map_err(|e| Error::Internal(format!("packed operation #{op_id}: {e}")))?;
+                    if spans.chunk_count() != schedule.chunk_count()
+                        || !spans_buffers(len, schedule.cut_bytes())
+                    {
+                        return Err(Error::Internal(format!(
+                            "packed operation #{op_id} of {len} bytes: {} pack buffers do not \
+                             hold whole chunks of {} bytes",
+                            pieces.len(),
+                            schedule.cut_bytes()
+                        )));
+                    }
+                    return Ok((pieces, spans));
+                }
+                pieces
             }
             None if own.len() == 1 => own,
             None => {
@@ -464,11 +501,12 @@ impl Rma {
             return Ok(transfer);
         }
         let plan = self.plan(local, remote, Direction::Send)?;
-        // Packing: a scattered host list is gathered into a pooled buffer by the engines,
+        let spread = self.spreads();
+        // Packing: a scattered host list is gathered into pooled buffers by the engines,
         // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
         // goes unpacked); a local list that is one run already is sent from in place. A
         // staged list is gathered by the lanes, chunk by chunk, into their ring slots.
-        let side = self.pack_side(remote, &plan);
+        let side = self.pack_side(remote, &plan, spread);
         let mut packed = side.is_some();
         let staged = side == Some(PackSide::Staged);
         let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
@@ -478,7 +516,6 @@ impl Rma {
         } else {
             None
         };
-        let spread = self.spreads();
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
             op_id,
@@ -626,10 +663,11 @@ impl Rma {
             return Ok(transfer);
         }
         let plan = self.plan(local, remote, Direction::Recv)?;
+        let spread = self.spreads();
         // Offer to receive packed (host memory: into place when the local list is one run,
-        // else into a pooled buffer reserved for it, none free, no offer; staged memory:
+        // else into pooled buffers reserved for it, none free, no offer; staged memory:
         // scattered by the lanes out of their ring slots); the target decides.
-        let side = self.pack_side(remote, &plan);
+        let side = self.pack_side(remote, &plan, spread);
         let mut offered = side.is_some();
         let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
             let pack = self.pack.for_sender(plan.len)?.map(|lease| ReadPack {
@@ -641,7 +679,6 @@ impl Rma {
         } else {
             None
         };
-        let spread = self.spreads();
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = ReadRequest {
             op_id,

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use super::coalesce::coalesce;
 use super::inline;
-use super::pack::{worth_packing, PackLease, Part, PACK_BYTES};
+use super::pack::{
+    spans_buffers, worth_packing, PackLease, Part, PACKED_HOST_MAX_BYTES, PACK_BYTES,
+};
 use super::state::{access_error, OpCut, PendingKind, PendingOp, Rma};
 use crate::carrier::JobSpec;
 use crate::control::rma::{
@@ -446,14 +448,14 @@ impl Rma {
         let (into, refusal) = match self.shared.adverts.validate(entries) {
             Ok(regions) => match Self::packed_staging(&regions) {
                 Some(staging) => (PackedInto::Staged(regions, staging), None),
-                None if total <= PACK_BYTES => (
+                None if total <= PACKED_HOST_MAX_BYTES => (
                     PackedInto::Host(self.parts(entries, &regions, op_id)?),
                     None,
                 ),
                 None => {
                     return Err(self.violation(format!(
                         "packed request #{op_id} of {total} bytes into host memory: past \
-                         {PACK_BYTES} bytes"
+                         {PACKED_HOST_MAX_BYTES} bytes"
                     )))
                 }
             },
@@ -490,7 +492,11 @@ impl Rma {
                         )?];
                         (own, None)
                     }
-                    _ => (Pieces::new(), Some((self.pack.for_receiver(total)?, parts))),
+                    _ => {
+                        let spans = spans_buffers(total, schedule.cut_bytes());
+                        let lease = self.pack.for_receiver(total, spans)?;
+                        (Pieces::new(), Some((lease, parts)))
+                    }
                 };
                 let (pieces, schedule) = self.packed_job_parts(
                     pack.as_ref().map(|(lease, _)| lease),
@@ -630,8 +636,8 @@ impl Rma {
     /// contiguous stream: see `Rma::pack_side`). This side sends the data, so it decides:
     /// packed when its own rule says so and its memory can be gathered — staged (or CUDA)
     /// memory chunk by chunk into the lanes' ring slots, any size; unstaged host memory
-    /// through a pooled buffer (none free: unpacked), at most a pack buffer. `None` serves
-    /// it unpacked.
+    /// through pooled buffers (none free: unpacked), at most what the pool holds
+    /// (`Rma::host_pack_cap`). `None` serves it unpacked.
     fn packed_read(
         &self,
         op_id: u64,
@@ -679,7 +685,7 @@ impl Rma {
         // request does not say which. So an offer is taken below the larger of the two:
         // the reader already declined whatever its side would lose by.
         let below = self.config.pack_below.max(self.config.pack_staged_below);
-        if !worth_packing(total, runs, below, PACK_BYTES)
+        if !worth_packing(total, runs, below, self.host_pack_cap(total, spread))
             || regions
                 .iter()
                 .any(|r| r.is_staged() || r.memory().kind() != tcpx::MemoryKind::Host)
