@@ -128,6 +128,8 @@ impl Endpoint {
     }
 
     fn start(config: Config, net: Net, backend: BackendInfo) -> Result<Self> {
+        // Pack buffers made ready while the endpoint starts and connects (see `spare`).
+        crate::onesided::spare::warm_for(&config);
         let backend_err = |what: &str| {
             let what = what.to_owned();
             move |e| Error::Backend {

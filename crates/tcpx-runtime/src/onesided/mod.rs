@@ -182,6 +182,7 @@ pub(crate) mod inbox;
 pub(crate) mod inline;
 pub(crate) mod pack;
 pub(crate) mod remote_runs;
+pub(crate) mod spare;
 pub(crate) mod state;
 pub(crate) mod target;
 

@@ -225,27 +225,15 @@ impl PoolInner {
     }
 }
 
-/// Most pack buffers the process keeps from closed connections for later ones (64 MiB).
-const SPARE_BUFFERS: usize = 16;
-
-/// Pack buffer memory of closed connections, its pages already touched: a new connection's
-/// first packed batch takes it instead of faulting in 4 MiB of fresh pages (about 1 ms), so
-/// re-created connections (agents re-made under the same names, say) do not pay again.
-static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
-
 impl Drop for PoolInner {
     fn drop(&mut self) {
         let buffers = std::mem::take(self.buffers.get_mut().unwrap_or_else(|p| p.into_inner()));
-        let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
         for buffer in buffers {
             // Nothing leased or poisoned in it, nothing in flight, and no longer the pool's:
             // the next connection may have it. Its old registrations, if any, are released
             // with their link.
-            if spare.len() < SPARE_BUFFERS
-                && buffer.used == 0
-                && buffer.region.memory().in_flight() == 0
-            {
-                spare.push(buffer.region.memory().clone());
+            if buffer.used == 0 && buffer.region.memory().in_flight() == 0 {
+                super::spare::keep(buffer.region.memory().clone());
             }
         }
     }
@@ -567,11 +555,11 @@ impl PackPool {
     }
 }
 
-/// Host memory of `len` bytes for packing: a whole buffer from the spare list when one is
-/// asked for and there, else fresh.
+/// Host memory of `len` bytes for packing: a whole buffer kept ready when one is asked for
+/// and there ([`super::spare`]), else fresh.
 fn allocate(len: usize) -> Result<Region> {
     if len == PACK_BYTES as usize {
-        if let Some(memory) = SPARE.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        if let Some(memory) = super::spare::take() {
             return Ok(Region::new(memory));
         }
     }

@@ -206,6 +206,8 @@ impl Rma {
         stages_cuda: bool,
     ) -> Self {
         let pack = PackPool::new(config.pack_buffers);
+        // Its first packed batches should find buffers whose pages are faulted in already.
+        super::spare::warm_for(&config);
         Self {
             pack,
             stages_cuda,

@@ -1,0 +1,124 @@
+//! Pack buffer memory kept ready for pack pools, its pages already touched.
+//!
+//! A pool's new buffer made fresh costs its first packed batch the faults of 4 MiB of pages,
+//! in the engines' copies and the kernel's: on an H200 host the first 4 MiB list of 16 KiB
+//! blocks of a new connection took 1.6–2.8 ms packed against 0.7–1.3 unpacked, the first
+//! 16 MiB list (four buffers a side) 5.7–6.3 ms against 1.5–1.9 (docs/RESULTS.md,
+//! thirty-seventh session). So the process keeps buffers here:
+//! - those of closed connections, up to [`MOST`] (re-created connections, agents re-made
+//!   under the same names, do not pay again);
+//! - and, from the first endpoint on, [`WARM`] made ahead on a short-lived thread of their
+//!   own ([`warm_for`]), refilled as pools take them: the first packed batches of a new
+//!   connection find their buffers faulted in. That is 16 MiB a process holds from its first
+//!   endpoint whose configuration packs (the default), whether it packs or not.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use tcpx::{HostBuffer, SharedMemory};
+
+use super::pack::PACK_BYTES;
+
+/// Most buffers kept (64 MiB).
+const MOST: usize = 16;
+
+/// Buffers [`warm`] keeps ready (16 MiB): a list of up to 16 MiB, four buffers, finds its
+/// side's all ready.
+const WARM: usize = 4;
+
+/// Page size the warming touches by (the smallest x86-64 and aarch64 pages).
+const PAGE: usize = 4096;
+
+static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
+
+/// A warming thread is running.
+static WARMING: AtomicBool = AtomicBool::new(false);
+
+fn spare() -> MutexGuard<'static, Vec<SharedMemory>> {
+    SPARE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A kept buffer of [`PACK_BYTES`], if any; starts making the next one.
+pub(crate) fn take() -> Option<SharedMemory> {
+    let memory = spare().pop();
+    warm();
+    memory
+}
+
+/// Keeps `memory` (a whole pack buffer, nothing leased or in flight) for a later pool while
+/// fewer than [`MOST`] are kept; otherwise it is freed.
+pub(crate) fn keep(memory: SharedMemory) {
+    let mut spare = spare();
+    if spare.len() < MOST && memory.len() == PACK_BYTES as usize {
+        spare.push(memory);
+    }
+}
+
+/// [`warm`], where `config` may pack (pack buffers allowed, a threshold above 0): called as
+/// an endpoint starts and as each connection does, so that even the first connection's first
+/// packed batches find their buffers ready.
+pub(crate) fn warm_for(config: &crate::Config) {
+    if config.pack_buffers > 0 && (config.pack_below > 0 || config.pack_staged_below > 0) {
+        warm();
+    }
+}
+
+/// Makes buffers on a thread of its own until [`WARM`] are kept, unless as many are kept or
+/// a thread is at it already. A pool taking one between that thread's last look and its end
+/// finds the next call here starting another; a thread that cannot be spawned, or memory that
+/// cannot be had, leaves pools to make their buffers as they need them.
+fn warm() {
+    if spare().len() >= WARM || WARMING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("tcpx-pack-warm".into())
+        .spawn(|| {
+            while spare().len() < WARM {
+                match touched() {
+                    Some(memory) => keep(memory),
+                    None => break,
+                }
+            }
+            WARMING.store(false, Ordering::Release);
+        });
+    if spawned.is_err() {
+        WARMING.store(false, Ordering::Release);
+    }
+}
+
+/// A new buffer of [`PACK_BYTES`] with every page faulted in.
+fn touched() -> Option<SharedMemory> {
+    let mut buffer = HostBuffer::new(PACK_BYTES as usize).ok()?;
+    for page in buffer.as_mut_slice().chunks_mut(PAGE) {
+        // An opaque value: a store of zero into zeroed memory could be left out.
+        page[0] = std::hint::black_box(0);
+    }
+    Some(SharedMemory::new(buffer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warming_keeps_whole_touched_buffers_and_taking_refills() {
+        warm();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while spare().len() < WARM && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(spare().len() >= WARM, "warmed: {}", spare().len());
+        let taken = take().expect("a kept buffer");
+        assert_eq!(taken.len(), PACK_BYTES as usize);
+        // Taking started a refill.
+        while spare().len() < WARM && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(spare().len() >= WARM, "refilled: {}", spare().len());
+        // A buffer of another size is not kept.
+        let before = spare().len();
+        keep(SharedMemory::host(4096).unwrap());
+        assert_eq!(spare().len(), before);
+    }
+}
