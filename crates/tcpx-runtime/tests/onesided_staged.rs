@@ -579,6 +579,103 @@ fn lists_past_a_pack_buffer_touching_host_memory_pack_across_buffers() {
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
 
+/// A staged initiator has no pack pool to bound what it sends packed: a host target whose
+/// pool cannot hold a list follows it in one-off whole buffers, kept by the process for the
+/// next overflow instead of made and faulted in each time, and every byte lands.
+#[test]
+fn a_host_target_overflowing_its_pool_lands_every_list() {
+    loopback();
+    let one_buffer = tcpx_runtime::Config {
+        pack_buffers: 1,
+        ..common::config(3, 64 << 10)
+    };
+    let (a, b, ab, ba) = common::pair_with(common::config(3, 64 << 10), one_buffer);
+    const BLOCKS: usize = 320;
+    const BLOCK: usize = 16 << 10; // 5 MiB: two buffers, one more than the target's pool
+    let len = BLOCKS * BLOCK;
+    let src = filled(&a, true, 2 * len, 91);
+    let kv = region(&b, false, 2 * len);
+    let d = b.advertise(&kv).unwrap();
+    let (even, odd) = (
+        every_other_block(BLOCKS, BLOCK, 0),
+        every_other_block(BLOCKS, BLOCK, 1),
+    );
+    let sent = gather(&snapshot(&src), &even);
+    for round in 0..3 {
+        let tx = ab
+            .write(
+                &local_segments(&src, &even),
+                &remote_segments(d, &odd),
+                None,
+            )
+            .unwrap();
+        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "round {round}");
+        assert_blocks(&kv, &odd, &sent, &format!("round {round}"));
+    }
+    let (sent_stats, received) = (ab.pack_stats(), ba.pack_stats());
+    assert_eq!(sent_stats.packed_sent, 3, "{sent_stats:?}");
+    assert_eq!(
+        (received.packed_received, received.overflows),
+        (3, 3),
+        "{received:?}"
+    );
+    assert!(ab.error().is_none() && b.access_refusals() == 0);
+}
+
+/// A staged initiator packs writes into host memory only while what it has in flight fits
+/// the pool it would have itself (two buffers here: 8 MiB): of three 5 MiB lists written at
+/// once, at least one goes unpacked; all land; once answered, the next packs again.
+#[test]
+fn staged_writes_into_host_memory_pack_only_while_a_pool_would_hold_them() {
+    loopback();
+    let two_buffers = tcpx_runtime::Config {
+        pack_buffers: 2,
+        ..common::config(3, 64 << 10)
+    };
+    let (a, b, ab, _ba) = common::pair_with(two_buffers, common::config(3, 64 << 10));
+    const BLOCKS: usize = 320;
+    const BLOCK: usize = 16 << 10;
+    let len = BLOCKS * BLOCK;
+    let srcs: Vec<Region> = (0..3).map(|i| filled(&a, true, 2 * len, 300 + i)).collect();
+    let kvs: Vec<Region> = (0..3).map(|_| region(&b, false, 2 * len)).collect();
+    let (even, odd) = (
+        every_other_block(BLOCKS, BLOCK, 0),
+        every_other_block(BLOCKS, BLOCK, 1),
+    );
+    let txs: Vec<_> = srcs
+        .iter()
+        .zip(&kvs)
+        .map(|(src, kv)| {
+            let d = b.advertise(kv).unwrap();
+            ab.write(&local_segments(src, &even), &remote_segments(d, &odd), None)
+                .unwrap()
+        })
+        .collect();
+    for (i, tx) in txs.iter().enumerate() {
+        assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64, "write {i}");
+        assert_blocks(
+            &kvs[i],
+            &odd,
+            &gather(&snapshot(&srcs[i]), &even),
+            "in flight",
+        );
+    }
+    let packed = ab.pack_stats().packed_sent;
+    assert!((1..3).contains(&packed), "packed {packed} of 3 in flight");
+    // Answered: the credit is back, and a lone list packs.
+    let d = b.advertise(&kvs[0]).unwrap();
+    let tx = ab
+        .write(
+            &local_segments(&srcs[0], &even),
+            &remote_segments(d, &odd),
+            None,
+        )
+        .unwrap();
+    assert_eq!(tx.wait(DEADLINE).unwrap(), len as u64);
+    assert_eq!(ab.pack_stats().packed_sent, packed + 1);
+    assert!(ab.error().is_none() && b.access_refusals() == 0);
+}
+
 #[test]
 fn a_lone_list_touching_staged_memory_packs_past_four_runs_per_channel() {
     loopback();

@@ -263,6 +263,9 @@ struct Span {
     region: Region,
     slices: Option<Slices>,
     len: u64,
+    /// A one-off whole buffer that goes to the process's kept buffers when released
+    /// ([`super::spare`]), not freed.
+    kept: bool,
 }
 
 impl Span {
@@ -272,9 +275,13 @@ impl Span {
             .map_or(0, |s| (u64::from(s.first) * PACK_SLICE) as usize)
     }
 
-    /// Hands the span's slices back to its pool.
+    /// Hands the span's slices back to its pool (a kept one-off buffer to the process's
+    /// kept buffers, once nothing is in flight on it).
     fn release(&mut self) {
         let Some(slices) = self.slices.take() else {
+            if self.kept && self.region.memory().in_flight() == 0 {
+                super::spare::keep(self.region.memory().clone());
+            }
             return;
         };
         let Some(pool) = slices.pool.upgrade() else {
@@ -450,6 +457,7 @@ impl PackPool {
                 count: count as u8,
             }),
             len,
+            kept: false,
         }
     }
 
@@ -466,9 +474,14 @@ impl PackPool {
 
     /// Space for a receiver's `len` bytes (at most [`PACKED_HOST_MAX_BYTES`]), which must
     /// follow a packing sender: pooled if the pool has room or may grow (in several buffers
-    /// only when `spans` allows it: [`spans_buffers`]), else a one-off buffer of `len` bytes
-    /// dropped after use. (The sender's own pool bounds what it has in flight, so with equal
-    /// pools this is rare.)
+    /// only when `spans` allows it: [`spans_buffers`]), else one-off space past the pool.
+    ///
+    /// One-off space is whole buffers, taken from and given back to the process's kept
+    /// buffers ([`super::spare`]), so that its pages are faulted in once, not per batch: a
+    /// sender's own pool bounds what it has in flight, but a staged sender has none, and
+    /// four 32 MiB lists in flight from GPU memory into host memory overflow a pool of
+    /// eight buffers by 24 at a time. Only a batch past a buffer that buffers may not hold
+    /// (`spans` false) gets a one-off buffer of its size, freed after use.
     pub(crate) fn for_receiver(&self, len: u64, spans: bool) -> Result<PackLease> {
         if len > PACKED_HOST_MAX_BYTES {
             return Err(Error::Internal(format!(
@@ -481,17 +494,34 @@ impl PackPool {
             }
         }
         self.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        let mut lease = PackLease {
+            spans: smallvec::SmallVec::new(),
+            poisoned: false,
+        };
+        if len <= PACK_BYTES || spans {
+            let mut left = len;
+            loop {
+                let part = left.min(PACK_BYTES);
+                lease.spans.push(Span {
+                    region: allocate(PACK_BYTES as usize)?,
+                    slices: None,
+                    len: part,
+                    kept: true,
+                });
+                left -= part;
+                if left == 0 {
+                    return Ok(lease);
+                }
+            }
+        }
         // At most PACKED_HOST_MAX_BYTES (checked above): it fits a usize.
-        let mut spans = smallvec::SmallVec::new();
-        spans.push(Span {
-            region: allocate(len.max(1) as usize)?,
+        lease.spans.push(Span {
+            region: allocate(len as usize)?,
             slices: None,
             len,
+            kept: false,
         });
-        Ok(PackLease {
-            spans,
-            poisoned: false,
-        })
+        Ok(lease)
     }
 
     /// Grows the pool to `count` buffers (at most its cap) now, handing each new one to
@@ -566,6 +596,53 @@ fn allocate(len: usize) -> Result<Region> {
     let memory = SharedMemory::host(len)
         .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
     Ok(Region::new(memory))
+}
+
+/// Bytes of writes a staged side has in flight packed into host memory (see
+/// [`PackCredits::take`]).
+#[derive(Debug, Default)]
+pub(crate) struct PackCredits(Arc<AtomicU64>);
+
+impl PackCredits {
+    /// Credit for a packed write of `len` bytes while no more than `cap` are in flight, or
+    /// `None` (the write goes unpacked). A host sender is bounded by its pool: it packs only
+    /// what its free buffers hold. A staged sender gathers through its ring slots and has no
+    /// pool, so without this bound it packed every list in flight, and the host target,
+    /// whose pool holds what a host sender's does, followed past it in one-off buffers:
+    /// four 32 MiB lists of 64 KiB GPU blocks in flight into host memory moved at 9.7–10.0
+    /// GB/s against 17.2–18.4 unpacked (docs/RESULTS.md, thirty-seventh session). So a staged
+    /// side keeps to what the target's pool holds if configured as its own.
+    pub(crate) fn take(&self, len: u64, cap: u64) -> Option<PackCredit> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(len).filter(|&total| total <= cap)
+            })
+            .ok()
+            .map(|_| PackCredit {
+                credits: self.0.clone(),
+                len,
+            })
+    }
+
+    /// Bytes in flight.
+    #[cfg(test)]
+    fn in_flight(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// A packed write's share of [`PackCredits`], given back when dropped (with its pending
+/// operation: answered, failed or timed out).
+#[derive(Debug)]
+pub(crate) struct PackCredit {
+    credits: Arc<AtomicU64>,
+    len: u64,
+}
+
+impl Drop for PackCredit {
+    fn drop(&mut self) {
+        self.credits.fetch_sub(self.len, Ordering::AcqRel);
+    }
 }
 
 /// The job pieces of `lease`: its stretches in stream order, registered for `direction`.
@@ -700,9 +777,10 @@ mod tests {
         let overflow = pool.for_receiver(4096, false).unwrap();
         assert_eq!(
             (overflow.offset(), overflow.region().len()),
-            (0, 4096),
-            "a one-off buffer has the batch's size"
+            (0, PACK_BYTES as usize),
+            "one-off space is a whole buffer, kept for later"
         );
+        assert_eq!(overflow.span_lens().as_slice(), [4096]);
         drop(overflow);
         drop(whole);
         let again = pool
@@ -763,25 +841,39 @@ mod tests {
             .expect("every buffer free");
         assert_eq!(again.spans().count(), 4);
         drop(again);
-        // A receiver follows a sender past its pool with one buffer of the batch's size, and
-        // with one also where its buffers may not hold whole chunks.
-        let _held = pool
+        // A receiver follows a sender past its pool with one-off whole buffers, or with one
+        // buffer of the batch's size where its buffers may not hold whole chunks.
+        let held = pool
             .for_sender(16 << 20)
             .unwrap()
             .expect("every buffer free");
         let overflow = pool.for_receiver(10 << 20, true).unwrap();
         let spans: Vec<(usize, u64)> = overflow.spans().map(|(_, o, l)| (o, l)).collect();
-        assert_eq!(spans, [(0, 10 << 20)]);
-        assert_eq!(overflow.region().len(), 10 << 20);
-        drop(_held);
+        assert_eq!(spans, [(0, PACK_BYTES), (0, PACK_BYTES), (0, 2 << 20)]);
+        assert!(overflow
+            .spans()
+            .all(|(r, _, _)| r.len() == PACK_BYTES as usize));
+        drop(held);
         let refused = pool.for_receiver(10 << 20, false).unwrap();
-        assert_eq!(
-            refused.spans().count(),
-            1,
-            "buffers must not split the chunks"
-        );
+        let spans: Vec<(usize, u64)> = refused.spans().map(|(_, o, l)| (o, l)).collect();
+        assert_eq!(spans, [(0, 10 << 20)], "buffers must not split the chunks");
+        assert_eq!(refused.region().len(), 10 << 20);
         let s = pool.stats();
         assert_eq!((s.fallbacks, s.overflows), (1, 2));
+    }
+
+    #[test]
+    fn credits_bound_the_bytes_in_flight_and_come_back_on_drop() {
+        let credits = PackCredits::default();
+        let a = credits.take(16 << 20, 32 << 20).expect("room");
+        let b = credits.take(16 << 20, 32 << 20).expect("room");
+        assert!(credits.take(1, 32 << 20).is_none(), "full");
+        drop(a);
+        assert_eq!(credits.in_flight(), 16 << 20);
+        let c = credits.take(8 << 20, 32 << 20).expect("room again");
+        drop((b, c));
+        assert_eq!(credits.in_flight(), 0);
+        assert!(credits.take(u64::MAX, u64::MAX).is_some(), "no overflow");
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::coalesce::{coalesce, Run};
 use super::descriptor::RemoteSegment;
 use super::pack::{
-    host_parts, lease_pieces, packed_schedule, spans_buffers, worth_packing, PackLease, PackPool,
-    PackSide, Part, PACKED_HOST_MAX_BYTES, PACK_BYTES,
+    host_parts, lease_pieces, packed_schedule, spans_buffers, worth_packing, PackCredit,
+    PackCredits, PackLease, PackPool, PackSide, Part, PACKED_HOST_MAX_BYTES, PACK_BYTES,
 };
 use super::remote_runs::{remote_entries, SegmentMap};
 use super::OneSidedShared;
@@ -84,6 +84,10 @@ pub(crate) struct PendingOp {
     /// From the request's entries back to the application's remote segments (a refusal
     /// names an entry).
     pub(crate) segments: SegmentMap,
+    /// A packed write from staged memory into host memory: its bytes' share of the
+    /// connection's [`PackCredits`], held only to be given back when the operation goes
+    /// (its drop does it).
+    pub(crate) _credit: Option<PackCredit>,
 }
 
 /// Operations touching GPU memory go inline only while fewer than this many one-sided
@@ -190,6 +194,8 @@ pub(crate) struct Rma {
     scratch: Mutex<Option<(Region, Arc<Registration>)>>,
     /// Pack buffers for batches of small blocks (see `pack`).
     pub(crate) pack: PackPool,
+    /// Bytes of packed writes from staged memory into host memory in flight.
+    staged_to_host: PackCredits,
     /// This endpoint stages CUDA memory (its plugin takes host memory only). Both ends of a
     /// connection run the same plugin, so the peer then stages its CUDA regions too and can
     /// take a packed stream into them through its rings.
@@ -210,6 +216,7 @@ impl Rma {
         super::spare::warm_for(&config);
         Self {
             pack,
+            staged_to_host: PackCredits::default(),
             stages_cuda,
             link: carrier.link.clone(),
             carrier,
@@ -319,7 +326,12 @@ impl Rma {
     /// never packs on this side (no GPU pack buffer). A batch with staged memory on either
     /// side packs below [`crate::Config::pack_staged_below`], one of host memory on both
     /// below [`crate::Config::pack_below`] ([`PackSide::threshold`]).
-    fn pack_side(&self, remote: &[RemoteSegment], plan: &Plan, spread: bool) -> Option<PackSide> {
+    fn pack_side(
+        &self,
+        remote: &[RemoteSegment],
+        plan: &Plan,
+        spread: bool,
+    ) -> Option<(PackSide, PackSide)> {
         let local = if plan.staging.is_some() {
             PackSide::Staged
         } else if plan
@@ -344,7 +356,7 @@ impl Rma {
         let below = PackSide::threshold(local, far, &self.config);
         (worth_packing(plan.len, runs, below, cap)
             && (runs > self.lone_unpacked_runs(local, far) || !self.alone()))
-        .then_some(local)
+        .then_some((local, far))
     }
 
     /// The largest packed transfer of `len` bytes a host side takes (see
@@ -508,7 +520,18 @@ impl Rma {
         // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
         // goes unpacked); a local list that is one run already is sent from in place. A
         // staged list is gathered by the lanes, chunk by chunk, into their ring slots.
-        let side = self.pack_side(remote, &plan, spread);
+        let sides = self.pack_side(remote, &plan, spread);
+        // Staged memory into host memory: packed only while the target's pool holds it.
+        let credit = match sides {
+            Some((PackSide::Staged, PackSide::Host)) => self
+                .staged_to_host
+                .take(plan.len, self.host_pack_cap(plan.len, spread)),
+            _ => None,
+        };
+        let side = match sides {
+            Some((PackSide::Staged, PackSide::Host)) if credit.is_none() => None,
+            sides => sides.map(|(local, _)| local),
+        };
         let mut packed = side.is_some();
         let staged = side == Some(PackSide::Staged);
         let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
@@ -571,6 +594,7 @@ impl Rma {
             len: plan.len,
             deadline: Instant::now() + self.link.timeout,
             segments: plan.segments,
+            _credit: credit,
         };
         if let Err(e) = self.add_pending(op_id, op) {
             job.fail(e.clone());
@@ -639,6 +663,7 @@ impl Rma {
             len,
             deadline: Instant::now() + self.link.timeout,
             segments,
+            _credit: None,
         };
         self.add_pending(op_id, op)?;
         // No job: the data is in the request, so the order rule of the comms does not apply,
@@ -669,7 +694,10 @@ impl Rma {
         // Offer to receive packed (host memory: into place when the local list is one run,
         // else into pooled buffers reserved for it, none free, no offer; staged memory:
         // scattered by the lanes out of their ring slots); the target decides.
-        let side = self.pack_side(remote, &plan, spread);
+        // A host target sends, bounded by its own pool: no credit is needed here.
+        let side = self
+            .pack_side(remote, &plan, spread)
+            .map(|(local, _)| local);
         let mut offered = side.is_some();
         let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
             let pack = self.pack.for_sender(plan.len)?.map(|lease| ReadPack {
@@ -706,6 +734,7 @@ impl Rma {
             len: plan.len,
             deadline: Instant::now() + self.link.timeout,
             segments: plan.segments,
+            _credit: None,
         };
         self.add_pending(op_id, op)?;
         let sent = self.writer.post(&Message::ReadRequest(request));
@@ -761,6 +790,7 @@ impl Rma {
             len,
             deadline: Instant::now() + self.link.timeout,
             segments,
+            _credit: None,
         };
         self.add_pending(op_id, op)?;
         if let Err(e) = self.writer.post(&Message::ReadRequest(request)) {
