@@ -30,7 +30,7 @@
 //! | `TCPX_PACK_LONE_RUNS` | a one-sided batch alone on its connection packs only past this many runs (`0`: always) ([`Config::pack_lone_runs`]) | channels × window; with staged GPU memory 4 × channels |
 //! | `TCPX_EAGER_BYTES` | two-sided messages up to this size travel in eager frames, many per plugin request (`0`: off; at most 64 KiB) ([`Config::eager_bytes`]) | 64 KiB |
 //! | `TCPX_EAGER_DETACH` | eager messages of host memory from this size leave from the application's memory as plugin messages of their own, not copied into frames (`0`: never) ([`Config::eager_detach`]) | 32 KiB |
-//! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection (batches share them in 64 KiB slices) | 8 |
+//! | `TCPX_PACK_BUFFERS` | pooled 4 MiB pack buffers per connection (batches share them in 64 KiB slices; a batch past one takes several) | 8 |
 //! | `TCPX_INLINE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages (`0`: never; at most 64 KiB) ([`Config::inline_bytes`]) | 8 KiB |
 //! | `TCPX_INLINE_LONE_BYTES` | one-sided writes and reads of host memory up to this many bytes in all carry their data in control messages while the connection has no other one-sided operation in flight (`0`: only `TCPX_INLINE_BYTES` applies; at most 64 KiB) ([`Config::inline_lone_bytes`]) | 32 KiB |
 //! | `TCPX_INLINE_GPU_BYTES` | the same for one-sided operations touching GPU memory, while the connection has at most one other operation pending ([`Config::inline_gpu_bytes`]) | 64 KiB |
@@ -340,7 +340,9 @@ pub struct Config {
     /// Default [`DEFAULT_INLINE_GPU_BYTES`].
     pub inline_gpu_bytes: u32,
     /// Pack buffers (4 MiB each, registered once) a connection keeps for packed transfers.
-    /// A batch takes only the 64 KiB slices it needs, so small ones share a buffer; when no
+    /// A batch takes only the 64 KiB slices it needs, so small ones share a buffer; one past
+    /// a buffer takes whole ones, so the pool also bounds the largest packed batch of host
+    /// memory (and what a staged sender has in flight packed into host memory); when no
     /// buffer has room, a data sender falls back to the unpacked transfer.
     pub pack_buffers: usize,
     /// The GPU index this endpoint announces to peers in `Hello`
