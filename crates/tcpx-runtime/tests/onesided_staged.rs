@@ -521,6 +521,24 @@ fn write_every_other(
     ab.pack_stats().packed_sent - before
 }
 
+/// For each `(staged, blocks, block, packs)`: [`write_every_other`] on one connection, and
+/// whether it travelled packed is `packs`.
+fn assert_packing(
+    conn: (&Endpoint, &Endpoint, &tcpx_runtime::Connection),
+    cases: &[(bool, usize, usize, bool)],
+    what: &str,
+) {
+    for &(staged, blocks, block, packs) in cases {
+        let packed = write_every_other(conn, staged, blocks, block);
+        assert_eq!(
+            packed,
+            u64::from(packs),
+            "{what}: {} {blocks} × {block}",
+            label(staged)
+        );
+    }
+}
+
 #[test]
 fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
     loopback();
@@ -534,14 +552,9 @@ fn lists_touching_staged_memory_pack_blocks_a_host_list_sends_unpacked() {
     // The same list of host memory on both sides goes unpacked (one request per block, no
     // copy), and its 16 KiB half-blocks pack; every byte lands either way.
     let (a, b, ab, _ba) = pair(3, 64 << 10);
-    for (block, packs) in [(64 << 10, false), (32 << 10, false), (16 << 10, true)] {
-        let packed = write_every_other((&a, &b, &ab), false, (4 << 20) / block, block);
-        assert_eq!(
-            packed,
-            u64::from(packs),
-            "host lists of {block}-byte blocks"
-        );
-    }
+    let cases = [(64 << 10, false), (32 << 10, false), (16 << 10, true)]
+        .map(|(block, packs)| (false, (4 << 20) / block, block, packs));
+    assert_packing((&a, &b, &ab), &cases, "4 MiB host lists");
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
 
@@ -558,24 +571,16 @@ fn lists_past_a_pack_buffer_touching_host_memory_pack_across_buffers() {
     // would differ from the peer's over one, so a host list past a buffer goes unpacked
     // (and lands), while one within a buffer still packs.
     let (a, b, ab, _ba) = pair(3, 768 << 10);
-    for (blocks, packs) in [(640, false), (128, true)] {
-        let packed = write_every_other((&a, &b, &ab), false, blocks, 16 << 10);
-        assert_eq!(
-            packed,
-            u64::from(packs),
-            "{blocks} × 16 KiB, 768 KiB chunks"
-        );
-    }
+    let cases = [(false, 640, 16 << 10, false), (false, 128, 16 << 10, true)];
+    assert_packing((&a, &b, &ab), &cases, "768 KiB chunks");
     // A pool of two buffers packs lists of up to two (8 MiB), not more.
     let config = || tcpx_runtime::Config {
         pack_buffers: 2,
         ..common::config(3, 64 << 10)
     };
     let (a, b, ab, _ba) = common::pair_with(config(), config());
-    for (blocks, packs) in [(512, true), (640, false)] {
-        let packed = write_every_other((&a, &b, &ab), false, blocks, 16 << 10);
-        assert_eq!(packed, u64::from(packs), "{blocks} × 16 KiB, two buffers");
-    }
+    let cases = [(false, 512, 16 << 10, true), (false, 640, 16 << 10, false)];
+    assert_packing((&a, &b, &ab), &cases, "two buffers");
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
 
@@ -683,21 +688,15 @@ fn a_lone_list_touching_staged_memory_packs_past_four_runs_per_channel() {
     // lone host list (window 16) stays unpacked up to 48 runs.
     let (a, b, ab, _ba) = pair(3, 64 << 10);
     const BLOCK: usize = 16 << 10;
-    for (staged, runs, packs) in [
+    let cases = [
         (true, 12, false),
         (true, 13, true),
         (false, 13, false),
         (false, 48, false),
         (false, 49, true),
-    ] {
-        let packed = write_every_other((&a, &b, &ab), staged, runs, BLOCK);
-        assert_eq!(
-            packed,
-            u64::from(packs),
-            "{} × {runs} alone: packed {packed}",
-            label(staged)
-        );
-    }
+    ]
+    .map(|(staged, runs, packs)| (staged, runs, BLOCK, packs));
+    assert_packing((&a, &b, &ab), &cases, "alone");
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
 
