@@ -380,7 +380,8 @@ impl PackPool {
 
     /// Pooled space for `len` bytes (at most [`PACKED_HOST_MAX_BYTES`]): within a pack
     /// buffer, free slices of one; past it, whole free buffers and slices of one more for the
-    /// rest. `None` (nothing kept) when the pool at its cap has no room for all of it.
+    /// rest. `None` (nothing leased) when the pool at its cap has no room for all of it;
+    /// buffers it grew by on the way stay in the pool, free for the next batch.
     fn pooled(&self, len: u64) -> Result<Option<PackLease>> {
         if len > PACKED_HOST_MAX_BYTES {
             return Err(Error::Internal(format!(
@@ -954,6 +955,15 @@ mod tests {
         ]
     }
 
+    /// A batch of up to three buffers' worth (as a sender or a receiver), or a drop.
+    fn big_step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (1u64..=(3 * PACK_BYTES), any::<bool>()).prop_map(|(l, r)| Step::Take(l, r)),
+            2 => any::<usize>().prop_map(Step::Drop),
+        ]
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
@@ -1028,6 +1038,96 @@ mod tests {
                 }
                 proptest::prop_assert!(buffers.len() <= cap);
                 proptest::prop_assert_eq!(pool.stats().buffers, buffers.len() as u64);
+            }
+        }
+
+        /// Batches past a buffer, against a model of each buffer's slices: a lease's spans
+        /// lie in distinct buffers, whole ones at offset 0 and the rest on slice boundaries,
+        /// cover its bytes in order and overlap no other lease; a sender gets none (and a
+        /// receiver one-off space) exactly when the pool at its cap has too few free buffers
+        /// for the whole spans or no room left for the rest; and a refused batch keeps nothing.
+        #[test]
+        fn leases_past_a_buffer_take_whole_buffers_all_or_nothing(
+            cap in 0usize..=4,
+            steps in proptest::collection::vec(big_step(), 1..40),
+        ) {
+            let pool = PackPool::new(cap);
+            // Per buffer (by address, in the pool's order), the bits of its leased slices.
+            let mut model: Vec<(usize, u64)> = Vec::new();
+            let mut live: Vec<(PackLease, Vec<(usize, u64)>)> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Take(len, receiver) => {
+                        let whole = (len / PACK_BYTES) as usize;
+                        let rest = len % PACK_BYTES;
+                        // Buffers the pool made for a batch that then found no room were
+                        // never handed out: free, though the model has not seen them.
+                        let pooled = pool.stats().buffers as usize;
+                        let unseen = pooled - model.len();
+                        let free = model.iter().filter(|&&(_, used)| used == 0).count() + unseen;
+                        let grow = cap - pooled;
+                        let feasible = whole <= free + grow && (rest == 0 || {
+                            // Whole spans take the lowest free buffers, then new ones.
+                            let mut spare_free = free.saturating_sub(whole);
+                            let grow_left = grow - whole.saturating_sub(free);
+                            let count = slices_for(rest);
+                            let partly = model.iter().any(|&(_, used)| {
+                                used != 0 && free_run(used, count).is_some()
+                            });
+                            if partly { spare_free = 1; }
+                            spare_free > 0 || grow_left > 0
+                        });
+                        let overflows = pool.stats().overflows;
+                        let lease = if receiver {
+                            let lease = pool.for_receiver(len, true).unwrap();
+                            let one_off = pool.stats().overflows > overflows;
+                            proptest::prop_assert_eq!(one_off, !feasible, "{} bytes", len);
+                            (!one_off).then_some(lease)
+                        } else {
+                            let lease = pool.for_sender(len).unwrap();
+                            proptest::prop_assert_eq!(lease.is_some(), feasible, "{} bytes", len);
+                            lease
+                        };
+                        let Some(lease) = lease else { continue };
+                        let spans: Vec<(usize, usize, u64)> = lease
+                            .spans()
+                            .map(|(r, o, l)| (r.memory().as_ptr() as usize, o, l))
+                            .collect();
+                        proptest::prop_assert_eq!(spans.iter().map(|s| s.2).sum::<u64>(), len);
+                        let mut held = Vec::new();
+                        for (i, &(base, offset, bytes)) in spans.iter().enumerate() {
+                            if i + 1 < spans.len() {
+                                proptest::prop_assert_eq!((offset, bytes), (0, PACK_BYTES));
+                            }
+                            proptest::prop_assert_eq!(offset as u64 % PACK_SLICE, 0);
+                            let first = (offset as u64 / PACK_SLICE) as u32;
+                            let bits = slice_bits(first, slices_for(bytes));
+                            let at = match model.iter().position(|&(b, _)| b == base) {
+                                Some(at) => at,
+                                None => {
+                                    model.push((base, 0));
+                                    model.len() - 1
+                                }
+                            };
+                            proptest::prop_assert_eq!(model[at].1 & bits, 0, "overlap");
+                            model[at].1 |= bits;
+                            held.push((base, bits));
+                        }
+                        live.push((lease, held));
+                    }
+                    Step::Drop(i) if !live.is_empty() => {
+                        let (lease, held) = live.remove(i % live.len());
+                        drop(lease);
+                        for (base, bits) in held {
+                            if let Some(entry) = model.iter_mut().find(|(b, _)| *b == base) {
+                                entry.1 &= !bits;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                let pooled = pool.stats().buffers as usize;
+                proptest::prop_assert!(model.len() <= pooled && pooled <= cap);
             }
         }
     }
