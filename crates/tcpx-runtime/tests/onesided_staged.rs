@@ -584,9 +584,9 @@ fn lists_past_a_pack_buffer_touching_host_memory_pack_across_buffers() {
     assert!(ab.error().is_none() && b.access_refusals() == 0);
 }
 
-/// A staged initiator has no pack pool to bound what it sends packed: a host target whose
-/// pool cannot hold a list follows it in one-off whole buffers, kept by the process for the
-/// next overflow instead of made and faulted in each time, and every byte lands.
+/// A host target whose pool cannot hold a list follows it in one-off space, taken from the
+/// process's kept buffers (whole ones go back there for the next overflow instead of being
+/// made and faulted in each time), and every byte lands.
 #[test]
 fn a_host_target_overflowing_its_pool_lands_every_list() {
     loopback();

@@ -59,6 +59,11 @@ pub const PACK_BYTES: u64 = 4 << 20;
 /// list between two GPUs (docs/RESULTS.md, thirty-seventh session).
 pub const PACKED_HOST_MAX_BYTES: u64 = 16 * PACK_BYTES;
 
+/// The most one-off space past its pool a receiver holds for a peer's packed transfers at
+/// once: what the largest pool a peer may have ([`crate::config::MAX_PACK_BUFFERS`] buffers)
+/// has in flight (see [`PackPool::overflow_room`]).
+pub(crate) const ONE_OFF_MAX_BYTES: u64 = crate::config::MAX_PACK_BUFFERS as u64 * PACK_BYTES;
+
 /// Whether a packed stream of `len` bytes cut at `cut` bytes may lie in several pack buffers:
 /// every buffer boundary (a multiple of [`PACK_BYTES`]) must fall on a chunk boundary, so
 /// that the side's schedule over its buffers cuts the stream exactly as the peer's schedule
@@ -243,6 +248,8 @@ impl Drop for PoolInner {
 pub(crate) struct PackPool {
     cap: usize,
     inner: Arc<PoolInner>,
+    /// Bytes of one-off space past the pool outstanding ([`PackPool::for_receiver`]).
+    one_off: Arc<AtomicU64>,
     /// Senders' leases waiting for their job to finish.
     held: Mutex<Vec<(Arc<Job>, PackLease)>>,
     counters: Counters,
@@ -263,9 +270,9 @@ struct Span {
     region: Region,
     slices: Option<Slices>,
     len: u64,
-    /// A one-off whole buffer that goes to the process's kept buffers when released
-    /// ([`super::spare`]), not freed.
-    kept: bool,
+    /// One-off space past the pool: the pool's count of such bytes outstanding, and this
+    /// span's share of it, given back on release.
+    one_off: Option<(Arc<AtomicU64>, u64)>,
 }
 
 impl Span {
@@ -275,13 +282,18 @@ impl Span {
             .map_or(0, |s| (u64::from(s.first) * PACK_SLICE) as usize)
     }
 
-    /// Hands the span's slices back to its pool (a kept one-off buffer to the process's
-    /// kept buffers, once nothing is in flight on it).
+    /// Hands the span's slices back to its pool; one-off space goes out of the pool's count,
+    /// and a one-off whole buffer to the process's kept ones ([`super::spare`]) once nothing
+    /// is in flight on it.
     fn release(&mut self) {
-        let Some(slices) = self.slices.take() else {
-            if self.kept && self.region.memory().in_flight() == 0 {
+        if let Some((outstanding, bytes)) = self.one_off.take() {
+            outstanding.fetch_sub(bytes, Ordering::AcqRel);
+            if self.region.memory().in_flight() == 0 {
+                // Kept only if it is a whole buffer.
                 super::spare::keep(self.region.memory().clone());
             }
+        }
+        let Some(slices) = self.slices.take() else {
             return;
         };
         let Some(pool) = slices.pool.upgrade() else {
@@ -347,6 +359,7 @@ impl PackPool {
                 pooled: AtomicUsize::new(0),
             }),
             held: Mutex::new(Vec::new()),
+            one_off: Arc::new(AtomicU64::new(0)),
             counters: Counters::default(),
         }
     }
@@ -458,7 +471,7 @@ impl PackPool {
                 count: count as u8,
             }),
             len,
-            kept: false,
+            one_off: None,
         }
     }
 
@@ -477,12 +490,14 @@ impl PackPool {
     /// follow a packing sender: pooled if the pool has room or may grow (in several buffers
     /// only when `spans` allows it: [`spans_buffers`]), else one-off space past the pool.
     ///
-    /// One-off space is whole buffers, taken from and given back to the process's kept
-    /// buffers ([`super::spare`]), so that its pages are faulted in once, not per batch: a
-    /// sender's own pool bounds what it has in flight, but a staged sender has none, and
-    /// four 32 MiB lists in flight from GPU memory into host memory overflow a pool of
-    /// eight buffers by 24 at a time. Only a batch past a buffer that buffers may not hold
-    /// (`spans` false) gets a one-off buffer of its size, freed after use.
+    /// One-off space is taken, a buffer's worth at a time, from the process's kept buffers
+    /// ([`super::spare`]) while they last, and whole buffers go back there after use, so that
+    /// their pages are faulted in once, not per batch: a sender's own pool bounds what it has
+    /// in flight, but a staged sender has none, and four 32 MiB lists in flight from GPU
+    /// memory into host memory overflowed a pool of eight buffers by 24 at a time. The rest
+    /// is made to measure (a batch past a buffer that buffers may not hold, `spans` false,
+    /// in one piece) and freed after use. [`Self::overflow_room`] bounds what a peer can make
+    /// this side hold so.
     pub(crate) fn for_receiver(&self, len: u64, spans: bool) -> Result<PackLease> {
         if len > PACKED_HOST_MAX_BYTES {
             return Err(Error::Internal(format!(
@@ -495,34 +510,59 @@ impl PackPool {
             }
         }
         self.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        self.one_off.fetch_add(len, Ordering::AcqRel);
         let mut lease = PackLease {
             spans: smallvec::SmallVec::new(),
             poisoned: false,
         };
-        if len <= PACK_BYTES || spans {
-            let mut left = len;
-            loop {
-                let part = left.min(PACK_BYTES);
-                lease.spans.push(Span {
-                    region: allocate(PACK_BYTES as usize)?,
-                    slices: None,
-                    len: part,
-                    kept: true,
-                });
-                left -= part;
-                if left == 0 {
-                    return Ok(lease);
+        let piece = if len <= PACK_BYTES || spans {
+            PACK_BYTES
+        } else {
+            len
+        };
+        let mut left = len;
+        loop {
+            let part = left.min(piece);
+            let region = if part <= PACK_BYTES {
+                match super::spare::take() {
+                    Some(memory) => Ok(Region::new(memory)),
+                    None => allocate(part.max(1) as usize),
                 }
+            } else {
+                // At most PACKED_HOST_MAX_BYTES (checked above): it fits a usize.
+                allocate(part as usize)
+            };
+            let region = match region {
+                Ok(region) => region,
+                Err(e) => {
+                    // The spans made so far give theirs back as the lease drops.
+                    self.one_off.fetch_sub(left, Ordering::AcqRel);
+                    return Err(e);
+                }
+            };
+            lease.spans.push(Span {
+                region,
+                slices: None,
+                len: part,
+                one_off: Some((self.one_off.clone(), part)),
+            });
+            left -= part;
+            if left == 0 {
+                return Ok(lease);
             }
         }
-        // At most PACKED_HOST_MAX_BYTES (checked above): it fits a usize.
-        lease.spans.push(Span {
-            region: allocate(len as usize)?,
-            slices: None,
-            len,
-            kept: false,
-        });
-        Ok(lease)
+    }
+
+    /// Whether `len` more bytes of one-off space, should this pool have no room for them,
+    /// keep this side within [`ONE_OFF_MAX_BYTES`]. A peer keeps to its own pool (a staged
+    /// one to a pool's worth), so more than that outstanding past this side's pool is a
+    /// peer that would have it hold memory without bound: the target refuses it as a
+    /// protocol violation.
+    pub(crate) fn overflow_room(&self, len: u64) -> bool {
+        self.one_off
+            .load(Ordering::Acquire)
+            .checked_add(len)
+            .is_some_and(|total| total <= ONE_OFF_MAX_BYTES)
     }
 
     /// Grows the pool to `count` buffers (at most its cap) now, handing each new one to
@@ -776,10 +816,10 @@ mod tests {
         let whole = pool.for_sender(PACK_BYTES).unwrap().expect("first buffer");
         assert!(pool.for_sender(1).unwrap().is_none(), "every slice leased");
         let overflow = pool.for_receiver(4096, false).unwrap();
-        assert_eq!(
-            (overflow.offset(), overflow.region().len()),
-            (0, PACK_BYTES as usize),
-            "one-off space is a whole buffer, kept for later"
+        assert_eq!(overflow.offset(), 0);
+        assert!(
+            [4096, PACK_BYTES as usize].contains(&overflow.region().len()),
+            "one-off space is a kept buffer, or one of the batch's size"
         );
         assert_eq!(overflow.span_lens().as_slice(), [4096]);
         drop(overflow);
@@ -851,9 +891,13 @@ mod tests {
         let overflow = pool.for_receiver(10 << 20, true).unwrap();
         let spans: Vec<(usize, u64)> = overflow.spans().map(|(_, o, l)| (o, l)).collect();
         assert_eq!(spans, [(0, PACK_BYTES), (0, PACK_BYTES), (0, 2 << 20)]);
-        assert!(overflow
-            .spans()
-            .all(|(r, _, _)| r.len() == PACK_BYTES as usize));
+        assert!(!pool.overflow_room(ONE_OFF_MAX_BYTES - (10 << 20) + 1));
+        assert!(pool.overflow_room(ONE_OFF_MAX_BYTES - (10 << 20)));
+        drop(overflow);
+        assert!(
+            pool.overflow_room(ONE_OFF_MAX_BYTES),
+            "given back on release"
+        );
         drop(held);
         let refused = pool.for_receiver(10 << 20, false).unwrap();
         let spans: Vec<(usize, u64)> = refused.spans().map(|(_, o, l)| (o, l)).collect();

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use super::coalesce::coalesce;
 use super::inline;
 use super::pack::{
-    spans_buffers, worth_packing, PackLease, Part, PACKED_HOST_MAX_BYTES, PACK_BYTES,
+    spans_buffers, worth_packing, PackLease, Part, ONE_OFF_MAX_BYTES, PACKED_HOST_MAX_BYTES,
+    PACK_BYTES,
 };
 use super::state::{access_error, OpCut, PendingKind, PendingOp, Rma};
 use crate::carrier::JobSpec;
@@ -493,6 +494,13 @@ impl Rma {
                         (own, None)
                     }
                     _ => {
+                        if !self.pack.overflow_room(total) {
+                            return Err(self.violation(format!(
+                                "packed request #{op_id} of {total} bytes: the peer has more \
+                                 than {ONE_OFF_MAX_BYTES} bytes of packed writes in flight past \
+                                 this side's pack buffers, more than any pool sends"
+                            )));
+                        }
                         let spans = spans_buffers(total, schedule.cut_bytes());
                         let lease = self.pack.for_receiver(total, spans)?;
                         (Pieces::new(), Some((lease, parts)))
