@@ -45,7 +45,7 @@ use crate::schedule::Schedule;
 /// Bytes of one pack buffer (1024 blocks of 4 KiB), and the most a two-sided batch carries.
 /// A packed one-sided transfer of host memory past it spans several buffers of its pool, up
 /// to [`PACKED_HOST_MAX_BYTES`].
-pub const PACK_BYTES: u64 = 4 << 20;
+pub const PACK_BYTES: u64 = super::spare::BUFFER_BYTES as u64;
 
 /// The most a packed one-sided transfer may carry into or out of host memory (both sides know
 /// it: a packed request past it into host memory is a protocol violation): sixteen pack

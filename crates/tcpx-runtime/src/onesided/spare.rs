@@ -17,7 +17,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use tcpx::{HostBuffer, SharedMemory};
 
-use super::pack::PACK_BYTES;
+/// Bytes of one pack buffer: what this module keeps, and `pack::PACK_BYTES` (defined here so
+/// that the pools, which take and keep buffers here, sit above this module).
+pub(crate) const BUFFER_BYTES: usize = 4 << 20;
 
 /// Most buffers kept (64 MiB).
 const MOST: usize = 16;
@@ -38,7 +40,7 @@ fn spare() -> MutexGuard<'static, Vec<SharedMemory>> {
     SPARE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A kept buffer of [`PACK_BYTES`], if any; starts making the next one.
+/// A kept buffer of [`BUFFER_BYTES`], if any; starts making the next one.
 pub(crate) fn take() -> Option<SharedMemory> {
     let memory = spare().pop();
     warm();
@@ -49,7 +51,7 @@ pub(crate) fn take() -> Option<SharedMemory> {
 /// fewer than [`MOST`] are kept; otherwise it is freed.
 pub(crate) fn keep(memory: SharedMemory) {
     let mut spare = spare();
-    if spare.len() < MOST && memory.len() == PACK_BYTES as usize {
+    if spare.len() < MOST && memory.len() == BUFFER_BYTES {
         spare.push(memory);
     }
 }
@@ -87,9 +89,9 @@ fn warm() {
     }
 }
 
-/// A new buffer of [`PACK_BYTES`] with every page faulted in.
+/// A new buffer of [`BUFFER_BYTES`] with every page faulted in.
 fn touched() -> Option<SharedMemory> {
-    let mut buffer = HostBuffer::new(PACK_BYTES as usize).ok()?;
+    let mut buffer = HostBuffer::new(BUFFER_BYTES).ok()?;
     for page in buffer.as_mut_slice().chunks_mut(PAGE) {
         // An opaque value: a store of zero into zeroed memory could be left out.
         page[0] = std::hint::black_box(0);
@@ -110,7 +112,7 @@ mod tests {
         }
         assert!(spare().len() >= WARM, "warmed: {}", spare().len());
         let taken = take().expect("a kept buffer");
-        assert_eq!(taken.len(), PACK_BYTES as usize);
+        assert_eq!(taken.len(), BUFFER_BYTES);
         // Taking started a refill.
         while spare().len() < WARM && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
