@@ -11,9 +11,14 @@
 //!   own ([`warm_for`]), refilled as pools take them: the first packed batches of a new
 //!   connection find their buffers faulted in. That is 16 MiB a process holds from its first
 //!   endpoint whose configuration packs (the default), whether it packs or not.
+//!
+//! The list is never waited for (a busy list counts as empty): it is a cache, and a child
+//! forked while a parent's thread held its lock must not hang on it. Such a child may also
+//! never warm (the flag of a thread that is not there stays set); its pools make their
+//! buffers as they need them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use tcpx::{HostBuffer, SharedMemory};
 
@@ -36,13 +41,21 @@ static SPARE: Mutex<Vec<SharedMemory>> = Mutex::new(Vec::new());
 /// A warming thread is running.
 static WARMING: AtomicBool = AtomicBool::new(false);
 
-fn spare() -> MutexGuard<'static, Vec<SharedMemory>> {
-    SPARE.lock().unwrap_or_else(|p| p.into_inner())
+/// The kept buffers, unless another thread holds them this instant. Never waited for: the
+/// buffers are a cache (a pool that finds none makes its own), and a process forked while a
+/// thread of its parent held the lock finds it held for ever — the child's endpoints must
+/// not hang on it.
+fn spare() -> Option<MutexGuard<'static, Vec<SharedMemory>>> {
+    match SPARE.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 /// A kept buffer of [`BUFFER_BYTES`], if any; starts making the next one.
 pub(crate) fn take() -> Option<SharedMemory> {
-    let memory = spare().pop();
+    let memory = spare().and_then(|mut s| s.pop());
     warm();
     memory
 }
@@ -50,10 +63,19 @@ pub(crate) fn take() -> Option<SharedMemory> {
 /// Keeps `memory` (a whole pack buffer, nothing leased or in flight) for a later pool while
 /// fewer than [`MOST`] are kept; otherwise it is freed.
 pub(crate) fn keep(memory: SharedMemory) {
-    let mut spare = spare();
-    if spare.len() < MOST && memory.len() == BUFFER_BYTES {
-        spare.push(memory);
+    if !whole(&memory) {
+        return;
     }
+    if let Some(mut spare) = spare() {
+        if spare.len() < MOST {
+            spare.push(memory);
+        }
+    }
+}
+
+/// Whether `memory` is a whole pack buffer, the only size kept.
+fn whole(memory: &SharedMemory) -> bool {
+    memory.len() == BUFFER_BYTES
 }
 
 /// [`warm`], where `config` may pack (pack buffers allowed, a threshold above 0): called as
@@ -70,13 +92,13 @@ pub(crate) fn warm_for(config: &crate::Config) {
 /// finds the next call here starting another; a thread that cannot be spawned, or memory that
 /// cannot be had, leaves pools to make their buffers as they need them.
 fn warm() {
-    if spare().len() >= WARM || WARMING.swap(true, Ordering::AcqRel) {
+    if spare().is_none_or(|s| s.len() >= WARM) || WARMING.swap(true, Ordering::AcqRel) {
         return;
     }
     let spawned = std::thread::Builder::new()
         .name("tcpx-pack-warm".into())
         .spawn(|| {
-            while spare().len() < WARM {
+            while spare().is_some_and(|s| s.len() < WARM) {
                 match touched() {
                     Some(memory) => keep(memory),
                     None => break,
@@ -103,24 +125,33 @@ fn touched() -> Option<SharedMemory> {
 mod tests {
     use super::*;
 
+    /// Buffers kept now (0 while the list is busy).
+    fn kept() -> usize {
+        spare().map_or(0, |s| s.len())
+    }
+
     #[test]
     fn warming_keeps_whole_touched_buffers_and_taking_refills() {
         warm();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while spare().len() < WARM && std::time::Instant::now() < deadline {
+        while kept() < WARM && std::time::Instant::now() < deadline {
+            warm();
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert!(spare().len() >= WARM, "warmed: {}", spare().len());
+        assert!(kept() >= WARM, "warmed: {}", kept());
         let taken = take().expect("a kept buffer");
         assert_eq!(taken.len(), BUFFER_BYTES);
         // Taking started a refill.
-        while spare().len() < WARM && std::time::Instant::now() < deadline {
+        while kept() < WARM && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
+            warm();
         }
-        assert!(spare().len() >= WARM, "refilled: {}", spare().len());
+        assert!(kept() >= WARM, "refilled: {}", kept());
         // A buffer of another size is not kept.
-        let before = spare().len();
-        keep(SharedMemory::host(4096).unwrap());
-        assert_eq!(spare().len(), before);
+        assert!(whole(&taken));
+        assert!(
+            !whole(&SharedMemory::host(4096).unwrap()),
+            "only whole buffers are kept"
+        );
     }
 }
