@@ -21,10 +21,12 @@
 //!   link (the registration is cached on the link by region). A batch leases only the
 //!   [`PACK_SLICE`]s its bytes need, consecutive in one buffer, so one buffer carries 32
 //!   lists of 32 × 4 KiB in flight at once; a batch past a buffer takes whole free buffers
-//!   and slices of one more for the rest ([`PACKED_HOST_MAX_BYTES`] at most), all or none. A sender finding no room falls back to the
-//!   unpacked transfer (counted in [`PackStats::fallbacks`]); a receiver must follow the
-//!   sender, so it allocates a one-off buffer of the batch's size past the pool
-//!   ([`PackStats::overflows`]), bounded by what the peer's own pool lets it send.
+//!   and slices of one more for the rest ([`PACKED_HOST_MAX_BYTES`] at most), all or none.
+//!   A sender finding no room falls back to the unpacked transfer (counted in
+//!   [`PackStats::fallbacks`]); a receiver must follow the sender, so it takes one-off space
+//!   past the pool ([`PackStats::overflows`]): kept buffers while they last
+//!   ([`super::spare`]), else made to measure, and no more than [`ONE_OFF_MAX_BYTES`] at
+//!   once ([`PackPool::overflow_room`]).
 //! - Space goes back to the pool only once the job using it finished: a sender's lease is
 //!   held next to its job ([`PackPool::hold`]) and reclaimed when the job is done; a lease of
 //!   a job that may still run (the connection failed) is poisoned and never reused.
@@ -307,8 +309,9 @@ impl Span {
 }
 
 /// Pack space in use: the packed stream in order, one span per buffer — one span for a batch
-/// within a pack buffer, whole buffers and then the rest for a larger one. Its slices go back
-/// to the pool on drop, unless poisoned; a one-off buffer is freed.
+/// within a pack buffer, whole buffers and then the rest for a larger one. On drop, unless
+/// poisoned, its slices go back to the pool and its one-off whole buffers to the kept ones
+/// (other one-off memory is freed).
 pub(crate) struct PackLease {
     spans: smallvec::SmallVec<[Span; 1]>,
     poisoned: bool,
@@ -504,42 +507,35 @@ impl PackPool {
                 "a packed batch of {len} bytes is larger than {PACKED_HOST_MAX_BYTES} bytes"
             )));
         }
-        if len <= PACK_BYTES || spans {
+        // Within a buffer, or in several that hold whole chunks.
+        let splits = len <= PACK_BYTES || spans;
+        if splits {
             if let Some(lease) = self.pooled(len)? {
                 return Ok(lease);
             }
         }
         self.counters.overflows.fetch_add(1, Ordering::Relaxed);
-        self.one_off.fetch_add(len, Ordering::AcqRel);
         let mut lease = PackLease {
             spans: smallvec::SmallVec::new(),
             poisoned: false,
         };
-        let piece = if len <= PACK_BYTES || spans {
-            PACK_BYTES
-        } else {
-            len
-        };
+        let piece = if splits { PACK_BYTES } else { len };
         let mut left = len;
         loop {
             let part = left.min(piece);
-            let region = if part <= PACK_BYTES {
-                match super::spare::take() {
-                    Some(memory) => Ok(Region::new(memory)),
-                    None => allocate(part.max(1) as usize),
-                }
+            let kept = if part <= PACK_BYTES {
+                super::spare::take()
             } else {
+                None
+            };
+            let region = match kept {
+                Some(memory) => Region::new(memory),
                 // At most PACKED_HOST_MAX_BYTES (checked above): it fits a usize.
-                allocate(part as usize)
+                None => fresh(part.max(1) as usize)?,
             };
-            let region = match region {
-                Ok(region) => region,
-                Err(e) => {
-                    // The spans made so far give theirs back as the lease drops.
-                    self.one_off.fetch_sub(left, Ordering::AcqRel);
-                    return Err(e);
-                }
-            };
+            // Counted as it is made: dropping the lease (on an error too) gives back what
+            // its spans counted.
+            self.one_off.fetch_add(part, Ordering::AcqRel);
             lease.spans.push(Span {
                 region,
                 slices: None,
@@ -634,6 +630,11 @@ fn allocate(len: usize) -> Result<Region> {
             return Ok(Region::new(memory));
         }
     }
+    fresh(len)
+}
+
+/// New host memory of `len` bytes for packing.
+fn fresh(len: usize) -> Result<Region> {
     let memory = SharedMemory::host(len)
         .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
     Ok(Region::new(memory))

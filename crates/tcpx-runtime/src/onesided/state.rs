@@ -520,17 +520,14 @@ impl Rma {
         // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
         // goes unpacked); a local list that is one run already is sent from in place. A
         // staged list is gathered by the lanes, chunk by chunk, into their ring slots.
-        let sides = self.pack_side(remote, &plan, spread);
-        // Staged memory into host memory: packed only while the target's pool holds it.
-        let credit = match sides {
-            Some((PackSide::Staged, PackSide::Host)) => self
-                .staged_to_host
-                .take(plan.len, self.host_pack_cap(plan.len, spread)),
-            _ => None,
-        };
-        let side = match sides {
-            Some((PackSide::Staged, PackSide::Host)) if credit.is_none() => None,
-            sides => sides.map(|(local, _)| local),
+        let (side, credit) = match self.pack_side(remote, &plan, spread) {
+            // Staged memory into host memory: packed only while the target's pool holds it.
+            Some((PackSide::Staged, PackSide::Host)) => {
+                let cap = self.host_pack_cap(plan.len, spread);
+                let credit = self.staged_to_host.take(plan.len, cap);
+                (credit.is_some().then_some(PackSide::Staged), credit)
+            }
+            sides => (sides.map(|(local, _)| local), None),
         };
         let mut packed = side.is_some();
         let staged = side == Some(PackSide::Staged);
