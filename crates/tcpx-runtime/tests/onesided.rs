@@ -845,19 +845,21 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     let src = source(&a, 1 << 20, 5);
     let (ab, ba) = connect(&a, &b);
     // One registration per one-sided comm: a send and a receive comm per channel. The
-    // advertised region is registered at connect; nothing of `a` is advertised.
+    // advertised region is registered at connect; nothing of `a` is advertised. With host
+    // memory advertised, `b` also readies and registers its first pack buffer then, when
+    // the process keeps one ready (`pooled`).
     let per_side = 2 * usize::from(channels);
     assert_eq!(
         (a.live_registrations(), b.live_registrations()),
-        (0, per_side)
+        (0, per_side + pooled(&ba, per_side))
     );
     ab.warm_up(&src).unwrap();
     ba.warm_up(&dst).unwrap();
-    assert_eq!(a.live_registrations(), per_side);
-    assert_eq!(b.live_registrations(), per_side);
+    assert_eq!(a.live_registrations(), per_side + pooled(&ab, per_side));
+    assert_eq!(b.live_registrations(), per_side + pooled(&ba, per_side));
     // Twice is the same as once (the registrations are cached on the connection).
     ab.warm_up(&src).unwrap();
-    assert_eq!(a.live_registrations(), per_side);
+    assert_eq!(a.live_registrations(), per_side + pooled(&ab, per_side));
     let w = write_one(&ab, &src, d, 1 << 20, Some(b"warm"));
     assert_eq!(w.wait(DEADLINE).unwrap(), 1 << 20);
     assert_eq!(wait_notifications(&b, 1), vec![b"warm".to_vec()]);
@@ -867,16 +869,18 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     let r = read_one(&ab, &back, d, 1 << 20);
     assert_eq!(r.wait(DEADLINE).unwrap(), 1 << 20);
     assert_eq!(snapshot(&back), snapshot(&src));
-    // The operations added nothing: both regions were registered ahead.
-    assert_eq!(a.live_registrations(), 2 * per_side);
-    assert_eq!(b.live_registrations(), per_side);
+    // The operations added nothing: both regions were registered ahead (one run each: no
+    // pack buffer is needed).
+    assert_eq!(a.live_registrations(), 2 * per_side + pooled(&ab, per_side));
+    assert_eq!(b.live_registrations(), per_side + pooled(&ba, per_side));
     // A region advertised on a live connection is registered on it at once, and released
     // with the region once it is revoked and dropped.
     let (more, dm) = advertised_host(&b, 64 << 10);
-    assert_eq!(b.live_registrations(), 2 * per_side);
+    assert_eq!(b.live_registrations(), 2 * per_side + pooled(&ba, per_side));
     assert!(b.revoke(&dm));
     drop(more);
-    assert!(eventually(DEADLINE, || b.live_registrations() == per_side));
+    let left = per_side + pooled(&ba, per_side);
+    assert!(eventually(DEADLINE, || b.live_registrations() == left));
     close_releases_everything((&a, &b), ab, ba);
 }
 
@@ -890,18 +894,85 @@ fn warming_up_many_regions_at_once() {
     let per_region = 2 * usize::from(channels);
     let sources: Vec<_> = (0..16).map(|i| source(&a, 64 << 10, 50 + i)).collect();
     ab.warm_up(&sources[0]).unwrap();
-    assert_eq!(a.live_registrations(), per_region);
+    // Host memory: the connection's first pack buffer too, when the process kept one.
+    let pool = pooled(&ab, per_region);
+    assert_eq!(a.live_registrations(), per_region + pool);
     ab.warm_up_all(&sources).unwrap();
-    assert_eq!(a.live_registrations(), sources.len() * per_region);
+    assert_eq!(a.live_registrations(), sources.len() * per_region + pool);
     let (dst, d) = advertised_host(&b, 64 << 10);
     for (i, src) in sources.iter().enumerate() {
         let w = write_one(&ab, src, d, 64 << 10, None);
         assert_eq!(w.wait(DEADLINE).unwrap(), 64 << 10);
         assert_pattern(&dst, 0, 64 << 10, 50 + i as u64, &format!("write {i}"));
     }
-    assert_eq!(a.live_registrations(), sources.len() * per_region);
+    assert_eq!(a.live_registrations(), sources.len() * per_region + pool);
     drop(sources);
-    assert!(eventually(DEADLINE, || a.live_registrations() == 0));
+    // The pack buffer's registrations go with the connection.
+    assert!(eventually(DEADLINE, || a.live_registrations() == pool));
+}
+
+/// A connection to an endpoint that advertises host memory readies its first pack buffer at
+/// connect and registers it with the advertised regions, so that the first packed write
+/// into that memory registers nothing on the target (issue 25: no first-transfer tax). The
+/// buffer is one the process keeps ready (or one a closed connection left): other tests
+/// take them too, so a connection that found none goes without, its first packed write
+/// registers a buffer as before, and the next connection is tried.
+#[test]
+fn the_first_pack_buffer_is_registered_at_connect_where_host_memory_is_advertised() {
+    loopback();
+    const BLOCK: usize = 16 << 10;
+    // Alone on 2 channels, more than 32 runs pack.
+    const N: usize = 64;
+    let channels = 2;
+    let per_side = 2 * usize::from(channels);
+    let blocks = every_other_block(N, BLOCK, 0);
+    let deadline = Instant::now() + DEADLINE;
+    for attempt in 0.. {
+        let a = Endpoint::new(config(channels, 128 << 10)).unwrap();
+        let b = Endpoint::new(config(channels, 128 << 10)).unwrap();
+        let (dst, d) = advertised_host(&b, 2 * BLOCK * N);
+        let src = source(&a, BLOCK * N, 40 + attempt);
+        let (ab, ba) = connect(&a, &b);
+        let readied = ba.pack_stats().buffers as usize;
+        assert!(readied <= 1, "one buffer at most is readied: {readied}");
+        // The advertised region, and the readied buffer if any, both ways on every channel;
+        // nothing on the side that advertised nothing.
+        assert_eq!(b.live_registrations(), per_side * (1 + readied));
+        assert_eq!((a.live_registrations(), ab.pack_stats().buffers), (0, 0));
+        let tx = ab
+            .write(
+                &[Segment::new(&src, 0, BLOCK * N)],
+                &remote_segments(d, &blocks),
+                None,
+            )
+            .expect("write");
+        assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * N) as u64);
+        assert_eq!(ab.pack_stats().packed_sent, 1, "the list went packed");
+        assert_blocks(
+            &dst,
+            &blocks,
+            &snapshot(&src),
+            &format!("attempt {attempt}"),
+        );
+        // Either way the target holds one pooled buffer, registered once.
+        assert_eq!(ba.pack_stats().buffers, 1);
+        assert_eq!(b.live_registrations(), 2 * per_side);
+        close_releases_everything((&a, &b), ab, ba);
+        if readied == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no connection found a pack buffer kept ready in {attempt} attempts"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Registrations of `conn`'s pooled pack buffers: `per_buffer` (a comm's each) for every
+/// buffer its pool made.
+fn pooled(conn: &Connection, per_buffer: usize) -> usize {
+    conn.pack_stats().buffers as usize * per_buffer
 }
 
 /// A target that closes as soon as it sees a write's notification (a NIXL agent torn down

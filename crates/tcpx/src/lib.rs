@@ -60,7 +60,9 @@ pub use comm::{RecvRequest, SendRequest};
 pub use device::{Device, DeviceType, Properties, PtrSupport};
 pub use error::{Error, ErrorKind, Result};
 pub use handle::ConnectHandle;
-pub use memory::{ForeignMemory, HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN};
+pub use memory::{
+    ForeignMemory, HostBuffer, Memory, MemoryKind, SharedMemory, BUFFER_ALIGN, HUGE_PAGE,
+};
 pub use net::{Net, TCPX_INSTALL_PATHS};
 pub use packed::PackedRanges;
 /// The network interfaces that are up, one usable address each — the built-in plugin's own

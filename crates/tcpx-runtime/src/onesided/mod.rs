@@ -213,16 +213,29 @@ impl OneSidedShared {
     /// naming it: a first 1 MiB write waited 43–595 µs for the target's engines to register
     /// its region (H100, two processes). Failures are logged: the operation that needs the
     /// registration tries again and reports its own error.
-    pub(crate) fn adopt(&self, carrier: &Arc<Carrier>) {
+    ///
+    /// Where host memory is advertised, the peer's packed writes and reads of scattered
+    /// blocks will go through this side's pack buffers: the connection's first one
+    /// (`ready_pack_buffer`, the connection's `Rma::ready_pack_buffer`) is registered in the
+    /// same round.
+    pub(crate) fn adopt(
+        &self,
+        carrier: &Arc<Carrier>,
+        ready_pack_buffer: impl FnOnce() -> Option<Region>,
+    ) {
         self.carriers.add(carrier);
-        let regions = self.adverts.live_regions();
+        let mut regions = self.adverts.live_regions();
+        if regions.iter().any(packs_through_buffers) {
+            regions.extend(ready_pack_buffer());
+        }
         if let Err(e) = carrier.preregister(&regions) {
             tracing::debug!(target: "tcpx_runtime", peer = %carrier.link.peer, error = %e, "advertised regions not registered at connect; the first operation naming them registers them");
         }
     }
 
     /// Registers a newly advertised `region` on every connection's one-sided carrier, both
-    /// ways (see [`Self::adopt`]).
+    /// ways (see [`Self::adopt`]). (A connection made before any host memory was advertised
+    /// registers its first pack buffer at its first packed transfer.)
     pub(crate) fn register_everywhere(&self, region: &Region) {
         for carrier in self.carriers.live() {
             if let Err(e) = carrier.preregister(std::slice::from_ref(region)) {
@@ -230,4 +243,10 @@ impl OneSidedShared {
             }
         }
     }
+}
+
+/// Whether one-sided traffic naming `region` may pass through pack buffers: unstaged host
+/// memory (staged and CUDA memory pack through the engines' rings).
+pub(crate) fn packs_through_buffers(region: &Region) -> bool {
+    !region.is_staged() && region.memory().kind() == tcpx::MemoryKind::Host
 }

@@ -367,6 +367,34 @@ impl PackPool {
         }
     }
 
+    /// Puts a kept buffer ([`super::spare`], its pages faulted in) into the pool while it is
+    /// empty, and returns its region, for the caller to register on the connection's comms
+    /// with the regions it registers anyway: the connection's first packed transfer then
+    /// finds it ready. Registered by that transfer instead, each side waited 50–250 µs for
+    /// its engines, which sleep by then (docs/RESULTS.md, thirty-eighth session). `None`
+    /// (nothing done) when the pool has a buffer already, may hold none, or no buffer is
+    /// kept: no memory is made for a connection that may never pack.
+    pub(crate) fn ready_first(&self) -> Option<Region> {
+        if self.cap == 0 {
+            return None;
+        }
+        self.inner
+            .pooled
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        let Some(memory) = super::spare::take() else {
+            self.inner.pooled.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        };
+        let region = Region::new(memory);
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        self.inner.buffers().push(Buffer {
+            region: region.clone(),
+            used: 0,
+        });
+        Some(region)
+    }
+
     fn held(&self) -> MutexGuard<'_, Vec<(Arc<Job>, PackLease)>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -633,10 +661,16 @@ fn allocate(len: usize) -> Result<Region> {
     fresh(len)
 }
 
-/// New host memory of `len` bytes for packing.
+/// New host memory of `len` bytes for packing: in huge pages from [`tcpx::HUGE_PAGE`] on
+/// (see [`tcpx::HostBuffer::in_huge_pages`]: its first touch, in the transfer that needs it,
+/// is then four times faster).
 fn fresh(len: usize) -> Result<Region> {
-    let memory = SharedMemory::host(len)
-        .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
+    let memory = if len >= tcpx::HUGE_PAGE {
+        SharedMemory::host_in_huge_pages(len)
+    } else {
+        SharedMemory::host(len)
+    }
+    .map_err(|e| Error::Internal(format!("cannot allocate a pack buffer: {e}")))?;
     Ok(Region::new(memory))
 }
 
@@ -732,6 +766,30 @@ mod tests {
         fn offset(&self) -> usize {
             self.spans[0].offset()
         }
+    }
+
+    #[test]
+    fn a_kept_buffer_is_readied_into_an_empty_pool_only_and_serves_its_first_lease() {
+        assert!(
+            PackPool::new(0).ready_first().is_none(),
+            "a pool that holds none"
+        );
+        let pool = PackPool::new(2);
+        // The kept buffers are the process's and other tests take them: keep one and try
+        // until this pool gets one.
+        let readied = (0..100)
+            .find_map(|_| {
+                super::super::spare::keep(SharedMemory::host(PACK_BYTES as usize).unwrap());
+                pool.ready_first()
+            })
+            .expect("a kept buffer readied");
+        assert_eq!(readied.len(), PACK_BYTES as usize);
+        assert_eq!(pool.stats().buffers, 1);
+        assert!(pool.ready_first().is_none(), "only into an empty pool");
+        // The first lease takes the readied buffer: nothing new is made.
+        let lease = pool.for_sender(64 << 10).unwrap().expect("a lease");
+        assert!(lease.region().memory().same_as(readied.memory()));
+        assert_eq!(pool.stats().buffers, 1);
     }
 
     #[test]

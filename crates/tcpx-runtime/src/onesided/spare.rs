@@ -8,9 +8,15 @@
 //! - those of closed connections, up to [`MOST`] (re-created connections, agents re-made
 //!   under the same names, do not pay again);
 //! - and, from the first endpoint on, [`WARM`] made ahead on a short-lived thread of their
-//!   own ([`warm_for`]), refilled as pools take them: the first packed batches of a new
-//!   connection find their buffers faulted in. That is 16 MiB a process holds from its first
-//!   endpoint whose configuration packs (the default), whether it packs or not.
+//!   own ([`warm_for`]), refilled as each endpoint and each connection starts: the first
+//!   packed batches of a new connection find their buffers faulted in. That is 16 MiB a
+//!   process holds from its first endpoint whose configuration packs (the default), whether
+//!   it packs or not.
+//!
+//! Every buffer is made in huge pages where the kernel gives them
+//! ([`tcpx::HostBuffer::in_huge_pages`]): its pages fault in four times faster, so the
+//! warming ends sooner after an endpoint or connection starts, and a pool that finds no kept
+//! buffer pays less for a fresh one.
 //!
 //! The list is never waited for (a busy list counts as empty): it is a cache, and a child
 //! forked while a parent's thread held its lock must not hang on it. Such a child may also
@@ -53,11 +59,15 @@ fn spare() -> Option<MutexGuard<'static, Vec<SharedMemory>>> {
     }
 }
 
-/// A kept buffer of [`BUFFER_BYTES`], if any; starts making the next one.
+/// A kept buffer of [`BUFFER_BYTES`], if any.
+///
+/// It does not start the warming thread to make the next one: a pool takes buffers on the
+/// path of a transfer, and starting a thread there cost that transfer 60–100 µs (two of
+/// them on a new connection's first packed write, one a side; docs/RESULTS.md,
+/// thirty-eighth session). The kept buffers are made again as endpoints and connections
+/// start ([`warm_for`]), off any transfer's path.
 pub(crate) fn take() -> Option<SharedMemory> {
-    let memory = spare().and_then(|mut s| s.pop());
-    warm();
-    memory
+    spare().and_then(|mut s| s.pop())
 }
 
 /// Keeps `memory` (a whole pack buffer, nothing leased or in flight) for a later pool while
@@ -88,9 +98,10 @@ pub(crate) fn warm_for(config: &crate::Config) {
 }
 
 /// Makes buffers on a thread of its own until [`WARM`] are kept, unless as many are kept or
-/// a thread is at it already. A pool taking one between that thread's last look and its end
-/// finds the next call here starting another; a thread that cannot be spawned, or memory that
-/// cannot be had, leaves pools to make their buffers as they need them.
+/// a thread is at it already. Buffers pools take after that thread's last look are made
+/// again at the next call (the next endpoint or connection to start); a thread that cannot be
+/// spawned, or memory that cannot be had, leaves pools to make their buffers as they need
+/// them.
 fn warm() {
     if spare().is_none_or(|s| s.len() >= WARM) || WARMING.swap(true, Ordering::AcqRel) {
         return;
@@ -113,7 +124,7 @@ fn warm() {
 
 /// A new buffer of [`BUFFER_BYTES`] with every page faulted in.
 fn touched() -> Option<SharedMemory> {
-    let mut buffer = HostBuffer::new(BUFFER_BYTES).ok()?;
+    let mut buffer = HostBuffer::in_huge_pages(BUFFER_BYTES).ok()?;
     for page in buffer.as_mut_slice().chunks_mut(PAGE) {
         // An opaque value: a store of zero into zeroed memory could be left out.
         page[0] = std::hint::black_box(0);
@@ -141,7 +152,8 @@ mod tests {
         assert!(kept() >= WARM, "warmed: {}", kept());
         let taken = take().expect("a kept buffer");
         assert_eq!(taken.len(), BUFFER_BYTES);
-        // Taking started a refill.
+        // Taking does not start a refill (it is on a transfer's path); the next warming does.
+        warm();
         while kept() < WARM && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
             warm();
