@@ -2,7 +2,7 @@
 # Where pipelined one-sided operations go: `tcpx-bench onesided` (initiator and target in one
 # process, over loopback) in the steady state, `perf record -g` attached after the set-up, then
 # samples per thread and, for each thread kind (application `tcpx-bench`, control loops
-# `tcpx-ctl-*`, engines `tcpx-engine-*`), its symbols by own time and by inclusive time.
+# `tcpx-ctl-*`, engines `tcpx-eng-<device>.<index>`), its symbols by own time and by inclusive time.
 #
 #   scripts/perf/onesided_profile.sh [BENCH] [OP] [LAYOUT] [BLOCK] [BATCH] [OUT]
 #   e.g. scripts/perf/onesided_profile.sh target/release/tcpx-bench write scattered 4KiB 32
@@ -38,7 +38,7 @@ wait "$pid" 2>/dev/null || true
 report() { "$perf" report -i "$out/perf.data" --stdio "$@" 2>/dev/null | grep -vE '^#|^$'; }
 echo "=== samples by thread ($op, $layout, $block x $batch, depth ${DEPTH:-32})"
 report --no-children --sort comm -n -g none | head -12
-for comm in $(report --no-children --sort comm -g none | grep -oE 'tcpx-(ctl|engine)-[0-9]+|tcpx-bench' | sort -u); do
+for comm in $(report --no-children --sort comm -g none | grep -oE 'tcpx-(ctl-[0-9]+|eng-[0-9]+\.[0-9]+)|tcpx-bench' | sort -u); do
   echo "=== $comm: own time"
   report --no-children --comm "$comm" --sort sym -n -g none | head -20
   echo "=== $comm: inclusive (user-space symbols)"

@@ -14,7 +14,7 @@
 # SERVER_CPUS / CLIENT_CPUS (taskset lists, e.g. 0-15 and 16-31) put each peer on cores of its
 # own, as on two nodes; unset, both share the machine.
 # Needs `perf` on PATH (or PERF=...) and perf_event_paranoid low enough (root). Loopback only.
-# The engines of one process share one thread name (tcpx-engine-<device>); the application
+# Each engine thread is named tcpx-eng-<device>.<index>; the application
 # thread carries the binary's name.
 set -euo pipefail
 bench="${1:-target/release/tcpx-bench}"
@@ -44,7 +44,7 @@ grep -E '^ +[0-9]+[KMG]?i?B' "$out/client.log" | tail -1
 app=$(basename "$bench")
 for side in server client; do
   echo "=== $side: samples by thread"
-  "$perf" report -i "$out/$side.data" --sort comm -n --stdio 2>/dev/null | grep -vE '^#|^$' | head -6
+  "$perf" report -i "$out/$side.data" --sort comm -n --stdio 2>/dev/null | grep -vE '^#|^$' | head -20
   echo "=== $side: application thread by symbol"
   "$perf" report -i "$out/$side.data" --comm "$app" --sort dso,sym --stdio 2>/dev/null |
     grep -vE '^#|^$' | head -20

@@ -238,6 +238,7 @@ impl Endpoint {
             .map(|(k, lease)| {
                 let device = devices[k % devices.len()];
                 EngineHandle::spawn(
+                    k,
                     device,
                     config.backoff,
                     config.idle_linger,

@@ -149,8 +149,12 @@ impl std::fmt::Debug for EngineHandle {
 }
 
 impl EngineHandle {
-    /// Starts an engine thread for `device`, pinned to `lease`'s core if given.
+    /// Starts engine `index` of its endpoint, for `device`, pinned to `lease`'s core if given.
+    /// Its thread is named `tcpx-eng-<device>.<index>` (at most 15 bytes, Linux's limit for
+    /// up to 10 devices and 1000 engines), so that profiles and `top -H` tell the engines of
+    /// one NIC apart: under one name per NIC, a profile summed them.
     pub(crate) fn spawn(
+        index: usize,
         device: usize,
         backoff: Backoff,
         linger: Duration,
@@ -162,7 +166,7 @@ impl EngineHandle {
         let engine_parked = parked.clone();
         let core = lease.as_ref().map(|l| l.core);
         let thread = std::thread::Builder::new()
-            .name(format!("tcpx-engine-{device}"))
+            .name(format!("tcpx-eng-{device}.{index}"))
             .spawn(move || {
                 if let Some(lease) = &lease {
                     if !core_affinity::set_for_current(core_affinity::CoreId { id: lease.core }) {
