@@ -343,7 +343,11 @@ pub struct Config {
     /// A batch takes only the 64 KiB slices it needs, so small ones share a buffer; one past
     /// a buffer takes whole ones, so the pool also bounds the largest packed batch of host
     /// memory (and what a staged sender has in flight packed into host memory); when no
-    /// buffer has room, a data sender falls back to the unpacked transfer.
+    /// buffer has room, a data sender falls back to the unpacked transfer. The pool grows as
+    /// batches need buffers, except for its first one on a connection to an endpoint that
+    /// advertises host memory: that one is taken (from the buffers the process keeps ready)
+    /// and registered as the connection is set up, so the first packed transfer does not wait
+    /// for it. Buffers are mapped in huge pages where the kernel gives them.
     pub pack_buffers: usize,
     /// The GPU index this endpoint announces to peers in `Hello`
     /// ([`Connection::peer_gpu`](crate::Connection::peer_gpu) on their side), if any. A label
