@@ -969,6 +969,56 @@ fn the_first_pack_buffer_is_registered_at_connect_where_host_memory_is_advertise
     }
 }
 
+/// A write whose own blocks are gathered into a pack buffer registers nothing of its list
+/// with the plugin (the engines copy the blocks; only the buffer goes on the wire), so its
+/// connection's first such write waits for no registration of it. The same blocks written
+/// one run at a time (unpacked) register their region, as before.
+#[test]
+fn a_packed_write_registers_only_the_pack_buffer_of_the_initiator() {
+    loopback();
+    const BLOCK: usize = 16 << 10;
+    // Alone on 2 channels, more than 32 runs pack.
+    const N: usize = 64;
+    let channels = 2;
+    // A region registered by a write: on the send comm of every channel.
+    let per_region = usize::from(channels);
+    let (a, b, ab, ba) = pair(channels, 128 << 10);
+    let (dst, d) = advertised_host(&b, 2 * BLOCK * N);
+    let src = source(&a, 2 * BLOCK * N, 91);
+    let blocks = every_other_block(N, BLOCK, 1);
+    let local: Vec<Segment<'_>> = blocks
+        .iter()
+        .map(|&(offset, len)| Segment::new(&src, offset, len))
+        .collect();
+    let tx = ab
+        .write(&local, &remote_segments(d, &blocks), None)
+        .expect("write");
+    assert_eq!(tx.wait(DEADLINE).unwrap(), (BLOCK * N) as u64);
+    assert_eq!(ab.pack_stats().packed_sent, 1, "the list went packed");
+    assert_blocks(&dst, &blocks, &gather(&snapshot(&src), &blocks), "packed");
+    assert_eq!(ab.pack_stats().buffers, 1);
+    assert_eq!(
+        a.live_registrations(),
+        per_region,
+        "the pack buffer's registrations only, none of the list's region"
+    );
+    // Four blocks (64 KiB, past what goes inline): too few runs to pack alone, so they go
+    // one request each, from `src`.
+    let four = &blocks[..4];
+    let tx = ab
+        .write(&local[..4], &remote_segments(d, four), None)
+        .expect("write");
+    assert_eq!(tx.wait(DEADLINE).unwrap(), (4 * BLOCK) as u64);
+    assert_eq!(ab.pack_stats().packed_sent, 1, "four blocks went unpacked");
+    assert_blocks(&dst, four, &gather(&snapshot(&src), four), "unpacked");
+    assert_eq!(
+        a.live_registrations(),
+        2 * per_region,
+        "now `src` is registered"
+    );
+    close_releases_everything((&a, &b), ab, ba);
+}
+
 /// Registrations of `conn`'s pooled pack buffers: `per_buffer` (a comm's each) for every
 /// buffer its pool made.
 fn pooled(conn: &Connection, per_buffer: usize) -> usize {

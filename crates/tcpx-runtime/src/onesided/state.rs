@@ -162,7 +162,13 @@ struct Pending {
 /// A local list and a remote list checked, coalesced and registered (or, staged, left to the
 /// engines' rings).
 struct Plan {
+    /// The local list's runs as pieces; registered on the link unless `registered` is false
+    /// (see [`Rma::register_plan`]).
     pieces: Pieces,
+    /// Whether `pieces` carry their registrations (staged pieces never do).
+    registered: bool,
+    /// The coalesced local runs behind `pieces`, one each: which caller segment starts it.
+    runs: Vec<Run>,
     /// Set when the local list is staged (all of it: a mixed list is refused).
     staging: Option<Staging>,
     local_lens: Vec<u64>,
@@ -266,13 +272,16 @@ impl Rma {
         Ok(())
     }
 
-    /// Checks both lists, coalesces them and registers the local regions for `direction`
-    /// (staged regions are not registered: the plugin only ever sees the lanes' rings).
+    /// Checks both lists, coalesces them and, when `register`, registers the local regions
+    /// for `direction` (staged regions are not registered: the plugin only ever sees the
+    /// lanes' rings). A write leaves that until it knows whether its own list travels at all
+    /// ([`Self::register_plan`]).
     fn plan(
         &self,
         local: &[Segment<'_>],
         remote: &[RemoteSegment],
         direction: Direction,
+        register: bool,
     ) -> Result<Plan> {
         let len = checked_len(local, remote)?;
         // All staged or none, checked before anything is registered. Only a list naming a
@@ -294,19 +303,51 @@ impl Rma {
                 (local[first].region, offset as usize, len)
             }),
             direction,
-            staging.is_some(),
+            // Unregistered pieces are made as staged ones are.
+            staging.is_some() || !register,
         )?;
         let (entries, segments) = remote_entries(remote);
         let remote_lens = remote_lens(&entries);
         Ok(Plan {
             local_lens: pieces.iter().map(|p| p.len).collect(),
             pieces,
+            registered: register && staging.is_none(),
+            runs: local_runs,
             staging,
             entries,
             segments,
             remote_lens,
             len,
         })
+    }
+
+    /// Registers the local pieces of a plan made without ([`Self::plan`]) for `direction`,
+    /// sharing one lookup among the consecutive pieces of a region. A write calls it once it
+    /// knows that its own list goes on the wire: one whose blocks are gathered into a pack
+    /// buffer never reaches the plugin, and registering it was an engine round trip for
+    /// nothing on its connection's first write (47–420 µs with the engines asleep;
+    /// docs/RESULTS.md, thirty-eighth session). Staged pieces are never registered.
+    fn register_plan(
+        &self,
+        plan: &mut Plan,
+        local: &[Segment<'_>],
+        direction: Direction,
+    ) -> Result<()> {
+        if plan.registered || plan.staging.is_some() {
+            return Ok(());
+        }
+        let mut last: Option<(u64, Arc<crate::registry::Registration>)> = None;
+        for (piece, run) in plan.pieces.iter_mut().zip(&plan.runs) {
+            let region = local[run.first].region;
+            let registration = match &last {
+                Some((id, registration)) if *id == region.inner.id => registration.clone(),
+                _ => self.carrier.register_region(region, direction)?,
+            };
+            last = Some((region.inner.id, registration.clone()));
+            piece.registration = Some(registration);
+        }
+        plan.registered = true;
+        Ok(())
     }
 
     fn schedule(
@@ -341,11 +382,10 @@ impl Rma {
     ) -> Option<(PackSide, PackSide)> {
         let local = if plan.staging.is_some() {
             PackSide::Staged
-        } else if plan
-            .pieces
-            .iter()
-            .all(|p| p.memory.kind() == tcpx::MemoryKind::Host && p.registration.is_some())
-        {
+        } else if plan.pieces.iter().all(|p| {
+            p.memory.kind() == tcpx::MemoryKind::Host
+                && (p.registration.is_some() || !plan.registered)
+        }) {
             PackSide::Host
         } else {
             return None;
@@ -521,7 +561,8 @@ impl Rma {
         if let Some(transfer) = self.write_inline(local, remote, notification)? {
             return Ok(transfer);
         }
-        let plan = self.plan(local, remote, Direction::Send)?;
+        // Registered below only if this side's own list goes on the wire.
+        let mut plan = self.plan(local, remote, Direction::Send, false)?;
         let spread = self.spreads();
         // Packing: a scattered host list is gathered into pooled buffers by the engines,
         // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
@@ -545,6 +586,11 @@ impl Rma {
         } else {
             None
         };
+        // Gathered into a pack buffer, the list itself never reaches the plugin; otherwise
+        // (unpacked, one run sent in place, or staged) its pieces are what the lanes send.
+        if pack.is_none() {
+            self.register_plan(&mut plan, local, Direction::Send)?;
+        }
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
             op_id,
@@ -693,7 +739,8 @@ impl Rma {
         if let Some(transfer) = self.read_inline(local, remote)? {
             return Ok(transfer);
         }
-        let plan = self.plan(local, remote, Direction::Recv)?;
+        // Registered now: the target decides whether the data comes packed.
+        let plan = self.plan(local, remote, Direction::Recv, true)?;
         let spread = self.spreads();
         // Offer to receive packed (host memory: into place when the local list is one run,
         // else into pooled buffers reserved for it, none free, no offer; staged memory:
