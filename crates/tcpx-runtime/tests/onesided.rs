@@ -855,11 +855,11 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     );
     ab.warm_up(&src).unwrap();
     ba.warm_up(&dst).unwrap();
-    assert_eq!(a.live_registrations(), per_side + pooled(&ab, per_side));
+    assert_eq!(a.live_registrations(), per_side);
     assert_eq!(b.live_registrations(), per_side + pooled(&ba, per_side));
     // Twice is the same as once (the registrations are cached on the connection).
     ab.warm_up(&src).unwrap();
-    assert_eq!(a.live_registrations(), per_side + pooled(&ab, per_side));
+    assert_eq!(a.live_registrations(), per_side);
     let w = write_one(&ab, &src, d, 1 << 20, Some(b"warm"));
     assert_eq!(w.wait(DEADLINE).unwrap(), 1 << 20);
     assert_eq!(wait_notifications(&b, 1), vec![b"warm".to_vec()]);
@@ -871,7 +871,7 @@ fn warming_up_registers_ahead_and_the_first_operations_reuse_it() {
     assert_eq!(snapshot(&back), snapshot(&src));
     // The operations added nothing: both regions were registered ahead (one run each: no
     // pack buffer is needed).
-    assert_eq!(a.live_registrations(), 2 * per_side + pooled(&ab, per_side));
+    assert_eq!(a.live_registrations(), 2 * per_side);
     assert_eq!(b.live_registrations(), per_side + pooled(&ba, per_side));
     // A region advertised on a live connection is registered on it at once, and released
     // with the region once it is revoked and dropped.
@@ -894,21 +894,18 @@ fn warming_up_many_regions_at_once() {
     let per_region = 2 * usize::from(channels);
     let sources: Vec<_> = (0..16).map(|i| source(&a, 64 << 10, 50 + i)).collect();
     ab.warm_up(&sources[0]).unwrap();
-    // Host memory: the connection's first pack buffer too, when the process kept one.
-    let pool = pooled(&ab, per_region);
-    assert_eq!(a.live_registrations(), per_region + pool);
+    assert_eq!(a.live_registrations(), per_region);
     ab.warm_up_all(&sources).unwrap();
-    assert_eq!(a.live_registrations(), sources.len() * per_region + pool);
+    assert_eq!(a.live_registrations(), sources.len() * per_region);
     let (dst, d) = advertised_host(&b, 64 << 10);
     for (i, src) in sources.iter().enumerate() {
         let w = write_one(&ab, src, d, 64 << 10, None);
         assert_eq!(w.wait(DEADLINE).unwrap(), 64 << 10);
         assert_pattern(&dst, 0, 64 << 10, 50 + i as u64, &format!("write {i}"));
     }
-    assert_eq!(a.live_registrations(), sources.len() * per_region + pool);
+    assert_eq!(a.live_registrations(), sources.len() * per_region);
     drop(sources);
-    // The pack buffer's registrations go with the connection.
-    assert!(eventually(DEADLINE, || a.live_registrations() == pool));
+    assert!(eventually(DEADLINE, || a.live_registrations() == 0));
 }
 
 /// A connection to an endpoint that advertises host memory readies its first pack buffer at

@@ -570,10 +570,8 @@ impl Connection {
     /// connection would pay at their start: its registration on the one-sided comms, in both
     /// directions (a write's source or a read's destination on this side; the target of the
     /// peer's writes and reads). One-sided traffic has comms of its own, which
-    /// [`Self::register`] (the two-sided comms) does not touch. For host memory it also
-    /// readies and registers the connection's first pack buffer, through which scattered
-    /// lists of small blocks move. A staged CUDA region is never registered with the plugin:
-    /// for it this does what [`Self::register`] does.
+    /// [`Self::register`] (the two-sided comms) does not touch. A staged CUDA region is never
+    /// registered with the plugin: for it this does what [`Self::register`] does.
     pub fn warm_up(&self, region: &Region) -> Result<()> {
         self.warm_up_all(std::slice::from_ref(region))
     }
@@ -590,22 +588,6 @@ impl Connection {
                 failure.get_or_insert(e);
             }
         }
-        // Host memory moves packed through this side's pack buffers when its blocks are
-        // small: the pool's first buffer is registered in the same round.
-        let pack_buffer = regions
-            .iter()
-            .any(crate::onesided::packs_through_buffers)
-            .then(|| self.rma.ready_pack_buffer())
-            .flatten();
-        let mut all;
-        let regions = match pack_buffer {
-            Some(buffer) => {
-                all = regions.to_vec();
-                all.push(buffer);
-                &all[..]
-            }
-            None => regions,
-        };
         if let Err(e) = self.rma.carrier.preregister(regions) {
             failure.get_or_insert(e);
         }

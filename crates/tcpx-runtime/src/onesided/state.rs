@@ -211,7 +211,7 @@ pub(crate) struct Rma {
 impl Rma {
     /// The pool's first pack buffer, readied now ([`PackPool::ready_first`]) where this
     /// connection packs host memory at all (pack buffers allowed, a threshold above 0): for
-    /// the caller to register with the regions it registers at connect or warm-up time.
+    /// the caller to register with the regions it registers at connect time.
     pub(crate) fn ready_pack_buffer(&self) -> Option<Region> {
         (self.config.pack_below > 0).then(|| self.pack.ready_first())?
     }
