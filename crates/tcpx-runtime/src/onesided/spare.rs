@@ -142,7 +142,7 @@ mod tests {
     }
 
     #[test]
-    fn warming_keeps_whole_touched_buffers_and_taking_refills() {
+    fn warming_keeps_whole_touched_buffers_and_refills_them_after_a_take() {
         warm();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while kept() < WARM && std::time::Instant::now() < deadline {

@@ -13,7 +13,7 @@ use super::pack::{
     PackCredits, PackLease, PackPool, PackSide, Part, PACKED_HOST_MAX_BYTES, PACK_BYTES,
 };
 use super::remote_runs::{remote_entries, SegmentMap};
-use super::OneSidedShared;
+use super::{packs_through_buffers, OneSidedShared};
 use crate::carrier::{Carrier, JobSpec};
 use crate::config::Config;
 use crate::control::codec::MAX_PAYLOAD;
@@ -159,16 +159,13 @@ struct Pending {
     last_read: Option<Arc<Completion>>,
 }
 
-/// A local list and a remote list checked, coalesced and registered (or, staged, left to the
-/// engines' rings).
+/// A local list and a remote list checked and coalesced. The local runs become pieces (and
+/// are registered) only where the operation hands them to the lanes ([`Rma::local_pieces`]).
 struct Plan {
-    /// The local list's runs as pieces; registered on the link unless `registered` is false
-    /// (see [`Rma::register_plan`]).
-    pieces: Pieces,
-    /// Whether `pieces` carry their registrations (staged pieces never do).
-    registered: bool,
-    /// The coalesced local runs behind `pieces`, one each: which caller segment starts it.
+    /// The coalesced local runs: which caller segment starts each, its offset and length.
     runs: Vec<Run>,
+    /// Every run is unstaged host memory (a candidate for pack buffers).
+    host: bool,
     /// Set when the local list is staged (all of it: a mixed list is refused).
     staging: Option<Staging>,
     local_lens: Vec<u64>,
@@ -272,16 +269,12 @@ impl Rma {
         Ok(())
     }
 
-    /// Checks both lists, coalesces them and, when `register`, registers the local regions
-    /// for `direction` (staged regions are not registered: the plugin only ever sees the
-    /// lanes' rings). A write leaves that until it knows whether its own list travels at all
-    /// ([`Self::register_plan`]).
+    /// Checks both lists and coalesces them.
     fn plan(
         &self,
         local: &[Segment<'_>],
         remote: &[RemoteSegment],
         direction: Direction,
-        register: bool,
     ) -> Result<Plan> {
         let len = checked_len(local, remote)?;
         // All staged or none, checked before anything is registered. Only a list naming a
@@ -297,22 +290,12 @@ impl Rma {
                 .iter()
                 .map(|s| (s.region.inner.id, s.offset as u64, s.len as u64)),
         );
-        let pieces = self.carrier.region_pieces(
-            local_runs.iter().map(|&Run { first, offset, len }| {
-                // Within the region, so the offset fits a usize.
-                (local[first].region, offset as usize, len)
-            }),
-            direction,
-            // Unregistered pieces are made as staged ones are.
-            staging.is_some() || !register,
-        )?;
         let (entries, segments) = remote_entries(remote);
         let remote_lens = remote_lens(&entries);
         Ok(Plan {
-            local_lens: pieces.iter().map(|p| p.len).collect(),
-            pieces,
-            registered: register && staging.is_none(),
+            local_lens: local_runs.iter().map(|r| r.len).collect(),
             runs: local_runs,
+            host: staging.is_none() && local.iter().all(|s| packs_through_buffers(s.region)),
             staging,
             entries,
             segments,
@@ -321,33 +304,26 @@ impl Rma {
         })
     }
 
-    /// Registers the local pieces of a plan made without ([`Self::plan`]) for `direction`,
-    /// sharing one lookup among the consecutive pieces of a region. A write calls it once it
-    /// knows that its own list goes on the wire: one whose blocks are gathered into a pack
-    /// buffer never reaches the plugin, and registering it was an engine round trip for
-    /// nothing on its connection's first write (47–420 µs with the engines asleep;
-    /// docs/RESULTS.md, thirty-eighth session). Staged pieces are never registered.
-    fn register_plan(
+    /// The plan's local runs as pieces of a job in `direction`, registered on the link
+    /// (staged regions are not: the plugin only ever sees the lanes' rings). A write asks
+    /// only once it knows that its own list goes on the wire: one whose blocks are gathered
+    /// into a pack buffer never reaches the plugin, and registering it was an engine round
+    /// trip for nothing on its connection's first write (47–420 µs with the engines asleep;
+    /// docs/RESULTS.md, thirty-eighth session).
+    fn local_pieces(
         &self,
-        plan: &mut Plan,
+        plan: &Plan,
         local: &[Segment<'_>],
         direction: Direction,
-    ) -> Result<()> {
-        if plan.registered || plan.staging.is_some() {
-            return Ok(());
-        }
-        let mut last: Option<(u64, Arc<crate::registry::Registration>)> = None;
-        for (piece, run) in plan.pieces.iter_mut().zip(&plan.runs) {
-            let region = local[run.first].region;
-            let registration = match &last {
-                Some((id, registration)) if *id == region.inner.id => registration.clone(),
-                _ => self.carrier.register_region(region, direction)?,
-            };
-            last = Some((region.inner.id, registration.clone()));
-            piece.registration = Some(registration);
-        }
-        plan.registered = true;
-        Ok(())
+    ) -> Result<Pieces> {
+        self.carrier.region_pieces(
+            plan.runs.iter().map(|&Run { first, offset, len }| {
+                // Within the region, so the offset fits a usize.
+                (local[first].region, offset as usize, len)
+            }),
+            direction,
+            plan.staging.is_some(),
+        )
     }
 
     fn schedule(
@@ -382,10 +358,7 @@ impl Rma {
     ) -> Option<(PackSide, PackSide)> {
         let local = if plan.staging.is_some() {
             PackSide::Staged
-        } else if plan.pieces.iter().all(|p| {
-            p.memory.kind() == tcpx::MemoryKind::Host
-                && (p.registration.is_some() || !plan.registered)
-        }) {
+        } else if plan.host {
             PackSide::Host
         } else {
             return None;
@@ -398,7 +371,7 @@ impl Rma {
         } else {
             return None;
         };
-        let runs = plan.pieces.len().max(plan.remote_lens.len());
+        let runs = plan.runs.len().max(plan.remote_lens.len());
         let cap = PackSide::cap(local, far, self.host_pack_cap(plan.len, spread));
         let below = PackSide::threshold(local, far, &self.config);
         (worth_packing(plan.len, runs, below, cap)
@@ -561,8 +534,7 @@ impl Rma {
         if let Some(transfer) = self.write_inline(local, remote, notification)? {
             return Ok(transfer);
         }
-        // Registered below only if this side's own list goes on the wire.
-        let mut plan = self.plan(local, remote, Direction::Send, false)?;
+        let plan = self.plan(local, remote, Direction::Send)?;
         let spread = self.spreads();
         // Packing: a scattered host list is gathered into pooled buffers by the engines,
         // chunk by chunk, just before each chunk's send (no pooled buffer free: the batch
@@ -579,7 +551,7 @@ impl Rma {
         };
         let mut packed = side.is_some();
         let staged = side == Some(PackSide::Staged);
-        let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
+        let pack = if side == Some(PackSide::Host) && plan.runs.len() > 1 {
             let lease = self.pack.for_sender(plan.len)?;
             packed = lease.is_some();
             lease
@@ -588,9 +560,10 @@ impl Rma {
         };
         // Gathered into a pack buffer, the list itself never reaches the plugin; otherwise
         // (unpacked, one run sent in place, or staged) its pieces are what the lanes send.
-        if pack.is_none() {
-            self.register_plan(&mut plan, local, Direction::Send)?;
-        }
+        let own = match pack {
+            Some(_) => Pieces::new(),
+            None => self.local_pieces(&plan, local, Direction::Send)?,
+        };
         let op_id = self.next_op.fetch_add(1, Ordering::Relaxed);
         let request = WriteRequest {
             op_id,
@@ -605,7 +578,7 @@ impl Rma {
         let (pieces, schedule) = if packed {
             self.packed_job_parts(
                 pack.as_ref(),
-                plan.pieces,
+                own,
                 plan.len,
                 Direction::Send,
                 staged,
@@ -613,7 +586,7 @@ impl Rma {
             )?
         } else {
             (
-                plan.pieces,
+                own,
                 self.schedule(&request.local_lens, &plan.remote_lens, op_id, spread)?,
             )
         };
@@ -739,8 +712,9 @@ impl Rma {
         if let Some(transfer) = self.read_inline(local, remote)? {
             return Ok(transfer);
         }
+        let plan = self.plan(local, remote, Direction::Recv)?;
         // Registered now: the target decides whether the data comes packed.
-        let plan = self.plan(local, remote, Direction::Recv, true)?;
+        let pieces = self.local_pieces(&plan, local, Direction::Recv)?;
         let spread = self.spreads();
         // Offer to receive packed (host memory: into place when the local list is one run,
         // else into pooled buffers reserved for it, none free, no offer; staged memory:
@@ -750,7 +724,7 @@ impl Rma {
             .pack_side(remote, &plan, spread)
             .map(|(local, _)| local);
         let mut offered = side.is_some();
-        let pack = if side == Some(PackSide::Host) && plan.pieces.len() > 1 {
+        let pack = if side == Some(PackSide::Host) && plan.runs.len() > 1 {
             let pack = self.pack.for_sender(plan.len)?.map(|lease| ReadPack {
                 lease,
                 parts: local_parts(local),
@@ -774,7 +748,7 @@ impl Rma {
         let completion = Arc::new(Completion::default());
         let op = PendingOp {
             kind: PendingKind::Read {
-                pieces: plan.pieces,
+                pieces,
                 schedule,
                 staging: plan.staging,
                 offered,
