@@ -42,8 +42,10 @@
 //! eager frames ride comms of their own.
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -52,8 +54,10 @@ use tcpx_proto::eager::{channel_of, EagerMessage};
 use crate::error::{Direction, Error};
 use crate::link::{Link, Pending};
 use crate::registry::Region;
+use crate::spin_lock::{SpinGuard, SpinLock};
 use crate::transfer::in_order::{InOrder, Lanes, Ticket};
 use crate::transfer::Transfer;
+use rustc_hash::FxHashMap;
 
 /// A message that arrived before its receive: where it sits in the channel's receive frames.
 ///
@@ -72,18 +76,114 @@ pub(crate) struct Early {
     pub(crate) len: u32,
 }
 
-/// References to the memory of finished small transfers that the application's thread takes
-/// back and releases at once, per channel and direction.
+/// A small transfer's handle on its region that holds no reference count of its own.
 ///
-/// Every small transfer holds a reference to its region until its engine is done with it.
-/// Released by the engine, each would write the region's reference count from the engine's
-/// core while the application's next transfer increments it from its own: with one region
-/// and many messages (the usual shape), a cache line moving between the two cores per
-/// message. So the engine hands them back in bulk under the lock it takes anyway, the
-/// application releases them once there are this many, and an engine about to sleep
-/// releases what is left (nothing streams then). A region dropped by its owner is thus
-/// freed at the latest when its connection's engine next sleeps or the connection closes.
-const HANDED_BACK: usize = 64;
+/// A region's count is an atomic the application's thread wrote twice per small transfer
+/// (a clone when queued, a release when done): two locked instructions per message, and each
+/// one waits for every store before it, such as the queue entry the engine reads. So a
+/// channel counts a region once while any of its transfers is queued or in flight
+/// ([`HeldRegions`]), and each transfer carries this alias, valid for as long as that count
+/// is held: until the lane's finished count passes the region's newest transfer (the engine
+/// is done with them all), or the connection's eager state is dropped. With the spin locks
+/// of [`crate::spin_lock`], 4 KiB messages on 8 channels moved 18 % faster (docs/RESULTS.md,
+/// thirty-ninth session).
+///
+/// Never cloned and never dropped as a [`Region`] (that would release a count it does not
+/// hold); what must outlive its transfer (a plugin request reading or writing the memory)
+/// takes a counted clone with `Region::clone(&kept)`.
+pub(crate) struct Kept(ManuallyDrop<Region>);
+
+impl Kept {
+    /// An alias of `region` that holds no count.
+    ///
+    /// # Safety
+    /// A counted handle on the same region must stay alive for as long as the alias is
+    /// used; [`HeldRegions::alias`] is the only caller.
+    unsafe fn new(region: &Region) -> Self {
+        let inner = Arc::as_ptr(&region.inner);
+        // SAFETY: `inner` comes from a live `Arc` (the caller's `region`), so it is a pointer
+        // `Arc::into_raw` could have returned; the result is never dropped (`ManuallyDrop`),
+        // so it never releases the count it did not take, and the caller keeps a counted
+        // handle alive for as long as the alias is used.
+        let inner = unsafe { Arc::from_raw(inner) };
+        Self(ManuallyDrop::new(Region { inner }))
+    }
+}
+
+impl Deref for Kept {
+    type Target = Region;
+
+    fn deref(&self) -> &Region {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Kept").field(&self.0.inner.id).finish()
+    }
+}
+
+/// Regions held past this many per channel and direction are looked over for release when
+/// another one comes (each transfer in flight may name its own region, as `tcpx-bench`'s
+/// message slots do).
+const HELD_REGIONS_LOOKED_OVER: usize = 1024;
+
+/// The regions one channel's transfers of one direction name, counted once per region
+/// while any of its transfers is queued or in flight (see [`Kept`]), each with the lane
+/// ordinal of its newest transfer. Keyed by address: a held region is alive, so no other
+/// region has its address.
+#[derive(Default)]
+struct HeldRegions {
+    held: FxHashMap<usize, (u64, Region)>,
+}
+
+impl HeldRegions {
+    /// Counts `region` for transfer `ordinal` of `lane` (the newest), unless it is held
+    /// already; when the set is large, first moves the regions whose transfers all finished
+    /// to `released` (dropped by the caller outside its lock: a region's last release may
+    /// deregister it). Returns the transfer's alias.
+    fn alias(
+        &mut self,
+        region: &Region,
+        ordinal: u64,
+        lane: &InOrder,
+        released: &mut Vec<Region>,
+    ) -> Kept {
+        let key = Arc::as_ptr(&region.inner) as usize;
+        if let Some((last, _)) = self.held.get_mut(&key) {
+            *last = ordinal;
+        } else {
+            if self.held.len() >= HELD_REGIONS_LOOKED_OVER {
+                self.release_finished(lane.finished(), released);
+            }
+            self.held.insert(key, (ordinal, region.clone()));
+        }
+        // SAFETY: `held` now counts `region` until the lane's finished count passes
+        // `ordinal` — the engine is then done with this transfer — or until the eager state
+        // is dropped, after every engine let go of it.
+        unsafe { Kept::new(region) }
+    }
+
+    /// Moves the regions whose transfers all finished (the lane's count `finished` passed
+    /// their newest ordinal) to `released`.
+    fn release_finished(&mut self, finished: u64, released: &mut Vec<Region>) {
+        if self.held.values().all(|(last, _)| *last >= finished) {
+            return;
+        }
+        let done: Vec<usize> = self
+            .held
+            .iter()
+            .filter(|(_, (last, _))| *last < finished)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in done {
+            if let Some((_, region)) = self.held.remove(&key) {
+                released.push(region);
+            }
+        }
+    }
+}
 
 /// Asks for the cache line at `at` in a state this core may write (`PREFETCHW`) ahead of a
 /// store to a line another core reads. Its ownership then travels while the thread does other
@@ -164,8 +264,8 @@ pub(crate) struct Delivered {
 pub(crate) struct Outgoing {
     /// The send's sequence number (the receive it matches).
     pub(crate) seq: u64,
-    /// Where its bytes are; held until they are copied.
-    pub(crate) region: Region,
+    /// Where its bytes are (counted by the channel's [`HeldRegions`]).
+    pub(crate) region: Kept,
     pub(crate) offset: usize,
     pub(crate) len: u32,
 }
@@ -211,25 +311,20 @@ struct Outbox {
     unsent: usize,
     /// Sends ever queued on this channel: the next one's place in its lane.
     accepted: u64,
-    /// Regions of sends the engine is done with (see [`HANDED_BACK`]).
-    spent: Vec<Region>,
+    /// The regions of the sends queued or in flight, one count each.
+    regions: HeldRegions,
     /// The deadline of the oldest queued send.
     oldest: Oldest,
 }
 
 /// A posted small receive (24 bytes: see [`Outgoing`] for why it stays small).
 pub(crate) struct Posted {
-    region: Region,
+    region: Kept,
     offset: usize,
     len: u32,
 }
 
 impl Posted {
-    /// The region the receive landed in (the engine hands it back, see [`HANDED_BACK`]).
-    pub(crate) fn into_region(self) -> Region {
-        self.region
-    }
-
     /// Where the receive's bytes go: its region, the offset in it and the length.
     pub(crate) fn target(&self) -> (&Region, usize, u32) {
         (&self.region, self.offset, self.len)
@@ -256,8 +351,8 @@ struct Inbox {
     /// here so that publishing it is a plain store, not a locked read-modify-write of a line
     /// the engine reads (see [`Eager::recv`]).
     queued_ever: u64,
-    /// Regions of receives the engine is done with (see [`HANDED_BACK`]).
-    spent: Vec<Region>,
+    /// The regions of the receives posted and not landed, one count each.
+    regions: HeldRegions,
     /// The deadline of the oldest waiting receive.
     oldest: Oldest,
 }
@@ -269,12 +364,12 @@ struct Inbox {
 /// `posted_total`): at 4 KiB a cache line moving between the two cores per message was
 /// most of both threads' time.
 struct Share {
-    outbox: CachePadded<Mutex<Outbox>>,
+    outbox: CachePadded<SpinLock<Outbox>>,
     /// Whether `Outbox::queue` holds anything: set by the application when it queues into
     /// an empty queue, cleared by the engine when it takes the queue, both under the lock;
     /// the engine's passes read it without the lock.
     queued: CachePadded<AtomicBool>,
-    inbox: CachePadded<Mutex<Inbox>>,
+    inbox: CachePadded<SpinLock<Inbox>>,
     /// Receives ever queued in `Inbox::posted` (the engine counts those it took).
     posted_total: CachePadded<AtomicU64>,
     /// Entries in `matched`.
@@ -287,9 +382,9 @@ struct Share {
 impl Share {
     fn new() -> Self {
         Self {
-            outbox: CachePadded::new(Mutex::new(Outbox::default())),
+            outbox: CachePadded::new(SpinLock::new(Outbox::default())),
             queued: CachePadded::new(AtomicBool::new(false)),
-            inbox: CachePadded::new(Mutex::new(Inbox::default())),
+            inbox: CachePadded::new(SpinLock::new(Inbox::default())),
             posted_total: CachePadded::new(AtomicU64::new(0)),
             matched: CachePadded::new(AtomicUsize::new(0)),
             sends: InOrder::default(),
@@ -297,12 +392,12 @@ impl Share {
         }
     }
 
-    fn outbox(&self) -> MutexGuard<'_, Outbox> {
-        self.outbox.lock().unwrap_or_else(|p| p.into_inner())
+    fn outbox(&self) -> SpinGuard<'_, Outbox> {
+        self.outbox.lock()
     }
 
-    fn inbox(&self) -> MutexGuard<'_, Inbox> {
-        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    fn inbox(&self) -> SpinGuard<'_, Inbox> {
+        self.inbox.lock()
     }
 }
 
@@ -403,23 +498,28 @@ impl Eager {
         share.queued.store(false, Ordering::Release);
     }
 
-    /// Counts `messages` sends of `channel` as on the wire (their frames were sent), and
-    /// hands back `spent`, the regions of sends the engine copied (see [`HANDED_BACK`]).
-    pub(crate) fn sent(&self, channel: u16, messages: usize, spent: &mut Vec<Region>) {
+    /// Counts `messages` sends of `channel` as on the wire (their frames were sent).
+    pub(crate) fn sent(&self, channel: u16, messages: usize) {
         let mut outbox = self.share(channel).outbox();
         outbox.unsent = outbox.unsent.saturating_sub(messages);
-        outbox.spent.append(spent);
     }
 
-    /// Releases the regions of `channel`'s finished transfers the application has not taken
-    /// back (its engine's channel went idle in `direction`).
-    pub(crate) fn release_spent(&self, channel: u16, direction: Direction) {
+    /// Releases the counts of `channel`'s regions whose transfers all finished: its engine is
+    /// about to sleep, and a region its owner dropped must not wait for the channel's next
+    /// transfer to be freed (see [`Kept`]).
+    pub(crate) fn release_finished(&self, channel: u16) {
         let share = self.share(channel);
-        let spent = match direction {
-            Direction::Send => std::mem::take(&mut share.outbox().spent),
-            Direction::Recv => std::mem::take(&mut share.inbox().spent),
-        };
-        drop(spent);
+        let mut released = Vec::new();
+        share
+            .outbox()
+            .regions
+            .release_finished(share.sends.finished(), &mut released);
+        share
+            .inbox()
+            .regions
+            .release_finished(share.recvs.finished(), &mut released);
+        // Outside the locks: a region's last release may deregister it.
+        drop(released);
     }
 
     /// Small transfers accepted and not finished: sends not yet on the wire (including those
@@ -496,31 +596,33 @@ impl Eager {
         offset: usize,
         len: usize,
     ) -> Transfer {
-        let message = Outgoing {
-            seq,
-            region: region.clone(),
-            offset,
-            // `carries` checked it: at most 64 KiB.
-            len: len as u32,
-        };
         let channel = self.channel_of(seq);
         let share = self.share(channel);
-        let (ordinal, was_empty, spent) = {
+        let mut released = Vec::new();
+        let (ordinal, was_empty) = {
             let mut outbox = share.outbox();
-            outbox.queue.push_back(message);
-            outbox.unsent += 1;
+            let outbox = &mut *outbox;
             let ordinal = outbox.accepted;
+            let region = outbox
+                .regions
+                .alias(region, ordinal, &share.sends, &mut released);
+            outbox.queue.push_back(Outgoing {
+                seq,
+                region,
+                offset,
+                // `carries` checked it: at most 64 KiB.
+                len: len as u32,
+            });
+            outbox.unsent += 1;
             outbox.accepted += 1;
             let was_empty = outbox.queue.len() == 1;
             if was_empty {
                 share.queued.store(true, Ordering::Release);
             }
-            let spent =
-                (outbox.spent.len() >= HANDED_BACK).then(|| std::mem::take(&mut outbox.spent));
-            (ordinal, was_empty, spent)
+            (ordinal, was_empty)
         };
         // Released outside the lock.
-        drop(spent);
+        drop(released);
         let transfer = self.transfer(channel, Direction::Send, ordinal, len);
         let link = &self.link;
         if was_empty {
@@ -553,15 +655,17 @@ impl Eager {
             // thread takes the lock and fills in the entry.
             prefetch_for_write(&*share.posted_total);
         }
-        let posted = Posted {
-            region: region.clone(),
-            offset,
-            len: len as u32,
-        };
+        let mut released = Vec::new();
         let mut inbox = share.inbox();
         let ordinal = inbox.accepted;
         inbox.accepted += 1;
-        let spent = (inbox.spent.len() >= HANDED_BACK).then(|| std::mem::take(&mut inbox.spent));
+        let posted = Posted {
+            region: inbox
+                .regions
+                .alias(region, ordinal, &share.recvs, &mut released),
+            offset,
+            len: len as u32,
+        };
         let transfer = self.transfer(channel, Direction::Recv, ordinal, len);
         // Whether this is the first piece of work of its kind: the engine may be asleep.
         let first = match inbox.early.front() {
@@ -603,7 +707,8 @@ impl Eager {
             }
         };
         drop(inbox);
-        drop(spent);
+        // Released outside the lock.
+        drop(released);
         if first {
             link.wake_one(u64::from(channel));
         }
@@ -631,7 +736,6 @@ impl Eager {
         messages: &[EagerMessage],
         landed: &mut Vec<(u64, Posted)>,
         matched: &mut Vec<(u64, Posted, Early)>,
-        spent: &mut Vec<Region>,
     ) -> Delivered {
         let share = self.share(channel);
         landed.clear();
@@ -639,10 +743,8 @@ impl Eager {
         let mut kept = 0;
         {
             // Short: the application's next receive waits for this lock. The receives the
-            // frame's first messages match are taken in one go and checked after it; the
-            // regions of receives landed before are handed back (see [`HANDED_BACK`]).
+            // frame's first messages match are taken in one go and checked after it.
             let mut inbox = share.inbox();
-            inbox.spent.append(spent);
             if !inbox.matched.is_empty() {
                 if matched.is_empty() {
                     std::mem::swap(&mut inbox.matched, matched);
@@ -724,7 +826,7 @@ impl Eager {
                 .fail(self.mismatch(channel, seq, bytes.len(), posted.len));
             return false;
         }
-        let piece = (&posted.region, posted.offset, bytes);
+        let piece = (&*posted.region, posted.offset, bytes);
         self.write(seq, &posted.region, [piece].into_iter())
     }
 
@@ -755,7 +857,7 @@ impl Eager {
         };
         let pieces = run.iter().map(|(_, posted, early)| {
             let bytes = &frame[early.offset..early.offset + early.len as usize];
-            (&posted.region, posted.offset, bytes)
+            (&*posted.region, posted.offset, bytes)
         });
         self.write(*seq, &first.region, pieces)
     }
@@ -819,7 +921,7 @@ impl Eager {
             let pieces = receives[landed..end]
                 .iter()
                 .zip(&messages[landed..end])
-                .map(|((_, posted), m)| (&posted.region, posted.offset, bytes_of(m)));
+                .map(|((_, posted), m)| (&*posted.region, posted.offset, bytes_of(m)));
             if !self.write(receives[landed].0, region, pieces) {
                 return landed;
             }
@@ -896,6 +998,10 @@ impl Eager {
     /// queued and early (sends already copied into frames finished then, as a socket write
     /// does before a reset). Idempotent: every engine of the connection calls it when the
     /// link fails, and the connection when it closes.
+    ///
+    /// The regions' counts ([`HeldRegions`]) stay until the eager state is dropped: another
+    /// engine may still be copying a message when this runs, and a sealed lane's count no
+    /// longer says when it is done.
     pub(crate) fn fail_all(&self) {
         for share in &self.shares {
             {
@@ -903,7 +1009,6 @@ impl Eager {
                 outbox.unsent = 0;
                 share.queued.store(false, Ordering::Release);
                 outbox.queue.clear();
-                outbox.spent.clear();
             }
             {
                 let mut inbox = share.inbox();
@@ -911,7 +1016,6 @@ impl Eager {
                 share.matched.store(0, Ordering::Release);
                 inbox.matched.clear();
                 inbox.posted.clear();
-                inbox.spent.clear();
             }
             share.sends.seal();
             share.recvs.seal();
@@ -947,6 +1051,68 @@ impl Pending for Eager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn counts(region: &Region) -> usize {
+        Arc::strong_count(&region.inner)
+    }
+
+    #[test]
+    fn a_region_is_counted_once_while_its_transfers_run_and_released_when_they_finished() {
+        let one = Region::new(tcpx::SharedMemory::host(4096).unwrap());
+        let two = Region::new(tcpx::SharedMemory::host(4096).unwrap());
+        let lane = InOrder::default();
+        let mut held = HeldRegions::default();
+        let mut released = Vec::new();
+        // Transfers 0 and 1 name `one`, 2 names `two`: one count each, none per alias.
+        let aliases = [
+            held.alias(&one, 0, &lane, &mut released),
+            held.alias(&one, 1, &lane, &mut released),
+            held.alias(&two, 2, &lane, &mut released),
+        ];
+        assert!(aliases[0].same(&one) && aliases[1].same(&one) && aliases[2].same(&two));
+        assert_eq!((counts(&one), counts(&two)), (2, 2));
+        // Nothing finished: nothing goes.
+        held.release_finished(0, &mut released);
+        assert!(released.is_empty());
+        // Transfer 1 is `one`'s newest: it goes once the lane passed it, not before.
+        held.release_finished(1, &mut released);
+        assert!(released.is_empty());
+        held.release_finished(2, &mut released);
+        assert_eq!(released.len(), 1);
+        drop(released);
+        // The aliases never held a count: letting them go changes nothing.
+        let _ = aliases;
+        assert_eq!((counts(&one), counts(&two)), (1, 2));
+        // A region named again after its release is counted again.
+        let mut released = Vec::new();
+        let again = held.alias(&one, 3, &lane, &mut released);
+        assert!(again.same(&one));
+        assert_eq!(counts(&one), 2);
+        held.release_finished(4, &mut released);
+        assert_eq!(released.len(), 2);
+        drop(released);
+        assert_eq!((counts(&one), counts(&two)), (1, 1));
+    }
+
+    #[test]
+    fn held_regions_look_over_finished_ones_only_when_many() {
+        let lane = InOrder::default();
+        let mut held = HeldRegions::default();
+        let mut released = Vec::new();
+        let regions: Vec<Region> = (0..HELD_REGIONS_LOOKED_OVER + 1)
+            .map(|_| Region::new(tcpx::SharedMemory::host(64).unwrap()))
+            .collect();
+        for (i, r) in regions.iter().enumerate().take(HELD_REGIONS_LOOKED_OVER) {
+            let _ = held.alias(r, i as u64, &lane, &mut released);
+        }
+        assert!(released.is_empty());
+        // The lane finished all of them: the next new region makes room.
+        assert!(lane.publish(HELD_REGIONS_LOOKED_OVER as u64));
+        let last = HELD_REGIONS_LOOKED_OVER;
+        let _ = held.alias(&regions[last], last as u64, &lane, &mut released);
+        assert_eq!(released.len(), HELD_REGIONS_LOOKED_OVER);
+        assert_eq!(held.held.len(), 1);
+    }
 
     #[test]
     fn an_oldest_entry_s_deadline_starts_when_first_seen_and_restarts_for_the_next() {

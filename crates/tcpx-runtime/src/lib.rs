@@ -61,6 +61,8 @@ pub use tcpx_proto::{schedule, window};
 mod stats;
 // Members held weakly (an endpoint's live connections).
 mod weak_list;
+// A lock released with a plain store, for the per-message sections of small transfers.
+mod spin_lock;
 // Errors (they carry control-plane errors).
 pub mod error;
 // Configuration: builder, environment.

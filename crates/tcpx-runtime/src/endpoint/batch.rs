@@ -20,14 +20,13 @@
 //! The packed stream is the same whoever copies it, so either side may pack or not
 //! whatever the other does.
 
-use std::sync::Mutex;
-
 use crate::carrier::{Carrier, JobSpec};
 use crate::engine::job::staging_of;
 use crate::error::{Direction, Error, Result};
 use crate::onesided::pack::{host_parts, lease_pieces, packed_schedule, PackPool, Part};
 use crate::onesided::PACK_BYTES;
 use crate::registry::Segment;
+use crate::spin_lock::SpinLock;
 use crate::transfer::Transfer;
 
 /// What a batch needs from its connection.
@@ -36,7 +35,7 @@ pub(crate) struct BatchContext<'a> {
     pub(crate) carrier: &'a Carrier,
     /// The direction's sequence counter: held while the batch is numbered and handed to the
     /// engines, as for every two-sided transfer.
-    pub(crate) order: &'a Mutex<u64>,
+    pub(crate) order: &'a SpinLock<u64>,
     /// The connection's pack buffers for batches.
     pub(crate) pool: &'a PackPool,
     /// How long a wait on the transfer spins before sleeping.
@@ -107,7 +106,7 @@ pub(crate) fn submit(
             false,
         )?],
     };
-    let mut next = cx.order.lock().unwrap_or_else(|p| p.into_inner());
+    let mut next = cx.order.lock();
     let seq = *next;
     let schedule = packed_schedule(total, &cx.carrier.link, seq, false)
         .map_err(|e| Error::InvalidArgument(format!("batch #{seq}: {e}")))?;

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,7 @@ use crate::onesided::state::Rma;
 use crate::onesided::RemoteSegment;
 pub use crate::registry::Segment;
 use crate::registry::{Region, Registration};
+use crate::spin_lock::SpinLock;
 use crate::stats::ChannelStats;
 use crate::transfer::Transfer;
 use crate::wakeup::Wakeup;
@@ -56,8 +57,8 @@ pub struct Connection {
     stop: Arc<AtomicBool>,
     /// Next sequence number per direction; held while a transfer is numbered and handed to
     /// the engines, so every engine sees the direction's transfers in one order.
-    send_order: Mutex<u64>,
-    recv_order: Mutex<u64>,
+    send_order: SpinLock<u64>,
+    recv_order: SpinLock<u64>,
     peer_info: EndpointInfo,
     /// The one-sided half: its own link over the RMA channels (see [`crate::onesided`]).
     rma: Arc<Rma>,
@@ -186,8 +187,8 @@ impl Connection {
             writer,
             watcher: None,
             stop: stop.clone(),
-            send_order: Mutex::new(0),
-            recv_order: Mutex::new(0),
+            send_order: SpinLock::new(0),
+            recv_order: SpinLock::new(0),
             peer_info: established.peer_info,
             rma: rma.clone(),
             batch_pack: PackPool::new(config.pack_buffers),
@@ -434,7 +435,7 @@ impl Connection {
                 return Err(e);
             }
             Segment::new(region, offset, len).check_inside("segment 0")?;
-            let mut next = self.send_order.lock().unwrap_or_else(|p| p.into_inner());
+            let mut next = self.send_order.lock();
             let transfer = eager.send(*next, region, offset, len);
             *next += 1;
             return Ok(transfer);
@@ -451,7 +452,7 @@ impl Connection {
                 return Err(e);
             }
             Segment::new(region, offset, len).check_inside("segment 0")?;
-            let mut next = self.recv_order.lock().unwrap_or_else(|p| p.into_inner());
+            let mut next = self.recv_order.lock();
             let transfer = eager.recv(*next, region, offset, len);
             *next += 1;
             return Ok(transfer);
@@ -642,7 +643,7 @@ impl Connection {
             Direction::Send => &self.send_order,
             Direction::Recv => &self.recv_order,
         };
-        let mut next = order.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = order.lock();
         let seq = *next;
         let job = self.carrier.new_job(JobSpec {
             direction,

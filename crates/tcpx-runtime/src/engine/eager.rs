@@ -144,8 +144,9 @@ struct SendBuffer {
 
 /// A message sent from the application's memory right after its frame.
 struct Detached {
-    /// The send's region (held until the request completes) and its registration here.
-    region: Region,
+    /// The send's region, counted until the request completes (see `Kept`), and its
+    /// registration here.
+    _region: Region,
     registered: Arc<Registration>,
     offset: usize,
     len: u32,
@@ -216,7 +217,9 @@ struct Direct {
     seq: u64,
     posted: Posted,
     request: RecvRequest,
-    /// The receive's memory registered on the comm (kept while the request is posted).
+    /// The receive's memory, counted while the plugin writes into it (see `Kept`), and
+    /// registered on the comm (kept while the request is posted).
+    _memory: Region,
     _registered: Arc<Registration>,
     posted_at: Instant,
 }
@@ -273,13 +276,6 @@ pub(crate) struct EagerChannel {
     registrations: Arc<RegistrationCache>,
     /// The endpoint's count of live registrations, which these join.
     counter: RegistrationCounter,
-    /// Regions of transfers this engine is done with, to hand back to the application with
-    /// the next lock it takes anyway, and whether it handed any back since the channel was
-    /// last idle (see [`crate::eager`]'s `HANDED_BACK`).
-    spent_sends: Vec<Region>,
-    spent_recvs: Vec<Region>,
-    handed_sends: bool,
-    handed_recvs: bool,
     /// Scratch: decoded messages and the receives they land in.
     decoded: Vec<EagerMessage>,
     matched: Vec<(u64, Posted, Early)>,
@@ -352,10 +348,6 @@ impl EagerChannel {
             behind: VecDeque::new(),
             registrations: Arc::new(RegistrationCache::default()),
             counter,
-            spent_sends: Vec::new(),
-            spent_recvs: Vec::new(),
-            handed_sends: false,
-            handed_recvs: false,
             decoded: Vec::new(),
             matched: Vec::new(),
             landed: Vec::new(),
@@ -435,19 +427,10 @@ impl EagerChannel {
         Ok(moved)
     }
 
-    /// Releases the regions of finished transfers the application has not taken back: the
-    /// engine is about to sleep, so nothing streams on this channel.
-    pub(crate) fn release_spent(&mut self) {
-        if self.handed_sends || !self.spent_sends.is_empty() {
-            self.spent_sends.clear();
-            self.eager.release_spent(self.index, Direction::Send);
-            self.handed_sends = false;
-        }
-        if self.handed_recvs || !self.spent_recvs.is_empty() {
-            self.spent_recvs.clear();
-            self.eager.release_spent(self.index, Direction::Recv);
-            self.handed_recvs = false;
-        }
+    /// Releases the counts of regions whose transfers all finished: the engine is about to
+    /// sleep, so nothing streams on this channel (see [`crate::eager`]'s `Kept`).
+    pub(crate) fn release_finished(&mut self) {
+        self.eager.release_finished(self.index);
     }
 
     fn plugin_error(&self, direction: Direction, source: tcpx::Error) -> LinkFailed {
@@ -503,7 +486,6 @@ impl EagerChannel {
             bytes += buffer.payload as u64;
             for detached in buffer.detached.drain(..) {
                 bytes += u64::from(detached.len);
-                self.spent_sends.push(detached.region);
                 // Each detached send is the oldest one blocked (frames retire in order).
                 if let Some(blocked) = self.behind.pop_front() {
                     let due = self.sends_copied.add(blocked.len as usize);
@@ -533,8 +515,7 @@ impl EagerChannel {
         if let Some(counters) = self.eager.link.counters.get(usize::from(self.index)) {
             counters.sent(bytes);
         }
-        self.eager.sent(self.index, messages, &mut self.spent_sends);
-        self.handed_sends = true;
+        self.eager.sent(self.index, messages);
         Ok(true)
     }
 
@@ -593,7 +574,9 @@ impl EagerChannel {
                     ..Blocked::default()
                 });
                 buffer.detached.push(Detached {
-                    region: m.region,
+                    // Counted while the plugin sends from its memory, whatever becomes of
+                    // the connection's count (see `Kept`).
+                    _region: Region::clone(&m.region),
                     registered,
                     offset: m.offset,
                     len: m.len,
@@ -627,7 +610,7 @@ impl EagerChannel {
                 })
                 .count();
             let ranges = self.taken.iter().take(run).scan(buffer.payload, |at, m| {
-                let range = (&m.region, m.offset, FRAME_HEAD + *at, m.len as usize);
+                let range = (&*m.region, m.offset, FRAME_HEAD + *at, m.len as usize);
                 *at += m.len as usize;
                 Some(range)
             });
@@ -656,7 +639,6 @@ impl EagerChannel {
                         self.eager.sends_finished(self.index, count);
                     }
                 }
-                self.spent_sends.push(m.region);
             }
             moved = true;
         }
@@ -860,7 +842,7 @@ impl EagerChannel {
                     }
                     self.progress_at = Instant::now();
                     moved = true;
-                    self.land_direct(seq, posted, size)?;
+                    self.land_direct(seq, &posted, size)?;
                 }
             }
         }
@@ -871,7 +853,7 @@ impl EagerChannel {
     }
 
     /// Finishes a receive whose detached message the plugin wrote into its memory.
-    fn land_direct(&mut self, seq: u64, posted: Posted, size: usize) -> Result<(), LinkFailed> {
+    fn land_direct(&mut self, seq: u64, posted: &Posted, size: usize) -> Result<(), LinkFailed> {
         let len = posted.target().2;
         if size != len as usize {
             self.eager.fail_mismatch(self.index, seq, size, len);
@@ -883,7 +865,6 @@ impl EagerChannel {
         if self.recvs_landed.add(len as usize) {
             self.publish_recvs();
         }
-        self.spent_recvs.push(posted.into_region());
         Ok(())
     }
 
@@ -994,6 +975,7 @@ impl EagerChannel {
             Ok(Some(request)) => {
                 self.receiving.push_back(Incoming::Direct(Direct {
                     seq: entry.seq,
+                    _memory: Region::clone(region),
                     posted,
                     request,
                     _registered: registered,
@@ -1038,11 +1020,10 @@ impl EagerChannel {
     /// Forgets the early messages of `matched` (landed, or failed with the link) and posts
     /// their frames again once they hold nothing more.
     fn release_matched(&mut self) {
-        for (_, posted, early) in self.matched.drain(..) {
+        for (_, _, early) in self.matched.drain(..) {
             if let Some(frame) = self.recv_frames.get_mut(early.frame) {
                 frame.kept = frame.kept.saturating_sub(1);
             }
-            self.spent_recvs.push(posted.into_region());
         }
     }
 
@@ -1061,10 +1042,8 @@ impl EagerChannel {
         let frames = &self.recv_frames;
         let (decoded, landed, matched) = (&mut self.decoded, &mut self.landed, &mut self.matched);
         let tally = &mut self.recvs_landed;
-        let spent = &mut self.spent_recvs;
         let (receiving, expected) = (&mut self.receiving, &mut self.expected);
         let announced = &mut self.announced;
-        self.handed_recvs |= !spent.is_empty();
         let read = frames[i].memory.with_bytes(|bytes| {
             let frame = &bytes[..size.min(bytes.len())];
             if let Some(entry) = payload {
@@ -1121,7 +1100,7 @@ impl EagerChannel {
             if let Some(counters) = eager.link.counters.get(usize::from(index)) {
                 counters.received(decoded.iter().map(|m| u64::from(m.entry.len)).sum());
             }
-            let delivered = eager.deliver(index, i, decoded, landed, matched, spent);
+            let delivered = eager.deliver(index, i, decoded, landed, matched);
             if land_early(eager, index, frames, matched, tally) {
                 let good = delivered.good.min(landed.len());
                 let n = eager.land_run(index, &landed[..good], decoded, frame);
@@ -1136,11 +1115,7 @@ impl EagerChannel {
             Some(delivered)
         });
         self.release_matched();
-        self.spent_recvs.extend(
-            self.landed
-                .drain(..)
-                .map(|(_, posted)| posted.into_region()),
-        );
+        self.landed.clear();
         self.publish_recvs();
         match read {
             Ok(Some(Delivered { taken, kept, .. })) => {
@@ -1177,8 +1152,6 @@ impl EagerChannel {
             buffer.detached.clear();
             buffer.payloads.clear();
         }
-        self.spent_sends.clear();
-        self.spent_recvs.clear();
         // Receive frames are always posted: dropping them is this comm's normal end.
         self.recv.closing();
         for frame in &mut self.recv_frames {

@@ -343,7 +343,9 @@ impl Engine {
         }
         // Going to sleep: nothing streams, so what the applications did not take back of
         // their regions is released here.
-        self.eager.iter_mut().for_each(EagerChannel::release_spent);
+        self.eager
+            .iter_mut()
+            .for_each(EagerChannel::release_finished);
         true
     }
 

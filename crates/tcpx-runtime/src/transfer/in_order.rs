@@ -72,6 +72,11 @@ impl InOrder {
         moved
     }
 
+    /// How many of the lane's transfers finished, in order (frozen once sealed).
+    pub(crate) fn finished(&self) -> u64 {
+        self.finished.load(Ordering::Acquire) & !SEALED
+    }
+
     /// Freezes the count (the transfers not finished by now fail) and wakes every waiter.
     /// Returns the count as sealed.
     pub(crate) fn seal(&self) -> u64 {
