@@ -70,7 +70,7 @@ pub(crate) fn status_of(e: &Error) -> tcpx_status {
         Error::Timeout { .. } => TCPX_ERR_TIMEOUT,
         Error::WaitTimedOut(_) => TCPX_PENDING,
         Error::PeerClosed { .. } => TCPX_ERR_PEER_CLOSED,
-        Error::Mismatch { .. } => TCPX_ERR_PROTOCOL,
+        Error::Mismatch { .. } | Error::Violation { .. } => TCPX_ERR_PROTOCOL,
         Error::Closed { .. } | Error::AcceptStopped { .. } => TCPX_ERR_CLOSED,
         Error::Access { .. } => TCPX_ERR_ACCESS,
         Error::Rendezvous {

@@ -60,9 +60,11 @@ impl From<tcpx_runtime::Error> for Failure {
         use tcpx_runtime::{Error as E, LocalErrorKind};
         let kind = match &e {
             _ if e.is_timeout() => Kind::Timeout,
-            E::PeerClosed { .. } | E::Control(_) | E::Setup { .. } | E::Mismatch { .. } => {
-                Kind::PeerLost
-            }
+            E::PeerClosed { .. }
+            | E::Violation { .. }
+            | E::Control(_)
+            | E::Setup { .. }
+            | E::Mismatch { .. } => Kind::PeerLost,
             // The plugin's word for "the other side went away" (connection reset, closed).
             E::Plugin { .. } if e.plugin_code() == Some(tcpx::ResultCode::REMOTE_ERROR) => {
                 Kind::PeerLost

@@ -391,11 +391,9 @@ impl Carrier {
                 Some(job) => Some(job),
                 None if book.arrived.len() >= MAX_EARLY_SEGMENT_LISTS => {
                     drop(book);
-                    self.link.fail(Error::PeerClosed {
+                    self.link.fail(Error::Violation {
                         peer: self.link.peer,
-                        reason: "protocol violation: too many segment lists ahead of this \
-                                 side's transfers"
-                            .into(),
+                        what: "too many segment lists ahead of this side's transfers".into(),
                     });
                     return false;
                 }

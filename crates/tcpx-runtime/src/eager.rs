@@ -810,9 +810,9 @@ impl Eager {
 
     /// Fails the connection over a frame no well-behaved peer sends.
     pub(crate) fn violation(&self, channel: u16, what: String) {
-        self.link.fail(Error::PeerClosed {
+        self.link.fail(Error::Violation {
             peer: self.link.peer,
-            reason: format!("protocol violation on eager channel {channel}: {what}"),
+            what: format!("eager channel {channel}: {what}"),
         });
     }
 

@@ -117,6 +117,16 @@ pub enum Error {
         /// The peer's reason, or what this side observed.
         reason: String,
     },
+    /// The peer sent what the protocol forbids (a one-sided request whose lists disagree, a
+    /// pack past its limit, an eager message out of sequence); this side failed the
+    /// connection and tells the peer why.
+    #[error("protocol violation by peer {peer}: {what}")]
+    Violation {
+        /// The peer's control address.
+        peer: SocketAddr,
+        /// What was wrong, naming the request or channel.
+        what: String,
+    },
     /// The data the peer sent does not match what this side expected.
     #[error("channel {channel} from peer {peer}: {what}")]
     Mismatch {
@@ -223,6 +233,7 @@ impl Error {
             | Self::Incompatible { peer, .. }
             | Self::Timeout { peer, .. }
             | Self::PeerClosed { peer, .. }
+            | Self::Violation { peer, .. }
             | Self::Mismatch { peer, .. }
             | Self::Access { peer, .. }
             | Self::Closed { peer } => Some(*peer),
@@ -277,7 +288,7 @@ impl Error {
         match self {
             Self::Incompatible { .. } => ErrorCode::INCOMPATIBLE,
             Self::Setup { .. } | Self::Plugin { .. } | Self::Backend { .. } => ErrorCode::PLUGIN,
-            Self::Control(_) => ErrorCode::PROTOCOL,
+            Self::Control(_) | Self::Violation { .. } => ErrorCode::PROTOCOL,
             _ => ErrorCode::INTERNAL,
         }
     }

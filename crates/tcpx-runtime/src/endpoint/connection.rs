@@ -595,6 +595,15 @@ impl Connection {
         failure.map_or(Ok(()), Err)
     }
 
+    /// Testing aid: writes `message` on the control connection as this side's own, so that a
+    /// test can play a peer that breaks the protocol — a crafted one-sided request — over a
+    /// real, authenticated connection. Not for production use: nothing on this side expects
+    /// an answer to it, and a message the peer finds wrong fails the connection.
+    #[doc(hidden)]
+    pub fn post_control(&self, message: &crate::control::Message) -> Result<()> {
+        self.writer.post(message).map_err(Error::from)
+    }
+
     /// Waits (up to the configured timeout) for pending transfers to finish, then closes.
     /// Returns an error if some were still pending (they then fail with [`Error::Closed`]).
     pub fn close(self) -> Result<()> {

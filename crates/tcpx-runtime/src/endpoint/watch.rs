@@ -64,12 +64,27 @@ pub(crate) fn spawn(
             // their GPU's context current between copies.
             tcpx::cuda::own_this_thread();
             let mut acks = Acknowledger::default();
-            run(&carrier, reader, &stop, &rma, &wakeup, &mut acks);
+            let mut told_peer = false;
+            run(
+                &carrier,
+                reader,
+                &stop,
+                &rma,
+                &wakeup,
+                &mut acks,
+                &mut told_peer,
+            );
+            let link = &carrier.link;
+            // A failure the loop found in what the peer sent (a protocol violation) ends the
+            // loop at once: the peer still learns why, before the stream closes, instead of
+            // waiting for its own deadline.
+            if let (false, Some(error)) = (told_peer, link.failure()) {
+                tell_peer(&rma, error);
+            }
             // Nobody flushes for a thread that queues a frame from now on: it writes its own
             // (or learns that the stream is gone). What was queued before leaves now.
             wakeup.going_to_sleep();
             let _ = rma.writer.flush();
-            let link = &carrier.link;
             // No answer to a one-sided operation can arrive any more.
             let error = link.failure().cloned().unwrap_or(Error::PeerClosed {
                 peer: link.peer,
@@ -94,13 +109,13 @@ fn run(
     rma: &Rma,
     wakeup: &Arc<Wakeup>,
     acks: &mut Acknowledger,
+    told_peer: &mut bool,
 ) {
     let link = &carrier.link;
     // As long as an idle engine lingers: an application that polls (NIXL's agents) leaves
     // 100-300 us between one transfer's end and the next one's request, and a loop asleep
     // by then made each transfer pay two more wake-ups (1 MiB NIXL writes at 0.35 x).
     let spin = rma.config.wait_spin.max(rma.config.idle_linger);
-    let mut told_peer = false;
     let mut last_progress = Instant::now();
     // Since when queued frames have waited for a socket that takes nothing.
     let mut unsent_since: Option<Instant> = None;
@@ -111,9 +126,9 @@ fn run(
         if stop.load(Ordering::Acquire) {
             return;
         }
-        if !told_peer {
+        if !*told_peer {
             if let Some(error) = link.failure() {
-                told_peer = true;
+                *told_peer = true;
                 tell_peer(rma, error);
             }
         }

@@ -133,9 +133,9 @@ impl Rma {
     }
 
     fn violation(&self, what: String) -> Error {
-        Error::PeerClosed {
+        Error::Violation {
             peer: self.link.peer,
-            reason: format!("protocol violation: {what}"),
+            what,
         }
     }
 
