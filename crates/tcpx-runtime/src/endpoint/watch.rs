@@ -6,8 +6,9 @@
 //! departure is noticed quickly: `Close`, end of stream or a reset mark the peer gone (the
 //! engines then fail whatever stops progressing), and a peer `Error` fails the connection at
 //! once. The other way round too: when this side fails the connection (its plugin failed, a
-//! transfer timed out), the loop tells the peer with an `Error` within one poll, so the
-//! peer's transfers fail with the reason instead of waiting for their own deadline.
+//! transfer timed out, the peer broke the protocol), the loop tells the peer with an `Error`
+//! within one poll — or as it exits, when what ended it was a frame it read — so the peer's
+//! transfers fail with the reason instead of waiting for their own deadline.
 //!
 //! # Why one loop, spinning while busy
 //! A one-sided operation crosses the control stream twice (request, answer). With a reader
