@@ -118,15 +118,10 @@ impl Deref for Kept {
     }
 }
 
-impl std::fmt::Debug for Kept {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Kept").field(&self.0.inner.id).finish()
-    }
-}
-
 /// Regions held past this many per channel and direction are looked over for release when
 /// another one comes (each transfer in flight may name its own region, as `tcpx-bench`'s
-/// message slots do).
+/// message slots do); past twice as many as stay after a look, the next look waits, so
+/// that many regions in flight cost a look per that many new ones, not one each.
 const HELD_REGIONS_LOOKED_OVER: usize = 1024;
 
 /// The regions one channel's transfers of one direction name, counted once per region
@@ -136,6 +131,9 @@ const HELD_REGIONS_LOOKED_OVER: usize = 1024;
 #[derive(Default)]
 struct HeldRegions {
     held: FxHashMap<usize, (u64, Region)>,
+    /// Held regions at which the next new one looks the others over (0: the floor,
+    /// [`HELD_REGIONS_LOOKED_OVER`]).
+    look_over_at: usize,
 }
 
 impl HeldRegions {
@@ -154,8 +152,9 @@ impl HeldRegions {
         if let Some((last, _)) = self.held.get_mut(&key) {
             *last = ordinal;
         } else {
-            if self.held.len() >= HELD_REGIONS_LOOKED_OVER {
+            if self.held.len() >= self.look_over_at.max(HELD_REGIONS_LOOKED_OVER) {
                 self.release_finished(lane.finished(), released);
+                self.look_over_at = 2 * self.held.len();
             }
             self.held.insert(key, (ordinal, region.clone()));
         }
@@ -1099,7 +1098,7 @@ mod tests {
         let lane = InOrder::default();
         let mut held = HeldRegions::default();
         let mut released = Vec::new();
-        let regions: Vec<Region> = (0..HELD_REGIONS_LOOKED_OVER + 1)
+        let regions: Vec<Region> = (0..HELD_REGIONS_LOOKED_OVER + 2)
             .map(|_| Region::new(tcpx::SharedMemory::host(64).unwrap()))
             .collect();
         for (i, r) in regions.iter().enumerate().take(HELD_REGIONS_LOOKED_OVER) {
@@ -1112,6 +1111,11 @@ mod tests {
         let _ = held.alias(&regions[last], last as u64, &lane, &mut released);
         assert_eq!(released.len(), HELD_REGIONS_LOOKED_OVER);
         assert_eq!(held.held.len(), 1);
+        // The next look waits until twice the regions that stayed (or the floor).
+        let mut released = Vec::new();
+        let _ = held.alias(&regions[last + 1], last as u64 + 1, &lane, &mut released);
+        assert!(released.is_empty());
+        assert_eq!(held.held.len(), 2);
     }
 
     #[test]

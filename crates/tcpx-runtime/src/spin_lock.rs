@@ -5,13 +5,24 @@
 //! and every locked instruction waits for all the stores before it to leave the core — such
 //! as a queue entry whose cache line the engine's core holds. A 4 KiB message took four such
 //! releases (the connection's order lock and the channel's queue lock, on each side); this
-//! lock's release is a store that drains in the background. A waiter spins, then yields
-//! ([`crossbeam_utils::Backoff`]), and never sleeps: every holder runs a short section that
-//! neither blocks nor allocates much, so a waiter never waits long for a running holder.
+//! lock's release is a store that drains in the background.
+//!
+//! The price is that a release cannot wake a sleeping waiter. A waiter spins, then yields
+//! ([`crossbeam_utils::Backoff`]), then sleeps in short steps ([`NAP_MAX`] at most) until
+//! the lock is free. The small-message sections under these locks are a few dozen
+//! instructions, so waiters rarely get past the spin; but the connection's order lock is
+//! also held while a larger transfer is numbered and handed over (a vectored one writes its
+//! segment list on the control stream then), and a second thread sending on the same
+//! connection must not burn a core for that long.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crossbeam_utils::Backoff;
+
+/// Longest sleep of a waiter between two looks at a lock still held after its spin: how
+/// late at most it notices the release.
+const NAP_MAX: Duration = Duration::from_micros(100);
 
 /// The raw lock behind [`SpinLock`].
 pub(crate) struct RawSpinLock {
@@ -35,10 +46,16 @@ unsafe impl lock_api::RawMutex for RawSpinLock {
             return;
         }
         let backoff = Backoff::new();
+        let mut nap = Duration::from_micros(5);
         loop {
             // Read-only while held: no cache-line ping-pong with the holder.
             while self.locked.load(Ordering::Relaxed) {
-                backoff.snooze();
+                if backoff.is_completed() {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(NAP_MAX);
+                } else {
+                    backoff.snooze();
+                }
             }
             if self.try_lock() {
                 return;
@@ -90,5 +107,26 @@ mod tests {
         }
         assert_eq!(*lock.lock(), (200_000, 200_000));
         assert!(lock.try_lock().is_some());
+    }
+
+    #[test]
+    fn a_waiter_behind_a_long_holder_gets_the_lock_without_spinning_all_along() {
+        let lock = Arc::new(SpinLock::new(0u32));
+        let held = lock.lock();
+        let waiter = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                *lock.lock() += 1;
+                start.elapsed()
+            })
+        };
+        // Held for 50 ms: far past the spin, so the waiter sleeps in naps.
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        let waited = waiter.join().unwrap();
+        assert!(waited >= Duration::from_millis(45), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        assert_eq!(*lock.lock(), 1);
     }
 }

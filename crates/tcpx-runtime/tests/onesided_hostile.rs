@@ -105,11 +105,12 @@ fn a_good_peer_still_writes_packed(t: &Endpoint, region: &tcpx_runtime::Region, 
         .wait(OUTCOME_WAIT)
         .expect("the good write");
     assert_eq!(moved, 128 * KIB as u64);
+    let sent = snapshot(&src);
     for &(offset, len) in &blocks {
-        let want = snapshot(&src)[offset..offset + len].to_vec();
+        let want = &sent[offset..offset + len];
         assert!(
             eventually(OUTCOME_WAIT, || snapshot(region)[offset..offset + len]
-                == want[..]),
+                == *want),
             "block at {offset} did not land"
         );
     }
