@@ -249,7 +249,7 @@ fn silent_strangers_do_not_delay_the_real_peer_and_leave_nothing_behind() {
     let addr = server.metadata().control_addr;
     // Warm up: the first connection creates process-wide state (plugin, logging).
     drop(real_peer(&server, &client));
-    let (fds, threads_before) = (open_fds(), threads());
+    let (fds, threads_before) = (open_fds(), settled(runtime_threads));
 
     // 48 strangers: half silent, the rest every other kind in turn (slow drips included).
     let strangers: Vec<Stranger> = (0..48)
@@ -274,10 +274,10 @@ fn silent_strangers_do_not_delay_the_real_peer_and_leave_nothing_behind() {
     drop(strangers);
     assert!(
         eventually(Duration::from_secs(10), || open_fds() == fds
-            && threads() == threads_before),
-        "descriptors {} (before {fds}), threads {} (before {threads_before})",
+            && runtime_threads() == threads_before),
+        "descriptors {} (before {fds}), runtime threads {} (before {threads_before})",
         open_fds(),
-        threads()
+        runtime_threads()
     );
 }
 

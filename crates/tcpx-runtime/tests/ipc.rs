@@ -250,17 +250,18 @@ fn fds_and_threads_are_released() {
     let a = endpoint();
     let b = endpoint();
     let _ = local_pair(&a, &b);
-    let (fds, threads) = (open_fds(), common::threads());
+    let (fds, threads) = (open_fds(), settled(runtime_threads));
     for _ in 0..20 {
         let pair = local_pair(&a, &b);
         drop(pair);
     }
     assert!(
         eventually(DEADLINE, || open_fds() <= fds
-            && common::threads() <= threads),
-        "fds {fds} -> {}, threads {threads} -> {}",
+            && runtime_threads() <= threads),
+        "fds {fds} -> {}, runtime threads {threads} -> {} (threads: {:?})",
         open_fds(),
-        common::threads()
+        runtime_threads(),
+        thread_names()
     );
 }
 

@@ -122,7 +122,7 @@ fn malformed_packed_writes_end_their_connection_with_what_was_wrong() {
     loopback();
     let t = target();
     let (region, d) = advertised_host(&t, PACKED_HOST_MAX + 64 * KIB);
-    let threads_before = threads();
+    let threads_before = settled(runtime_threads);
     let fds_before = open_fds();
 
     let cases = [
@@ -163,10 +163,10 @@ fn malformed_packed_writes_end_their_connection_with_what_was_wrong() {
 
     a_good_peer_still_writes_packed(&t, &region, d);
     assert!(
-        eventually(OUTCOME_WAIT, || threads() <= threads_before
+        eventually(OUTCOME_WAIT, || runtime_threads() <= threads_before
             && open_fds() <= fds_before),
-        "left behind: {} threads (had {threads_before}), {} descriptors (had {fds_before})",
-        threads(),
+        "left behind: {} runtime threads (had {threads_before}), {} descriptors (had {fds_before})",
+        runtime_threads(),
         open_fds()
     );
 }

@@ -162,6 +162,51 @@ pub fn threads() -> usize {
         .unwrap_or(0)
 }
 
+/// The runtime's own threads of this process (every one is named `tcpx-…`), but for the
+/// one that faults in kept pack buffers (see [`threads`]).
+///
+/// For a test binary of several tests: the harness runs them on threads of their own, and
+/// a test waiting for a serial lock is one more thread. Where one test ends and the next
+/// waits, the harness may start that waiting thread before or after a count is taken — on a
+/// busy 2-core machine once after, so a count of every thread rose by one and stayed there
+/// ("threads 6 -> 7" in `ipc::fds_and_threads_are_released`). Counting ours alone measures
+/// what those tests mean to: that the runtime leaves no thread behind. A thread names itself
+/// as it starts, so take a baseline with [`settled`].
+pub fn runtime_threads() -> usize {
+    thread_names()
+        .iter()
+        .filter(|name| name.starts_with("tcpx-") && *name != "tcpx-pack-warm")
+        .count()
+}
+
+/// The names of this process's threads, sorted (for failure messages).
+pub fn thread_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim_end().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// `count()` once two reads 20 ms apart agree (at most 5 s): a baseline that threads just
+/// spawned, not yet named, cannot skew.
+pub fn settled(count: impl Fn() -> usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut last = count();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = count();
+        if now == last || std::time::Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// Waits until `f` holds or `timeout` passes; returns whether it held.
 pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + timeout;
