@@ -385,13 +385,6 @@ fn two_sided_transfers_spread_over_the_agreed_width_in_pieces_of_its_floor() {
 fn every_engine_thread_is_named_after_its_device_and_index() {
     loopback();
     let ep = Endpoint::new(config(4, 64 * KIB as u32)).unwrap();
-    let names = || -> Vec<String> {
-        std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-            .map(|name| name.trim_end().to_string())
-            .collect()
-    };
     let wanted: Vec<String> = ep
         .engines()
         .into_iter()
@@ -404,8 +397,8 @@ fn every_engine_thread_is_named_after_its_device_and_index() {
     }
     // A new thread names itself as it starts: wait for all of them to have started.
     let named = eventually(DEADLINE, || {
-        let names = names();
+        let names = thread_names();
         wanted.iter().all(|w| names.contains(w))
     });
-    assert!(named, "{wanted:?} not all among {:?}", names());
+    assert!(named, "{wanted:?} not all among {:?}", thread_names());
 }

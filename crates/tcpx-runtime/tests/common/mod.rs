@@ -150,16 +150,10 @@ pub fn threads() -> usize {
     // The thread that faults in the process's kept pack buffers (`tcpx-pack-warm`) is not
     // counted: it ends on its own once four buffers are ready, whenever that is (on a busy
     // 2-core machine it was still running when a count was taken).
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.filter_map(|task| task.ok())
-                .filter(|task| {
-                    std::fs::read_to_string(task.path().join("comm"))
-                        .map_or(true, |name| name.trim_end() != "tcpx-pack-warm")
-                })
-                .count()
-        })
-        .unwrap_or(0)
+    thread_names()
+        .iter()
+        .filter(|name| *name != "tcpx-pack-warm")
+        .count()
 }
 
 /// The runtime's own threads of this process (every one is named `tcpx-…`), but for the
